@@ -1,0 +1,40 @@
+# The two commands of the README: `make demo` (the main job) and `make test`. Both bootstrap everything.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+UV_VERSION := 0.13.9
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-unit lint lock clean-local
+
+# A virtualenv with the locked dependencies, then Fulmen itself (editable). Re-runs only when they change.
+$(STAMP): pyproject.toml requirements.lock
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	@$(VENV)/bin/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -r requirements.lock
+	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python --no-deps -e .
+	@touch $(STAMP)
+
+install: $(STAMP)
+	@$(VENV)/bin/fulmen kafka fetch >/dev/null
+
+demo: install
+	$(VENV)/bin/fulmen demo
+
+test: install
+	$(VENV)/bin/python -m pytest -q
+
+test-unit: install
+	$(VENV)/bin/python -m pytest -q tests/unit
+
+lint: install
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+# Re-resolve the pinned dependency set (run after editing pyproject.toml's dependencies).
+lock:
+	$(VENV)/bin/uv pip compile pyproject.toml --extra dev --python-version 3.11 -q -o requirements.lock
+
+# Stop the local broker and forget local state (Kafka data, embedded store) under $FULMEN_HOME.
+clean-local: install
+	-$(VENV)/bin/fulmen kafka down
+	rm -rf "$${FULMEN_HOME:-$$HOME/.local/share/fulmen}"

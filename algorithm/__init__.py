@@ -1,0 +1,1 @@
+"""The trainer: dispatcher, collector, credit assignment, advantages, losses, trainer backends."""

@@ -1,0 +1,16 @@
+"""What materialises: Kafka topics into ClickHouse tables, in batches, committed after the insert."""
+
+from consumers.app import ConsumerOptions, ConsumersApp, default_sinks
+from consumers.batch import BatchConsumer, BatchStats, Sink
+from consumers.event_sinks import EVENT_SINKS, EventSink
+
+__all__ = [
+    "EVENT_SINKS",
+    "BatchConsumer",
+    "BatchStats",
+    "ConsumerOptions",
+    "ConsumersApp",
+    "EventSink",
+    "Sink",
+    "default_sinks",
+]

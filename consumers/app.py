@@ -1,0 +1,75 @@
+"""The consumers process (``fulmen consume``): one batch consumer per sink, one store, one dead-letter producer.
+
+In local mode this process owns the embedded store. Each sink has its own consumer group
+(``<group_prefix>.<sink name>``), so sinks progress independently and scale by partitions: run more
+``fulmen consume`` processes against a ClickHouse server and Kafka spreads the partitions over them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from consumers.batch import BatchConsumer, Sink
+from consumers.event_sinks import EVENT_SINKS
+from infra.kafka.clients import close_quietly, consumer, producer, start_or_raise
+from infra.kafka.dlq import DeadLetters
+from infra.settings import FulmenSettings
+from infra.store import Store
+from schemas.topics import topic_name
+
+__all__ = ["ConsumerOptions", "ConsumersApp", "default_sinks"]
+
+log = logging.getLogger(__name__)
+
+
+def default_sinks() -> list[Sink]:
+    return list(EVENT_SINKS.values())
+
+
+@dataclass(frozen=True)
+class ConsumerOptions:
+    group_prefix: str = "fulmen.consumers"
+    max_records: int = 5000
+    max_wait_s: float = 0.5
+
+
+class ConsumersApp:
+    """Owns the clients of every sink; :meth:`run` until the stop event is set, then closes them cleanly."""
+
+    def __init__(
+        self, settings: FulmenSettings, store: Store, sinks: Sequence[Sink], options: ConsumerOptions | None = None
+    ) -> None:
+        if not sinks:
+            raise ValueError("at least one sink is needed")
+        self.settings = settings
+        self.store = store
+        self.sinks = list(sinks)
+        self.options = options or ConsumerOptions()
+        self.workers: list[BatchConsumer] = []
+
+    async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        prefix = self.settings.kafka.topic_prefix
+        dlq_producer = producer(self.settings)
+        await start_or_raise(dlq_producer, self.settings, "dead-letter producer")
+        clients: list = [dlq_producer]
+        try:
+            for sink in self.sinks:
+                group = f"{self.options.group_prefix}.{sink.name}"
+                kafka_consumer = consumer(self.settings, group)
+                clients.insert(0, kafka_consumer)
+                worker = BatchConsumer(
+                    sink, kafka_consumer, self.store, DeadLetters(dlq_producer, prefix=prefix, consumer_group=group),
+                    max_records=self.options.max_records, max_wait_s=self.options.max_wait_s,
+                )  # fmt: skip
+                kafka_consumer.subscribe([topic_name(sink.topic, prefix)], listener=worker.listener())
+                await start_or_raise(kafka_consumer, self.settings, f"consumer {group}")
+                self.workers.append(worker)
+            log.info("consumers running: %s", ", ".join(s.name for s in self.sinks))
+            if ready is not None:
+                ready.set()
+            await asyncio.gather(*(worker.run(stop) for worker in self.workers))
+        finally:
+            await close_quietly(clients)

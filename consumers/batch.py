@@ -1,0 +1,208 @@
+"""The batch consumer: Kafka records → decoded units → one Arrow insert → offsets committed.
+
+Lifecycle of a batch: poll until ``max_records`` units or ``max_wait_s`` since the first one; decode each
+record (a record that is poison goes to the dead-letter topic, the stream goes on); insert the batch into the
+store as one Arrow table (retried with backoff while the store is down, never skipped); wait for the
+dead-letter sends to be acknowledged; then commit the offsets. A crash anywhere before the commit means the
+batch is delivered again, and the tables' ReplacingMergeTree keys make the second write invisible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pyarrow as pa
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
+
+from infra.errors import PoisonInputError, RetryableError
+from infra.kafka.dlq import DeadLetters
+from infra.store import Store
+from schemas.topics import TopicKey
+
+__all__ = ["BatchConsumer", "BatchStats", "Sink"]
+
+log = logging.getLogger(__name__)
+
+
+class Sink(Protocol):
+    """Turns the records of one topic into rows of one table.
+
+    ``decode`` works on one record and raises :class:`PoisonInputError` for a record that will never be
+    valid; ``to_arrow`` turns a batch of decoded units into one table (it may raise for a unit that decoded
+    but cannot be stored; the batch is then converted unit by unit and the culprits dead-lettered).
+    """
+
+    name: str
+    topic: TopicKey
+    table: str
+
+    def decode(self, record: ConsumerRecord) -> Any: ...
+
+    def to_arrow(self, units: Sequence[Any]) -> pa.Table: ...
+
+
+@dataclass
+class BatchStats:
+    batches: int = 0
+    records: int = 0
+    rows: int = 0
+    dead_lettered: int = 0
+    last_batch_at: float = 0.0
+    committed: dict[TopicPartition, int] = field(default_factory=dict)
+
+
+class BatchConsumer:
+    """Runs one :class:`Sink` over a started consumer (subscribed with this object as rebalance listener)."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        consumer: AIOKafkaConsumer,
+        store: Store,
+        dead_letters: DeadLetters,
+        *,
+        max_records: int = 5000,
+        max_wait_s: float = 0.5,
+        retry_backoff_s: float = 0.5,
+    ) -> None:
+        if max_records < 1 or max_wait_s <= 0:
+            raise ValueError("max_records must be >= 1 and max_wait_s > 0")
+        self.sink = sink
+        self.consumer = consumer
+        self.store = store
+        self.dead_letters = dead_letters
+        self.max_records = max_records
+        self.max_wait_s = max_wait_s
+        self.retry_backoff_s = retry_backoff_s
+        self.stats = BatchStats()
+        self._units: list[Any] = []
+        self._records: list[ConsumerRecord] = []
+        self._offsets: dict[TopicPartition, int] = {}
+        self._first_at: float | None = None
+        self._lock = asyncio.Lock()
+
+    def listener(self) -> ConsumerRebalanceListener:
+        """Pass this to ``consumer.subscribe``: it flushes the batch before partitions are taken away."""
+        return _FlushOnRevoke(self)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until ``stop`` is set; flush what is buffered before returning."""
+        while not stop.is_set():
+            await self.poll_once()
+        await self.flush()
+
+    async def poll_once(self) -> None:
+        """One poll, then a flush if the batch is full or old enough."""
+        timeout_s = self.max_wait_s
+        if self._first_at is not None:
+            timeout_s = max(0.0, self._first_at + self.max_wait_s - time.monotonic())
+        fetched = await self.consumer.getmany(
+            timeout_ms=int(timeout_s * 1000), max_records=max(1, self.max_records - len(self._units))
+        )
+        for tp, records in fetched.items():
+            for record in records:
+                await self._take(tp, record)
+        full = len(self._units) >= self.max_records
+        due = self._first_at is not None and time.monotonic() - self._first_at >= self.max_wait_s
+        if full or due or (self._offsets and not self._units):
+            await self.flush()
+
+    async def _take(self, tp: TopicPartition, record: ConsumerRecord) -> None:
+        try:
+            unit = self.sink.decode(record)
+        except PoisonInputError as exc:
+            exc.topic, exc.partition, exc.offset = record.topic, record.partition, record.offset
+            await self.dead_letters.send(record, exc)
+            self.stats.dead_lettered += 1
+        else:
+            self._units.append(unit)
+            self._records.append(record)
+            if self._first_at is None:
+                self._first_at = time.monotonic()
+        self._offsets[tp] = record.offset + 1
+
+    async def flush(self) -> None:
+        """Insert the buffered batch, then commit its offsets (after the dead letters are acknowledged)."""
+        async with self._lock:
+            if not self._offsets:
+                return
+            units, records, offsets = self._units, self._records, self._offsets
+            self._units, self._records, self._offsets, self._first_at = [], [], {}, None
+            rows = await self._insert(units, records) if units else 0
+            await self.dead_letters.flush()
+            await self._commit(offsets)
+            self.stats.batches += 1
+            self.stats.records += len(records)
+            self.stats.rows += rows
+            self.stats.last_batch_at = time.time()
+            log.info(
+                "%s: batch of %d records (%d rows) into %s committed %s",
+                self.sink.name, len(records), rows, self.sink.table, _describe(offsets),
+            )  # fmt: skip
+
+    async def _insert(self, units: list[Any], records: list[ConsumerRecord]) -> int:
+        table = await self._to_arrow(units, records)
+        attempt = 0
+        while True:
+            try:
+                return await asyncio.to_thread(self.store.insert_arrow, self.sink.table, table)
+            except RetryableError as exc:
+                attempt += 1
+                delay = min(30.0, self.retry_backoff_s * 2 ** min(attempt, 6))
+                log.warning(
+                    "%s: insert failed (attempt %d), retrying in %.1fs: %s", self.sink.name, attempt, delay, exc
+                )
+                await asyncio.sleep(delay)
+
+    async def _to_arrow(self, units: list[Any], records: list[ConsumerRecord]) -> pa.Table:
+        try:
+            return self.sink.to_arrow(units)
+        except (pa.ArrowException, OverflowError, ValueError, TypeError) as batch_error:
+            log.warning("%s: batch conversion failed (%s); converting record by record", self.sink.name, batch_error)
+        tables = []
+        for unit, record in zip(units, records, strict=True):
+            try:
+                tables.append(self.sink.to_arrow([unit]))
+            except (pa.ArrowException, OverflowError, ValueError, TypeError) as exc:
+                error = PoisonInputError(f"cannot store in {self.sink.table}: {exc}")
+                await self.dead_letters.send(record, error)
+                self.stats.dead_lettered += 1
+        return pa.concat_tables(tables) if tables else self.sink.to_arrow([])
+
+    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
+        # Only partitions still ours: a revoked partition's records go to its new owner (and dedup there).
+        owned = self.consumer.assignment()
+        mine = {tp: OffsetAndMetadata(offset, "") for tp, offset in offsets.items() if tp in owned}
+        if not mine:
+            return
+        try:
+            await self.consumer.commit(mine)
+        except (CommitFailedError, IllegalStateError) as exc:
+            log.warning("%s: commit refused after a rebalance; the new owner re-reads these: %s", self.sink.name, exc)
+            return
+        except KafkaError as exc:
+            raise RetryableError(f"{self.sink.name}: commit failed: {exc}") from exc
+        self.stats.committed.update({tp: m.offset for tp, m in mine.items()})
+
+
+class _FlushOnRevoke(ConsumerRebalanceListener):
+    def __init__(self, owner: BatchConsumer) -> None:
+        self.owner = owner
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        if revoked:
+            await self.owner.flush()
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        log.debug("%s: assigned %s", self.owner.sink.name, sorted(assigned))
+
+
+def _describe(offsets: dict[TopicPartition, int]) -> str:
+    return ", ".join(f"{tp.topic}[{tp.partition}]={offset}" for tp, offset in sorted(offsets.items()))

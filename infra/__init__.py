@@ -1,0 +1,1 @@
+"""Wiring shared by every component: settings, Kafka, the store, logging, errors, the CLI."""

@@ -1,0 +1,1 @@
+"""The ``fulmen`` command line."""

@@ -1,0 +1,294 @@
+"""The ``fulmen`` command line.
+
+The CLI is the composition root: it loads settings, builds objects and calls ``run()``. It is the one place
+in ``infra`` that reaches into the components (``consumers``, and later ``producers`` and ``algorithm``), and
+it does so inside the commands, so ``fulmen config show`` never imports torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from infra.errors import FulmenError
+from infra.logging import setup_logging
+from infra.settings import FulmenSettings
+
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="Fulmen: reinforcement learning for agents you already run."
+)
+kafka_app = typer.Typer(no_args_is_help=True, help="The local Kafka broker and Fulmen's topics.")
+config_app = typer.Typer(no_args_is_help=True, help="Settings in force.")
+schemas_app = typer.Typer(no_args_is_help=True, help="The event contracts.")
+store_app = typer.Typer(no_args_is_help=True, help="The ClickHouse store.")
+app.add_typer(kafka_app, name="kafka")
+app.add_typer(config_app, name="config")
+app.add_typer(schemas_app, name="schemas")
+app.add_typer(store_app, name="store")
+
+console = Console()
+err = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _settings() -> FulmenSettings:
+    try:
+        settings = FulmenSettings()
+    except Exception as exc:  # pydantic ValidationError: name the variable to fix
+        raise FulmenError(f"invalid settings (FULMEN_* environment variables or .env): {exc}") from exc
+    setup_logging(settings.log)
+    return settings
+
+
+def friendly(fn: F) -> F:
+    """Print Fulmen errors as one readable message and exit 1, instead of a traceback."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except FulmenError as exc:
+            err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+# --- kafka ---------------------------------------------------------------------------------------------------
+@kafka_app.command("up")
+@friendly
+def kafka_up() -> None:
+    """Start the local broker (unless FULMEN_KAFKA_BOOTSTRAP points elsewhere) and create the topics."""
+    from infra.services import ensure_kafka
+
+    settings = _settings()
+    with console.status("starting Kafka and creating topics..."):
+        ready = ensure_kafka(settings)
+    where = "local broker" if settings.local_kafka else "cluster"
+    console.print(f"Kafka {where} ready at [bold]{ready.bootstrap}[/]")
+    _print_topics(ready.topics)
+
+
+@kafka_app.command("down")
+@friendly
+def kafka_down() -> None:
+    """Stop the local broker (controlled shutdown)."""
+    from infra.kafka.local import LocalKafka
+
+    settings = _settings()
+    if not settings.local_kafka:
+        console.print(f"FULMEN_KAFKA_BOOTSTRAP={settings.bootstrap}: not a local broker, nothing to stop")
+        return
+    stopped = LocalKafka.from_settings(settings).stop()
+    console.print("local Kafka stopped" if stopped else "local Kafka was not running")
+
+
+@kafka_app.command("status")
+@friendly
+def kafka_status() -> None:
+    """Whether the broker answers, and where its data and log are."""
+    from infra.kafka.admin import cluster_info
+    from infra.kafka.local import LocalKafka
+
+    settings = _settings()
+    if settings.local_kafka:
+        status = LocalKafka.from_settings(settings).status()
+        state = f"running (pid {status.pid})" if status.running else "stopped"
+        console.print(
+            f"local Kafka: {state} at {status.bootstrap}\n  data: {status.data_dir}\n  log:  {status.log_file}"
+        )
+        if not status.running:
+            raise typer.Exit(3)
+    info = asyncio.run(cluster_info(settings))
+    brokers = ", ".join(f"{b['host']}:{b['port']}" for b in info["brokers"])
+    console.print(f"cluster {info['cluster_id']}: controller {info['controller_id']}, brokers {brokers}")
+
+
+@kafka_app.command("topics")
+@friendly
+def kafka_topics(create: Annotated[bool, typer.Option(help="create missing topics, apply settings")] = False) -> None:
+    """Fulmen's topics as the cluster has them."""
+    from infra.kafka.admin import describe_topics, ensure_topics
+
+    settings = _settings()
+    states = asyncio.run(ensure_topics(settings) if create else describe_topics(settings))
+    _print_topics(states)
+
+
+@kafka_app.command("fetch")
+@friendly
+def kafka_fetch() -> None:
+    """Download the Kafka jars from Maven Central into the cache (done automatically by `up`)."""
+    from infra.kafka.local import LocalKafka
+
+    console.print(f"Kafka jars in {LocalKafka.from_settings(_settings()).fetch()}")
+
+
+def _print_topics(states: list[Any]) -> None:
+    table = Table("topic", "partitions", "settings", "state")
+    for s in states:
+        config = ", ".join(f"{k}={v}" for k, v in sorted(s.config.items()))
+        state = s.action or ("exists" if s.exists else "[red]missing[/]")
+        table.add_row(s.name, str(s.partitions) if s.exists else "-", config, state)
+    console.print(table)
+
+
+# --- store ---------------------------------------------------------------------------------------------------
+@store_app.command("migrate")
+@friendly
+def store_migrate() -> None:
+    """Create or upgrade the tables (idempotent)."""
+    from infra.store import Store
+
+    store = Store.open(_settings())
+    applied = store.migrate()
+    console.print(f"store {store.location} database {store.database}: " + (
+        ", ".join(f"{m.version} {m.name}" for m in applied) + " applied" if applied else "up to date"
+    ))  # fmt: skip
+
+
+@app.command("sql")
+@friendly
+def sql(
+    query: Annotated[str, typer.Argument(help="a SELECT (writes and DDL are refused)")],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv, json or jsonl")] = "table",
+    raw: Annotated[bool, typer.Option(help="do not deduplicate (show rows a redelivery wrote twice)")] = False,
+) -> None:
+    """Query the store with SQL. Results are deduplicated unless --raw."""
+    from infra.cli.render import FORMATS, render
+    from infra.store import Store
+
+    if fmt not in FORMATS:
+        raise typer.BadParameter(f"--format must be one of {', '.join(FORMATS)}")
+    store = Store.open(_settings())
+    try:
+        result = store.query(query, final=not raw, read_only=True)
+    except Exception as exc:
+        if isinstance(exc, FulmenError):
+            raise
+        raise FulmenError(f"query failed: {exc}") from exc
+    render(result, fmt, console)
+
+
+# --- consumers -----------------------------------------------------------------------------------------------
+@app.command("consume")
+@friendly
+def consume(
+    sinks: Annotated[list[str] | None, typer.Option("--sink", help="only these sinks (repeatable)")] = None,
+) -> None:
+    """Materialise Kafka topics into the store until interrupted (SIGINT/SIGTERM flush and exit)."""
+    from consumers import ConsumersApp, default_sinks
+    from infra.services import ensure_kafka, ensure_store
+
+    settings = _settings()
+    available = {s.name: s for s in default_sinks()}
+    unknown = set(sinks or []) - set(available)
+    if unknown:
+        raise FulmenError(f"unknown sink(s) {', '.join(sorted(unknown))}; valid: {', '.join(available)}")
+    chosen = [available[n] for n in sinks] if sinks else list(available.values())
+    ensure_kafka(settings)
+    store = ensure_store(settings)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await ConsumersApp(settings, store, chosen).run(stop)
+
+    asyncio.run(main())
+
+
+# --- config and schemas --------------------------------------------------------------------------------------
+@config_app.command("show")
+@friendly
+def config_show() -> None:
+    """Print the settings in force, secrets masked."""
+    console.print_json(json.dumps(_settings().masked()))
+
+
+@schemas_app.command("export")
+@friendly
+def schemas_export(
+    out: Annotated[Path, typer.Option(help="directory to write into")] = Path("schemas-export"),
+) -> None:
+    """Write a JSON Schema per event and an AsyncAPI 3.0 document of the topics."""
+    from schemas.export import asyncapi_document, json_schemas
+
+    settings = _settings()
+    out.mkdir(parents=True, exist_ok=True)
+    for name, schema in json_schemas().items():
+        (out / f"{name}.schema.json").write_text(json.dumps(schema, indent=2) + "\n")
+    (out / "asyncapi.json").write_text(json.dumps(asyncapi_document(settings.kafka.topic_prefix), indent=2) + "\n")
+    console.print(f"wrote {len(json_schemas())} JSON Schemas and asyncapi.json to {out}/")
+
+
+# --- demo ----------------------------------------------------------------------------------------------------
+@app.command("demo")
+@friendly
+def demo(
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON on the last line")] = False,
+) -> None:
+    """Start what is needed, run the demo, stop what it started."""
+    from infra.cli.smoke import run_smoke
+    from infra.services import ensure_kafka, ensure_store
+
+    settings = _settings()
+    with console.status("starting Kafka (first run downloads its jars) and the store..."):
+        ready = ensure_kafka(settings)
+        store = ensure_store(settings)
+    console.print(f"[green]✓[/] Kafka at {ready.bootstrap}" + (" (started for this demo)" if ready.started else ""))
+    console.print(f"[green]✓[/] store {store.location}, database {store.database}")
+    try:
+        with console.status("publishing one event of each kind and materialising them..."):
+            report = asyncio.run(run_smoke(settings, store))
+    finally:
+        if ready.started is not None:
+            ready.started.stop()
+    _print_smoke(report, ready.started is not None)
+    if as_json:
+        print(json.dumps(report.as_dict()))
+    ok = report.task_read_back and report.dead_letter is not None and all(r.rows for _, _, r in report.queries)
+    if not ok:
+        raise FulmenError("the smoke run did not see every event come back; see the output above")
+
+
+def _print_smoke(report: Any, stopped: bool) -> None:
+    from infra.cli.render import render
+
+    console.print(
+        f"[green]✓[/] published (run id {report.run_id}): " + ", ".join(f"{k} {v}" for k, v in report.published.items())
+    )
+    console.print(f"[green]✓[/] task read back from Kafka: {report.task_read_back}")
+    if report.dead_letter:
+        d = report.dead_letter
+        console.print(
+            f"[green]✓[/] poison record dead-lettered: {d.source_topic}[{d.source_partition}]@{d.source_offset}: {d.error}"
+        )
+    for title, query, result in report.queries:
+        console.print(f'\n[bold]{title}[/]  [dim]fulmen sql "{query}"[/]')
+        render(result, "table", console)
+    console.print(
+        f"\ndone in {report.wall_s:.1f}s" + ("; the broker this demo started is stopped." if stopped else ".")
+    )
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The dead-letter topic: park a record that cannot be processed, with where it came from and why.
+
+The record keeps its original key and value bytes; the reason travels in headers (``DeadLetterHeaders``), so
+the stream goes on and the record can be replayed once the cause is fixed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
+
+from schemas.events import DeadLetterHeaders
+from schemas.topics import TopicKey, topic_name
+
+__all__ = ["DeadLetters"]
+
+log = logging.getLogger(__name__)
+
+_MAX_ERROR_CHARS = 2000
+
+
+class DeadLetters:
+    """Sends records to the dead-letter topic. Await :meth:`flush` before committing the source offsets."""
+
+    def __init__(self, producer: AIOKafkaProducer, *, prefix: str = "", consumer_group: str = "") -> None:
+        self.producer = producer
+        self.topic = topic_name(TopicKey.DLQ, prefix)
+        self.consumer_group = consumer_group
+        self._pending: list[asyncio.Future[Any]] = []
+        self.sent = 0
+
+    async def send(self, record: ConsumerRecord, error: BaseException) -> None:
+        headers = DeadLetterHeaders(
+            source_topic=record.topic,
+            source_partition=record.partition,
+            source_offset=record.offset,
+            error_type=type(error).__name__,
+            error=str(error)[:_MAX_ERROR_CHARS],
+            consumer_group=self.consumer_group,
+        )
+        log.warning("dead-lettered %s[%d]@%d: %s", record.topic, record.partition, record.offset, headers.error)
+        future = await self.producer.send(self.topic, value=record.value, key=record.key, headers=headers.to_kafka())
+        self._pending.append(future)
+        self.sent += 1
+
+    async def flush(self) -> None:
+        """Wait until the broker acknowledged every record sent so far (raises if one failed)."""
+        pending, self._pending = self._pending, []
+        if pending:
+            await asyncio.gather(*pending)

@@ -1,0 +1,317 @@
+"""A single-node Apache Kafka (KRaft) for local mode, run from its Maven Central jars.
+
+Lifecycle: :meth:`LocalKafka.fetch` resolves the jars once into the cache (``~/.cache/fulmen/kafka-<version>``);
+:meth:`LocalKafka.start` writes ``server.properties``, formats the storage the first time, starts the JVM in
+its own session (it outlives the command that started it) and returns once a real metadata request succeeds;
+:meth:`LocalKafka.stop` sends SIGTERM for a controlled shutdown and SIGKILL only after the grace period.
+Every failure raises :class:`ConfigurationError` (fix something and retry) or :class:`BrokerUnavailableError`
+with the broker's log path and its last lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from infra.errors import BrokerUnavailableError, ConfigurationError
+from infra.settings import BrokerSettings, FulmenSettings
+
+__all__ = ["BrokerStatus", "LocalKafka", "port_is_free"]
+
+log = logging.getLogger(__name__)
+
+_MIN_JAVA = 17
+_LOG_TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    running: bool
+    pid: int | None
+    bootstrap: str
+    data_dir: Path
+    log_file: Path
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+class LocalKafka:
+    """One local broker, identified by its data directory (which holds its pid file and log)."""
+
+    def __init__(self, broker: BrokerSettings, data_dir: Path) -> None:
+        if broker.port == broker.controller_port:
+            raise ConfigurationError("FULMEN_BROKER_PORT and FULMEN_BROKER_CONTROLLER_PORT must differ")
+        self.broker = broker
+        self.data_dir = data_dir
+        self.libs_dir = broker.cache_dir / f"kafka-{broker.version}" / "libs"
+        self.log_file = data_dir / "broker.log"
+        self.pid_file = data_dir / "broker.pid"
+        self.properties_file = data_dir / "server.properties"
+        self.logs_dir = data_dir / "logs"
+
+    @classmethod
+    def from_settings(cls, settings: FulmenSettings) -> LocalKafka:
+        return cls(settings.broker, settings.broker_data_dir)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.broker.host}:{self.broker.port}"
+
+    # --- jars -----------------------------------------------------------------------------------------------
+    def fetch(self) -> Path:
+        """Resolve the broker's jars from Maven Central into the cache (once; later calls are free)."""
+        if (self.libs_dir / ".complete").exists():
+            return self.libs_dir
+        _require_java()
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise ConfigurationError(
+                "Maven (mvn) is needed once to fetch the Kafka jars: install it (apt-get install maven), "
+                "or set FULMEN_KAFKA_BOOTSTRAP to an existing Kafka cluster"
+            )
+        self.libs_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix="libs-", dir=self.libs_dir.parent))
+        pom = resources.files("infra.kafka").joinpath("pom.xml")
+        log.info("fetching Apache Kafka %s jars from Maven Central into %s", self.broker.version, self.libs_dir)
+        with resources.as_file(pom) as pom_path:
+            result = subprocess.run(
+                [mvn, "-q", "-B", "-f", str(pom_path), "dependency:copy-dependencies",
+                 f"-Dkafka.version={self.broker.version}", f"-DoutputDirectory={staging}",
+                 "-DincludeScope=runtime"],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+        if result.returncode != 0 or not any(staging.glob("kafka_2.13-*.jar")):
+            shutil.rmtree(staging, ignore_errors=True)
+            tail = (result.stdout + result.stderr).strip().splitlines()[-_LOG_TAIL_LINES:]
+            raise ConfigurationError(
+                f"could not fetch Kafka {self.broker.version} jars with Maven (exit {result.returncode}); "
+                "check that Maven Central is reachable:\n" + "\n".join(tail)
+            )
+        (staging / ".complete").write_text(self.broker.version)
+        if self.libs_dir.exists():
+            shutil.rmtree(self.libs_dir)
+        staging.rename(self.libs_dir)
+        return self.libs_dir
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+    def status(self) -> BrokerStatus:
+        pid = self._live_pid()
+        return BrokerStatus(pid is not None, pid, self.bootstrap, self.data_dir, self.log_file)
+
+    def start(self) -> BrokerStatus:
+        """Start the broker unless it already runs; return once it answers a metadata request."""
+        if self._live_pid() is not None:
+            self.wait_ready()
+            return self.status()
+        for port in (self.broker.port, self.broker.controller_port):
+            if not port_is_free(self.broker.host, port):
+                raise ConfigurationError(
+                    f"port {port} on {self.broker.host} is taken by another process: stop it, choose another "
+                    "port (FULMEN_BROKER_PORT / FULMEN_BROKER_CONTROLLER_PORT), or if it is a Kafka broker "
+                    "point FULMEN_KAFKA_BOOTSTRAP at it"
+                )
+        java = _require_java()
+        libs = self.fetch()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._write_properties()
+        if not (self.logs_dir / "meta.properties").exists():
+            self._format(java, libs)
+        process = self._spawn(java, libs)
+        self.pid_file.write_text(str(process.pid))
+        log.info("local Kafka starting: pid %d on %s, log %s", process.pid, self.bootstrap, self.log_file)
+        self.wait_ready(process)
+        return self.status()
+
+    def stop(self, grace_s: float = 30.0) -> bool:
+        """Stop the broker (controlled shutdown, then SIGKILL after ``grace_s``). False if it was not running."""
+        pid = self._live_pid()
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.1)
+        if _alive(pid):
+            log.warning("local Kafka pid %d ignored SIGTERM for %.0fs: killing it", pid, grace_s)
+            os.kill(pid, signal.SIGKILL)
+            while _alive(pid):
+                time.sleep(0.05)
+        self.pid_file.unlink(missing_ok=True)
+        log.info("local Kafka stopped (pid %d)", pid)
+        return True
+
+    def wait_ready(self, process: subprocess.Popen[bytes] | None = None) -> None:
+        """Block until a metadata request succeeds; fail early if the process dies."""
+        from infra.kafka.admin import cluster_info  # local import: admin needs aiokafka, this module need not
+
+        settings = FulmenSettings(kafka={"bootstrap": self.bootstrap, "connect_timeout_s": 2.0})
+        deadline = time.monotonic() + self.broker.start_timeout_s
+        while True:
+            if process is not None and process.poll() is not None:
+                raise BrokerUnavailableError(
+                    f"local Kafka exited with code {process.returncode} while starting; log {self.log_file}:\n"
+                    + self.log_tail()
+                )
+            try:
+                if _accepts(self.broker.host, self.broker.port):  # cheap first: no client errors in the log
+                    asyncio.run(cluster_info(settings))
+                    return
+            except BrokerUnavailableError:
+                pass
+            if time.monotonic() > deadline:
+                raise BrokerUnavailableError(
+                    f"local Kafka did not answer on {self.bootstrap} within {self.broker.start_timeout_s:g}s; "
+                    f"log {self.log_file}:\n" + self.log_tail()
+                )
+            time.sleep(0.3)
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log yet)"
+
+    # --- internals ------------------------------------------------------------------------------------------
+    def _live_pid(self) -> int | None:
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        if not _alive(pid):
+            return None
+        # Guard against pid reuse: the process must be our broker with our properties file.
+        with contextlib.suppress(OSError):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if "kafka.Kafka" not in cmdline or str(self.properties_file) not in cmdline:
+                return None
+        return pid
+
+    def _write_properties(self) -> None:
+        b = self.broker
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.bootstrap.servers": f"{b.host}:{b.controller_port}",
+            "listeners": f"PLAINTEXT://{b.host}:{b.port},CONTROLLER://{b.host}:{b.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{b.host}:{b.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.logs_dir),
+            "num.partitions": "1",
+            "default.replication.factor": "1",
+            "min.insync.replicas": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "8",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            # Topics come from schemas/topics.py with their settings; a typo must not create a topic.
+            "auto.create.topics.enable": "false",
+            "message.max.bytes": str(8 * 1024 * 1024),
+            "log.retention.check.interval.ms": "60000",
+        }
+        text = "# Written by Fulmen (infra/kafka/local.py) at every start; edit FULMEN_BROKER_* instead.\n"
+        text += "".join(f"{k}={v}\n" for k, v in props.items())
+        self.properties_file.write_text(text)
+
+    def _format(self, java: str, libs: Path) -> None:
+        cluster_id = base64_uuid()
+        result = subprocess.run(
+            [java, "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format", "--standalone",
+             "-t", cluster_id, "-c", str(self.properties_file)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise ConfigurationError(
+                f"formatting the Kafka storage in {self.logs_dir} failed: {(result.stdout + result.stderr).strip()}"
+            )
+
+    def _spawn(self, java: str, libs: Path) -> subprocess.Popen[bytes]:
+        log4j = resources.files("infra.kafka").joinpath("log4j2.yaml")
+        with resources.as_file(log4j) as log4j_path:
+            log4j_copy = self.data_dir / "log4j2.yaml"
+            shutil.copyfile(log4j_path, log4j_copy)
+        heap = self.broker.heap
+        command = [
+            java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={log4j_copy}",
+            f"-Dkafka.logs.dir={self.data_dir}", "-cp", f"{libs}/*", "kafka.Kafka", str(self.properties_file),
+        ]  # fmt: skip
+        with open(self.log_file, "ab") as log_out:
+            return subprocess.Popen(
+                command, stdout=log_out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+
+
+def base64_uuid() -> str:
+    """A Kafka cluster id: a random UUID in URL-safe base64 without padding (22 characters)."""
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _accepts(host: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1.0):
+        return True
+    return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped by its parent) is not alive.
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
+
+
+def _require_java() -> str:
+    java = shutil.which("java")
+    if java is None:
+        raise ConfigurationError(
+            f"Java {_MIN_JAVA}+ is needed to run the local Kafka broker: install it "
+            "(apt-get install openjdk-17-jre-headless), or set FULMEN_KAFKA_BOOTSTRAP to an existing cluster"
+        )
+    result = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', result.stderr + result.stdout)
+    if match:
+        major = int(match.group(1))
+        if major == 1 and match.group(2):  # "1.8.0_x" style
+            major = int(match.group(2))
+        if major < _MIN_JAVA:
+            raise ConfigurationError(
+                f"Java {major} found at {java}, but Kafka 4 needs Java {_MIN_JAVA}+: install a newer JDK "
+                "or set JAVA_HOME/PATH to one"
+            )
+    return java

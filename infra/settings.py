@@ -1,0 +1,151 @@
+"""Settings, from ``FULMEN_*`` environment variables (and a ``.env`` file), in shared sections.
+
+A variable is ``FULMEN_<SECTION>_<FIELD>``: ``FULMEN_KAFKA_BOOTSTRAP``, ``FULMEN_CLICKHOUSE_URL``,
+``FULMEN_BROKER_PORT``, ``FULMEN_LOG_LEVEL``. Each process builds one settings class from the sections it needs
+(:class:`FulmenSettings` has the shared ones; a process-specific class subclasses it and adds its own).
+
+Local mode is the default: with no ``FULMEN_KAFKA_BOOTSTRAP`` Fulmen starts a single-node Kafka itself, and with
+no ``FULMEN_CLICKHOUSE_URL`` it uses the embedded ClickHouse engine (chdb) at ``FULMEN_CLICKHOUSE_PATH``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = [
+    "BrokerSettings",
+    "ClickHouseSettings",
+    "FulmenSettings",
+    "KafkaSettings",
+    "LogSettings",
+    "default_home",
+]
+
+
+def default_home() -> Path:
+    """Where local state lives unless ``FULMEN_HOME`` says otherwise."""
+    return Path.home() / ".local" / "share" / "fulmen"
+
+
+class KafkaSettings(BaseModel):
+    """How clients reach Kafka. With ``bootstrap`` unset, the local broker (``broker`` section) is used."""
+
+    bootstrap: str | None = Field(default=None, description="host:port[,host:port]; unset = start a local broker")
+    topic_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9._\-]*$")
+    client_id: str = "fulmen"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    replication_factor: int | None = Field(default=None, ge=1, description="unset = min(3, brokers)")
+    request_timeout_ms: int = Field(default=30_000, ge=1000)
+    connect_timeout_s: float = Field(default=15.0, gt=0, description="how long to wait for a broker to answer")
+
+    @field_validator("bootstrap")
+    @classmethod
+    def _bootstrap_has_ports(cls, value: str | None) -> str | None:
+        if value is None or value.strip() == "":
+            return None
+        for server in value.split(","):
+            host, _, port = server.strip().rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"{server!r} is not host:port (FULMEN_KAFKA_BOOTSTRAP=host:9092[,host2:9092])")
+        return value
+
+
+class BrokerSettings(BaseModel):
+    """The local single-node Apache Kafka that Fulmen starts when no bootstrap is given."""
+
+    version: str = Field(default="4.1.1", pattern=r"^4\.\d+\.\d+$")
+    host: str = "127.0.0.1"
+    port: int = Field(default=9092, ge=1, le=65535)
+    controller_port: int = Field(default=9093, ge=1, le=65535)
+    data_dir: Path | None = Field(default=None, description="default: $FULMEN_HOME/kafka")
+    cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "fulmen")
+    heap: str = Field(default="768m", pattern=r"^\d+[mMgG]$")
+    start_timeout_s: float = Field(default=60.0, gt=0)
+
+
+class ClickHouseSettings(BaseModel):
+    """The store: a ClickHouse server when ``url`` is set, else the embedded engine at ``path``."""
+
+    url: SecretStr | None = Field(default=None, description="http(s)://user:password@host:8123/db")
+    path: Path | None = Field(default=None, description="embedded store directory; default $FULMEN_HOME/chdb")
+    database: str = Field(default="fulmen", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+    @field_validator("url")
+    @classmethod
+    def _url_is_http(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None
+        parts = urlsplit(value.get_secret_value())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("FULMEN_CLICKHOUSE_URL must look like http(s)://user:password@host:8123/db")
+        return value
+
+
+class LogSettings(BaseModel):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["text", "json"] = "text"
+    file: Path | None = None
+
+
+class FulmenSettings(BaseSettings):
+    """The sections every process shares. Subclass it to add a process's own section."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FULMEN_",
+        env_nested_delimiter="_",
+        env_nested_max_split=1,
+        env_file=".env",
+        extra="ignore",
+        case_sensitive=False,
+    )
+
+    home: Path = Field(default_factory=default_home)
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    broker: BrokerSettings = Field(default_factory=BrokerSettings)
+    clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
+    log: LogSettings = Field(default_factory=LogSettings)
+
+    @property
+    def local_kafka(self) -> bool:
+        """True when Fulmen runs its own broker (no FULMEN_KAFKA_BOOTSTRAP)."""
+        return self.kafka.bootstrap is None
+
+    @property
+    def bootstrap(self) -> str:
+        """The bootstrap servers clients use, local or not."""
+        return self.kafka.bootstrap or f"{self.broker.host}:{self.broker.port}"
+
+    @property
+    def broker_data_dir(self) -> Path:
+        return self.broker.data_dir or self.home / "kafka"
+
+    @property
+    def store_path(self) -> Path:
+        return self.clickhouse.path or self.home / "chdb"
+
+    def masked(self) -> dict[str, Any]:
+        """Everything in force, secrets (passwords, and the password part of URLs) masked."""
+        data = self.model_dump(mode="json")
+        url = self.clickhouse.url.get_secret_value() if self.clickhouse.url else None
+        if url:
+            parts = urlsplit(url)
+            netloc = parts.hostname or ""
+            if parts.port:
+                netloc = f"{netloc}:{parts.port}"
+            if parts.username:
+                netloc = f"{parts.username}:***@{netloc}" if parts.password else f"{parts.username}@{netloc}"
+            data["clickhouse"]["url"] = parts._replace(netloc=netloc).geturl()
+        if self.kafka.sasl_password is not None:
+            data["kafka"]["sasl_password"] = "***"
+        return data

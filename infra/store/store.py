@@ -1,0 +1,191 @@
+"""The ClickHouse store: one class over clickhouse-connect for the embedded engine and for a server.
+
+Embedded (default): the in-process engine chdb, opened with clickhouse-connect's ``chdb://PATH`` DSN. One
+process owns a chdb directory (a second process cannot open it, not even read-only) and one process can open
+only one directory; :meth:`Store.open` turns both cases into a :class:`ConfigurationError` that says what to do.
+Server: ``FULMEN_CLICKHOUSE_URL=http(s)://user:password@host:8123/db``.
+
+Writes go in batches as Arrow tables, never row by row. Reads that the system runs deduplicate at query time
+(the ``final`` setting), because tables are ReplacingMergeTrees that Kafka redelivery may write twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import clickhouse_connect
+import pyarrow as pa
+from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import ClickHouseError
+
+from infra.errors import ConfigurationError, RetryableError
+from infra.settings import FulmenSettings
+from schemas.ddl import MIGRATIONS, MIGRATIONS_TABLE, Migration
+
+__all__ = ["QueryResult", "Store"]
+
+log = logging.getLogger(__name__)
+
+# chdb allows one directory per process: remember which one this process opened.
+_embedded_lock = threading.Lock()
+_embedded: dict[Path, Client] = {}
+
+READ_ONLY_SETTINGS = {"readonly": 2}  # 2: SELECTs and query-level settings, no writes, no DDL
+
+
+class QueryResult:
+    """Column names and rows of a query (what ``fulmen sql`` prints)."""
+
+    def __init__(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        self.columns = list(columns)
+        self.rows = [list(row) for row in rows]
+
+
+class Store:
+    """Read and write Fulmen's tables; see the module docstring for the two modes."""
+
+    def __init__(self, client: Client, database: str, *, location: str) -> None:
+        self.client = client
+        self.database = database
+        self.location = location  # for messages: the chdb path or the server URL without credentials
+
+    # --- opening --------------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, settings: FulmenSettings) -> Store:
+        """Connect to the configured store (does not create tables: call :meth:`migrate`)."""
+        database = settings.clickhouse.database
+        if settings.clickhouse.url is not None:
+            return cls(_server_client(settings), database, location=_safe_url(settings))
+        path = settings.store_path.resolve()
+        return cls(_embedded_client(path), database, location=f"chdb://{path}")
+
+    @property
+    def embedded(self) -> bool:
+        return self.location.startswith("chdb://")
+
+    def close(self) -> None:
+        """Close a server connection; the embedded engine stays open for the life of the process."""
+        if not self.embedded:
+            self.client.close()
+
+    # --- schema ---------------------------------------------------------------------------------------------
+    def migrate(self, migrations: Sequence[Migration] = MIGRATIONS) -> list[Migration]:
+        """Apply the migrations not yet recorded, in order; return those applied now. Idempotent."""
+        self.command(f"CREATE DATABASE IF NOT EXISTS {self.database}")
+        self.command(
+            f"CREATE TABLE IF NOT EXISTS {self.database}.{MIGRATIONS_TABLE} "
+            "(Version UInt32, Name String, AppliedAt DateTime64(3, 'UTC') DEFAULT now64(3)) "
+            "ENGINE = ReplacingMergeTree ORDER BY Version"
+        )
+        done = self.applied_versions()
+        applied = []
+        for migration in sorted(migrations, key=lambda m: m.version):
+            if migration.version in done:
+                continue
+            for statement in migration.render(self.database):
+                self.command(statement)
+            self.client.insert(
+                f"{self.database}.{MIGRATIONS_TABLE}", [[migration.version, migration.name]],
+                column_names=["Version", "Name"],
+            )  # fmt: skip
+            log.info("store migration %d applied: %s", migration.version, migration.name)
+            applied.append(migration)
+        return applied
+
+    def applied_versions(self) -> set[int]:
+        rows = self.query(f"SELECT Version FROM {self.database}.{MIGRATIONS_TABLE}").rows
+        return {int(row[0]) for row in rows}
+
+    def table(self, name: str) -> str:
+        """The fully qualified name of one of our tables."""
+        return f"{self.database}.{name}"
+
+    # --- writing --------------------------------------------------------------------------------------------
+    def insert_arrow(self, table: str, data: pa.Table, *, settings: Mapping[str, Any] | None = None) -> int:
+        """Insert one Arrow table as one batch; return the number of rows."""
+        if data.num_rows == 0:
+            return 0
+        try:
+            self.client.insert_arrow(self.table(table), data, settings=dict(settings or {}))
+        except ClickHouseError as exc:
+            raise RetryableError(f"insert into {self.table(table)} ({data.num_rows} rows) failed: {exc}") from exc
+        return data.num_rows
+
+    def command(self, sql: str, *, settings: Mapping[str, Any] | None = None) -> Any:
+        return self.client.command(sql, settings=dict(settings or {}))
+
+    # --- reading --------------------------------------------------------------------------------------------
+    def query(
+        self,
+        sql: str,
+        parameters: Mapping[str, Any] | None = None,
+        *,
+        final: bool = True,
+        read_only: bool = False,
+    ) -> QueryResult:
+        """Run a SELECT; ``final`` deduplicates ReplacingMergeTree tables, ``read_only`` refuses writes and DDL."""
+        result = self.client.query(
+            sql, parameters=dict(parameters or {}), settings=self._read_settings(final, read_only)
+        )
+        return QueryResult(result.column_names, result.result_rows)
+
+    def query_arrow(
+        self, sql: str, parameters: Mapping[str, Any] | None = None, *, final: bool = True, read_only: bool = False
+    ) -> pa.Table:
+        return self.client.query_arrow(
+            sql, parameters=dict(parameters or {}), settings=self._read_settings(final, read_only)
+        )
+
+    def _read_settings(self, final: bool, read_only: bool) -> dict[str, Any]:
+        settings: dict[str, Any] = {"final": 1} if final else {}
+        if read_only:
+            settings.update(READ_ONLY_SETTINGS)
+        return settings
+
+
+def _embedded_client(path: Path) -> Client:
+    with _embedded_lock:
+        if path in _embedded:
+            return _embedded[path]
+        if _embedded:
+            other = next(iter(_embedded))
+            raise ConfigurationError(
+                f"this process already opened the embedded store at {other}; chdb allows one store directory "
+                f"per process, so {path} cannot be opened too (use one FULMEN_CLICKHOUSE_PATH per process)"
+            )
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            client = clickhouse_connect.get_client(dsn=f"chdb://{path}")
+        except ClickHouseError as exc:
+            if "Cannot lock file" in str(exc):
+                raise ConfigurationError(
+                    f"the embedded store at {path} is open in another process (the consumers process owns it "
+                    "in local mode): read it through that process with `fulmen sql`, stop that process, or use "
+                    "another FULMEN_CLICKHOUSE_PATH"
+                ) from exc
+            raise ConfigurationError(f"cannot open the embedded store at {path}: {exc}") from exc
+        _embedded[path] = client
+        return client
+
+
+def _server_client(settings: FulmenSettings) -> Client:
+    url = settings.clickhouse.url.get_secret_value()  # type: ignore[union-attr]  # checked by the caller
+    try:
+        return clickhouse_connect.get_client(dsn=url, connect_timeout=10, send_receive_timeout=300)
+    except ClickHouseError as exc:
+        raise RetryableError(f"cannot reach ClickHouse at {_safe_url(settings)}: {exc}") from exc
+    except Exception as exc:  # urllib3/socket errors from the first ping
+        raise RetryableError(f"cannot reach ClickHouse at {_safe_url(settings)}: {exc}") from exc
+
+
+def _safe_url(settings: FulmenSettings) -> str:
+    parts = urlsplit(settings.clickhouse.url.get_secret_value())  # type: ignore[union-attr]
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc = f"{netloc}:{parts.port}"
+    return parts._replace(netloc=netloc).geturl()

@@ -1,0 +1,1 @@
+"""What emits events: the OTLP gateway, the LLM gateway, the agent runner."""

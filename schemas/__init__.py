@@ -1,0 +1,61 @@
+"""Fulmen's contracts: event models, topics, span attribute names and the store's DDL.
+
+Everyone imports this package; it imports nothing else of Fulmen's.
+"""
+
+from schemas.codec import decode, decode_obj, encode, encode_key
+from schemas.errors import (
+    BrokerUnavailableError,
+    ConfigurationError,
+    DecodeError,
+    FulmenError,
+    PoisonInputError,
+    RetryableError,
+)
+from schemas.events import (
+    TERMINAL_STATUSES,
+    DeadLetterHeaders,
+    Event,
+    ModelVersion,
+    RolloutEvent,
+    RolloutMode,
+    RolloutRequest,
+    RolloutStatus,
+    TrainStep,
+    Transition,
+    TransitionBatch,
+    new_id,
+    utc_now,
+)
+from schemas.topics import TOPICS, Topic, TopicKey, topic, topic_name
+
+__all__ = [
+    "TERMINAL_STATUSES",
+    "TOPICS",
+    "BrokerUnavailableError",
+    "ConfigurationError",
+    "DeadLetterHeaders",
+    "DecodeError",
+    "Event",
+    "FulmenError",
+    "ModelVersion",
+    "PoisonInputError",
+    "RetryableError",
+    "RolloutEvent",
+    "RolloutMode",
+    "RolloutRequest",
+    "RolloutStatus",
+    "Topic",
+    "TopicKey",
+    "TrainStep",
+    "Transition",
+    "TransitionBatch",
+    "decode",
+    "decode_obj",
+    "encode",
+    "encode_key",
+    "new_id",
+    "topic",
+    "topic_name",
+    "utc_now",
+]

@@ -1,0 +1,181 @@
+"""The ClickHouse schema, as an ordered list of versioned migrations.
+
+A migration is a version number, a name and DDL statements written with ``{db}`` for the database. Every
+statement is idempotent (``IF NOT EXISTS``), so a migration interrupted half-way is simply applied again.
+Never edit a released migration: add a new one.
+
+Engines and keys:
+
+* Kafka delivers at least once, so every table that consumers fill is a ``ReplacingMergeTree`` whose sort key
+  is the identity of a record; a redelivered record replaces itself. Queries the system runs read with
+  ``FINAL`` (or the ``final=1`` setting), so duplicates are never visible, even before a background merge.
+* ``otel_traces`` keeps the column names of the OpenTelemetry Collector's ClickHouse exporter, so its
+  dashboards and queries work unchanged, plus typed columns that training reads. It is sorted by
+  ``(RolloutId, TraceId, SpanId)``: the hot query gathers the spans of one rollout; time-range queries prune by
+  the daily partition and a min-max index on ``Timestamp``.
+* ``rollouts`` keeps the latest lifecycle state per rollout attempt (the version column is the status rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["MIGRATIONS", "MIGRATIONS_TABLE", "TABLES", "Migration"]
+
+MIGRATIONS_TABLE = "schema_migrations"
+
+# Logical table names used by the code; the DDL below is the only place their columns are spelled out.
+TABLES = {
+    "spans": "otel_traces",
+    "rollouts": "rollouts",
+    "transitions": "transitions",
+    "model_versions": "model_versions",
+    "train_steps": "train_steps",
+}
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+    def render(self, database: str) -> list[str]:
+        return [statement.format(db=database) for statement in self.statements]
+
+
+_ATTRS = "Map(LowCardinality(String), String)"
+
+_SPANS = f"""
+CREATE TABLE IF NOT EXISTS {{db}}.otel_traces (
+    Timestamp DateTime64(9, 'UTC') CODEC(Delta, ZSTD(1)),
+    TraceId String CODEC(ZSTD(1)),
+    SpanId String CODEC(ZSTD(1)),
+    ParentSpanId String CODEC(ZSTD(1)),
+    TraceState String CODEC(ZSTD(1)),
+    SpanName LowCardinality(String) CODEC(ZSTD(1)),
+    SpanKind LowCardinality(String) CODEC(ZSTD(1)),
+    ServiceName LowCardinality(String) CODEC(ZSTD(1)),
+    ResourceAttributes {_ATTRS} CODEC(ZSTD(1)),
+    ScopeName String CODEC(ZSTD(1)),
+    ScopeVersion String CODEC(ZSTD(1)),
+    SpanAttributes {_ATTRS} CODEC(ZSTD(1)),
+    Duration UInt64 CODEC(ZSTD(1)),
+    StatusCode LowCardinality(String) CODEC(ZSTD(1)),
+    StatusMessage String CODEC(ZSTD(1)),
+    `Events.Timestamp` Array(DateTime64(9, 'UTC')) CODEC(ZSTD(1)),
+    `Events.Name` Array(LowCardinality(String)) CODEC(ZSTD(1)),
+    `Events.Attributes` Array({_ATTRS}) CODEC(ZSTD(1)),
+    `Links.TraceId` Array(String) CODEC(ZSTD(1)),
+    `Links.SpanId` Array(String) CODEC(ZSTD(1)),
+    `Links.TraceState` Array(String) CODEC(ZSTD(1)),
+    `Links.Attributes` Array({_ATTRS}) CODEC(ZSTD(1)),
+    RolloutId String CODEC(ZSTD(1)),
+    Attempt UInt32 CODEC(ZSTD(1)),
+    AgentName LowCardinality(String) CODEC(ZSTD(1)),
+    ModelVersion Nullable(UInt64) CODEC(ZSTD(1)),
+    PromptTokenIds Array(UInt32) CODEC(ZSTD(1)),
+    ResponseTokenIds Array(UInt32) CODEC(ZSTD(1)),
+    ResponseLogprobs Array(Float32) CODEC(ZSTD(1)),
+    Reward Nullable(Float64) CODEC(ZSTD(1)),
+    IngestedAt DateTime64(3, 'UTC') DEFAULT now64(3) CODEC(Delta, ZSTD(1)),
+    INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1,
+    INDEX idx_timestamp Timestamp TYPE minmax GRANULARITY 1,
+    INDEX idx_res_attr_key mapKeys(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_span_attr_key mapKeys(SpanAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_duration Duration TYPE minmax GRANULARITY 1
+) ENGINE = ReplacingMergeTree
+PARTITION BY toDate(Timestamp)
+ORDER BY (RolloutId, TraceId, SpanId)
+SETTINGS index_granularity = 8192
+"""
+
+_ROLLOUTS = """
+CREATE TABLE IF NOT EXISTS {db}.rollouts (
+    RolloutId String,
+    Attempt UInt32,
+    TaskId String,
+    GroupId String,
+    Mode LowCardinality(String),
+    Status LowCardinality(String),
+    StatusRank UInt8,
+    Reward Nullable(Float64),
+    Error String CODEC(ZSTD(1)),
+    RunnerId LowCardinality(String),
+    ModelVersion Nullable(UInt64),
+    Timestamp DateTime64(6, 'UTC') CODEC(Delta, ZSTD(1)),
+    INDEX idx_group GroupId TYPE bloom_filter(0.01) GRANULARITY 1
+) ENGINE = ReplacingMergeTree(StatusRank)
+ORDER BY (RolloutId, Attempt)
+"""
+
+_TRANSITIONS = """
+CREATE TABLE IF NOT EXISTS {db}.transitions (
+    RolloutId String,
+    Attempt UInt32,
+    TaskId String,
+    GroupId String,
+    Mode LowCardinality(String),
+    Status LowCardinality(String),
+    CallIndex UInt32,
+    TraceId String,
+    SpanId String,
+    AgentName LowCardinality(String),
+    ModelVersion Nullable(UInt64),
+    PromptTokenIds Array(UInt32) CODEC(ZSTD(1)),
+    ResponseTokenIds Array(UInt32) CODEC(ZSTD(1)),
+    ResponseLogprobs Array(Float32) CODEC(ZSTD(1)),
+    Reward Nullable(Float64),
+    IntermediateReward Nullable(Float64),
+    EpisodeReward Nullable(Float64),
+    CreatedAt DateTime64(6, 'UTC') CODEC(Delta, ZSTD(1))
+) ENGINE = ReplacingMergeTree(CreatedAt)
+ORDER BY (GroupId, RolloutId, Attempt, SpanId)
+"""
+
+_MODEL_VERSIONS = """
+CREATE TABLE IF NOT EXISTS {db}.model_versions (
+    ModelName String,
+    Version UInt64,
+    Uri String,
+    Format LowCardinality(String),
+    BaseModel String,
+    RunId String,
+    Step UInt64,
+    CreatedAt DateTime64(6, 'UTC')
+) ENGINE = ReplacingMergeTree
+ORDER BY (ModelName, Version)
+"""
+
+_TRAIN_STEPS = """
+CREATE TABLE IF NOT EXISTS {db}.train_steps (
+    RunId String,
+    Step UInt64,
+    ModelVersion UInt64,
+    NumTransitions UInt64,
+    NumGroups UInt64,
+    RewardMean Float64,
+    RewardStd Float64,
+    AdvantageMean Float64,
+    AdvantageStd Float64,
+    Loss Float64,
+    ClipFraction Float64,
+    Kl Nullable(Float64),
+    TokensPerS Float64,
+    RolloutWaitS Float64,
+    TrainS Float64,
+    PublishS Float64,
+    DroppedStale UInt64,
+    Extra Map(LowCardinality(String), Float64),
+    CreatedAt DateTime64(6, 'UTC')
+) ENGINE = ReplacingMergeTree
+ORDER BY (RunId, Step)
+"""
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "spans (otel_traces)", (_SPANS,)),
+    Migration(2, "rollouts", (_ROLLOUTS,)),
+    Migration(3, "transitions", (_TRANSITIONS,)),
+    Migration(4, "model_versions", (_MODEL_VERSIONS,)),
+    Migration(5, "train_steps", (_TRAIN_STEPS,)),
+)

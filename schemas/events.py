@@ -1,0 +1,288 @@
+"""The event contracts carried on Fulmen's Kafka topics, as pydantic v2 models.
+
+Every event has a ``schema_version``; a reader refuses versions it does not know instead of guessing. Unknown
+fields are refused too (``extra="forbid"``): a typo in a submitted task fails loudly, and a change of contract
+bumps ``schema_version``. Times are timezone-aware UTC. Identifiers are restricted to characters that are safe
+in a URL path segment, because the LLM gateway receives rollout ids in its path
+(``/rollout/{rollout_id}/attempt/{attempt}/v1``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+__all__ = [
+    "TERMINAL_STATUSES",
+    "DeadLetterHeaders",
+    "Event",
+    "Identifier",
+    "ModelVersion",
+    "RolloutEvent",
+    "RolloutMode",
+    "RolloutRequest",
+    "RolloutStatus",
+    "TrainStep",
+    "Transition",
+    "TransitionBatch",
+    "new_id",
+    "utc_now",
+]
+
+Identifier = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:\-]+$")]
+"""An id that is safe in a URL path segment, a Kafka key and a ClickHouse key."""
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id() -> str:
+    """A fresh random id (32 hex characters)."""
+    return uuid.uuid4().hex
+
+
+def _require_utc(value: datetime) -> datetime:
+    """Naive datetimes are taken as UTC; aware ones are converted to UTC."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+UtcDatetime = Annotated[datetime, AfterValidator(_require_utc)]
+
+
+class Event(BaseModel):
+    """Base of every event: strict about unknown fields, immutable, versioned."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class RolloutMode(StrEnum):
+    TRAIN = "train"
+    VAL = "val"
+
+
+class RolloutStatus(StrEnum):
+    """Lifecycle of one attempt of a rollout, in order. The last three are terminal."""
+
+    QUEUED = "queued"
+    CLAIMED = "claimed"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+
+    @property
+    def rank(self) -> int:
+        """Position in the lifecycle; the store keeps the highest rank per rollout attempt."""
+        return _STATUS_RANK[self]
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+_STATUS_RANK = {
+    RolloutStatus.QUEUED: 0,
+    RolloutStatus.CLAIMED: 1,
+    RolloutStatus.RUNNING: 2,
+    RolloutStatus.SUCCEEDED: 3,
+    RolloutStatus.FAILED: 3,
+    RolloutStatus.TIMED_OUT: 3,
+}
+TERMINAL_STATUSES = frozenset({RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.TIMED_OUT})
+
+
+class RolloutRequest(Event):
+    """One task to run once through the user's agent; published to the tasks topic, keyed by rollout id.
+
+    ``group_id`` ties together the G rollouts of one task that GRPO compares with each other. ``input`` is the
+    task itself, handed to the agent unchanged. ``attempt`` starts at 1; a retry is a new request with the
+    same rollout id and ``attempt + 1``, up to ``max_attempts``.
+    """
+
+    schema_version: Literal[1] = 1
+    rollout_id: Identifier = Field(default_factory=new_id)
+    task_id: Identifier
+    group_id: Identifier
+    attempt: int = Field(default=1, ge=1)
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    timeout_s: float = Field(default=600.0, gt=0, le=7 * 24 * 3600)
+    mode: RolloutMode = RolloutMode.TRAIN
+    input: dict[str, Any]
+    model_version: int | None = Field(default=None, ge=0, description="version the request was dispatched under")
+    metadata: dict[str, str] = Field(default_factory=dict)
+    created_at: UtcDatetime = Field(default_factory=utc_now)
+
+    @model_validator(mode="after")
+    def _attempt_within_budget(self) -> RolloutRequest:
+        if self.attempt > self.max_attempts:
+            raise ValueError(f"attempt {self.attempt} exceeds max_attempts {self.max_attempts}")
+        return self
+
+
+class RolloutEvent(Event):
+    """A lifecycle change of one attempt of a rollout; published to the rollouts topic, keyed by rollout id.
+
+    ``reward`` is the episode reward and only a succeeded rollout has one (it may still be None when the agent
+    returned none). A failed or timed-out rollout carries ``error``.
+    """
+
+    schema_version: Literal[1] = 1
+    rollout_id: Identifier
+    attempt: int = Field(ge=1)
+    status: RolloutStatus
+    task_id: Identifier
+    group_id: Identifier
+    mode: RolloutMode = RolloutMode.TRAIN
+    reward: float | None = None
+    error: str | None = None
+    runner_id: str = ""
+    model_version: int | None = Field(default=None, ge=0)
+    timestamp: UtcDatetime = Field(default_factory=utc_now)
+
+    @model_validator(mode="after")
+    def _fields_fit_status(self) -> RolloutEvent:
+        if self.reward is not None and self.status is not RolloutStatus.SUCCEEDED:
+            raise ValueError(f"reward: only a succeeded rollout has a reward, this one is {self.status.value}")
+        if self.status in (RolloutStatus.FAILED, RolloutStatus.TIMED_OUT) and not self.error:
+            raise ValueError(f"error: a {self.status.value} rollout must say why")
+        return self
+
+
+class Transition(Event):
+    """One LLM call of an episode: the state (prompt tokens), the action (response tokens) and its reward.
+
+    Token ids are exactly those the model consumed and produced (never re-tokenized). ``reward`` is the credit
+    assigned to this call; ``intermediate_reward`` is the reward observed right after it, if any.
+    """
+
+    schema_version: Literal[1] = 1
+    rollout_id: Identifier
+    attempt: int = Field(ge=1)
+    index: int = Field(ge=0, description="position of the call within the episode")
+    trace_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    span_id: str = Field(pattern=r"^[0-9a-f]{16}$")
+    agent_name: str = ""
+    model_version: int | None = Field(default=None, ge=0)
+    prompt_token_ids: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    response_token_ids: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    response_logprobs: list[float] | None = None
+    reward: float | None = None
+    intermediate_reward: float | None = None
+
+    @model_validator(mode="after")
+    def _logprobs_match_response(self) -> Transition:
+        if self.response_logprobs is not None and len(self.response_logprobs) != len(self.response_token_ids):
+            raise ValueError(
+                f"response_logprobs: {len(self.response_logprobs)} logprobs for "
+                f"{len(self.response_token_ids)} response tokens"
+            )
+        return self
+
+
+class TransitionBatch(Event):
+    """All transitions of one finished rollout attempt; published to the transitions topic, keyed by group id."""
+
+    schema_version: Literal[1] = 1
+    rollout_id: Identifier
+    attempt: int = Field(ge=1)
+    task_id: Identifier
+    group_id: Identifier
+    mode: RolloutMode = RolloutMode.TRAIN
+    status: RolloutStatus
+    episode_reward: float | None = None
+    model_version: int | None = Field(default=None, ge=0)
+    transitions: list[Transition] = Field(default_factory=list)
+    created_at: UtcDatetime = Field(default_factory=utc_now)
+
+    @model_validator(mode="after")
+    def _transitions_belong_here(self) -> TransitionBatch:
+        if not self.status.terminal:
+            raise ValueError(f"status: a transition batch is built from a finished rollout, not {self.status.value}")
+        for position, transition in enumerate(self.transitions):
+            if (transition.rollout_id, transition.attempt) != (self.rollout_id, self.attempt):
+                raise ValueError(
+                    f"transitions.{position}: belongs to rollout {transition.rollout_id} attempt "
+                    f"{transition.attempt}, not {self.rollout_id} attempt {self.attempt}"
+                )
+            if transition.index != position:
+                raise ValueError(f"transitions.{position}.index: is {transition.index}, expected {position}")
+        return self
+
+
+class ModelVersion(Event):
+    """A trained model ready to serve; published to the compacted models topic, keyed by model name."""
+
+    schema_version: Literal[1] = 1
+    model_name: Identifier
+    version: int = Field(ge=0)
+    uri: str = Field(min_length=1, description="where the checkpoint is: a local path or an object-store URI")
+    format: Literal["hf", "hf_lora_adapter"] = "hf"
+    base_model: str = ""
+    run_id: str = ""
+    step: int = Field(default=0, ge=0)
+    created_at: UtcDatetime = Field(default_factory=utc_now)
+
+
+class TrainStep(Event):
+    """Metrics of one optimisation step; published to the metrics topic, keyed by run id."""
+
+    schema_version: Literal[1] = 1
+    run_id: Identifier
+    step: int = Field(ge=0)
+    model_version: int = Field(ge=0, description="the version this step produced")
+    num_transitions: int = Field(ge=0)
+    num_groups: int = Field(ge=0)
+    reward_mean: float
+    reward_std: float = Field(ge=0)
+    advantage_mean: float = 0.0
+    advantage_std: float = Field(default=0.0, ge=0)
+    loss: float
+    clip_fraction: float = Field(default=0.0, ge=0, le=1)
+    kl: float | None = None
+    tokens_per_s: float = Field(default=0.0, ge=0)
+    rollout_wait_s: float = Field(default=0.0, ge=0)
+    train_s: float = Field(default=0.0, ge=0)
+    publish_s: float = Field(default=0.0, ge=0)
+    dropped_stale: int = Field(default=0, ge=0)
+    extra: dict[str, float] = Field(default_factory=dict)
+    created_at: UtcDatetime = Field(default_factory=utc_now)
+
+
+class DeadLetterHeaders(BaseModel):
+    """The Kafka headers of a dead-lettered record: where it came from and why it was rejected.
+
+    The record itself keeps its original key and value bytes, so it can be replayed once the cause is fixed.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source_topic: str
+    source_partition: int = Field(ge=0)
+    source_offset: int = Field(ge=0)
+    error_type: str
+    error: str
+    consumer_group: str = ""
+    failed_at: UtcDatetime = Field(default_factory=utc_now)
+
+    PREFIX: ClassVar[str] = "fulmen.dlq."
+
+    def to_kafka(self) -> list[tuple[str, bytes]]:
+        """As aiokafka record headers: ``fulmen.dlq.<field>`` = UTF-8 text."""
+        return [
+            (f"{self.PREFIX}{name}", (value.isoformat() if isinstance(value, datetime) else str(value)).encode())
+            for name, value in self.model_dump().items()
+        ]
+
+    @classmethod
+    def from_kafka(cls, headers: list[tuple[str, bytes]] | tuple[tuple[str, bytes], ...]) -> DeadLetterHeaders:
+        """Read the headers back; headers that are not ours are ignored."""
+        prefix = cls.PREFIX
+        values = {k[len(prefix) :]: v.decode() for k, v in headers if k.startswith(prefix)}
+        return cls.model_validate(values)

@@ -1,0 +1,113 @@
+"""The Kafka topics: names, keys, value contracts, partition counts and settings.
+
+The names here are defaults. A deployment can add a prefix (``FULMEN_KAFKA_TOPIC_PREFIX``) to run several
+Fulmen installations, or test sessions, on one cluster; resolve names with :func:`topic_name`. Nothing else
+may spell a topic name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from schemas.events import Event, ModelVersion, RolloutEvent, RolloutRequest, TrainStep, TransitionBatch
+
+__all__ = ["TOPICS", "Topic", "TopicKey", "topic", "topic_name"]
+
+
+class TopicKey(StrEnum):
+    """Stable handles for the topics, independent of their (configurable) names."""
+
+    TASKS = "tasks"
+    SPANS = "spans"
+    ROLLOUTS = "rollouts"
+    TRANSITIONS = "transitions"
+    MODELS = "models"
+    METRICS = "metrics"
+    DLQ = "dlq"
+
+
+_DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class Topic:
+    """One topic and what it carries.
+
+    ``value`` is the pydantic contract of the record value, or None when the value is not one of ours (OTLP
+    protobuf on the spans topic; the original bytes on the dead-letter topic).
+    """
+
+    key: TopicKey
+    name: str
+    record_key: str
+    value: type[Event] | None
+    value_format: str
+    partitions: int
+    config: dict[str, str] = field(default_factory=dict)
+    description: str = ""
+    producers: tuple[str, ...] = ()
+    consumers: tuple[str, ...] = ()
+
+
+TOPICS: dict[TopicKey, Topic] = {
+    t.key: t
+    for t in (
+        Topic(
+            TopicKey.TASKS, "fulmen.tasks", "rollout_id", RolloutRequest, "json", 8,
+            {"retention.ms": str(7 * _DAY_MS)},
+            "Rollout requests; consumed by the runners' consumer group.",
+            ("fulmen submit", "algorithm dispatcher", "runner (retries)"), ("runner",),
+        ),
+        Topic(
+            TopicKey.SPANS, "otlp_spans", "trace_id", None, "otlp_proto", 8,
+            {"retention.ms": str(3 * _DAY_MS), "max.message.bytes": str(8 * 1024 * 1024)},
+            "OTLP ExportTraceServiceRequest protobuf, as the OpenTelemetry Collector's Kafka exporter writes.",
+            ("otlp-gateway", "llm-gateway", "runner", "OpenTelemetry Collector"), ("consumers: spans",),
+        ),
+        Topic(
+            TopicKey.ROLLOUTS, "fulmen.rollouts", "rollout_id", RolloutEvent, "json", 8,
+            {"retention.ms": str(7 * _DAY_MS)},
+            "Rollout lifecycle events (claimed, running, succeeded, failed, timed out).",
+            ("runner", "fulmen submit"), ("consumers: rollouts", "consumers: transitions"),
+        ),
+        Topic(
+            TopicKey.TRANSITIONS, "fulmen.transitions", "group_id", TransitionBatch, "json", 4,
+            {"retention.ms": str(7 * _DAY_MS), "max.message.bytes": str(8 * 1024 * 1024)},
+            "One TransitionBatch per finished rollout; consumed by the algorithm.",
+            ("consumers: transitions",), ("algorithm collector", "consumers: transitions table"),
+        ),
+        Topic(
+            TopicKey.MODELS, "fulmen.models", "model_name", ModelVersion, "json", 1,
+            {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"},
+            "Model versions; compacted, so the latest version of each model is always there to read.",
+            ("algorithm trainer",), ("llm-gateway", "consumers: model_versions"),
+        ),
+        Topic(
+            TopicKey.METRICS, "fulmen.metrics", "run_id", TrainStep, "json", 1,
+            {"retention.ms": str(30 * _DAY_MS)},
+            "Training step metrics.",
+            ("algorithm trainer",), ("consumers: train_steps",),
+        ),
+        Topic(
+            TopicKey.DLQ, "fulmen.dlq", "original key", None, "original bytes", 1,
+            {"retention.ms": str(30 * _DAY_MS), "max.message.bytes": str(8 * 1024 * 1024)},
+            "Records that could not be processed; headers say where from and why (DeadLetterHeaders).",
+            ("every consumer",), ("operators",),
+        ),
+    )
+}  # fmt: skip
+
+
+def topic(key: TopicKey | str) -> Topic:
+    """The topic registered under ``key``; an unknown key is answered with the valid ones."""
+    try:
+        return TOPICS[TopicKey(key)]
+    except ValueError:
+        valid = ", ".join(k.value for k in TopicKey)
+        raise KeyError(f"unknown topic {key!r}; valid: {valid}") from None
+
+
+def topic_name(key: TopicKey | str, prefix: str = "") -> str:
+    """The name of topic ``key`` in a deployment whose topics carry ``prefix``."""
+    return f"{prefix}{topic(key).name}"

@@ -1,0 +1,96 @@
+"""The registries that everyone reads: topics, span attribute names, migrations, exported contracts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from infra.cli.main import app
+from schemas import semconv
+from schemas.ddl import MIGRATIONS, TABLES
+from schemas.export import asyncapi_document, json_schemas
+from schemas.topics import TOPICS, TopicKey, topic, topic_name
+
+
+def test_every_topic_key_is_registered_once() -> None:
+    assert set(TOPICS) == set(TopicKey)
+    names = [t.name for t in TOPICS.values()]
+    assert len(names) == len(set(names))
+
+
+def test_topic_names_and_settings() -> None:
+    assert topic_name(TopicKey.SPANS) == "otlp_spans"  # the OpenTelemetry Collector's Kafka exporter default
+    assert topic_name(TopicKey.TASKS, "staging.") == "staging.fulmen.tasks"
+    assert topic(TopicKey.MODELS).config["cleanup.policy"] == "compact"
+    for t in TOPICS.values():
+        assert t.partitions >= 1
+        if t.value is not None:
+            assert t.record_key in t.value.model_fields, f"{t.name} keyed by a field its events lack"
+
+
+def test_unknown_topic_lists_the_valid_ones() -> None:
+    with pytest.raises(KeyError, match="valid: tasks, spans"):
+        topic("task")
+
+
+def test_semconv_has_no_duplicate_keys() -> None:
+    keys = semconv.all_keys()
+    attribute_values = [v for k, v in keys.items() if not k.startswith(("OPERATION_", "SPAN_"))]
+    assert len(attribute_values) == len(set(attribute_values))
+    ours = [v for v in attribute_values if v.startswith("fulmen.")]
+    assert semconv.ROLLOUT_ID in ours and semconv.PROMPT_TOKEN_IDS in ours
+
+
+def test_migrations_are_ordered_and_unique() -> None:
+    versions = [m.version for m in MIGRATIONS]
+    assert versions == sorted(versions) and len(versions) == len(set(versions))
+    rendered = "\n".join(s for m in MIGRATIONS for s in m.render("somedb"))
+    assert "{db}" not in rendered
+    for table in TABLES.values():
+        assert f"somedb.{table}" in rendered
+    assert all("IF NOT EXISTS" in s for m in MIGRATIONS for s in m.statements)
+
+
+def test_spans_table_keeps_the_collector_columns() -> None:
+    ddl = MIGRATIONS[0].statements[0]
+    for column in ("Timestamp", "TraceId", "SpanId", "ParentSpanId", "SpanName", "SpanKind", "ServiceName",
+                   "ResourceAttributes", "SpanAttributes", "Duration", "StatusCode", "StatusMessage",
+                   "`Events.Timestamp`", "`Links.TraceId`"):  # fmt: skip
+        assert f"\n    {column} " in ddl, column
+
+
+def test_asyncapi_document_is_complete_and_its_refs_resolve() -> None:
+    doc = asyncapi_document(prefix="p.")
+    assert doc["asyncapi"].startswith("3.")
+    assert {c["address"] for c in doc["channels"].values()} == {topic_name(k, "p.") for k in TopicKey}
+    refs = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            refs.extend(v for k, v in node.items() if k == "$ref" and isinstance(v, str) and v.startswith("#/"))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(doc)
+    assert refs
+    for ref in refs:
+        node = doc
+        for part in ref[2:].split("/"):
+            assert part in node, f"dangling {ref}"
+            node = node[part]
+
+
+def test_schemas_export_writes_files(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["schemas", "export", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    written = {p.name for p in tmp_path.iterdir()}
+    assert "asyncapi.json" in written
+    assert {f"{name}.schema.json" for name in json_schemas()} <= written
+    schema = json.loads((tmp_path / "RolloutRequest.schema.json").read_text())
+    assert "task_id" in schema["required"]

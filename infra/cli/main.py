@@ -272,9 +272,8 @@ def _print_smoke(report: Any, stopped: bool) -> None:
     console.print(f"[green]✓[/] task read back from Kafka: {report.task_read_back}")
     if report.dead_letter:
         d = report.dead_letter
-        console.print(
-            f"[green]✓[/] poison record dead-lettered: {d.source_topic}[{d.source_partition}]@{d.source_offset}: {d.error}"
-        )
+        where = f"{d.source_topic}[{d.source_partition}]@{d.source_offset}"
+        console.print(f"[green]✓[/] poison record dead-lettered: {where}: {d.error}")
     for title, query, result in report.queries:
         console.print(f'\n[bold]{title}[/]  [dim]fulmen sql "{query}"[/]')
         render(result, "table", console)

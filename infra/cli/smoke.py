@@ -73,7 +73,9 @@ def _events(run_id: str) -> dict[TopicKey, list[Any]]:
             agent_name=agent, model_version=0, prompt_token_ids=prompt, response_token_ids=response,
             response_logprobs=[-0.1] * len(response),
         )
-        for i, (agent, prompt, response) in enumerate([("planner", [1, 2, 3], [4, 5]), ("solver", [1, 2, 3, 4, 5, 6], [7])])
+        for i, (agent, prompt, response) in enumerate(
+            [("planner", [1, 2, 3], [4, 5]), ("solver", [1, 2, 3, 4, 5, 6], [7])]
+        )
     ]  # fmt: skip
     batch = TransitionBatch(
         **common, status=RolloutStatus.SUCCEEDED, episode_reward=1.0, model_version=0, transitions=calls

@@ -123,10 +123,20 @@ def _unreachable(settings: FulmenSettings, what: str, exc: BaseException) -> str
     )
 
 
-async def close_quietly(clients: Iterable[Any]) -> None:
-    """Stop clients, logging (not raising) what fails: used on shutdown paths."""
+async def close_quietly(clients: Iterable[Any], timeout_s: float = 10.0) -> None:
+    """Stop clients, logging (not raising) what fails: used on shutdown paths.
+
+    A producer's stop waits for its pending records; with the broker gone that never ends, so each client
+    gets ``timeout_s`` and is then abandoned with a warning (its undelivered records are lost to this
+    process; callers only treat a record as sent once its send was acknowledged).
+    """
     for client in clients:
+        close = client.stop if hasattr(client, "stop") else client.close
         try:
-            await client.stop() if hasattr(client, "stop") else await client.close()
+            await asyncio.wait_for(close(), timeout_s)
+        except TimeoutError:
+            log.warning(
+                "%s did not stop within %.0fs (broker unreachable?); abandoning it", type(client).__name__, timeout_s
+            )
         except Exception:
             log.debug("closing %r failed", client, exc_info=True)

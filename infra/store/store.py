@@ -11,7 +11,9 @@ Writes go in batches as Arrow tables, never row by row. Reads that the system ru
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,11 +25,11 @@ import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
-from infra.errors import ConfigurationError, RetryableError
+from infra.errors import ConfigurationError, PoisonInputError, RetryableError
 from infra.settings import FulmenSettings
 from schemas.ddl import MIGRATIONS, MIGRATIONS_TABLE, Migration
 
-__all__ = ["QueryResult", "Store"]
+__all__ = ["QueryResult", "ReadOnlyError", "Store"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,12 @@ _embedded_lock = threading.Lock()
 _embedded: dict[Path, Client] = {}
 
 READ_ONLY_SETTINGS = {"readonly": 2}  # 2: SELECTs and query-level settings, no writes, no DDL
+_READ_STATEMENTS = ("SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN", "EXISTS")
+_LEADING_NOISE = re.compile(r"^(\s+|--[^\n]*\n?|/\*.*?\*/|\()+", re.DOTALL)
+
+
+class ReadOnlyError(PoisonInputError):
+    """A write or DDL statement sent where only reads are allowed."""
 
 
 class QueryResult:
@@ -129,6 +137,8 @@ class Store:
         read_only: bool = False,
     ) -> QueryResult:
         """Run a SELECT; ``final`` deduplicates ReplacingMergeTree tables, ``read_only`` refuses writes and DDL."""
+        if read_only:
+            _require_read(sql)
         result = self.client.query(
             sql, parameters=dict(parameters or {}), settings=self._read_settings(final, read_only)
         )
@@ -137,6 +147,8 @@ class Store:
     def query_arrow(
         self, sql: str, parameters: Mapping[str, Any] | None = None, *, final: bool = True, read_only: bool = False
     ) -> pa.Table:
+        if read_only:
+            _require_read(sql)
         return self.client.query_arrow(
             sql, parameters=dict(parameters or {}), settings=self._read_settings(final, read_only)
         )
@@ -146,6 +158,21 @@ class Store:
         if read_only:
             settings.update(READ_ONLY_SETTINGS)
         return settings
+
+
+def _require_read(sql: str) -> None:
+    """Refuse anything but a read before it reaches the engine.
+
+    The ``readonly`` setting alone is not enough in embedded mode: chdb applies per-call settings with SET
+    for statements it cannot suffix with a SETTINGS clause, and once ``readonly`` is on it cannot be
+    switched off again, which would leave the whole process read-only.
+    """
+    head = _LEADING_NOISE.sub("", sql, count=1).split(None, 1)
+    keyword = head[0].upper() if head else ""
+    if keyword not in _READ_STATEMENTS:
+        raise ReadOnlyError(
+            f"only reads are allowed here ({', '.join(_READ_STATEMENTS)}), not {keyword or 'an empty statement'}"
+        )
 
 
 def _embedded_client(path: Path) -> Client:
@@ -159,18 +186,38 @@ def _embedded_client(path: Path) -> Client:
                 f"per process, so {path} cannot be opened too (use one FULMEN_CLICKHOUSE_PATH per process)"
             )
         path.mkdir(parents=True, exist_ok=True)
+        owner = _other_owner(path)
+        if owner is not None:
+            raise ConfigurationError(
+                f"the embedded store at {path} is open in another process ({owner}; in local mode the consumers "
+                "process owns it): read it through that process with `fulmen sql`, stop that process, or use "
+                "another FULMEN_CLICKHOUSE_PATH"
+            )
         try:
             client = clickhouse_connect.get_client(dsn=f"chdb://{path}")
         except ClickHouseError as exc:
-            if "Cannot lock file" in str(exc):
-                raise ConfigurationError(
-                    f"the embedded store at {path} is open in another process (the consumers process owns it "
-                    "in local mode): read it through that process with `fulmen sql`, stop that process, or use "
-                    "another FULMEN_CLICKHOUSE_PATH"
-                ) from exc
             raise ConfigurationError(f"cannot open the embedded store at {path}: {exc}") from exc
         _embedded[path] = client
         return client
+
+
+def _other_owner(path: Path) -> str | None:
+    """Who holds the engine's lock on ``path`` (its ``status`` file), or None if nobody does.
+
+    chdb reports a held lock only on stderr and then fails with a generic message, so look first.
+    """
+    status = path / "status"
+    if not status.exists():
+        return None
+    with open(status, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            first = handle.readline().strip()
+            return first.replace("PID:", "pid").strip() or "pid unknown"
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None
 
 
 def _server_client(settings: FulmenSettings) -> Client:

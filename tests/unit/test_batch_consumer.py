@@ -91,7 +91,7 @@ async def test_a_record_that_decodes_but_cannot_be_stored_is_dead_lettered_alone
         name, topic, table = sink.name, sink.topic, sink.table
         decode = sink.decode
 
-        def to_arrow(self, units):  # noqa: ANN001, ANN201
+        def to_arrow(self, units):
             if any(row["RolloutId"] == "r2" for rows in units for row in rows):
                 raise pa.ArrowInvalid("r2 cannot be stored")
             return sink.to_arrow(units)
@@ -101,4 +101,7 @@ async def test_a_record_that_decodes_but_cannot_be_stored_is_dead_lettered_alone
         consumer.append(TOPIC, 0, _event(i))
     await _drain(worker)
     assert sorted(r["RolloutId"] for r in store.rows("rollouts")) == ["r0", "r1", "r3"]
-    assert len(producer.sent) == 1 and "r2 cannot be stored" in DeadLetterHeaders.from_kafka(producer.sent[0]["headers"]).error
+    assert (
+        len(producer.sent) == 1
+        and "r2 cannot be stored" in DeadLetterHeaders.from_kafka(producer.sent[0]["headers"]).error
+    )

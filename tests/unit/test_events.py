@@ -25,9 +25,7 @@ from schemas import (
 
 ids = st.from_regex(r"[A-Za-z0-9._:\-]{1,40}", fullmatch=True)
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
-times = st.datetimes(
-    min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
-)
+times = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC))
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | finite | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
@@ -102,7 +100,7 @@ train_steps = st.builds(
 def test_every_contract_round_trips(strategy: st.SearchStrategy) -> None:
     @settings(max_examples=60, deadline=None)
     @given(strategy)
-    def check(event) -> None:  # noqa: ANN001
+    def check(event) -> None:
         assert decode(type(event), encode(event)) == event
 
     check()
@@ -156,7 +154,9 @@ def test_missing_field_is_named() -> None:
 
 def test_newer_schema_version_says_so() -> None:
     with pytest.raises(DecodeError, match="knows version 1, the record has 2") as caught:
-        decode(RolloutEvent, encode(RolloutEvent(**_valid_event())).replace(b'"schema_version":1', b'"schema_version":2'))
+        decode(
+            RolloutEvent, encode(RolloutEvent(**_valid_event())).replace(b'"schema_version":1', b'"schema_version":2')
+        )
     assert caught.value.field == "schema_version"
 
 

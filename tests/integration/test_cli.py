@@ -1,0 +1,84 @@
+"""The `fulmen` command as a user runs it, in its own process (the embedded store allows one per process)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.kafka.local import LocalKafka
+
+pytestmark = pytest.mark.integration
+
+FULMEN = [sys.executable, "-m", "infra.cli.main"]
+
+
+def run(args: list[str], env: dict[str, str], timeout: int = 180) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | env | {"COLUMNS": "200"}
+    return subprocess.run([*FULMEN, *args], env=full_env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture
+def env(kafka_broker: LocalKafka, tmp_path: Path) -> dict[str, str]:
+    return {
+        "FULMEN_KAFKA_BOOTSTRAP": kafka_broker.bootstrap,
+        "FULMEN_KAFKA_TOPIC_PREFIX": f"cli{tmp_path.name[-8:]}.",
+        "FULMEN_HOME": str(tmp_path),
+    }
+
+
+def test_demo_smoke_runs_end_to_end(env: dict[str, str]) -> None:
+    result = run(["demo", "--json"], env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["task_read_back"] and report["dead_lettered"]
+    assert report["rows"] == {"rollouts": 1, "transitions": 2, "model_versions": 1, "train_steps": 1}
+    assert "fulmen sql" in result.stdout  # it shows the queries a user can run next
+
+
+def test_sql_formats_and_refuses_writes(env: dict[str, str]) -> None:
+    assert run(["store", "migrate"], env).returncode == 0
+    query = "SELECT number AS n, toString(number) AS s, [number, 1] AS a FROM system.numbers LIMIT 3"
+    as_csv = run(["sql", query, "--format", "csv"], env)
+    assert as_csv.returncode == 0, as_csv.stderr
+    assert list(csv.reader(io.StringIO(as_csv.stdout))) == [
+        ["n", "s", "a"],
+        ["0", "0", "[0, 1]"],
+        ["1", "1", "[1, 1]"],
+        ["2", "2", "[2, 1]"],
+    ]
+    as_json = run(["sql", query, "--format", "json"], env)
+    assert json.loads(as_json.stdout)[2] == {"n": 2, "s": "2", "a": [2, 1]}
+    table = run(["sql", "SELECT count() AS tables FROM system.tables WHERE database = 'fulmen'"], env)
+    assert "tables" in table.stdout and "1 row" in table.stdout
+    refused = run(["sql", "DROP DATABASE fulmen"], env)
+    assert refused.returncode == 1 and "only reads are allowed" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    broken = run(["sql", "SELECT nope FROM nowhere"], env)
+    assert broken.returncode == 1 and "query failed" in broken.stderr
+
+
+def test_kafka_topics_against_an_existing_cluster(env: dict[str, str]) -> None:
+    result = run(["kafka", "topics", "--create"], env)
+    assert result.returncode == 0, result.stderr
+    assert (
+        f"{env['FULMEN_KAFKA_TOPIC_PREFIX']}fulmen.models" in result.stdout
+        and "cleanup.policy=compact" in result.stdout
+    )
+    down = run(["kafka", "down"], env)
+    assert "not a local broker, nothing to stop" in down.stdout
+
+
+def test_unreachable_cluster_is_a_clear_error(tmp_path: Path) -> None:
+    from tests.conftest import free_port
+
+    result = run(["kafka", "status"], {"FULMEN_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}",
+                                       "FULMEN_KAFKA_CONNECT_TIMEOUT_S": "2", "FULMEN_HOME": str(tmp_path)})  # fmt: skip
+    assert result.returncode == 1
+    assert "no Kafka broker answered" in result.stderr and "FULMEN_KAFKA_BOOTSTRAP" in result.stderr

@@ -1,0 +1,188 @@
+"""Against a real Kafka broker: every event type travels, groups resume, topics carry their settings."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from infra.errors import BrokerUnavailableError
+from infra.kafka.admin import describe_topics, ensure_topics
+from infra.kafka.clients import admin_client, close_quietly, consumer, producer, start_or_raise
+from infra.kafka.local import LocalKafka
+from infra.kafka.publish import EventPublisher
+from infra.settings import BrokerSettings, FulmenSettings
+from schemas import (
+    TOPICS,
+    ModelVersion,
+    RolloutEvent,
+    RolloutRequest,
+    RolloutStatus,
+    TopicKey,
+    TrainStep,
+    Transition,
+    TransitionBatch,
+    decode,
+    topic,
+    topic_name,
+)
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def one_of_each() -> dict[TopicKey, object]:
+    call = Transition(rollout_id="r1", attempt=2, index=0, trace_id="c" * 32, span_id="d" * 16,
+                      prompt_token_ids=[5, 6], response_token_ids=[7], response_logprobs=[-0.5])  # fmt: skip
+    return {
+        TopicKey.TASKS: RolloutRequest(rollout_id="r1", task_id="t1", group_id="g1", input={"q": "2+2"}),
+        TopicKey.ROLLOUTS: RolloutEvent(
+            rollout_id="r1", attempt=2, status=RolloutStatus.SUCCEEDED, task_id="t1", group_id="g1", reward=1.0
+        ),
+        TopicKey.TRANSITIONS: TransitionBatch(
+            rollout_id="r1",
+            attempt=2,
+            task_id="t1",
+            group_id="g1",
+            status=RolloutStatus.SUCCEEDED,
+            episode_reward=1.0,
+            transitions=[call],
+        ),
+        TopicKey.MODELS: ModelVersion(model_name="tiny", version=3, uri="/ckpt/3"),
+        TopicKey.METRICS: TrainStep(
+            run_id="run1",
+            step=3,
+            model_version=3,
+            num_transitions=8,
+            num_groups=2,
+            reward_mean=0.5,
+            reward_std=0.1,
+            loss=0.01,
+        ),
+    }
+
+
+async def test_every_event_type_travels_keyed_as_registered(settings: FulmenSettings) -> None:
+    prefix = settings.kafka.topic_prefix
+    kafka_producer = producer(settings)
+    await start_or_raise(kafka_producer, settings)
+    events = one_of_each()
+    try:
+        publisher = EventPublisher(kafka_producer, prefix=prefix)
+        for key, event in events.items():
+            await publisher.publish(key, event)
+    finally:
+        await kafka_producer.stop()
+    for key, sent in events.items():
+        reader = consumer(settings, f"reader-{key.value}", topic_name(key, prefix))
+        await start_or_raise(reader, settings)
+        try:
+            record = await asyncio.wait_for(reader.getone(), 20)
+        finally:
+            await reader.stop()
+        assert decode(type(sent), record.value) == sent
+        assert record.key == str(getattr(sent, topic(key).record_key)).encode()
+
+
+async def test_publishing_the_wrong_event_for_a_topic_is_refused(settings: FulmenSettings) -> None:
+    kafka_producer = producer(settings)
+    await start_or_raise(kafka_producer, settings)
+    try:
+        with pytest.raises(TypeError, match="carries RolloutRequest, not ModelVersion"):
+            await EventPublisher(kafka_producer).publish(
+                TopicKey.TASKS, ModelVersion(model_name="m", version=1, uri="x")
+            )
+    finally:
+        await kafka_producer.stop()
+
+
+async def test_a_group_resumes_from_its_committed_offset(settings: FulmenSettings) -> None:
+    prefix = settings.kafka.topic_prefix
+    name = topic_name(TopicKey.METRICS, prefix)
+    kafka_producer = producer(settings)
+    await start_or_raise(kafka_producer, settings)
+    publisher = EventPublisher(kafka_producer, prefix=prefix)
+
+    def step(i: int) -> TrainStep:
+        return TrainStep(run_id="run", step=i, model_version=i, num_transitions=1, num_groups=1, reward_mean=0,
+                         reward_std=0, loss=0)  # fmt: skip
+
+    await publisher.publish_many(TopicKey.METRICS, [step(i) for i in range(6)])
+
+    async def read(n: int, commit_after: int | None) -> list[int]:
+        reader = consumer(settings, "resumer", name)
+        await start_or_raise(reader, settings)
+        seen = []
+        try:
+            while len(seen) < n:
+                record = await asyncio.wait_for(reader.getone(), 20)
+                seen.append(decode(TrainStep, record.value).step)
+                if commit_after is not None and len(seen) == commit_after:
+                    await reader.commit()
+        finally:
+            await reader.stop()
+        return seen
+
+    assert await read(4, commit_after=3) == [0, 1, 2, 3]  # read 4, committed after 3
+    await publisher.publish_many(TopicKey.METRICS, [step(i) for i in range(6, 8)])
+    await kafka_producer.stop()
+    assert await read(5, commit_after=None) == [3, 4, 5, 6, 7]  # the uncommitted one comes again
+
+
+async def test_topics_are_created_with_their_settings(settings: FulmenSettings) -> None:
+    states = {s.key: s for s in await describe_topics(settings)}
+    for key, spec in TOPICS.items():
+        state = states[key.value]
+        assert state.exists and state.partitions == spec.partitions
+        for name, value in spec.config.items():
+            assert state.config[name] == value
+    assert states["models"].config["cleanup.policy"] == "compact"
+
+
+async def test_ensure_topics_repairs_drift_and_keeps_foreign_settings(settings: FulmenSettings) -> None:
+    models = topic_name(TopicKey.MODELS, settings.kafka.topic_prefix)
+    admin = admin_client(settings)
+    await start_or_raise(admin, settings)
+    try:
+        await admin.alter_configs([ConfigResource(
+            ConfigResourceType.TOPIC, models, {"cleanup.policy": "delete", "segment.ms": "3600000"}
+        )])  # fmt: skip
+    finally:
+        await admin.close()
+    states = {s.key: s for s in await ensure_topics(settings)}
+    assert states["models"].action == "updated"
+    assert states["models"].config["cleanup.policy"] == "compact"
+    assert states["models"].config["segment.ms"] == "3600000"
+    assert states["tasks"].action == "unchanged"
+
+
+async def test_no_broker_is_a_clear_error_not_a_hang(tmp_path) -> None:
+    settings = FulmenSettings(kafka={"bootstrap": f"127.0.0.1:{free_port()}", "connect_timeout_s": 2.0})
+    started = time.monotonic()
+    with pytest.raises(BrokerUnavailableError, match=r"no Kafka broker answered at 127\.0\.0\.1:\d+ within 2s"):
+        await start_or_raise(producer(settings), settings, "test producer")
+    assert time.monotonic() - started < 10
+
+
+async def test_a_broker_stopped_under_a_producer_is_a_clear_error(tmp_path) -> None:
+    broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), tmp_path / "kafka")
+    await asyncio.to_thread(broker.start)
+    settings = FulmenSettings(kafka={"bootstrap": broker.bootstrap, "connect_timeout_s": 3.0})
+    try:
+        await ensure_topics(settings)
+        kafka_producer = producer(settings)
+        await start_or_raise(kafka_producer, settings)
+        publisher = EventPublisher(kafka_producer, timeout_s=5)
+        await publisher.publish(TopicKey.MODELS, ModelVersion(model_name="m", version=1, uri="x"))
+        await asyncio.to_thread(broker.stop)
+        started = time.monotonic()
+        with pytest.raises(
+            BrokerUnavailableError, match="publishing to fulmen.models failed: no acknowledgement within 5s"
+        ):
+            await publisher.publish(TopicKey.MODELS, ModelVersion(model_name="m", version=2, uri="y"))
+        assert time.monotonic() - started < 20
+        await close_quietly([kafka_producer], timeout_s=2)
+    finally:
+        await asyncio.to_thread(broker.stop)

@@ -1,0 +1,148 @@
+"""The embedded ClickHouse store: migrations, every table through its Arrow batch, deduplication."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from consumers.event_sinks import EVENT_SINKS
+from infra.errors import ConfigurationError
+from infra.settings import FulmenSettings
+from infra.store import ReadOnlyError, Store
+from schemas import (
+    ModelVersion,
+    RolloutEvent,
+    RolloutStatus,
+    TrainStep,
+    Transition,
+    TransitionBatch,
+)
+from schemas.ddl import MIGRATIONS, TABLES
+
+pytestmark = pytest.mark.integration
+
+WHEN = datetime(2026, 11, 29, 12, 30, 15, 123456, tzinfo=UTC)
+NAIVE_WHEN = WHEN.replace(tzinfo=None)  # clickhouse-connect returns UTC columns as naive UTC datetimes
+
+
+def _insert(store: Store, sink_name: str, *events: object) -> None:
+    sink = EVENT_SINKS[sink_name]
+    store.insert_arrow(sink.table, sink.to_arrow([sink.rows(e) for e in events]))
+
+
+def test_migrations_are_idempotent(store: Store) -> None:
+    assert store.migrate() == []
+    assert store.applied_versions() == {m.version for m in MIGRATIONS}
+    engines = dict(store.query(
+        "SELECT name, engine FROM system.tables WHERE database = {db:String}", {"db": store.database}
+    ).rows)  # fmt: skip
+    for table in TABLES.values():
+        assert engines[table] == "ReplacingMergeTree"
+    store.command(f"DELETE FROM {store.database}.schema_migrations WHERE Version = 3")  # as if interrupted
+    assert [m.version for m in store.migrate()] == [3]
+    assert [r[0] for r in store.query(f"SELECT count() FROM {store.database}.schema_migrations").rows] == [5]
+
+
+def test_rollouts_keep_the_latest_state_per_attempt(store: Store) -> None:
+    common = {"rollout_id": "r1", "task_id": "t", "group_id": "g", "timestamp": WHEN}
+    events = [
+        RolloutEvent(**common, attempt=1, status=RolloutStatus.CLAIMED),
+        RolloutEvent(**common, attempt=1, status=RolloutStatus.FAILED, error="boom"),
+        RolloutEvent(**common, attempt=2, status=RolloutStatus.RUNNING),
+        RolloutEvent(**common, attempt=2, status=RolloutStatus.SUCCEEDED, reward=0.75, model_version=4),
+    ]
+    _insert(store, "rollouts", *events[:2])
+    _insert(store, "rollouts", *reversed(events[2:]))  # the succeeded one first: order must not matter
+    _insert(store, "rollouts", events[2])  # a redelivered older state
+    rows = store.query(
+        f"SELECT Attempt, Status, Reward, Error, ModelVersion, Timestamp FROM {store.database}.rollouts ORDER BY Attempt"
+    ).rows
+    assert rows == [[1, "failed", None, "boom", None, NAIVE_WHEN], [2, "succeeded", 0.75, "", 4, NAIVE_WHEN]]
+
+
+def test_transitions_store_token_arrays_exactly(store: Store) -> None:
+    calls = [
+        Transition(rollout_id="r", attempt=1, index=i, trace_id="a" * 32, span_id=f"{i:016x}",
+                   prompt_token_ids=[0, 151_643, 2**31], response_token_ids=[i + 1] * (i + 1),
+                   response_logprobs=[-0.25] * (i + 1), reward=0.5 * i, agent_name="solver")
+        for i in range(3)
+    ]  # fmt: skip
+    batch = TransitionBatch(rollout_id="r", attempt=1, task_id="t", group_id="g", status=RolloutStatus.SUCCEEDED,
+                            episode_reward=1.0, transitions=calls, created_at=WHEN)  # fmt: skip
+    _insert(store, "transitions", batch)
+    _insert(store, "transitions", batch)  # redelivered
+    rows = store.query(
+        f"SELECT CallIndex, PromptTokenIds, ResponseTokenIds, ResponseLogprobs, Reward, EpisodeReward, AgentName "
+        f"FROM {store.database}.transitions ORDER BY CallIndex"
+    ).rows
+    assert len(rows) == 3
+    assert rows[2] == [2, [0, 151_643, 2**31], [3, 3, 3], [-0.25] * 3, 1.0, 1.0, "solver"]
+
+
+def test_model_versions_and_train_steps(store: Store) -> None:
+    _insert(store, "model_versions", ModelVersion(model_name="m", version=2, uri="/c/2", created_at=WHEN))
+    _insert(store, "train_steps", TrainStep(
+        run_id="run", step=7, model_version=2, num_transitions=64, num_groups=8, reward_mean=0.4, reward_std=0.2,
+        loss=0.1, kl=None, extra={"grad_norm": 1.5, "lr": 1e-4}, created_at=WHEN,
+    ))  # fmt: skip
+    assert store.query(f"SELECT ModelName, Version, Uri, CreatedAt FROM {store.database}.model_versions").rows == [
+        ["m", 2, "/c/2", NAIVE_WHEN]
+    ]
+    rows = store.query(f"SELECT Step, Kl, Extra['grad_norm'], mapKeys(Extra) FROM {store.database}.train_steps").rows
+    assert rows == [[7, None, 1.5, ["grad_norm", "lr"]]]
+
+
+def test_duplicates_are_invisible_to_system_queries_but_visible_raw(store: Store) -> None:
+    event = ModelVersion(model_name="m", version=1, uri="/c/1")
+    for _ in range(3):
+        _insert(store, "model_versions", event)
+    sql = f"SELECT count() FROM {store.database}.model_versions"
+    assert store.query(sql).rows == [[1]]
+    assert store.query(sql, final=False).rows[0][0] >= 1
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "INSERT INTO {db}.model_versions (ModelName) VALUES ('x')",
+        "DROP TABLE {db}.model_versions",
+        "  /* sneaky */ -- comment\n ALTER TABLE {db}.model_versions DELETE WHERE 1",
+        "SET readonly = 0",
+        "",
+    ],
+)
+def test_read_only_queries_refuse_writes_and_ddl(store: Store, statement: str) -> None:
+    with pytest.raises(ReadOnlyError, match="only reads are allowed"):
+        store.query(statement.format(db=store.database), read_only=True)
+    # Nothing leaked: the process can still write.
+    _insert(store, "model_versions", ModelVersion(model_name="m", version=1, uri="/c/1"))
+    assert store.query(f"SELECT count() FROM {store.database}.model_versions", read_only=True).rows == [[1]]
+
+
+def test_read_only_setting_guards_reads_too(store: Store) -> None:
+    with pytest.raises(Exception, match="readonly|READONLY"):
+        store.query(f"SELECT * FROM {store.database}.model_versions SETTINGS readonly = 0", read_only=True)
+    assert store.query("WITH 1 AS x SELECT x", read_only=True).rows == [[1]]
+    assert store.query(f"SHOW TABLES FROM {store.database}", read_only=True).rows
+
+
+def test_one_store_directory_per_process(store: Store, tmp_path: Path) -> None:
+    other = FulmenSettings(home=tmp_path, clickhouse={"path": tmp_path / "elsewhere"})
+    with pytest.raises(ConfigurationError, match="one store directory per process"):
+        Store.open(other)
+
+
+def test_a_second_process_gets_a_clear_error(store: Store, store_path: Path) -> None:
+    code = (
+        "from infra.settings import FulmenSettings\n"
+        "from infra.store import ReadOnlyError, Store\n"
+        "from infra.errors import ConfigurationError\n"
+        f"try:\n    Store.open(FulmenSettings(clickhouse={{'path': {str(store_path)!r}}}))\n"
+        "except ConfigurationError as e:\n    print('CONFIG:', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert "CONFIG:" in out and "open in another process" in out and "fulmen sql" in out

@@ -3,6 +3,7 @@
 from consumers.app import ConsumerOptions, ConsumersApp, default_sinks
 from consumers.batch import BatchConsumer, BatchStats, Sink
 from consumers.event_sinks import EVENT_SINKS, EventSink
+from consumers.spans import SpanSink
 
 __all__ = [
     "EVENT_SINKS",
@@ -12,5 +13,6 @@ __all__ = [
     "ConsumersApp",
     "EventSink",
     "Sink",
+    "SpanSink",
     "default_sinks",
 ]

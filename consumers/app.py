@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 from consumers.batch import BatchConsumer, Sink
 from consumers.event_sinks import EVENT_SINKS
+from consumers.spans import SpanSink
 from infra.kafka.clients import close_quietly, consumer, producer, start_or_raise
 from infra.kafka.dlq import DeadLetters
 from infra.settings import FulmenSettings
-from infra.store import Store
+from infra.store import ReadEndpoint, Store
 from schemas.topics import topic_name
 
 __all__ = ["ConsumerOptions", "ConsumersApp", "default_sinks"]
@@ -26,12 +27,14 @@ log = logging.getLogger(__name__)
 
 
 def default_sinks() -> list[Sink]:
-    return list(EVENT_SINKS.values())
+    """Every sink: spans, then the JSON event topics."""
+    return [SpanSink(), *EVENT_SINKS.values()]
 
 
 @dataclass(frozen=True)
 class ConsumerOptions:
     group_prefix: str = "fulmen.consumers"
+    serve_reads: bool = True
     max_records: int = 5000
     max_wait_s: float = 0.5
 
@@ -49,13 +52,17 @@ class ConsumersApp:
         self.sinks = list(sinks)
         self.options = options or ConsumerOptions()
         self.workers: list[BatchConsumer] = []
+        self.read_endpoint: ReadEndpoint | None = None
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         prefix = self.settings.kafka.topic_prefix
+        reads = self._read_endpoint()
+        if reads is not None:
+            await reads.start()
         dlq_producer = producer(self.settings)
-        await start_or_raise(dlq_producer, self.settings, "dead-letter producer")
         clients: list = [dlq_producer]
         try:
+            await start_or_raise(dlq_producer, self.settings, "dead-letter producer")
             for sink in self.sinks:
                 group = f"{self.options.group_prefix}.{sink.name}"
                 kafka_consumer = consumer(self.settings, group)
@@ -73,3 +80,13 @@ class ConsumersApp:
             await asyncio.gather(*(worker.run(stop) for worker in self.workers))
         finally:
             await close_quietly(clients)
+            if reads is not None:
+                await reads.stop()
+
+    def _read_endpoint(self) -> ReadEndpoint | None:
+        """In embedded mode this process owns the store, so it serves reads to the others."""
+        settings = self.settings.clickhouse
+        if not self.store.embedded or not self.options.serve_reads or settings.read_port == 0:
+            return None
+        self.read_endpoint = ReadEndpoint(self.store, settings.read_host, settings.read_port)
+        return self.read_endpoint

@@ -80,6 +80,8 @@ class ClickHouseSettings(BaseModel):
     url: SecretStr | None = Field(default=None, description="http(s)://user:password@host:8123/db")
     path: Path | None = Field(default=None, description="embedded store directory; default $FULMEN_HOME/chdb")
     database: str = Field(default="fulmen", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    read_host: str = Field(default="127.0.0.1", description="where the owner of the embedded store serves reads")
+    read_port: int = Field(default=8124, ge=0, le=65535, description="0 = do not serve reads")
 
     @field_validator("url")
     @classmethod

@@ -57,7 +57,7 @@ def make_settings(tmp_path: Path, bootstrap: str | None, store_path: Path, **kaf
     return FulmenSettings(
         home=tmp_path,
         kafka={"bootstrap": bootstrap, "topic_prefix": f"t{unique}.", "connect_timeout_s": 10.0, **kafka},
-        clickhouse={"path": store_path, "database": f"test_{unique}"},
+        clickhouse={"path": store_path, "database": f"test_{unique}", "read_port": 0},
     )
 
 

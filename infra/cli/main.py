@@ -164,15 +164,19 @@ def sql(
     fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv, json or jsonl")] = "table",
     raw: Annotated[bool, typer.Option(help="do not deduplicate (show rows a redelivery wrote twice)")] = False,
 ) -> None:
-    """Query the store with SQL. Results are deduplicated unless --raw."""
+    """Query the store with SQL. Results are deduplicated unless --raw.
+
+    With the embedded store, a running `fulmen consume` owns it and answers the query; otherwise the store is
+    opened here. With FULMEN_CLICKHOUSE_URL the server is queried.
+    """
     from infra.cli.render import FORMATS, render
-    from infra.store import Store
+    from infra.store import open_reader
 
     if fmt not in FORMATS:
         raise typer.BadParameter(f"--format must be one of {', '.join(FORMATS)}")
-    store = Store.open(_settings())
+    reader = open_reader(_settings())
     try:
-        result = store.query(query, final=not raw, read_only=True)
+        result = reader.query(query, final=not raw, read_only=True)
     except Exception as exc:
         if isinstance(exc, FulmenError):
             raise
@@ -198,13 +202,35 @@ def consume(
     chosen = [available[n] for n in sinks] if sinks else list(available.values())
     ensure_kafka(settings)
     store = ensure_store(settings)
+    _run_until_signal(ConsumersApp(settings, store, chosen).run)
 
+
+# --- producers -----------------------------------------------------------------------------------------------
+@app.command("otlp-gateway")
+@friendly
+def otlp_gateway(
+    host: Annotated[str | None, typer.Option(help="listen address (FULMEN_OTLP_HOST)")] = None,
+    port: Annotated[int | None, typer.Option(help="listen port (FULMEN_OTLP_PORT, default 4318)")] = None,
+) -> None:
+    """Receive OTLP/HTTP traces at /v1/traces and publish them to the spans topic until interrupted."""
+    from producers.otlp_gateway import OtlpGateway, OtlpGatewaySettings
+
+    settings = OtlpGatewaySettings()
+    setup_logging(settings.log)
+    if host is not None:
+        settings.otlp.host = host
+    if port is not None:
+        settings.otlp.port = port
+    _run_until_signal(OtlpGateway(settings).run)
+
+
+def _run_until_signal(run: Callable[[asyncio.Event], Any]) -> None:
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await ConsumersApp(settings, store, chosen).run(stop)
+        await run(stop)
 
     asyncio.run(main())
 

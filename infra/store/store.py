@@ -153,6 +153,12 @@ class Store:
             sql, parameters=dict(parameters or {}), settings=self._read_settings(final, read_only)
         )
 
+    def query_raw(self, sql: str, fmt: str, *, final: bool = True, read_only: bool = True) -> bytes:
+        """Run a read and return the engine's own output in format ``fmt`` (ArrowStream, CSV, JSONEachRow...)."""
+        if read_only:
+            _require_read(sql)
+        return self.client.raw_query(sql, settings=self._read_settings(final, read_only), fmt=fmt)
+
     def _read_settings(self, final: bool, read_only: bool) -> dict[str, Any]:
         settings: dict[str, Any] = {"final": 1} if final else {}
         if read_only:

@@ -1,0 +1,200 @@
+"""OTLP/HTTP trace payloads: decode (protobuf or JSON), validate spans, split into Kafka records by trace.
+
+Pure functions, no I/O. The JSON encoding is OTLP's (https://opentelemetry.io/docs/specs/otlp/#json-protobuf-encoding):
+proto3 JSON with lowerCamelCase names, but trace and span ids in hex rather than base64, which is why ids are
+rewritten before the standard JSON parser sees them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError as ProtobufDecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from infra.errors import PoisonInputError
+
+__all__ = [
+    "OtlpRecord",
+    "Validated",
+    "decode_json",
+    "decode_protobuf",
+    "encode_response",
+    "split_by_trace",
+    "validate",
+]
+
+_ID_FIELDS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
+_ZERO_TRACE, _ZERO_SPAN = bytes(16), bytes(8)
+
+
+def decode_protobuf(body: bytes) -> ExportTraceServiceRequest:
+    request = ExportTraceServiceRequest()
+    try:
+        request.ParseFromString(body)
+    except ProtobufDecodeError as exc:
+        raise PoisonInputError(f"body is not an OTLP ExportTraceServiceRequest in protobuf: {exc}") from None
+    return request
+
+
+def decode_json(body: bytes) -> ExportTraceServiceRequest:
+    try:
+        document = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PoisonInputError(f"body is not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise PoisonInputError("body must be a JSON object (an ExportTraceServiceRequest)")
+    for path, span in _spans_and_links(document):
+        for name in _ID_FIELDS:
+            value = span.get(name)
+            if isinstance(value, str) and value:
+                try:
+                    span[name] = base64.b64encode(bytes.fromhex(value)).decode()
+                except ValueError:
+                    raise PoisonInputError(f"{path}.{name}: {value!r} is not hex") from None
+    try:
+        return json_format.ParseDict(document, ExportTraceServiceRequest(), ignore_unknown_fields=True)
+    except (json_format.ParseError, binascii.Error, TypeError, ValueError) as exc:
+        raise PoisonInputError(f"body is not an OTLP ExportTraceServiceRequest in JSON: {exc}") from None
+
+
+def _spans_and_links(document: dict) -> list[tuple[str, dict]]:
+    found: list[tuple[str, dict]] = []
+    for r, resource_spans in enumerate(_list(document, "resourceSpans", "resource_spans")):
+        for s, scope_spans in enumerate(_list(resource_spans, "scopeSpans", "scope_spans")):
+            for i, span in enumerate(_list(scope_spans, "spans")):
+                if not isinstance(span, dict):
+                    continue
+                path = f"resourceSpans[{r}].scopeSpans[{s}].spans[{i}]"
+                found.append((path, span))
+                found.extend((f"{path}.links[{j}]", link) for j, link in enumerate(_list(span, "links")))
+    return found
+
+
+def _list(node: object, *names: str) -> list:
+    if not isinstance(node, dict):
+        return []
+    for name in names:
+        value = node.get(name)
+        if isinstance(value, list):
+            return [v for v in value if isinstance(v, dict)]
+    return []
+
+
+@dataclass
+class Validated:
+    request: ExportTraceServiceRequest
+    accepted: int = 0
+    rejected: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+    def error_message(self) -> str:
+        return "; ".join(sorted(set(self.reasons)))
+
+
+def validate(request: ExportTraceServiceRequest, max_span_bytes: int) -> Validated:
+    """Drop spans that cannot be stored (bad ids, too large for one record); count them for partial_success."""
+    result = Validated(request)
+    for resource_spans in request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            keep = []
+            for span in scope_spans.spans:
+                reason = _span_problem(span, max_span_bytes)
+                if reason:
+                    result.rejected += 1
+                    result.reasons.append(reason)
+                else:
+                    keep.append(span)
+            if len(keep) != len(scope_spans.spans):
+                kept = [type(s)() for s in keep]
+                for new, old in zip(kept, keep, strict=True):
+                    new.CopyFrom(old)
+                del scope_spans.spans[:]
+                scope_spans.spans.extend(kept)
+            result.accepted += len(keep)
+    return result
+
+
+def _span_problem(span: object, max_span_bytes: int) -> str | None:
+    trace_id, span_id = span.trace_id, span.span_id  # type: ignore[attr-defined]
+    if len(trace_id) != 16 or trace_id == _ZERO_TRACE:
+        return "trace_id must be 16 bytes and not all zero"
+    if len(span_id) != 8 or span_id == _ZERO_SPAN:
+        return "span_id must be 8 bytes and not all zero"
+    if span.ByteSize() > max_span_bytes:  # type: ignore[attr-defined]
+        return f"span larger than the {max_span_bytes}-byte record limit"
+    return None
+
+
+@dataclass(frozen=True)
+class OtlpRecord:
+    key: bytes  # the trace id in hex
+    value: bytes  # an ExportTraceServiceRequest with spans of that one trace
+    spans: int
+
+
+def split_by_trace(request: ExportTraceServiceRequest, max_record_bytes: int) -> list[OtlpRecord]:
+    """One record per trace (keyed by trace id, as the Collector's Kafka exporter partitions traces), each
+    an ``ExportTraceServiceRequest`` under ``max_record_bytes``; a trace too big for one record is cut by spans.
+    """
+    traces: dict[bytes, list[tuple[object, object, list]]] = defaultdict(list)
+    for resource_spans in request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            by_trace: dict[bytes, list] = defaultdict(list)
+            for span in scope_spans.spans:
+                by_trace[span.trace_id].append(span)
+            for trace_id, spans in by_trace.items():
+                traces[trace_id].append((resource_spans, scope_spans, spans))
+    if len(traces) == 1 and request.ByteSize() <= max_record_bytes:  # already one trace: send as it came
+        trace_id = next(iter(traces))
+        spans = sum(len(group[2]) for group in traces[trace_id])
+        return [OtlpRecord(trace_id.hex().encode(), request.SerializeToString(), spans)]
+    records = []
+    for trace_id, groups in traces.items():
+        records.extend(_records_for_trace(trace_id.hex().encode(), groups, max_record_bytes))
+    return records
+
+
+def _records_for_trace(key: bytes, groups: list[tuple], max_record_bytes: int) -> list[OtlpRecord]:
+    record = _build(groups)
+    size = record.ByteSize()
+    spans = sum(len(g[2]) for g in groups)
+    if size <= max_record_bytes or spans == 1:
+        return [OtlpRecord(key, record.SerializeToString(), spans)]
+    # Too big: halve by spans until each part fits (validate() guarantees a single span fits).
+    flat = [(resource, scope, [span]) for resource, scope, group in groups for span in group]
+    middle = len(flat) // 2
+    return _records_for_trace(key, flat[:middle], max_record_bytes) + _records_for_trace(
+        key, flat[middle:], max_record_bytes
+    )
+
+
+def _build(groups: list[tuple]) -> ExportTraceServiceRequest:
+    out = ExportTraceServiceRequest()
+    for resource_spans, scope_spans, spans in groups:
+        new_resource = out.resource_spans.add()
+        new_resource.resource.CopyFrom(resource_spans.resource)
+        new_resource.schema_url = resource_spans.schema_url
+        new_scope = new_resource.scope_spans.add()
+        new_scope.scope.CopyFrom(scope_spans.scope)
+        new_scope.schema_url = scope_spans.schema_url
+        new_scope.spans.extend(spans)
+    return out
+
+
+def encode_response(rejected: int, message: str, *, as_json: bool) -> bytes:
+    response = ExportTraceServiceResponse()
+    if rejected:
+        response.partial_success.rejected_spans = rejected
+        response.partial_success.error_message = message
+    if as_json:
+        return json_format.MessageToJson(response, indent=None).encode()
+    return response.SerializeToString()

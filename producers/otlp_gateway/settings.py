@@ -1,0 +1,30 @@
+"""Settings of the OTLP gateway process: the shared sections plus ``FULMEN_OTLP_*``."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field, SecretStr
+
+from infra.settings import FulmenSettings
+
+__all__ = ["OtlpGatewaySettings", "OtlpSection"]
+
+
+class OtlpSection(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = Field(default=4318, ge=0, le=65535, description="4318 is the OTLP/HTTP default; 0 = any free port")
+    bearer_token: SecretStr | None = Field(default=None, description="when set, requests must carry it")
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="after gzip inflation; 413 above")
+    max_record_bytes: int = Field(default=1024 * 1024, ge=16 * 1024, description="one Kafka record at most")
+    max_inflight_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="waiting for Kafka; 503 above")
+    publish_timeout_s: float = Field(default=10.0, gt=0, description="503 when Kafka has not acknowledged by then")
+    retry_after_s: int = Field(default=1, ge=1)
+
+
+class OtlpGatewaySettings(FulmenSettings):
+    otlp: OtlpSection = Field(default_factory=OtlpSection)
+
+    def masked(self) -> dict:
+        data = super().masked()
+        if self.otlp.bearer_token is not None:
+            data["otlp"]["bearer_token"] = "***"
+        return data

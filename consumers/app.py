@@ -71,8 +71,10 @@ class ConsumersApp:
                     sink, kafka_consumer, self.store, DeadLetters(dlq_producer, prefix=prefix, consumer_group=group),
                     max_records=self.options.max_records, max_wait_s=self.options.max_wait_s,
                 )  # fmt: skip
-                kafka_consumer.subscribe([topic_name(sink.topic, prefix)], listener=worker.listener())
+                # Start before subscribing: start() then only connects (bounded by the connect timeout),
+                # and the group join, which may wait out a crashed member's session, happens while polling.
                 await start_or_raise(kafka_consumer, self.settings, f"consumer {group}")
+                kafka_consumer.subscribe([topic_name(sink.topic, prefix)], listener=worker.listener())
                 self.workers.append(worker)
             log.info("consumers running: %s", ", ".join(s.name for s in self.sinks))
             if ready is not None:

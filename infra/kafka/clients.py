@@ -83,7 +83,7 @@ def consumer(settings: FulmenSettings, group_id: str | None, *topics: str, **ove
         auto_offset_reset="earliest",
         isolation_level="read_committed",
         max_poll_interval_ms=600_000,
-        session_timeout_ms=30_000,
+        session_timeout_ms=10_000,  # a crashed member's partitions move on after 10 s
         heartbeat_interval_ms=3_000,
     )
     kwargs.update(overrides)

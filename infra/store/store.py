@@ -161,7 +161,11 @@ class Store:
 
     def _read_settings(self, final: bool, read_only: bool) -> dict[str, Any]:
         settings: dict[str, Any] = {"final": 1} if final else {}
-        if read_only:
+        # A server takes settings per request. The embedded engine applies some per-call settings with SET and
+        # restores them afterwards, but a process in readonly mode cannot switch it off again: the whole
+        # process (the consumers' inserts included) would stay read-only. There the statement check of
+        # _require_read is the guard.
+        if read_only and not self.embedded:
             settings.update(READ_ONLY_SETTINGS)
         return settings
 

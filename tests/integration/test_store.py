@@ -123,9 +123,12 @@ def test_read_only_queries_refuse_writes_and_ddl(store: Store, statement: str) -
     assert store.query(f"SELECT count() FROM {store.database}.model_versions", read_only=True).rows == [[1]]
 
 
-def test_read_only_setting_guards_reads_too(store: Store) -> None:
-    with pytest.raises(Exception, match="readonly|READONLY"):
-        store.query(f"SELECT * FROM {store.database}.model_versions SETTINGS readonly = 0", read_only=True)
+def test_reads_never_leave_the_process_read_only(store: Store) -> None:
+    for fmt in ("TabSeparated", "ArrowStream", "JSONEachRow"):
+        store.query_raw("SELECT 1", fmt, read_only=True)
+    store.query("SELECT 1", read_only=True)
+    _insert(store, "model_versions", ModelVersion(model_name="m", version=9, uri="/c/9"))
+    assert store.query(f"SELECT Version FROM {store.database}.model_versions").rows == [[9]]
     assert store.query("WITH 1 AS x SELECT x", read_only=True).rows == [[1]]
     assert store.query(f"SHOW TABLES FROM {store.database}", read_only=True).rows
 

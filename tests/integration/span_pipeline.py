@@ -1,0 +1,65 @@
+"""A running span pipeline for tests: the OTLP gateway and the spans consumer in the test's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from consumers import ConsumerOptions, ConsumersApp, SpanSink
+from infra.settings import FulmenSettings
+from infra.store import Store
+from producers.otlp_gateway import OtlpGateway, OtlpGatewaySettings
+
+
+@dataclass
+class Pipeline:
+    gateway: OtlpGateway
+    store: Store
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway.port}/v1/traces"
+
+    async def wait_spans(self, where: str, expected: int, timeout_s: float = 30) -> int:
+        sql = f"SELECT count() FROM {self.store.database}.otel_traces WHERE {where}"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            count = (await asyncio.to_thread(self.store.query, sql)).rows[0][0]
+            if count >= expected or time.monotonic() > deadline:
+                return count
+            await asyncio.sleep(0.1)
+
+
+def gateway_settings(settings: FulmenSettings, **otlp: object) -> OtlpGatewaySettings:
+    return OtlpGatewaySettings(
+        home=settings.home, kafka=settings.kafka.model_dump(), clickhouse=settings.clickhouse.model_dump(),
+        otlp={"port": 0, **otlp},
+    )  # fmt: skip
+
+
+@asynccontextmanager
+async def gateway_running(settings: FulmenSettings, **otlp: object) -> AsyncIterator[OtlpGateway]:
+    gateway = OtlpGateway(gateway_settings(settings, **otlp))
+    await gateway.start()
+    await asyncio.wait_for(gateway.connected.wait(), 30)
+    try:
+        yield gateway
+    finally:
+        await gateway.stop()
+
+
+@asynccontextmanager
+async def span_pipeline(settings: FulmenSettings, store: Store, **otlp: object) -> AsyncIterator[Pipeline]:
+    stop, ready = asyncio.Event(), asyncio.Event()
+    app = ConsumersApp(settings, store, [SpanSink()], ConsumerOptions(max_wait_s=0.1))
+    consuming = asyncio.create_task(app.run(stop, ready))
+    await asyncio.wait_for(ready.wait(), 60)
+    try:
+        async with gateway_running(settings, **otlp) as gateway:
+            yield Pipeline(gateway, store)
+    finally:
+        stop.set()
+        await asyncio.wait_for(consuming, 60)

@@ -7,12 +7,23 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install demo test test-unit lint lock clean-local
 
-# A virtualenv with the locked dependencies, then Fulmen itself (editable). Re-runs only when they change.
-$(STAMP): pyproject.toml requirements.lock
+NATIVE := native/otlp_rows
+NATIVE_SOURCES := $(NATIVE)/Cargo.toml $(NATIVE)/pyproject.toml $(wildcard $(NATIVE)/src/*.rs)
+
+# A virtualenv with the locked dependencies, Fulmen itself (editable), and the native span flattener when a
+# Rust toolchain is there (without one, the pure-Python flattening does the same work, slower).
+# Re-runs only when one of them changes.
+$(STAMP): pyproject.toml requirements.lock $(NATIVE_SOURCES)
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	@$(VENV)/bin/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
 	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -r requirements.lock
 	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python --no-deps -e .
+	@if command -v cargo >/dev/null; then \
+		echo "building the native span flattener ($(NATIVE), Rust)..."; \
+		$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python --reinstall ./$(NATIVE); \
+	else \
+		echo "note: cargo not found, so the native span flattener is not built; spans use the Python path"; \
+	fi
 	@touch $(STAMP)
 
 install: $(STAMP)

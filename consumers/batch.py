@@ -2,8 +2,9 @@
 
 Lifecycle of a batch: poll until ``max_records`` units or ``max_wait_s`` since the first one; decode each
 record (a record that is poison goes to the dead-letter topic, the stream goes on); insert the batch into the
-store as one Arrow table (retried with backoff while the store is down, never skipped); wait for the
-dead-letter sends to be acknowledged; then commit the offsets. A crash anywhere before the commit means the
+store as one Arrow table or RowBinary block (retried with backoff while the store is down, never skipped)
+while the next batch is being polled; wait for the dead-letter sends to be acknowledged; then commit the
+offsets, in batch order. A crash anywhere before the commit means the
 batch is delivered again, and the tables' ReplacingMergeTree keys make the second write invisible.
 """
 
@@ -23,7 +24,7 @@ from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 
 from infra.errors import PoisonInputError, RetryableError
 from infra.kafka.dlq import DeadLetters
-from infra.store import Store
+from infra.store import RowBinary, Store
 from schemas.topics import TopicKey
 
 __all__ = ["BatchConsumer", "BatchStats", "Sink"]
@@ -35,8 +36,9 @@ class Sink(Protocol):
     """Turns the records of one topic into rows of one table.
 
     ``decode`` works on one record and raises :class:`PoisonInputError` for a record that will never be
-    valid; ``to_arrow`` turns a batch of decoded units into one table (it may raise for a unit that decoded
-    but cannot be stored; the batch is then converted unit by unit and the culprits dead-lettered).
+    valid; ``to_batch`` turns a batch of decoded units into one insert, an Arrow table or RowBinary rows (it
+    may raise for a unit that decoded but cannot be stored; the batch is then converted unit by unit and the
+    culprits dead-lettered).
     """
 
     name: str
@@ -45,7 +47,7 @@ class Sink(Protocol):
 
     def decode(self, record: ConsumerRecord) -> Any: ...
 
-    def to_arrow(self, units: Sequence[Any]) -> pa.Table: ...
+    def to_batch(self, units: Sequence[Any]) -> pa.Table | RowBinary: ...
 
 
 @dataclass
@@ -87,6 +89,7 @@ class BatchConsumer:
         self._offsets: dict[TopicPartition, int] = {}
         self._first_at: float | None = None
         self._lock = asyncio.Lock()
+        self._inflight: asyncio.Task[None] | None = None
 
     def listener(self) -> ConsumerRebalanceListener:
         """Pass this to ``consumer.subscribe``: it flushes the batch before partitions are taken away."""
@@ -112,7 +115,7 @@ class BatchConsumer:
         full = len(self._units) >= self.max_records
         due = self._first_at is not None and time.monotonic() - self._first_at >= self.max_wait_s
         if full or due or (self._offsets and not self._units):
-            await self.flush()
+            await self.flush(wait=False)
 
     async def _take(self, tp: TopicPartition, record: ConsumerRecord) -> None:
         try:
@@ -128,31 +131,48 @@ class BatchConsumer:
                 self._first_at = time.monotonic()
         self._offsets[tp] = record.offset + 1
 
-    async def flush(self) -> None:
-        """Insert the buffered batch, then commit its offsets (after the dead letters are acknowledged)."""
-        async with self._lock:
-            if not self._offsets:
-                return
-            units, records, offsets = self._units, self._records, self._offsets
-            self._units, self._records, self._offsets, self._first_at = [], [], {}, None
-            rows = await self._insert(units, records) if units else 0
-            await self.dead_letters.flush()
-            await self._commit(offsets)
-            self.stats.batches += 1
-            self.stats.records += len(records)
-            self.stats.rows += rows
-            self.stats.last_batch_at = time.time()
-            log.info(
-                "%s: batch of %d records (%d rows) into %s committed %s",
-                self.sink.name, len(records), rows, self.sink.table, _describe(offsets),
-            )  # fmt: skip
+    async def flush(self, wait: bool = True) -> None:
+        """Hand the buffered batch to the store; its offsets are committed once its insert is done.
 
-    async def _insert(self, units: list[Any], records: list[ConsumerRecord]) -> int:
-        table = await self._to_arrow(units, records)
+        One batch is in flight at a time: its insert (in a worker thread) overlaps polling and converting
+        the next batch, and a batch's commit never overtakes the one before. ``wait`` returns only when
+        everything buffered so far is inserted and committed.
+        """
+        async with self._lock:
+            if self._offsets:
+                units, records, offsets = self._units, self._records, self._offsets
+                self._units, self._records, self._offsets, self._first_at = [], [], {}, None
+                batch = await self._to_batch(units, records) if units else None
+                await self._drain()
+                self._inflight = asyncio.create_task(self._insert_and_commit(batch, records, offsets))
+            if wait:
+                await self._drain()
+
+    async def _drain(self) -> None:
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            await inflight
+
+    async def _insert_and_commit(
+        self, batch: pa.Table | RowBinary | None, records: list[ConsumerRecord], offsets: dict[TopicPartition, int]
+    ) -> None:
+        rows = await self._insert(batch) if batch is not None else 0
+        await self.dead_letters.flush()
+        await self._commit(offsets)
+        self.stats.batches += 1
+        self.stats.records += len(records)
+        self.stats.rows += rows
+        self.stats.last_batch_at = time.time()
+        log.info(
+            "%s: batch of %d records (%d rows) into %s committed %s",
+            self.sink.name, len(records), rows, self.sink.table, _describe(offsets),
+        )  # fmt: skip
+
+    async def _insert(self, batch: pa.Table | RowBinary) -> int:
         attempt = 0
         while True:
             try:
-                return await asyncio.to_thread(self.store.insert_arrow, self.sink.table, table)
+                return await asyncio.to_thread(self.store.insert_batch, self.sink.table, batch)
             except RetryableError as exc:
                 attempt += 1
                 delay = min(30.0, self.retry_backoff_s * 2 ** min(attempt, 6))
@@ -161,20 +181,22 @@ class BatchConsumer:
                 )
                 await asyncio.sleep(delay)
 
-    async def _to_arrow(self, units: list[Any], records: list[ConsumerRecord]) -> pa.Table:
+    async def _to_batch(self, units: list[Any], records: list[ConsumerRecord]) -> pa.Table | RowBinary:
         try:
-            return self.sink.to_arrow(units)
+            return self.sink.to_batch(units)
         except (pa.ArrowException, OverflowError, ValueError, TypeError) as batch_error:
             log.warning("%s: batch conversion failed (%s); converting record by record", self.sink.name, batch_error)
-        tables = []
+        good = []
         for unit, record in zip(units, records, strict=True):
             try:
-                tables.append(self.sink.to_arrow([unit]))
+                self.sink.to_batch([unit])
             except (pa.ArrowException, OverflowError, ValueError, TypeError) as exc:
                 error = PoisonInputError(f"cannot store in {self.sink.table}: {exc}")
                 await self.dead_letters.send(record, error)
                 self.stats.dead_lettered += 1
-        return pa.concat_tables(tables) if tables else self.sink.to_arrow([])
+            else:
+                good.append(unit)
+        return self.sink.to_batch(good)
 
     async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
         # Only partitions still ours: a revoked partition's records go to its new owner (and dedup there).

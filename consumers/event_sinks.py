@@ -39,7 +39,7 @@ class EventSink:
         event = decode(self.model, record.value, topic=record.topic, partition=record.partition, offset=record.offset)
         return self.rows(event)
 
-    def to_arrow(self, units: Sequence[list[dict[str, Any]]]) -> pa.Table:
+    def to_batch(self, units: Sequence[list[dict[str, Any]]]) -> pa.Table:
         return pa.Table.from_pylist([row for rows in units for row in rows], schema=self.schema)
 
 

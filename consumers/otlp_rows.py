@@ -127,6 +127,7 @@ class SpanColumns:
         c = self.columns
         keys, values = self._span_keys, self._span_values
         typed: dict[str, Any] = {}
+        arrays: dict[str, list[Any]] = {}
         for kv in span.attributes:
             key = kv.key
             value = kv.value
@@ -143,7 +144,7 @@ class SpanColumns:
                 if key in _TYPED_ARRAYS:
                     numbers = _numbers(value, integers=key != semconv.RESPONSE_LOGPROBS)
                     if numbers is not None:
-                        typed[key] = numbers
+                        arrays[key] = numbers
                         continue
                     keys.append(semconv.TOKEN_ARRAY_INVALID)
                     values.append(f"{key} is not an array of token ids or logprobs")
@@ -170,7 +171,7 @@ class SpanColumns:
         c["StatusCode"].append(_STATUS[code] if 0 <= code < len(_STATUS) else str(code))
         c["StatusMessage"].append(status.message)
         self._add_events_and_links(span)
-        self._add_typed(typed, resource)
+        self._add_typed(typed, arrays, resource)
         self.rows += 1
 
     def _add_events_and_links(self, span: Any) -> None:
@@ -195,21 +196,22 @@ class SpanColumns:
             c["Links.TraceState"].append(_EMPTY)
             c["Links.Attributes"].append(_EMPTY)
 
-    def _add_typed(self, typed: dict[str, Any], resource: dict[str, str]) -> None:
+    def _add_typed(self, typed: dict[str, Any], arrays: dict[str, list[Any]], resource: dict[str, str]) -> None:
         c = self.columns
         get = typed.get
         c["RolloutId"].append(get(semconv.ROLLOUT_ID) or resource.get(semconv.ROLLOUT_ID, ""))
-        c["Attempt"].append(_int(get(semconv.ROLLOUT_ATTEMPT) or resource.get(semconv.ROLLOUT_ATTEMPT), 0))
+        attempt = get(semconv.ROLLOUT_ATTEMPT) or resource.get(semconv.ROLLOUT_ATTEMPT)
+        c["Attempt"].append(_int(attempt, 0, 2**32 - 1))
         agent = ""
         for key in _AGENT_KEYS:
             agent = get(key) or ""
             if agent:
                 break
         c["AgentName"].append(agent)
-        c["ModelVersion"].append(_int(get(semconv.MODEL_VERSION), None))
-        c["PromptTokenIds"].append(get(semconv.PROMPT_TOKEN_IDS) or _EMPTY)
-        c["ResponseTokenIds"].append(get(semconv.RESPONSE_TOKEN_IDS) or _EMPTY)
-        c["ResponseLogprobs"].append(get(semconv.RESPONSE_LOGPROBS) or _EMPTY)
+        c["ModelVersion"].append(_int(get(semconv.MODEL_VERSION), None, 2**63 - 1))
+        c["PromptTokenIds"].append(arrays.get(semconv.PROMPT_TOKEN_IDS, _EMPTY))
+        c["ResponseTokenIds"].append(arrays.get(semconv.RESPONSE_TOKEN_IDS, _EMPTY))
+        c["ResponseLogprobs"].append(arrays.get(semconv.RESPONSE_LOGPROBS, _EMPTY))
         reward = None
         for key in _REWARD_KEYS:
             if key in typed:
@@ -242,14 +244,17 @@ def _map(offsets: list[int], keys: list[str], values: list[str]) -> pa.MapArray:
     )
 
 
-def _int(text: str | None, default: int | None) -> int | None:
+def _int(text: str | None, default: int | None, maximum: int) -> int | None:
+    """``int(float(text))`` when it is a whole number in [0, maximum], else ``default``."""
     if text is None or text == "":
         return default
     try:
-        number = int(float(text))
+        number = float(text)
     except ValueError:
         return default
-    return number if number >= 0 else default
+    if number != number or number in (float("inf"), float("-inf")) or number < 0 or int(number) > maximum:
+        return default
+    return int(number)
 
 
 def _float(text: str | None) -> float | None:

@@ -78,7 +78,7 @@ class FakeStore:
         self.failures = failures
         self.events = events
 
-    def insert_arrow(self, table: str, data: pa.Table, *, settings: Any = None) -> int:
+    def insert_batch(self, table: str, data: pa.Table) -> int:
         if self.failures:
             self.failures -= 1
             self.events.append("insert-failed")

@@ -41,9 +41,12 @@ err = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _settings() -> FulmenSettings:
+S = TypeVar("S", bound=FulmenSettings)
+
+
+def _settings(cls: type[S] = FulmenSettings) -> S:  # type: ignore[assignment]
     try:
-        settings = FulmenSettings()
+        settings = cls()
     except Exception as exc:  # pydantic ValidationError: name the variable to fix
         raise FulmenError(f"invalid settings (FULMEN_* environment variables or .env): {exc}") from exc
     setup_logging(settings.log)
@@ -202,7 +205,7 @@ def consume(
     chosen = [available[n] for n in sinks] if sinks else list(available.values())
     ensure_kafka(settings)
     store = ensure_store(settings)
-    _run_until_signal(ConsumersApp(settings, store, chosen).run)
+    _run_until_signal(lambda: ConsumersApp(settings, store, chosen))
 
 
 # --- producers -----------------------------------------------------------------------------------------------
@@ -215,22 +218,23 @@ def otlp_gateway(
     """Receive OTLP/HTTP traces at /v1/traces and publish them to the spans topic until interrupted."""
     from producers.otlp_gateway import OtlpGateway, OtlpGatewaySettings
 
-    settings = OtlpGatewaySettings()
-    setup_logging(settings.log)
+    settings = _settings(OtlpGatewaySettings)
     if host is not None:
         settings.otlp.host = host
     if port is not None:
         settings.otlp.port = port
-    _run_until_signal(OtlpGateway(settings).run)
+    _run_until_signal(lambda: OtlpGateway(settings))
 
 
-def _run_until_signal(run: Callable[[asyncio.Event], Any]) -> None:
+def _run_until_signal(build: Callable[[], Any]) -> None:
+    """Build the component inside the event loop (aiokafka clients need one), run it until SIGINT/SIGTERM."""
+
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await run(stop)
+        await build().run(stop)
 
     asyncio.run(main())
 

@@ -1,9 +1,9 @@
 """The ClickHouse store (embedded chdb or a server), and read-only SQL over HTTP for the embedded one."""
 
 from infra.store.read_endpoint import ReadEndpoint, RemoteReader
-from infra.store.store import QueryResult, ReadOnlyError, Store
+from infra.store.store import QueryResult, ReadOnlyError, RowBinary, Store
 
-__all__ = ["QueryResult", "ReadEndpoint", "ReadOnlyError", "RemoteReader", "Store", "open_reader"]
+__all__ = ["QueryResult", "ReadEndpoint", "ReadOnlyError", "RemoteReader", "RowBinary", "Store", "open_reader"]
 
 
 def open_reader(settings):

@@ -16,6 +16,7 @@ import logging
 import re
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,7 +30,7 @@ from infra.errors import ConfigurationError, PoisonInputError, RetryableError
 from infra.settings import FulmenSettings
 from schemas.ddl import MIGRATIONS, MIGRATIONS_TABLE, Migration
 
-__all__ = ["QueryResult", "ReadOnlyError", "Store"]
+__all__ = ["QueryResult", "ReadOnlyError", "RowBinary", "Store"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,15 @@ _LEADING_NOISE = re.compile(r"^(\s+|--[^\n]*\n?|/\*.*?\*/|\()+", re.DOTALL)
 
 class ReadOnlyError(PoisonInputError):
     """A write or DDL statement sent where only reads are allowed."""
+
+
+@dataclass(frozen=True)
+class RowBinary:
+    """Rows already encoded in ClickHouse's RowBinary format, for ``columns`` in that order."""
+
+    columns: tuple[str, ...]
+    data: bytes
+    num_rows: int
 
 
 class QueryResult:
@@ -123,6 +133,18 @@ class Store:
         except ClickHouseError as exc:
             raise RetryableError(f"insert into {self.table(table)} ({data.num_rows} rows) failed: {exc}") from exc
         return data.num_rows
+
+    def insert_batch(self, table: str, batch: pa.Table | RowBinary) -> int:
+        """Insert an Arrow table or pre-encoded RowBinary rows as one batch; return the number of rows."""
+        if isinstance(batch, pa.Table):
+            return self.insert_arrow(table, batch)
+        if batch.num_rows == 0:
+            return 0
+        try:
+            self.client.raw_insert(self.table(table), list(batch.columns), batch.data, fmt="RowBinary")
+        except ClickHouseError as exc:
+            raise RetryableError(f"insert into {self.table(table)} ({batch.num_rows} rows) failed: {exc}") from exc
+        return batch.num_rows
 
     def command(self, sql: str, *, settings: Mapping[str, Any] | None = None) -> Any:
         return self.client.command(sql, settings=dict(settings or {}))

@@ -31,7 +31,7 @@ NAIVE_WHEN = WHEN.replace(tzinfo=None)  # clickhouse-connect returns UTC columns
 
 def _insert(store: Store, sink_name: str, *events: object) -> None:
     sink = EVENT_SINKS[sink_name]
-    store.insert_arrow(sink.table, sink.to_arrow([sink.rows(e) for e in events]))
+    store.insert_batch(sink.table, sink.to_batch([sink.rows(e) for e in events]))
 
 
 def test_migrations_are_idempotent(store: Store) -> None:

@@ -91,10 +91,10 @@ async def test_a_record_that_decodes_but_cannot_be_stored_is_dead_lettered_alone
         name, topic, table = sink.name, sink.topic, sink.table
         decode = sink.decode
 
-        def to_arrow(self, units):
+        def to_batch(self, units):
             if any(row["RolloutId"] == "r2" for rows in units for row in rows):
                 raise pa.ArrowInvalid("r2 cannot be stored")
-            return sink.to_arrow(units)
+            return sink.to_batch(units)
 
     worker.sink = Fussy()  # type: ignore[assignment]
     for i in range(4):

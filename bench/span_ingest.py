@@ -1,0 +1,240 @@
+"""Span ingestion end to end: concurrent OTLP/HTTP exporters -> gateway -> Kafka -> spans consumer -> ClickHouse.
+
+Starts what it needs, as a deployment would: a local Kafka broker, `fulmen otlp-gateway` and
+`fulmen consume --sink spans` in their own processes (the consumer owns a fresh embedded store). The load
+comes from concurrent exporters posting OTLP protobuf batches of 512 spans (the SDK's default batch size),
+each span ~1.2 KB with ~20 attributes; batches are encoded before the clock starts, so the load generator's
+own encoding does not compete for the two cores.
+
+Latency of a batch = when its last span became queryable (the row's IngestedAt) - when its POST started.
+Prints one JSON object on the last line.
+
+    .venv/bin/python bench/span_ingest.py [--seconds 20] [--exporters 4] [--batch 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.otlp_payloads import make_request
+from infra.kafka.admin import ensure_topics
+from infra.kafka.local import LocalKafka
+from infra.settings import BrokerSettings, FulmenSettings
+from infra.store import RemoteReader
+from tests.conftest import free_port
+
+
+def encode_batches(count: int, size: int) -> list[tuple[str, bytes]]:
+    """``count`` distinct batches (fresh ids, one marker each) made by patching one template."""
+    template = make_request(size, seed=7)
+    spans = template.resource_spans[0].scope_spans[0].spans
+    marker_index = next(i for i, kv in enumerate(spans[0].attributes) if kv.key == "bench.marker")
+    batches = []
+    for b in range(count):
+        marker = f"b{b}"
+        for i, span in enumerate(spans):
+            if i % 10 == 0:
+                trace_id = os.urandom(16)
+            span.trace_id = trace_id
+            span.span_id = os.urandom(8)
+            span.attributes[marker_index].value.string_value = marker
+        batches.append((marker, template.SerializeToString()))
+    return batches
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (from /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+async def send_all(
+    url: str, batches: list[tuple[str, bytes]], exporters: int, seconds: float, rate: float | None, batch_spans: int
+) -> tuple[dict, int, float]:
+    """Each exporter posts its next batch when the previous one is answered (closed loop), or, with ``rate``,
+    on a fixed schedule that offers ``rate`` spans/s in total (open loop: a slow system falls behind it)."""
+    sent: dict[str, float] = {}
+    refused = 0
+    queue = iter(batches)
+    begin = time.monotonic()
+    deadline = begin + seconds
+    headers = {"Content-Type": "application/x-protobuf"}
+    interval = None if rate is None else batch_spans / rate
+    scheduled = 0
+
+    async def exporter(session: aiohttp.ClientSession) -> None:
+        nonlocal refused, scheduled
+        for marker, body in queue:
+            if interval is not None:
+                due = begin + scheduled * interval
+                scheduled += 1
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+            if time.monotonic() > deadline:
+                return
+            while True:
+                started = time.time()
+                async with session.post(url, data=body, headers=headers) as response:
+                    await response.read()
+                    if response.status == 200:
+                        sent[marker] = started
+                        break
+                    refused += 1
+                    await asyncio.sleep(float(response.headers.get("Retry-After", "1")))
+
+    started = time.time()
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(exporter(session) for _ in range(exporters)))
+    return sent, refused, started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--exporters", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--max-rate", type=float, default=60_000, help="spans/s the pre-encoded batches can cover")
+    parser.add_argument("--rate", type=float, default=None, help="offer this many spans/s (open loop); default: as fast as answered")
+    args = parser.parse_args()
+
+    home = Path(tempfile.mkdtemp(prefix="fulmen-bench-"))
+    broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")
+    broker.start()
+    gateway_port, read_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
+        "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap, "FULMEN_HOME": str(home), "FULMEN_LOG_LEVEL": "WARNING",
+        "FULMEN_CLICKHOUSE_READ_PORT": str(read_port), "FULMEN_OTLP_PORT": str(gateway_port),
+    }  # fmt: skip
+    asyncio.run(ensure_topics(FulmenSettings(kafka={"bootstrap": broker.bootstrap})))
+    fulmen = [sys.executable, "-m", "infra.cli.main"]
+    logs = {name: open(home / f"{name}.log", "wb") for name in ("gateway", "consume")}  # noqa: SIM115
+    gateway = subprocess.Popen([*fulmen, "otlp-gateway"], env=env, stdout=logs["gateway"], stderr=subprocess.STDOUT)
+    consume = subprocess.Popen(
+        [*fulmen, "consume", "--sink", "spans"], env=env, stdout=logs["consume"], stderr=subprocess.STDOUT
+    )
+    try:
+        print(f"logs in {home}", file=sys.stderr)
+        count = int(args.max_rate * args.seconds / args.batch) + args.exporters
+        print(f"encoding {count} batches of {args.batch} spans...", file=sys.stderr)
+        batches = encode_batches(count, args.batch)
+        reader = wait_for(lambda: RemoteReader.find("127.0.0.1", read_port), 120, "the consumers' read endpoint")
+        url = f"http://127.0.0.1:{gateway_port}/v1/traces"
+        wait_for(lambda: _ready(gateway_port), 60, "the gateway")
+        print(f"sending for {args.seconds:.0f}s with {args.exporters} exporters...", file=sys.stderr)
+        pids = {"gateway": gateway.pid, "consumer": consume.pid, "kafka": broker.status().pid or 0, "load": os.getpid()}
+        cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        sent, refused, t0 = asyncio.run(send_all(url, batches, args.exporters, args.seconds, args.rate, args.batch))
+        send_end = time.time()
+        total = len(sent) * args.batch
+        stored = wait_stored(reader, total, timeout_s=180)
+        rows = reader.query(
+            "SELECT SpanAttributes['bench.marker'] AS m, count(), toUnixTimestamp64Milli(max(IngestedAt)) "
+            "FROM fulmen.otel_traces GROUP BY m"
+        ).rows
+        doubled = reader.query(
+            "SELECT count() FROM (SELECT 1 FROM fulmen.otel_traces GROUP BY TraceId, SpanId HAVING count() > 1)"
+        ).rows[0][0]
+        cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+        report = summarize(sent, rows, args, t0, send_end, total, stored, doubled, refused)
+        # Where the time goes: CPU microseconds per stored span, by process (2 cores = 2 s of CPU per second).
+        report["cpu_us_per_span"] = {name: round(seconds * 1e6 / max(total, 1), 1) for name, seconds in cpu.items()}
+        report["peak_rss_mb"] = {"gateway": peak_rss_mb(gateway.pid), "consumer": peak_rss_mb(consume.pid),
+                                 "kafka": peak_rss_mb(broker.status().pid or 0)}  # fmt: skip
+    finally:
+        for process in (gateway, consume):
+            process.send_signal(signal.SIGTERM)
+        for process in (gateway, consume):
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        broker.stop()
+    print(json.dumps(report))
+
+
+def _ready(port: int) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_for(probe, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise SystemExit(f"{what} did not come up within {timeout_s:.0f}s")
+
+
+def wait_stored(reader: RemoteReader, total: int, timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    stored = 0
+    while time.monotonic() < deadline:
+        stored = reader.query("SELECT count() FROM fulmen.otel_traces").rows[0][0]
+        if stored >= total:
+            break
+        time.sleep(0.25)
+    return stored
+
+
+def summarize(sent, rows, args, t0, send_end, total, stored, doubled, refused) -> dict:
+    by_marker = {m: (n, ms / 1000) for m, n, ms in rows}
+    latencies = sorted((by_marker[m][1] - at) * 1000 for m, at in sent.items() if m in by_marker)
+    last_queryable = max((by_marker[m][1] for m in sent if m in by_marker), default=send_end)
+    complete = sum(1 for m in sent if m in by_marker and by_marker[m][0] == args.batch)
+
+    def pct(p: float) -> float:
+        return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))], 1) if latencies else -1.0
+
+    return {
+        "spans_per_s": round(total / (last_queryable - t0), 1),
+        "accepted_spans_per_s": round(total / (send_end - t0), 1),
+        "p50_ms": pct(0.50),
+        "p99_ms": pct(0.99),
+        "max_ms": round(latencies[-1], 1) if latencies else -1.0,
+        "spans_sent": total,
+        "spans_stored": stored,
+        "lost": max(0, total - stored),
+        "duplicated": doubled,
+        "batches_complete": complete,
+        "refused_503": refused,
+        "offered_rate": args.rate or "closed loop",
+        "exporters": args.exporters,
+        "batch": args.batch,
+        "seconds": args.seconds,
+        "span_bytes": 1200,
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+//! Native span flattening for Fulmen's spans consumer.
+//!
+//! Decodes OTLP `ExportTraceServiceRequest` protobuf (the records of the spans topic) and writes the rows of
+//! the `otel_traces` table in ClickHouse's RowBinary format, in the column order the caller gives. It is the
+//! fast twin of `consumers/otlp_rows.py::SpanColumns`, which stays the reference: the tests check that both
+//! produce the same rows. The attribute keys with a meaning (rollout id, token ids, ...) come from Python's
+//! `schemas.semconv` when the `Flattener` is built, so no key is spelled here.
+
+use prost::Message;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+mod json;
+mod proto;
+mod rowbinary;
+
+use proto::{any_value::Value, AnyValue, ExportTraceServiceRequest, KeyValue, Span};
+use rowbinary::Writer;
+
+const KINDS: [&str; 6] = ["Unspecified", "Internal", "Server", "Client", "Producer", "Consumer"];
+const STATUS: [&str; 3] = ["Unset", "Ok", "Error"];
+
+/// The attribute keys the flattening gives a meaning to (from `schemas.semconv`).
+#[pyclass(frozen)]
+struct Flattener {
+    service_name: String,
+    rollout_id: String,
+    attempt: String,
+    model_version: String,
+    prompt_ids: String,
+    response_ids: String,
+    logprobs: String,
+    invalid: String,
+    agent_keys: Vec<String>,
+    reward_keys: Vec<String>,
+}
+
+#[pymethods]
+impl Flattener {
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        service_name: String,
+        rollout_id: String,
+        attempt: String,
+        model_version: String,
+        prompt_ids: String,
+        response_ids: String,
+        logprobs: String,
+        invalid: String,
+        agent_keys: Vec<String>,
+        reward_keys: Vec<String>,
+    ) -> Self {
+        Flattener { service_name, rollout_id, attempt, model_version, prompt_ids, response_ids, logprobs, invalid, agent_keys, reward_keys }
+    }
+
+    /// None if `data` is a valid ExportTraceServiceRequest, else the decoder's message.
+    fn check(&self, data: &[u8]) -> Option<String> {
+        ExportTraceServiceRequest::decode(data).err().map(|e| e.to_string())
+    }
+
+    /// RowBinary rows for every span of every request, and how many rows.
+    fn flatten<'py>(&self, py: Python<'py>, requests: Vec<Vec<u8>>) -> PyResult<(Bound<'py, PyBytes>, usize)> {
+        let (out, rows) = py
+            .detach(|| {
+                let mut w = Writer::with_capacity(requests.iter().map(|r| r.len() + r.len() / 2).sum());
+                let mut rows = 0usize;
+                for data in &requests {
+                    let request = ExportTraceServiceRequest::decode(data.as_slice()).map_err(|e| e.to_string())?;
+                    rows += self.write_request(&mut w, &request);
+                }
+                Ok::<_, String>((w.into_inner(), rows))
+            })
+            .map_err(PyValueError::new_err)?;
+        Ok((PyBytes::new(py, &out), rows))
+    }
+}
+
+struct Typed<'a> {
+    texts: Vec<(&'a str, String)>,
+    prompt: Option<Vec<u32>>,
+    response: Option<Vec<u32>>,
+    logprobs: Option<Vec<f32>>,
+}
+
+impl<'a> Typed<'a> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.texts.iter().rev().find(|(k, _)| *k == key).map(|(_, v)| v.as_str())
+    }
+}
+
+impl Flattener {
+    fn write_request(&self, w: &mut Writer, request: &ExportTraceServiceRequest) -> usize {
+        let mut rows = 0;
+        for resource_spans in &request.resource_spans {
+            let empty = Vec::new();
+            let resource_kvs = resource_spans.resource.as_ref().map(|r| &r.attributes).unwrap_or(&empty);
+            let resource: Vec<(&str, String)> = resource_kvs.iter().map(|kv| (kv.key.as_str(), text(kv.value.as_ref()))).collect();
+            let last = |key: &str| resource.iter().rev().find(|(k, _)| *k == key).map(|(_, v)| v.as_str());
+            let service = last(&self.service_name).unwrap_or("");
+            for scope_spans in &resource_spans.scope_spans {
+                let (scope_name, scope_version) = scope_spans.scope.as_ref().map(|s| (s.name.as_str(), s.version.as_str())).unwrap_or(("", ""));
+                for span in &scope_spans.spans {
+                    self.write_span(w, span, &resource, service, scope_name, scope_version, &last);
+                    rows += 1;
+                }
+            }
+        }
+        rows
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write_span<'a>(
+        &self,
+        w: &mut Writer,
+        span: &'a Span,
+        resource: &[(&str, String)],
+        service: &str,
+        scope_name: &str,
+        scope_version: &str,
+        resource_get: &dyn Fn(&str) -> Option<&'a str>,
+    ) {
+        let mut attrs: Vec<(&str, String)> = Vec::with_capacity(span.attributes.len() + 1);
+        let mut typed = Typed { texts: Vec::with_capacity(span.attributes.len()), prompt: None, response: None, logprobs: None };
+        for kv in &span.attributes {
+            let key = kv.key.as_str();
+            let scalar = matches!(kv.value.as_ref().and_then(|v| v.value.as_ref()), Some(Value::StringValue(_) | Value::IntValue(_) | Value::DoubleValue(_) | Value::BoolValue(_)));
+            if !scalar && (key == self.prompt_ids || key == self.response_ids || key == self.logprobs) {
+                let value = kv.value.as_ref();
+                if key == self.logprobs {
+                    if let Some(v) = floats(value) {
+                        typed.logprobs = Some(v);
+                        continue;
+                    }
+                } else if let Some(v) = token_ids(value) {
+                    if key == self.prompt_ids { typed.prompt = Some(v) } else { typed.response = Some(v) }
+                    continue;
+                }
+                attrs.push((self.invalid.as_str(), format!("{key} is not an array of token ids or logprobs")));
+            }
+            let t = text(kv.value.as_ref());
+            attrs.push((key, t.clone()));
+            typed.texts.push((key, t));
+        }
+        let (start, end) = (span.start_time_unix_nano, span.end_time_unix_nano);
+        w.i64(start as i64);
+        w.hex(&span.trace_id);
+        w.hex(&span.span_id);
+        w.hex(&span.parent_span_id);
+        w.str(&span.trace_state);
+        w.str(&span.name);
+        w.str(&enum_name(&KINDS, span.kind));
+        w.str(service);
+        w.map(resource.iter().map(|(k, v)| (*k, v.as_str())), resource.len());
+        w.str(scope_name);
+        w.str(scope_version);
+        w.map(attrs.iter().map(|(k, v)| (*k, v.as_str())), attrs.len());
+        w.u64(end.saturating_sub(start));
+        let (code, message) = span.status.as_ref().map(|s| (s.code, s.message.as_str())).unwrap_or((0, ""));
+        w.str(&enum_name(&STATUS, code));
+        w.str(message);
+        write_events_and_links(w, span);
+        self.write_typed(w, &typed, resource_get);
+    }
+
+    fn write_typed<'a>(&self, w: &mut Writer, typed: &Typed, resource_get: &dyn Fn(&str) -> Option<&'a str>) {
+        let rollout = typed.get(&self.rollout_id).filter(|v| !v.is_empty()).or_else(|| resource_get(&self.rollout_id)).unwrap_or("");
+        w.str(rollout);
+        let attempt = typed.get(&self.attempt).filter(|v| !v.is_empty()).or_else(|| resource_get(&self.attempt));
+        w.u32(attempt.and_then(|t| whole(t, u32::MAX as f64)).unwrap_or(0) as u32);
+        let agent = self.agent_keys.iter().find_map(|k| typed.get(k).filter(|v| !v.is_empty())).unwrap_or("");
+        w.str(agent);
+        w.nullable_u64(typed.get(&self.model_version).and_then(|t| whole(t, i64::MAX as f64)));
+        w.u32s(typed.prompt.as_deref().unwrap_or(&[]));
+        w.u32s(typed.response.as_deref().unwrap_or(&[]));
+        w.f32s(typed.logprobs.as_deref().unwrap_or(&[]));
+        let reward = self.reward_keys.iter().find_map(|k| typed.get(k)).and_then(|t| t.trim().parse::<f64>().ok());
+        w.nullable_f64(reward);
+    }
+}
+
+fn write_events_and_links(w: &mut Writer, span: &Span) {
+    let events = &span.events;
+    w.len(events.len());
+    for e in events { w.i64(e.time_unix_nano as i64) }
+    w.len(events.len());
+    for e in events { w.str(&e.name) }
+    w.len(events.len());
+    for e in events { write_attrs(w, &e.attributes) }
+    let links = &span.links;
+    w.len(links.len());
+    for l in links { w.hex(&l.trace_id) }
+    w.len(links.len());
+    for l in links { w.hex(&l.span_id) }
+    w.len(links.len());
+    for l in links { w.str(&l.trace_state) }
+    w.len(links.len());
+    for l in links { write_attrs(w, &l.attributes) }
+}
+
+fn write_attrs(w: &mut Writer, kvs: &[KeyValue]) {
+    let texts: Vec<(&str, String)> = kvs.iter().map(|kv| (kv.key.as_str(), text(kv.value.as_ref()))).collect();
+    w.map(texts.iter().map(|(k, v)| (*k, v.as_str())), texts.len());
+}
+
+fn enum_name(names: &[&str], value: i32) -> String {
+    if value >= 0 && (value as usize) < names.len() { names[value as usize].to_string() } else { value.to_string() }
+}
+
+/// The attribute text, as the Collector's AsString (and `any_value_text` in Python) writes it.
+fn text(value: Option<&AnyValue>) -> String {
+    match value.and_then(|v| v.value.as_ref()) {
+        None => String::new(),
+        Some(Value::StringValue(s)) => s.clone(),
+        Some(Value::IntValue(i)) => i.to_string(),
+        Some(Value::DoubleValue(d)) => json::py_float_repr(*d),
+        Some(Value::BoolValue(b)) => if *b { "true".into() } else { "false".into() },
+        Some(_) => {
+            let mut out = String::new();
+            json::write_any(&mut out, value.unwrap());
+            out
+        }
+    }
+}
+
+fn token_ids(value: Option<&AnyValue>) -> Option<Vec<u32>> {
+    match value?.value.as_ref()? {
+        Value::ArrayValue(a) => a
+            .values
+            .iter()
+            .map(|v| match v.value {
+                Some(Value::IntValue(i)) if (0..=u32::MAX as i64).contains(&i) => Some(i as u32),
+                _ => None,
+            })
+            .collect(),
+        _ => None,
+    }
+}
+
+fn floats(value: Option<&AnyValue>) -> Option<Vec<f32>> {
+    match value?.value.as_ref()? {
+        Value::ArrayValue(a) => a
+            .values
+            .iter()
+            .map(|v| match v.value {
+                Some(Value::DoubleValue(d)) => Some(d as f32),
+                Some(Value::IntValue(i)) => Some(i as f32),
+                _ => None,
+            })
+            .collect(),
+        _ => None,
+    }
+}
+
+/// Python's `int(float(text))` for a non-negative whole number up to `max`, else None.
+fn whole(text: &str, max: f64) -> Option<u64> {
+    let x: f64 = text.trim().parse().ok()?;
+    if x.is_finite() && x >= 0.0 && x.trunc() <= max { Some(x.trunc() as u64) } else { None }
+}
+
+#[pymodule]
+fn fulmen_otlp_rows(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Flattener>()?;
+    Ok(())
+}

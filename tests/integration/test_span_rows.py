@@ -1,0 +1,123 @@
+"""The native span flattening writes exactly the rows of the pure-Python reference, whatever the spans hold."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from consumers.spans import SpanSink, native_flattener
+from infra.store import Store
+from schemas import semconv
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(native_flattener() is None, reason="the native flattener is not built (needs cargo: make install)"),
+]
+
+scalars = st.one_of(
+    st.text(max_size=12).map(lambda s: AnyValue(string_value=s)),
+    st.integers(-(2**63), 2**63 - 1).map(lambda i: AnyValue(int_value=i)),
+    st.floats(allow_nan=True, allow_infinity=True).map(lambda f: AnyValue(double_value=f)),
+    st.sampled_from([1e16, 1e-5, 0.0001, 123456789.125, -0.0, 5e-324, 1.7976931348623157e308]).map(lambda f: AnyValue(double_value=f)),
+    st.booleans().map(lambda b: AnyValue(bool_value=b)),
+    st.binary(max_size=8).map(lambda b: AnyValue(bytes_value=b)),
+    st.just(AnyValue()),
+)
+
+
+def _array(values: list[AnyValue]) -> AnyValue:
+    value = AnyValue()
+    value.array_value.values.extend(values)
+    return value
+
+
+def _kvlist(pairs: list[tuple[str, AnyValue]]) -> AnyValue:
+    value = AnyValue()
+    value.kvlist_value.values.extend(KeyValue(key=k, value=v) for k, v in pairs)
+    return value
+
+
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3).map(_array)
+    | st.lists(st.tuples(st.sampled_from(["a", "b", "é"]), inner), max_size=3).map(_kvlist),
+    max_leaves=6,
+)
+keys = st.sampled_from([
+    "k1", "k2", "ünï", semconv.ROLLOUT_ID, semconv.ROLLOUT_ATTEMPT, semconv.MODEL_VERSION, semconv.GEN_AI_AGENT_NAME,
+    semconv.AGENT_NAME, semconv.REWARD_VALUE, semconv.GEN_AI_EVALUATION_SCORE_VALUE, semconv.SERVICE_NAME,
+])  # fmt: skip
+token_arrays = st.one_of(
+    st.lists(st.integers(0, 2**32 - 1), max_size=6).map(lambda ids: _array([AnyValue(int_value=i) for i in ids])),
+    st.lists(st.integers(-5, 2**33), min_size=1, max_size=3).map(lambda ids: _array([AnyValue(int_value=i) for i in ids])),
+    st.lists(st.floats(-30, 0), max_size=4).map(lambda xs: _array([AnyValue(double_value=x) for x in xs])),
+    values,
+)
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> ExportTraceServiceRequest:
+    request = ExportTraceServiceRequest()
+    for _ in range(draw(st.integers(1, 2))):
+        resource_spans = request.resource_spans.add()
+        resource_spans.resource.attributes.extend(KeyValue(key=k, value=v) for k, v in draw(st.lists(st.tuples(keys, values), max_size=3)))
+        scope_spans = resource_spans.scope_spans.add()
+        scope_spans.scope.name = draw(st.text(max_size=5))
+        for _ in range(draw(st.integers(0, 3))):
+            span = scope_spans.spans.add()
+            span.trace_id, span.span_id = os.urandom(16), os.urandom(8)
+            span.parent_span_id = draw(st.sampled_from([b"", os.urandom(8)]))
+            span.name = draw(st.text(max_size=10))
+            span.kind = draw(st.integers(0, 7))
+            span.start_time_unix_nano = draw(st.integers(10**18, 2 * 10**18))
+            span.end_time_unix_nano = span.start_time_unix_nano + draw(st.integers(-5, 10**9))
+            span.status.code = draw(st.integers(0, 3))
+            span.status.message = draw(st.text(max_size=5))
+            span.attributes.extend(KeyValue(key=k, value=v) for k, v in draw(st.lists(st.tuples(keys, values), max_size=6)))
+            for key in draw(st.lists(st.sampled_from(semconv.TOKEN_ARRAY_KEYS), max_size=3)):
+                span.attributes.append(KeyValue(key=key, value=draw(token_arrays)))
+            for _ in range(draw(st.integers(0, 2))):
+                event = span.events.add(time_unix_nano=span.start_time_unix_nano, name=draw(st.text(max_size=4)))
+                event.attributes.extend(KeyValue(key=k, value=v) for k, v in draw(st.lists(st.tuples(keys, values), max_size=2)))
+            if draw(st.booleans()):
+                link = span.links.add(trace_id=os.urandom(16), span_id=os.urandom(8), trace_state="a=1")
+                link.attributes.append(KeyValue(key="why", value=draw(values)))
+    return request
+
+
+def _rows(store: Store, table: str) -> list[list]:
+    rows = store.query(f"SELECT * EXCEPT IngestedAt FROM {store.database}.{table} ORDER BY SpanId", final=False).rows
+    return [[_nan_safe(v) for v in row] for row in rows]
+
+
+def _nan_safe(value: object) -> object:
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    if isinstance(value, list):
+        return [_nan_safe(v) for v in value]
+    return value
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(batch=st.lists(requests(), min_size=1, max_size=3))
+def test_native_rows_equal_the_reference(store: Store, batch: list[ExportTraceServiceRequest]) -> None:
+    for table in ("native_spans", "python_spans"):
+        store.command(f"CREATE TABLE IF NOT EXISTS {store.database}.{table} AS {store.database}.otel_traces")
+        store.command(f"TRUNCATE TABLE {store.database}.{table}")
+    native, python = SpanSink(native=True), SpanSink(native=False)
+    payloads = [r.SerializeToString() for r in batch]
+    store.insert_batch("native_spans", native.to_batch(payloads))
+    store.insert_batch("python_spans", python.to_batch([ExportTraceServiceRequest.FromString(p) for p in payloads]))
+    assert _rows(store, "native_spans") == _rows(store, "python_spans")
+
+
+def test_native_check_rejects_what_protobuf_rejects() -> None:
+    flattener = native_flattener()
+    assert flattener.check(ExportTraceServiceRequest().SerializeToString()) is None
+    assert flattener.check(b"\x0a\x05garbage") is not None

@@ -119,7 +119,9 @@ def main() -> None:
     parser.add_argument("--exporters", type=int, default=4)
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--max-rate", type=float, default=60_000, help="spans/s the pre-encoded batches can cover")
-    parser.add_argument("--rate", type=float, default=None, help="offer this many spans/s (open loop); default: as fast as answered")
+    parser.add_argument(
+        "--rate", type=float, default=None, help="offer this many spans/s (open loop); default: as fast as answered"
+    )
     args = parser.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="fulmen-bench-"))

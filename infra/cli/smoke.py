@@ -1,7 +1,8 @@
 """``fulmen demo`` until the training demo lands: a real end-to-end smoke of the foundation.
 
-It publishes one event of each kind to the real broker, lets the real consumers materialise them into the
-store, reads them back with SQL, and shows a poison record going to the dead-letter topic while the stream
+It publishes one event of each kind to the real broker, sends a small trace through the OTLP gateway with
+the stock OpenTelemetry exporter (as an agent would), lets the real consumers materialise everything into
+the store, reads it back with SQL, and shows a poison record going to the dead-letter topic while the stream
 goes on. Every id carries one run id, so runs never mix.
 """
 
@@ -19,6 +20,8 @@ from infra.kafka.clients import close_quietly, consumer, producer, start_or_rais
 from infra.kafka.publish import EventPublisher
 from infra.settings import FulmenSettings
 from infra.store import QueryResult, Store
+from producers.otlp_gateway import OtlpGateway, OtlpGatewaySettings
+from schemas import semconv
 from schemas.codec import decode
 from schemas.events import (
     DeadLetterHeaders,
@@ -94,9 +97,32 @@ def _events(run_id: str) -> dict[TopicKey, list[Any]]:
     }
 
 
+def _send_trace(url: str, run_id: str) -> None:
+    """What an instrumented agent does: the OpenTelemetry SDK and its OTLP/HTTP exporter, nothing of ours."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({semconv.SERVICE_NAME: "smoke-agent"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=url, timeout=30)))
+    tracer = provider.get_tracer("fulmen.smoke")
+    rollout = {semconv.ROLLOUT_ID: f"{run_id}-r1", semconv.ROLLOUT_ATTEMPT: 1}
+    with tracer.start_as_current_span(
+        "invoke_agent solver", attributes={**rollout, semconv.GEN_AI_AGENT_NAME: "solver"}
+    ), tracer.start_as_current_span("chat tiny", attributes={
+        **rollout, semconv.GEN_AI_OPERATION_NAME: "chat", semconv.PROMPT_TOKEN_IDS: (1, 2, 3),
+        semconv.RESPONSE_TOKEN_IDS: (4, 5),
+    }):  # fmt: skip
+        pass
+    provider.shutdown()
+
+
 def _queries(store: Store, run_id: str) -> list[tuple[str, str]]:
     db = store.database
     return [
+        ("spans", f"SELECT SpanName, ServiceName, AgentName, PromptTokenIds, ResponseTokenIds, Duration "
+                  f"FROM {db}.otel_traces WHERE RolloutId = '{run_id}-r1' ORDER BY Timestamp"),
         ("rollouts", f"SELECT RolloutId, Attempt, Status, Reward FROM {db}.rollouts WHERE RolloutId LIKE '{run_id}%'"),
         ("transitions", f"SELECT RolloutId, CallIndex, AgentName, PromptTokenIds, ResponseTokenIds, EpisodeReward "
                         f"FROM {db}.transitions WHERE RolloutId LIKE '{run_id}%' ORDER BY CallIndex"),
@@ -111,12 +137,17 @@ async def run_smoke(settings: FulmenSettings, store: Store, timeout_s: float = 6
     report = SmokeReport(run_id)
     prefix = settings.kafka.topic_prefix
     stop, ready = asyncio.Event(), asyncio.Event()
-    app = ConsumersApp(settings, store, default_sinks(), ConsumerOptions(max_wait_s=0.2))
+    app = ConsumersApp(settings, store, default_sinks(), ConsumerOptions(max_wait_s=0.2, serve_reads=False))
     consuming = asyncio.create_task(app.run(stop, ready))
     kafka_producer = producer(settings)
+    gateway = OtlpGateway(OtlpGatewaySettings(**settings.model_dump(), otlp={"port": 0}))
     await start_or_raise(kafka_producer, settings, "smoke producer")
     try:
+        await gateway.start()
         await asyncio.wait_for(ready.wait(), timeout_s)
+        await asyncio.wait_for(gateway.connected.wait(), timeout_s)
+        await asyncio.to_thread(_send_trace, f"http://127.0.0.1:{gateway.port}/v1/traces", run_id)
+        report.published["spans (OTLP)"] = 2
         publisher = EventPublisher(kafka_producer, prefix=prefix)
         task_meta = None
         for key, events in _events(run_id).items():
@@ -134,6 +165,7 @@ async def run_smoke(settings: FulmenSettings, store: Store, timeout_s: float = 6
         report.dead_letter = await _find_dead_letter(settings, poison.offset)
     finally:
         stop.set()
+        await gateway.stop()
         await close_quietly([kafka_producer])
         await consuming
     report.wall_s = time.monotonic() - started
@@ -141,11 +173,12 @@ async def run_smoke(settings: FulmenSettings, store: Store, timeout_s: float = 6
 
 
 async def _wait_for_rows(store: Store, run_id: str, deadline: float) -> list[tuple[str, str, QueryResult]]:
-    wanted = {"rollouts": 1, "transitions": 2, "model_versions": 1, "train_steps": 1}
+    wanted = {"spans": 2, "rollouts": 1, "transitions": 2, "model_versions": 1, "train_steps": 1}
     while True:
         results = [(title, sql, await asyncio.to_thread(store.query, sql)) for title, sql in _queries(store, run_id)]
         done = all(len(r.rows) >= wanted[t] for t, _, r in results)
-        rollout_done = results[0][2].rows and results[0][2].rows[0][2] == RolloutStatus.SUCCEEDED.value
+        rollouts = dict((t, r) for t, _, r in results)["rollouts"]
+        rollout_done = rollouts.rows and rollouts.rows[0][2] == RolloutStatus.SUCCEEDED.value
         if (done and rollout_done) or time.monotonic() > deadline:
             return results
         await asyncio.sleep(0.2)

@@ -38,7 +38,7 @@ def test_demo_smoke_runs_end_to_end(env: dict[str, str]) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["task_read_back"] and report["dead_lettered"]
-    assert report["rows"] == {"rollouts": 1, "transitions": 2, "model_versions": 1, "train_steps": 1}
+    assert report["rows"] == {"spans": 2, "rollouts": 1, "transitions": 2, "model_versions": 1, "train_steps": 1}
     assert "fulmen sql" in result.stdout  # it shows the queries a user can run next
 
 
@@ -82,3 +82,38 @@ def test_unreachable_cluster_is_a_clear_error(tmp_path: Path) -> None:
                                        "FULMEN_KAFKA_CONNECT_TIMEOUT_S": "2", "FULMEN_HOME": str(tmp_path)})  # fmt: skip
     assert result.returncode == 1
     assert "no Kafka broker answered" in result.stderr and "FULMEN_KAFKA_BOOTSTRAP" in result.stderr
+
+
+def test_sql_reaches_the_store_through_the_consumers_process(env: dict[str, str]) -> None:
+    import time
+
+    import httpx
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    env = env | {"FULMEN_CLICKHOUSE_READ_PORT": str(port)}
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | env
+    consume = subprocess.Popen([*FULMEN, "consume"], env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/ping", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        result = run(
+            ["sql", "SELECT name FROM system.tables WHERE database = 'fulmen' AND name = 'otel_traces'", "-f", "csv"],
+            env,
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == ["name", "otel_traces"]
+        refused = run(["sql", "TRUNCATE TABLE fulmen.otel_traces"], env)
+        assert refused.returncode == 1 and "only reads are allowed" in refused.stderr
+        plain = httpx.get(f"http://127.0.0.1:{port}/", params={"query": "SELECT 1 + 1"}, timeout=10)
+        assert plain.status_code == 200 and plain.text == "2\n"
+        assert httpx.post(f"http://127.0.0.1:{port}/", content=b"DROP DATABASE fulmen", timeout=10).status_code == 403
+    finally:
+        consume.send_signal(__import__("signal").SIGTERM)
+        consume.wait(timeout=60)

@@ -17,14 +17,18 @@ from schemas import semconv
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(native_flattener() is None, reason="the native flattener is not built (needs cargo: make install)"),
+    pytest.mark.skipif(
+        native_flattener() is None, reason="the native flattener is not built (needs cargo: make install)"
+    ),
 ]
 
 scalars = st.one_of(
     st.text(max_size=12).map(lambda s: AnyValue(string_value=s)),
     st.integers(-(2**63), 2**63 - 1).map(lambda i: AnyValue(int_value=i)),
     st.floats(allow_nan=True, allow_infinity=True).map(lambda f: AnyValue(double_value=f)),
-    st.sampled_from([1e16, 1e-5, 0.0001, 123456789.125, -0.0, 5e-324, 1.7976931348623157e308]).map(lambda f: AnyValue(double_value=f)),
+    st.sampled_from([1e16, 1e-5, 0.0001, 123456789.125, -0.0, 5e-324, 1.7976931348623157e308]).map(
+        lambda f: AnyValue(double_value=f)
+    ),
     st.booleans().map(lambda b: AnyValue(bool_value=b)),
     st.binary(max_size=8).map(lambda b: AnyValue(bytes_value=b)),
     st.just(AnyValue()),
@@ -45,8 +49,10 @@ def _kvlist(pairs: list[tuple[str, AnyValue]]) -> AnyValue:
 
 values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=3).map(_array)
-    | st.lists(st.tuples(st.sampled_from(["a", "b", "é"]), inner), max_size=3).map(_kvlist),
+    lambda inner: (
+        st.lists(inner, max_size=3).map(_array)
+        | st.lists(st.tuples(st.sampled_from(["a", "b", "é"]), inner), max_size=3).map(_kvlist)
+    ),
     max_leaves=6,
 )
 keys = st.sampled_from([
@@ -55,7 +61,9 @@ keys = st.sampled_from([
 ])  # fmt: skip
 token_arrays = st.one_of(
     st.lists(st.integers(0, 2**32 - 1), max_size=6).map(lambda ids: _array([AnyValue(int_value=i) for i in ids])),
-    st.lists(st.integers(-5, 2**33), min_size=1, max_size=3).map(lambda ids: _array([AnyValue(int_value=i) for i in ids])),
+    st.lists(st.integers(-5, 2**33), min_size=1, max_size=3).map(
+        lambda ids: _array([AnyValue(int_value=i) for i in ids])
+    ),
     st.lists(st.floats(-30, 0), max_size=4).map(lambda xs: _array([AnyValue(double_value=x) for x in xs])),
     values,
 )
@@ -66,7 +74,9 @@ def requests(draw: st.DrawFn) -> ExportTraceServiceRequest:
     request = ExportTraceServiceRequest()
     for _ in range(draw(st.integers(1, 2))):
         resource_spans = request.resource_spans.add()
-        resource_spans.resource.attributes.extend(KeyValue(key=k, value=v) for k, v in draw(st.lists(st.tuples(keys, values), max_size=3)))
+        resource_spans.resource.attributes.extend(
+            KeyValue(key=k, value=v) for k, v in draw(st.lists(st.tuples(keys, values), max_size=3))
+        )
         scope_spans = resource_spans.scope_spans.add()
         scope_spans.scope.name = draw(st.text(max_size=5))
         for _ in range(draw(st.integers(0, 3))):
@@ -79,12 +89,16 @@ def requests(draw: st.DrawFn) -> ExportTraceServiceRequest:
             span.end_time_unix_nano = span.start_time_unix_nano + draw(st.integers(-5, 10**9))
             span.status.code = draw(st.integers(0, 3))
             span.status.message = draw(st.text(max_size=5))
-            span.attributes.extend(KeyValue(key=k, value=v) for k, v in draw(st.lists(st.tuples(keys, values), max_size=6)))
+            span.attributes.extend(
+                KeyValue(key=k, value=v) for k, v in draw(st.lists(st.tuples(keys, values), max_size=6))
+            )
             for key in draw(st.lists(st.sampled_from(semconv.TOKEN_ARRAY_KEYS), max_size=3)):
                 span.attributes.append(KeyValue(key=key, value=draw(token_arrays)))
             for _ in range(draw(st.integers(0, 2))):
                 event = span.events.add(time_unix_nano=span.start_time_unix_nano, name=draw(st.text(max_size=4)))
-                event.attributes.extend(KeyValue(key=k, value=v) for k, v in draw(st.lists(st.tuples(keys, values), max_size=2)))
+                event.attributes.extend(
+                    KeyValue(key=k, value=v) for k, v in draw(st.lists(st.tuples(keys, values), max_size=2))
+                )
             if draw(st.booleans()):
                 link = span.links.add(trace_id=os.urandom(16), span_id=os.urandom(8), trace_state="a=1")
                 link.attributes.append(KeyValue(key="why", value=draw(values)))
@@ -104,7 +118,9 @@ def _nan_safe(value: object) -> object:
     return value
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(batch=st.lists(requests(), min_size=1, max_size=3))
 def test_native_rows_equal_the_reference(store: Store, batch: list[ExportTraceServiceRequest]) -> None:
     for table in ("native_spans", "python_spans"):

@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +35,6 @@ from infra.kafka.admin import ensure_topics
 from infra.kafka.local import LocalKafka
 from infra.settings import BrokerSettings, FulmenSettings
 from infra.store import RemoteReader
-from tests.conftest import free_port
 
 
 def encode_batches(count: int, size: int) -> list[tuple[str, bytes]]:
@@ -53,6 +53,12 @@ def encode_batches(count: int, size: int) -> list[tuple[str, bytes]]:
             span.attributes[marker_index].value.string_value = marker
         batches.append((marker, template.SerializeToString()))
     return batches
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def cpu_seconds(pid: int) -> float:

@@ -30,6 +30,7 @@ def env(kafka_broker: LocalKafka, tmp_path: Path) -> dict[str, str]:
         "FULMEN_KAFKA_BOOTSTRAP": kafka_broker.bootstrap,
         "FULMEN_KAFKA_TOPIC_PREFIX": f"cli{tmp_path.name[-8:]}.",
         "FULMEN_HOME": str(tmp_path),
+        "FULMEN_CLICKHOUSE_READ_PORT": "0",  # never query some other store's owner on the default port
     }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import sys
 from collections.abc import Callable
@@ -177,14 +178,7 @@ def sql(
 
     if fmt not in FORMATS:
         raise typer.BadParameter(f"--format must be one of {', '.join(FORMATS)}")
-    reader = open_reader(_settings())
-    try:
-        result = reader.query(query, final=not raw, read_only=True)
-    except Exception as exc:
-        if isinstance(exc, FulmenError):
-            raise
-        raise FulmenError(f"query failed: {exc}") from exc
-    render(result, fmt, console)
+    render(_query(open_reader(_settings()), query, final=not raw), fmt, console)
 
 
 # --- consumers -----------------------------------------------------------------------------------------------
@@ -237,6 +231,74 @@ def _run_until_signal(build: Callable[[], Any]) -> None:
         await build().run(stop)
 
     asyncio.run(main())
+
+
+@app.command("submit")
+@friendly
+def submit(
+    tasks: Annotated[Path, typer.Argument(help="JSONL: one task per line")],
+    group_size: Annotated[int, typer.Option("--group-size", "-g", help="rollouts per task (GRPO's G)")] = 1,
+    mode: Annotated[str | None, typer.Option(help="train or val (overrides the file)")] = None,
+) -> None:
+    """Publish the tasks of a JSONL file as rollout requests (validated whole before anything is sent)."""
+    from infra.kafka.clients import close_quietly, producer, start_or_raise
+    from infra.kafka.publish import EventPublisher
+    from infra.services import ensure_kafka
+    from producers.submit import load_tasks, publish, requests_for
+    from schemas.events import RolloutMode
+
+    settings = _settings()
+    if mode is not None and mode not in {m.value for m in RolloutMode}:
+        raise FulmenError(f"--mode must be one of {', '.join(m.value for m in RolloutMode)}")
+    submission = requests_for(
+        load_tasks(tasks), group_size, mode=RolloutMode(mode) if mode else None, source=str(tasks)
+    )
+    ensure_kafka(settings)
+
+    async def send() -> None:
+        kafka_producer = producer(settings)
+        await start_or_raise(kafka_producer, settings, "submit")
+        try:
+            await publish(EventPublisher(kafka_producer, prefix=settings.kafka.topic_prefix), submission)
+        finally:
+            await close_quietly([kafka_producer])
+
+    asyncio.run(send())
+    console.print(f"submitted {len(submission.requests)} rollouts in {len(submission.groups)} groups")
+
+
+@app.command("rollouts")
+@friendly
+def rollouts(
+    limit: Annotated[int, typer.Option(help="how many recent rollouts to list")] = 20,
+    group: Annotated[str | None, typer.Option(help="only this group")] = None,
+) -> None:
+    """Rollout status from the store: counts by status, then the most recent rollouts."""
+    from infra.cli.render import render
+    from infra.store import open_reader
+
+    settings = _settings()
+    reader = open_reader(settings)
+    db = settings.clickhouse.database
+    if group is not None and not re.fullmatch(r"[A-Za-z0-9._:\-]+", group):
+        raise FulmenError("--group must be an id (letters, digits, . _ : -)")
+    where = f"WHERE GroupId = '{group}'" if group else ""
+    latest = (f"SELECT RolloutId, max(Attempt) AS LastAttempt, argMax(Status, Attempt) AS State, "
+              f"argMax(Reward, Attempt) AS LastReward, any(GroupId) AS Group, max(Timestamp) AS Updated "
+              f"FROM {db}.rollouts {where} GROUP BY RolloutId")  # fmt: skip
+    counts = f"SELECT State AS Status, count() AS Rollouts FROM ({latest}) GROUP BY State ORDER BY State"
+    render(_query(reader, counts), "table", console)
+    render(_query(reader, f"SELECT * FROM ({latest}) ORDER BY Updated DESC LIMIT {int(limit)}"), "table", console)
+
+
+def _query(reader: Any, sql: str, *, final: bool = True) -> Any:
+    """A read-only query whose engine error becomes one readable message."""
+    try:
+        return reader.query(sql, final=final, read_only=True)
+    except FulmenError:
+        raise
+    except Exception as exc:
+        raise FulmenError(f"query failed: {exc}") from exc
 
 
 # --- config and schemas --------------------------------------------------------------------------------------

@@ -118,3 +118,36 @@ def test_sql_reaches_the_store_through_the_consumers_process(env: dict[str, str]
     finally:
         consume.send_signal(__import__("signal").SIGTERM)
         consume.wait(timeout=60)
+
+
+def test_submit_then_rollouts_shows_them_queued(env: dict[str, str], tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"question": "1+1?"}\n{"question": "2+2?"}\n')
+    result = run(["submit", str(tasks), "--group-size", "3"], env)
+    assert result.returncode == 0, result.stderr
+    assert "submitted 6 rollouts in 2 groups" in result.stdout
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"input": {}, "max_attempts": 0}\n')
+    refused = run(["submit", str(bad)], env)
+    assert refused.returncode == 1 and "bad.jsonl:1: RolloutRequest.max_attempts" in refused.stderr
+    # The consumers store the queued events; `fulmen rollouts` reads them back through their read endpoint.
+    import signal
+    import time
+
+    from tests.conftest import free_port
+
+    env = env | {"FULMEN_CLICKHOUSE_READ_PORT": str(free_port())}
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | env
+    consume = subprocess.Popen(
+        [*FULMEN, "consume", "--sink", "rollouts"], env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 90
+        shown = run(["rollouts"], env)
+        while "│ queued │ 6 " not in shown.stdout and time.monotonic() < deadline:
+            time.sleep(0.5)
+            shown = run(["rollouts"], env)
+        assert "│ queued │ 6 " in shown.stdout, shown.stdout + shown.stderr
+    finally:
+        consume.send_signal(signal.SIGTERM)
+        consume.wait(timeout=60)

@@ -28,6 +28,19 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+class _TransientKafkaNoise(logging.Filter):
+    """aiokafka logs ERROR while a fresh broker elects its group coordinator, which resolves itself within
+    a second; keep that at DEBUG so a real error stands out."""
+
+    _TRANSIENT = ("GroupCoordinatorNotAvailableError", "NotCoordinatorForGroupError")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and any(t in record.getMessage() for t in self._TRANSIENT):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
 def setup_logging(settings: LogSettings | None = None) -> None:
     """Configure the root logger once per process (calling it again replaces the handlers)."""
     settings = settings or LogSettings()
@@ -38,6 +51,7 @@ def setup_logging(settings: LogSettings | None = None) -> None:
     else:
         handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter() if settings.format == "json" else logging.Formatter(_TEXT_FORMAT))
+    handler.addFilter(_TransientKafkaNoise())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

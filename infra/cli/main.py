@@ -45,13 +45,24 @@ F = TypeVar("F", bound=Callable[..., Any])
 S = TypeVar("S", bound=FulmenSettings)
 
 
-def _settings(cls: type[S] = FulmenSettings) -> S:  # type: ignore[assignment]
+def _settings(cls: type[S] = FulmenSettings, *, service: bool = False) -> S:  # type: ignore[assignment]
+    """Load settings and set up logging: INFO for long-running services, WARNING for one-shot commands
+    (their output is the answer), unless FULMEN_LOG_LEVEL says otherwise."""
     try:
         settings = cls()
     except Exception as exc:  # pydantic ValidationError: name the variable to fix
         raise FulmenError(f"invalid settings (FULMEN_* environment variables or .env): {exc}") from exc
-    setup_logging(settings.log)
+    log_settings = settings.log
+    if not service and "log" not in settings.model_fields_set and not _log_level_in_env():
+        log_settings = log_settings.model_copy(update={"level": "WARNING"})
+    setup_logging(log_settings)
     return settings
+
+
+def _log_level_in_env() -> bool:
+    import os
+
+    return any(name.upper() == "FULMEN_LOG_LEVEL" for name in os.environ)
 
 
 def friendly(fn: F) -> F:
@@ -191,7 +202,7 @@ def consume(
     from consumers import ConsumersApp, default_sinks
     from infra.services import ensure_kafka, ensure_store
 
-    settings = _settings()
+    settings = _settings(service=True)
     available = {s.name: s for s in default_sinks()}
     unknown = set(sinks or []) - set(available)
     if unknown:
@@ -212,7 +223,7 @@ def otlp_gateway(
     """Receive OTLP/HTTP traces at /v1/traces and publish them to the spans topic until interrupted."""
     from producers.otlp_gateway import OtlpGateway, OtlpGatewaySettings
 
-    settings = _settings(OtlpGatewaySettings)
+    settings = _settings(OtlpGatewaySettings, service=True)
     if host is not None:
         settings.otlp.host = host
     if port is not None:

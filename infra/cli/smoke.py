@@ -162,7 +162,7 @@ async def run_smoke(settings: FulmenSettings, store: Store, timeout_s: float = 6
         report.published["poison (rollouts)"] = 1
         report.queries = await _wait_for_rows(store, run_id, started + timeout_s)
         report.task_read_back = await _read_task_back(settings, task_meta, run_id)
-        report.dead_letter = await _find_dead_letter(settings, poison.offset)
+        report.dead_letter = await _find_dead_letter(settings, poison.partition, poison.offset)
     finally:
         stop.set()
         await gateway.stop()
@@ -198,7 +198,7 @@ async def _read_task_back(settings: FulmenSettings, meta: Any, run_id: str) -> b
         await reader.stop()
 
 
-async def _find_dead_letter(settings: FulmenSettings, source_offset: int) -> DeadLetterHeaders | None:
+async def _find_dead_letter(settings: FulmenSettings, partition: int, offset: int) -> DeadLetterHeaders | None:
     reader = consumer(settings, None)
     await start_or_raise(reader, settings, "smoke dead-letter reader")
     dlq = topic_name(TopicKey.DLQ, settings.kafka.topic_prefix)
@@ -212,7 +212,8 @@ async def _find_dead_letter(settings: FulmenSettings, source_offset: int) -> Dea
             for records in (await reader.getmany(timeout_ms=500)).values():
                 for record in records:
                     headers = DeadLetterHeaders.from_kafka(record.headers)
-                    if headers.source_offset == source_offset and headers.source_topic.endswith("fulmen.rollouts"):
+                    source = (headers.source_topic, headers.source_partition, headers.source_offset)
+                    if source == (topic_name(TopicKey.ROLLOUTS, settings.kafka.topic_prefix), partition, offset):
                         return headers
         return None
     finally:

@@ -244,6 +244,33 @@ def _run_until_signal(build: Callable[[], Any]) -> None:
     asyncio.run(main())
 
 
+@app.command("runner")
+@friendly
+def runner(
+    agent: Annotated[str | None, typer.Option(help="the agent, module:function (FULMEN_RUNNER_AGENT)")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="rollouts at once (FULMEN_RUNNER_CONCURRENCY)")] = None,
+) -> None:
+    """Run rollouts from the tasks topic through the agent until interrupted (SIGTERM finishes or hands back)."""
+    import os
+
+    from infra.services import ensure_kafka
+    from producers.runner import Runner, RunnerSettings, load_agent
+
+    settings = _settings(RunnerSettings, service=True)
+    if agent is not None:
+        settings.runner.agent = agent
+    if concurrency is not None:
+        if concurrency < 1:
+            raise FulmenError("--concurrency must be at least 1")
+        settings.runner.concurrency = concurrency
+    if not settings.runner.agent:
+        raise FulmenError("which agent? pass --agent package.module:function (or set FULMEN_RUNNER_AGENT)")
+    sys.path.insert(0, os.getcwd())  # agents next to where the runner starts, as `python -m` would find them
+    function = load_agent(settings.runner.agent)
+    ensure_kafka(settings)
+    _run_until_signal(lambda: Runner(settings, function))
+
+
 @app.command("submit")
 @friendly
 def submit(

@@ -16,7 +16,7 @@ from infra.kafka.clients import admin_client, call_or_raise, start_or_raise
 from infra.settings import FulmenSettings
 from schemas.topics import TOPICS, Topic, topic_name
 
-__all__ = ["TopicState", "cluster_info", "describe_topics", "ensure_topics"]
+__all__ = ["TopicState", "cluster_info", "describe_topics", "ensure_topics", "partition_count"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,19 @@ async def cluster_info(settings: FulmenSettings) -> dict[str, Any]:
     await start_or_raise(admin, settings, "metadata request")
     try:
         return await call_or_raise(admin.describe_cluster, settings, "metadata request")
+    finally:
+        await admin.close()
+
+
+async def partition_count(settings: FulmenSettings, name: str) -> int:
+    """How many partitions topic ``name`` has (0 if it does not exist)."""
+    admin = admin_client(settings)
+    await start_or_raise(admin, settings, "describe topic")
+    try:
+        if name not in set(await admin.list_topics()):
+            return 0
+        described = await admin.describe_topics([name])
+        return len(described[0]["partitions"]) if described and described[0]["error_code"] == 0 else 0
     finally:
         await admin.close()
 

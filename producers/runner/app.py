@@ -1,0 +1,286 @@
+"""``fulmen runner``: a consumer group over the tasks topic that runs the user's agent, rollout by rollout.
+
+Lifecycle of a request (a record of the tasks topic):
+
+1. Decide, after catching the ledger up to the rollouts topic's end: a new attempt is run; an attempt that
+   already finished, or a stale copy of an older attempt, is only acknowledged; an attempt claimed by a
+   runner that is still in the group is watched until it ends (that runner may be working on it after a
+   rebalance); an attempt claimed by a runner that has left the group (killed) gets a new attempt number.
+2. Run: publish ``claimed`` and ``running``; call the agent inside a ``fulmen.rollout`` span (every span the
+   agent makes is stamped with the rollout), under the request's timeout; flush the spans.
+3. Finish: if the attempt failed or timed out and attempts remain, publish the retry request (attempt + 1)
+   first; then the terminal event (``succeeded`` with the reward, ``failed``, ``timed_out``); only then is
+   the record's offset committed (in offset order per partition, whatever order rollouts finish in).
+
+A runner killed at any point therefore loses nothing: the uncommitted request comes back to another runner,
+which sees the lost claim and runs the next attempt. On SIGTERM the runner stops taking requests, lets the
+running rollouts finish for ``shutdown_grace_s`` and hands the rest back uncommitted. Partitions are paused
+(not left unpolled) while all slots are busy, so a long rollout never exceeds the poll interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError
+from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Status, StatusCode
+
+from infra.errors import DecodeError
+from infra.kafka.admin import partition_count
+from infra.kafka.clients import admin_client, close_quietly, consumer, producer, start_or_raise
+from infra.kafka.dlq import DeadLetters
+from infra.kafka.publish import EventPublisher
+from producers.runner.agent import AgentError, LLMEndpoint, call_agent
+from producers.runner.ledger import RolloutLedger
+from producers.runner.offsets import PartitionProgress
+from producers.runner.settings import RunnerSettings
+from producers.runner.tracing import CURRENT_ROLLOUT, build_tracer_provider
+from schemas import semconv
+from schemas.codec import decode
+from schemas.events import RolloutEvent, RolloutRequest, RolloutStatus
+from schemas.topics import TopicKey, topic_name
+
+__all__ = ["Runner"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    tp: TopicPartition
+    offset: int
+    request: RolloutRequest
+
+
+class Runner:
+    """One runner process. Build it inside the event loop; :meth:`run` until ``stop`` is set."""
+
+    def __init__(
+        self, settings: RunnerSettings, agent: Callable[..., Any], tracer_provider: TracerProvider | None = None
+    ) -> None:
+        self.settings = settings
+        self.options = settings.runner
+        self.agent = agent
+        self.runner_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        prefix = settings.kafka.topic_prefix
+        self.tasks_topic = topic_name(TopicKey.TASKS, prefix)
+        self.producer = producer(settings)
+        self.publisher = EventPublisher(self.producer, prefix=prefix)
+        self.tasks = consumer(
+            settings, self.options.group, client_id=self.runner_id, max_poll_records=self.options.concurrency
+        )
+        self.ledger = RolloutLedger(consumer(settings, None), topic_name(TopicKey.ROLLOUTS, prefix))
+        self.dead_letters = DeadLetters(self.producer, prefix=prefix, consumer_group=self.options.group)
+        self.provider = tracer_provider or build_tracer_provider(self.options.otlp_endpoint or None)
+        self.tracer = self.provider.get_tracer("fulmen.runner")
+        self.running: dict[str, asyncio.Task[None]] = {}  # rollout id -> its task
+        self.watching: list[_Pending] = []
+        self.progress: dict[TopicPartition, PartitionProgress] = {}
+        self.completed: dict[str, int] = {"succeeded": 0, "failed": 0, "timed_out": 0, "skipped": 0}
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        clients = [self.tasks, self.ledger.consumer, self.producer]
+        try:
+            for client in reversed(clients):
+                await start_or_raise(client, self.settings, f"runner {self.runner_id}")
+            await self.ledger.start(await partition_count(self.settings, self.ledger.topic))
+            self.tasks.subscribe([self.tasks_topic], listener=_Listener(self))
+            log.info("runner %s: %s with %d slots on %s", self.runner_id, self.options.agent or "agent",
+                     self.options.concurrency, self.tasks_topic)  # fmt: skip
+            while not stop.is_set():
+                await self.poll_once()
+            await self._shutdown()
+        finally:
+            await close_quietly(clients)
+
+    async def _shutdown(self) -> None:
+        if self.tasks.assignment():
+            self.tasks.pause(*self.tasks.assignment())
+        if self.running:
+            log.info(
+                "runner %s: finishing %d rollouts (up to %.0fs)",
+                self.runner_id,
+                len(self.running),
+                self.options.shutdown_grace_s,
+            )
+            _, late = await asyncio.wait(list(self.running.values()), timeout=self.options.shutdown_grace_s or None)
+            for task in late:
+                task.cancel()  # handed back: its offset stays uncommitted, another runner takes it
+            if late:
+                await asyncio.wait(late)
+        await self._commit()
+
+    # --- the loop -------------------------------------------------------------------------------------------
+    async def poll_once(self) -> None:
+        free = self.options.concurrency - len(self.running)
+        assigned = self.tasks.assignment()
+        if assigned and free <= 0:
+            self.tasks.pause(*assigned)
+        elif assigned:
+            self.tasks.resume(*assigned)
+        fetched = await self.tasks.getmany(timeout_ms=500, max_records=max(free, 1))
+        if fetched or self.watching:
+            await self.ledger.catch_up()
+        if self.watching:
+            watched, self.watching = self.watching, []
+            for pending in watched:
+                await self._decide_and_start(pending)
+        for tp, records in fetched.items():
+            for record in records:
+                self.progress.setdefault(tp, PartitionProgress()).add(record.offset)
+                await self._take(tp, record)
+        await self._commit()
+
+    async def _take(self, tp: TopicPartition, record: ConsumerRecord) -> None:
+        try:
+            request = decode(
+                RolloutRequest, record.value, topic=record.topic, partition=record.partition, offset=record.offset
+            )
+        except DecodeError as exc:
+            await self.dead_letters.send(record, exc)
+            await self.dead_letters.flush()
+            self._finish(tp, record.offset)
+            return
+        await self._decide_and_start(_Pending(tp, record.offset, request))
+
+    async def _decide_and_start(self, pending: _Pending) -> None:
+        request = pending.request
+        state = self.ledger.get(request.rollout_id)
+        if state is None or state.attempt < request.attempt or state.status is RolloutStatus.QUEUED:
+            self._start(pending, request)
+        elif state.attempt > request.attempt or state.status.terminal:
+            self.completed["skipped"] += 1  # an older attempt's copy, or an attempt that already ended
+            self._finish(pending.tp, pending.offset)
+        elif request.rollout_id in self.running or await self._alive(state.runner_id):
+            self.watching.append(pending)  # someone (maybe us, before a rebalance) still works on it
+        else:
+            await self._take_over(pending, state.attempt, state.runner_id)
+
+    async def _take_over(self, pending: _Pending, lost_attempt: int, lost_runner: str) -> None:
+        """The runner that claimed this attempt has left the group (killed): end that attempt, run the next."""
+        request = pending.request
+        error = f"runner {lost_runner} was lost during attempt {lost_attempt}"
+        lost = self._event(request.model_copy(update={"attempt": lost_attempt}), RolloutStatus.FAILED, error=error)
+        if lost_attempt >= request.max_attempts:
+            await self._publish_event(lost.model_copy(update={"error": f"{error}; no attempts left"}))
+            self._finish(pending.tp, pending.offset)
+            return
+        log.warning("rollout %s: %s; running attempt %d", request.rollout_id, error, lost_attempt + 1)
+        await self._publish_event(lost)
+        self._start(pending, request.model_copy(update={"attempt": lost_attempt + 1}))
+
+    def _start(self, pending: _Pending, request: RolloutRequest) -> None:
+        task = asyncio.create_task(self._run_rollout(pending, request), name=f"rollout-{request.rollout_id}")
+        self.running[request.rollout_id] = task
+        task.add_done_callback(lambda _: self.running.pop(request.rollout_id, None))
+
+    # --- one rollout ----------------------------------------------------------------------------------------
+    async def _run_rollout(self, pending: _Pending, request: RolloutRequest) -> None:
+        await self._publish_event(self._event(request, RolloutStatus.CLAIMED))
+        await self._publish_event(self._event(request, RolloutStatus.RUNNING))
+        status, reward, error = await self._call(request)
+        await asyncio.to_thread(self.provider.force_flush)  # the spans are out before the end is reported
+        if status is not RolloutStatus.SUCCEEDED and request.attempt < request.max_attempts:
+            await self.publisher.publish(TopicKey.TASKS, request.model_copy(update={"attempt": request.attempt + 1}))
+        await self._publish_event(self._event(request, status, reward=reward, error=error))
+        self.completed[status.value] += 1
+        log.info("rollout %s attempt %d %s (reward %s)", request.rollout_id, request.attempt, status.value, reward)
+        self._finish(pending.tp, pending.offset)
+
+    async def _call(self, request: RolloutRequest) -> tuple[RolloutStatus, float | None, str | None]:
+        llm = LLMEndpoint(
+            base_url=f"{self.options.llm_base_url.rstrip('/')}/rollout/{request.rollout_id}/attempt/{request.attempt}/v1",
+            model=self.options.model,
+        )
+        token = CURRENT_ROLLOUT.set(request)
+        try:
+            with self.tracer.start_as_current_span(semconv.SPAN_ROLLOUT, record_exception=False) as span:
+                try:
+                    reward = await asyncio.wait_for(call_agent(self.agent, request.input, llm), request.timeout_s)
+                except TimeoutError:
+                    span.set_status(Status(StatusCode.ERROR, "timed out"))
+                    return RolloutStatus.TIMED_OUT, None, f"no result within {request.timeout_s:g}s"
+                except AgentError as exc:
+                    span.set_status(Status(StatusCode.ERROR, str(exc)))
+                    return RolloutStatus.FAILED, None, str(exc)
+                if reward is not None:
+                    span.set_attribute(semconv.REWARD_VALUE, reward)
+                return RolloutStatus.SUCCEEDED, reward, None
+        finally:
+            CURRENT_ROLLOUT.reset(token)
+
+    def _event(self, request: RolloutRequest, status: RolloutStatus, **fields: Any) -> RolloutEvent:
+        return RolloutEvent(
+            rollout_id=request.rollout_id, attempt=request.attempt, status=status, task_id=request.task_id,
+            group_id=request.group_id, mode=request.mode, runner_id=self.runner_id,
+            model_version=request.model_version, **fields,
+        )  # fmt: skip
+
+    async def _publish_event(self, event: RolloutEvent) -> None:
+        await self.publisher.publish(TopicKey.ROLLOUTS, event)
+        self.ledger.observe(event)
+
+    # --- offsets and liveness -------------------------------------------------------------------------------
+    def _finish(self, tp: TopicPartition, offset: int) -> None:
+        progress = self.progress.get(tp)
+        if progress is not None:
+            progress.done(offset)
+
+    async def _commit(self) -> None:
+        owned = self.tasks.assignment()
+        offsets = {
+            tp: OffsetAndMetadata(p.committable, "")
+            for tp, p in self.progress.items()
+            if p.committable is not None and tp in owned
+        }
+        if not offsets:
+            return
+        try:
+            await self.tasks.commit(offsets)
+        except (CommitFailedError, IllegalStateError) as exc:
+            log.warning("runner %s: commit refused after a rebalance: %s", self.runner_id, exc)
+            return
+        for tp in offsets:
+            self.progress[tp].committable = None
+
+    async def _alive(self, runner_id: str) -> bool:
+        """Whether the runner that claimed an attempt is still a member of the runners' group."""
+        if runner_id == self.runner_id:
+            return True
+        admin = admin_client(self.settings)
+        await start_or_raise(admin, self.settings, "group membership")
+        try:
+            groups = await admin.describe_consumer_groups([self.options.group])
+        finally:
+            await admin.close()
+        members = {m[1] for response in groups for group in response.groups for m in group[5]}
+        return runner_id in members
+
+    def forget(self, partitions: list[TopicPartition]) -> None:
+        """Partitions taken away: their uncommitted records go to the new owner (running rollouts go on)."""
+        for tp in partitions:
+            self.progress.pop(tp, None)
+        self.watching = [p for p in self.watching if p.tp not in partitions]
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self.runner._commit()
+        self.runner.forget(list(revoked))
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        log.debug("runner %s: assigned %s", self.runner.runner_id, sorted(assigned))

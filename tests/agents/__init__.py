@@ -1,0 +1,1 @@
+"""Small agents the runner tests run: they import nothing of Fulmen's."""

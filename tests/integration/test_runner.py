@@ -1,0 +1,231 @@
+"""The runner against a real broker: lifecycle, rewards, retries, timeouts, kill -9, several processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from aiokafka import TopicPartition
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from infra.kafka.clients import consumer, producer, start_or_raise
+from infra.kafka.publish import EventPublisher
+from infra.settings import FulmenSettings
+from producers.runner import Runner, RunnerSettings, load_agent
+from producers.runner.tracing import RolloutStamper
+from schemas import RolloutEvent, RolloutRequest, RolloutStatus, TopicKey, decode, semconv, topic, topic_name
+
+pytestmark = pytest.mark.integration
+
+FULMEN = [sys.executable, "-m", "infra.cli.main"]
+
+
+def runner_settings(settings: FulmenSettings, agent: str, concurrency: int = 4) -> RunnerSettings:
+    return RunnerSettings(
+        home=settings.home, kafka=settings.kafka.model_dump(), clickhouse=settings.clickhouse.model_dump(),
+        runner={"agent": agent, "concurrency": concurrency, "otlp_endpoint": "", "shutdown_grace_s": 5},
+    )  # fmt: skip
+
+
+@asynccontextmanager
+async def runner_running(settings: FulmenSettings, agent: str, provider: TracerProvider | None = None,
+                         concurrency: int = 4) -> AsyncIterator[Runner]:  # fmt: skip
+    options = runner_settings(settings, agent, concurrency)
+    runner = Runner(options, load_agent(agent), tracer_provider=provider or TracerProvider())
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop))
+    try:
+        yield runner
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+
+
+def global_provider_with(exporter: InMemorySpanExporter) -> TracerProvider:
+    """The process's global provider (as the runner installs it: agents' own tracers use it), exporting to
+    ``exporter`` too."""
+    current = trace.get_tracer_provider()
+    if not isinstance(current, TracerProvider):
+        current = TracerProvider()
+        current.add_span_processor(RolloutStamper())
+        trace.set_tracer_provider(current)
+    current.add_span_processor(SimpleSpanProcessor(exporter))
+    return current
+
+
+async def submit(settings: FulmenSettings, requests: list[RolloutRequest]) -> None:
+    kafka_producer = producer(settings)
+    await start_or_raise(kafka_producer, settings)
+    try:
+        await EventPublisher(kafka_producer, prefix=settings.kafka.topic_prefix).publish_many(TopicKey.TASKS, requests)
+    finally:
+        await kafka_producer.stop()
+
+
+async def events_by_rollout(settings: FulmenSettings) -> dict[str, list[RolloutEvent]]:
+    reader = consumer(settings, None)
+    await start_or_raise(reader, settings)
+    name = topic_name(TopicKey.ROLLOUTS, settings.kafka.topic_prefix)
+    partitions = [TopicPartition(name, p) for p in range(topic(TopicKey.ROLLOUTS).partitions)]
+    events: dict[str, list[RolloutEvent]] = defaultdict(list)
+    try:
+        reader.assign(partitions)
+        await reader.seek_to_beginning(*partitions)
+        ends = await reader.end_offsets(partitions)
+        while [tp for tp, end in ends.items() if await reader.position(tp) < end]:
+            for records in (await reader.getmany(timeout_ms=500)).values():
+                for record in records:
+                    event = decode(RolloutEvent, record.value)
+                    events[event.rollout_id].append(event)
+    finally:
+        await reader.stop()
+    return events
+
+
+async def wait_terminal(settings: FulmenSettings, rollouts: set[str], final: int = 1, timeout_s: float = 90) -> dict:
+    """Wait until each rollout has ``final`` terminal events at least; return all events by rollout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        events = await events_by_rollout(settings)
+        done = {r for r in rollouts if sum(e.status.terminal for e in events.get(r, [])) >= final}
+        if done == rollouts or time.monotonic() > deadline:
+            return events
+        await asyncio.sleep(0.5)
+
+
+def request(rollout: str, agent_input: dict, **fields: object) -> RolloutRequest:
+    return RolloutRequest(rollout_id=rollout, task_id=f"task-{rollout}", group_id="g1", input=agent_input, **fields)
+
+
+async def test_rollouts_run_with_their_lifecycle_rewards_and_stamped_spans(settings: FulmenSettings) -> None:
+    exporter = InMemorySpanExporter()
+    provider = global_provider_with(exporter)
+    rollouts = {f"r{i}": i / 10 for i in range(6)}
+    await submit(settings, [request(r, {"reward": reward, "sleep": 0.2}) for r, reward in rollouts.items()])
+    async with runner_running(settings, "tests.agents.simple:echo_reward", provider, concurrency=3) as runner:
+        events = await wait_terminal(settings, set(rollouts))
+    for rollout, reward in rollouts.items():
+        statuses = [e.status for e in events[rollout]]
+        assert statuses == [RolloutStatus.CLAIMED, RolloutStatus.RUNNING, RolloutStatus.SUCCEEDED], rollout
+        assert events[rollout][-1].reward == reward and events[rollout][-1].runner_id == runner.runner_id
+    spans = exporter.get_finished_spans()
+    roots = [s for s in spans if s.name == semconv.SPAN_ROLLOUT]
+    thinks = [s for s in spans if s.name == "think"]
+    assert len(roots) == 6 and len(thinks) == 6
+    for think in thinks:
+        rollout = think.attributes[semconv.ROLLOUT_ID]
+        assert think.attributes["base_url"].endswith(f"/rollout/{rollout}/attempt/1/v1")
+        parent = next(r for r in roots if r.context.span_id == think.parent.span_id)
+        assert (
+            parent.attributes[semconv.ROLLOUT_ID] == rollout
+            and parent.attributes[semconv.REWARD_VALUE] == rollouts[rollout]
+        )
+    assert runner.completed["succeeded"] == 6
+
+
+async def test_failures_and_timeouts_are_retried_with_new_attempts(settings: FulmenSettings, tmp_path: Path) -> None:
+    await submit(settings, [
+        request("flaky", {"dir": str(tmp_path), "name": "flaky"}, max_attempts=3),
+        request("bad", {}, max_attempts=2),
+    ])  # fmt: skip
+    async with runner_running(settings, "tests.agents.simple:flaky"):
+        events = await wait_terminal(settings, {"flaky"})
+    assert [(e.attempt, e.status) for e in events["flaky"] if e.status.terminal] == [
+        (1, RolloutStatus.FAILED), (2, RolloutStatus.SUCCEEDED)
+    ]  # fmt: skip
+    assert "first try fails" in next(e.error for e in events["flaky"] if e.status is RolloutStatus.FAILED)
+    async with runner_running(settings, "tests.agents.simple:always_fails"):
+        events = await wait_terminal(settings, {"bad"}, final=2)
+        await asyncio.sleep(1.5)  # no third attempt comes
+        events = await events_by_rollout(settings)
+    assert [(e.attempt, e.status) for e in events["bad"] if e.status.terminal] == [
+        (1, RolloutStatus.FAILED), (2, RolloutStatus.FAILED)
+    ]  # fmt: skip
+
+
+async def test_a_timeout_is_reported_then_retried(settings: FulmenSettings) -> None:
+    await submit(settings, [request("slow", {"sleep": 30}, timeout_s=0.5, max_attempts=2)])
+    async with runner_running(settings, "tests.agents.simple:async_echo"):
+        events = await wait_terminal(settings, {"slow"}, final=2)
+    terminal = [(e.attempt, e.status) for e in events["slow"] if e.status.terminal]
+    assert terminal == [(1, RolloutStatus.TIMED_OUT), (2, RolloutStatus.TIMED_OUT)]
+    assert "no result within 0.5s" in events["slow"][-1].error
+
+
+def _spawn_runner(settings: FulmenSettings, agent: str, log: Path, concurrency: int = 4) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
+        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap, "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "FULMEN_HOME": str(settings.home), "FULMEN_RUNNER_OTLP_ENDPOINT": "",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }  # fmt: skip
+    with open(log, "ab") as out:
+        return subprocess.Popen([*FULMEN, "runner", "--agent", agent, "--concurrency", str(concurrency)],
+                                env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+
+
+async def test_kill_9_mid_rollout_runs_the_next_attempt_on_another_runner(
+    settings: FulmenSettings, tmp_path: Path
+) -> None:
+    log = tmp_path / "runners.log"
+    runners = [_spawn_runner(settings, "tests.agents.simple:slow_once", log) for _ in range(2)]
+    try:
+        await submit(settings, [request("victim", {"dir": str(tmp_path), "name": "victim", "first_sleep": 60})])
+        marker = tmp_path / "victim.started"
+        deadline = time.monotonic() + 90
+        while not marker.exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert marker.exists(), log.read_text()[-3000:]
+        victim_pid = int(marker.read_text())
+        victim = next(r for r in runners if r.pid == victim_pid)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        events = await wait_terminal(settings, {"victim"}, final=2, timeout_s=120)
+        terminal = [(e.attempt, e.status) for e in events["victim"] if e.status.terminal]
+        assert terminal == [(1, RolloutStatus.FAILED), (2, RolloutStatus.SUCCEEDED)], log.read_text()[-3000:]
+        assert "was lost during attempt 1" in next(
+            e.error for e in events["victim"] if e.status is RolloutStatus.FAILED
+        )
+    finally:
+        for process in runners:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in runners:
+            process.wait(timeout=60)
+
+
+async def test_100_rollouts_over_4_runner_processes_each_succeed_once(settings: FulmenSettings, tmp_path: Path) -> None:
+    log = tmp_path / "runners.log"
+    runners = [_spawn_runner(settings, "tests.agents.simple:async_echo", log, concurrency=8) for _ in range(4)]
+    try:
+        rollouts = {f"many-{i}" for i in range(100)}
+        await submit(settings, [request(r, {"reward": 1.0, "sleep": 0.05}) for r in sorted(rollouts)])
+        events = await wait_terminal(settings, rollouts, timeout_s=180)
+        await asyncio.sleep(2)  # anything doubled would show up by now
+        events = await events_by_rollout(settings)
+    finally:
+        for process in runners:
+            process.send_signal(signal.SIGTERM)
+        for process in runners:
+            process.wait(timeout=60)
+    succeeded = {r: [e for e in events[r] if e.status is RolloutStatus.SUCCEEDED] for r in rollouts}
+    assert all(len(s) == 1 for s in succeeded.values()), log.read_text()[-3000:]
+    assert len({s[0].runner_id for s in succeeded.values()}) >= 2  # the work was spread
+
+
+def test_a_bad_agent_path_is_a_clear_start_up_error(settings: FulmenSettings, tmp_path: Path) -> None:
+    process = _spawn_runner(settings, "tests.agents.nope:agent", tmp_path / "bad.log")
+    assert process.wait(timeout=60) == 1
+    text = (tmp_path / "bad.log").read_text()
+    assert "cannot import the agent module 'tests.agents.nope'" in text and "Traceback" not in text

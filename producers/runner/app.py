@@ -87,6 +87,7 @@ class Runner:
         self.watching: list[_Pending] = []
         self.progress: dict[TopicPartition, PartitionProgress] = {}
         self.completed: dict[str, int] = {"succeeded": 0, "failed": 0, "timed_out": 0, "skipped": 0}
+        self._fatal: BaseException | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -123,6 +124,8 @@ class Runner:
 
     # --- the loop -------------------------------------------------------------------------------------------
     async def poll_once(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
         free = self.options.concurrency - len(self.running)
         assigned = self.tasks.assignment()
         if assigned and free <= 0:
@@ -183,7 +186,14 @@ class Runner:
     def _start(self, pending: _Pending, request: RolloutRequest) -> None:
         task = asyncio.create_task(self._run_rollout(pending, request), name=f"rollout-{request.rollout_id}")
         self.running[request.rollout_id] = task
-        task.add_done_callback(lambda _: self.running.pop(request.rollout_id, None))
+        task.add_done_callback(lambda done: self._ended(request.rollout_id, done))
+
+    def _ended(self, rollout_id: str, task: asyncio.Task[None]) -> None:
+        self.running.pop(rollout_id, None)
+        if not task.cancelled() and task.exception() is not None and self._fatal is None:
+            # Kafka refused an event for good: stop, so the uncommitted request comes back after a restart,
+            # rather than keep a partition whose commits can no longer move.
+            self._fatal = task.exception()
 
     # --- one rollout ----------------------------------------------------------------------------------------
     async def _run_rollout(self, pending: _Pending, request: RolloutRequest) -> None:

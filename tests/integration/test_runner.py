@@ -229,3 +229,21 @@ def test_a_bad_agent_path_is_a_clear_start_up_error(settings: FulmenSettings, tm
     assert process.wait(timeout=60) == 1
     text = (tmp_path / "bad.log").read_text()
     assert "cannot import the agent module 'tests.agents.nope'" in text and "Traceback" not in text
+
+
+async def test_sigterm_lets_running_rollouts_finish(settings: FulmenSettings, tmp_path: Path) -> None:
+    log = tmp_path / "runner.log"
+    process = _spawn_runner(settings, "tests.agents.simple:slow_once", log)
+    try:
+        await submit(settings, [request("graceful", {"dir": str(tmp_path), "name": "graceful", "first_sleep": 3})])
+        marker = tmp_path / "graceful.started"
+        deadline = time.monotonic() + 90
+        while not marker.exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(process.wait, 60) == 0, log.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    events = await events_by_rollout(settings)
+    assert [(e.attempt, e.status) for e in events["graceful"] if e.status.terminal] == [(1, RolloutStatus.SUCCEEDED)]

@@ -136,12 +136,16 @@ def test_submit_then_rollouts_shows_them_queued(env: dict[str, str], tmp_path: P
 
     from tests.conftest import free_port
 
-    env = env | {"FULMEN_CLICKHOUSE_READ_PORT": str(free_port())}
+    port = free_port()
+    env = env | {"FULMEN_CLICKHOUSE_READ_PORT": str(port)}
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | env
     consume = subprocess.Popen(
         [*FULMEN, "consume", "--sink", "rollouts"], env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
+        # Only once the consumers process owns the store and serves reads (else `rollouts` would open the
+        # store itself and race the consumers for it).
+        assert _wait_read_endpoint(port), "the consumers process never served reads"
         deadline = time.monotonic() + 90
         shown = run(["rollouts"], env)
         while "│ queued │ 6 " not in shown.stdout and time.monotonic() < deadline:
@@ -151,3 +155,19 @@ def test_submit_then_rollouts_shows_them_queued(env: dict[str, str], tmp_path: P
     finally:
         consume.send_signal(signal.SIGTERM)
         consume.wait(timeout=60)
+
+
+def _wait_read_endpoint(port: int, timeout_s: float = 90) -> bool:
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ping", timeout=1).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    return False

@@ -243,7 +243,7 @@ class LocalKafka:
         cluster_id = base64_uuid()
         result = subprocess.run(
             [java, "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format", "--standalone",
-             "-t", cluster_id, "-c", str(self.properties_file)],
+             f"--cluster-id={cluster_id}", "-c", str(self.properties_file)],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         if result.returncode != 0:
@@ -269,10 +269,17 @@ class LocalKafka:
 
 
 def base64_uuid() -> str:
-    """A Kafka cluster id: a random UUID in URL-safe base64 without padding (22 characters)."""
+    """A Kafka cluster id: a random UUID in URL-safe base64 without padding (22 characters).
+
+    Like Kafka's own ``Uuid.randomUuid()``, never one that starts with "-": a command line would take it for
+    an option (one start in 64 failed that way before).
+    """
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _accepts(host: str, port: int) -> bool:

@@ -94,3 +94,11 @@ def test_schemas_export_writes_files(tmp_path: Path) -> None:
     assert {f"{name}.schema.json" for name in json_schemas()} <= written
     schema = json.loads((tmp_path / "RolloutRequest.schema.json").read_text())
     assert "task_id" in schema["required"]
+
+
+def test_cluster_ids_never_look_like_options() -> None:
+    from infra.kafka.local import base64_uuid
+
+    ids = [base64_uuid() for _ in range(2000)]
+    assert all(len(i) == 22 and not i.startswith("-") for i in ids)
+    assert len(set(ids)) == len(ids)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import base64
 import json
+import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -244,24 +246,34 @@ def _map(offsets: list[int], keys: list[str], values: list[str]) -> pa.MapArray:
     )
 
 
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_ASCII_SPACE = " \t\n\r\x0b\x0c"
+
+
+def _number(text: str | None) -> float | None:
+    """A finite decimal number written in ASCII (as the native flattener reads one too), else None.
+
+    Stricter than ``float()``, which also takes "nan", "1_000" or Arabic-Indic digits.
+    """
+    if text is None:
+        return None
+    text = text.strip(_ASCII_SPACE)
+    if not _NUMBER.fullmatch(text):
+        return None
+    number = float(text)
+    return number if math.isfinite(number) else None
+
+
 def _int(text: str | None, default: int | None, maximum: int) -> int | None:
-    """``int(float(text))`` when it is a whole number in [0, maximum], else ``default``."""
-    if text is None or text == "":
-        return default
-    try:
-        number = float(text)
-    except ValueError:
-        return default
-    if number != number or number in (float("inf"), float("-inf")) or number < 0 or int(number) > maximum:
+    """The whole part of a number in [0, maximum], else ``default``."""
+    number = _number(text)
+    if number is None or number < 0 or int(number) > maximum:
         return default
     return int(number)
 
 
 def _float(text: str | None) -> float | None:
-    try:
-        return None if text is None else float(text)
-    except ValueError:
-        return None
+    return _number(text)
 
 
 def _numbers(value: AnyValue, *, integers: bool) -> list[Any] | None:

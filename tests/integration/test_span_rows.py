@@ -30,6 +30,11 @@ scalars = st.one_of(
         lambda f: AnyValue(double_value=f)
     ),
     st.booleans().map(lambda b: AnyValue(bool_value=b)),
+    # Texts where float() and a strict reader differ, and integers at the edges of the typed columns.
+    st.sampled_from(["٣", "1_0", " 5 ", "\x1c7", "1e400", "nan", "-inf", "+.5e1", "3.", "-0.0", "0x10", "", " "]).map(
+        lambda t: AnyValue(string_value=t)
+    ),
+    st.sampled_from([2**63 - 1, 2**63 - 512, 2**32 - 1, 2**32, -1, 0]).map(lambda i: AnyValue(int_value=i)),
     st.binary(max_size=8).map(lambda b: AnyValue(bytes_value=b)),
     st.just(AnyValue()),
 )
@@ -119,7 +124,9 @@ def _nan_safe(value: object) -> object:
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+    max_examples=int(os.environ.get("SPAN_ROWS_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(batch=st.lists(requests(), min_size=1, max_size=3))
 def test_native_rows_equal_the_reference(store: Store, batch: list[ExportTraceServiceRequest]) -> None:

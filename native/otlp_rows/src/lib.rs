@@ -168,14 +168,14 @@ impl Flattener {
         let rollout = typed.get(&self.rollout_id).filter(|v| !v.is_empty()).or_else(|| resource_get(&self.rollout_id)).unwrap_or("");
         w.str(rollout);
         let attempt = typed.get(&self.attempt).filter(|v| !v.is_empty()).or_else(|| resource_get(&self.attempt));
-        w.u32(attempt.and_then(|t| whole(t, u32::MAX as f64)).unwrap_or(0) as u32);
+        w.u32(attempt.and_then(|t| whole(t, 4_294_967_296.0)).unwrap_or(0) as u32);
         let agent = self.agent_keys.iter().find_map(|k| typed.get(k).filter(|v| !v.is_empty())).unwrap_or("");
         w.str(agent);
-        w.nullable_u64(typed.get(&self.model_version).and_then(|t| whole(t, i64::MAX as f64)));
+        w.nullable_u64(typed.get(&self.model_version).and_then(|t| whole(t, 9_223_372_036_854_775_808.0)));
         w.u32s(typed.prompt.as_deref().unwrap_or(&[]));
         w.u32s(typed.response.as_deref().unwrap_or(&[]));
         w.f32s(typed.logprobs.as_deref().unwrap_or(&[]));
-        let reward = self.reward_keys.iter().find_map(|k| typed.get(k)).and_then(|t| t.trim().parse::<f64>().ok());
+        let reward = self.reward_keys.iter().find_map(|k| typed.get(k)).and_then(strict_number);
         w.nullable_f64(reward);
     }
 }
@@ -253,10 +253,52 @@ fn floats(value: Option<&AnyValue>) -> Option<Vec<f32>> {
     }
 }
 
-/// Python's `int(float(text))` for a non-negative whole number up to `max`, else None.
-fn whole(text: &str, max: f64) -> Option<u64> {
-    let x: f64 = text.trim().parse().ok()?;
-    if x.is_finite() && x >= 0.0 && x.trunc() <= max { Some(x.trunc() as u64) } else { None }
+/// A finite decimal number written in ASCII: `[+-]digits[.digits][e[+-]digits]` between ASCII spaces (the
+/// same rule as `_number` in consumers/otlp_rows.py), else None.
+fn strict_number(text: &str) -> Option<f64> {
+    let t = text.trim_matches(|c: char| matches!(c, ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c'));
+    let b = t.as_bytes();
+    let digits = |mut i: usize| {
+        let start = i;
+        while i < b.len() && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        (i, i - start)
+    };
+    let mut i = if !b.is_empty() && (b[0] == b'+' || b[0] == b'-') { 1 } else { 0 };
+    let (after_int, int_digits) = digits(i);
+    i = after_int;
+    let mut frac_digits = 0;
+    if i < b.len() && b[i] == b'.' {
+        let (after_frac, n) = digits(i + 1);
+        i = after_frac;
+        frac_digits = n;
+    }
+    if int_digits + frac_digits == 0 {
+        return None;
+    }
+    if i < b.len() && (b[i] == b'e' || b[i] == b'E') {
+        i += 1;
+        if i < b.len() && (b[i] == b'+' || b[i] == b'-') {
+            i += 1;
+        }
+        let (after_exp, n) = digits(i);
+        if n == 0 {
+            return None;
+        }
+        i = after_exp;
+    }
+    if i != b.len() {
+        return None;
+    }
+    let x: f64 = t.parse().ok()?;
+    if x.is_finite() { Some(x) } else { None }
+}
+
+/// The whole part of a number when it is in [0, `bound`), else None (Python: `int(x) <= bound - 1`).
+fn whole(text: &str, bound: f64) -> Option<u64> {
+    let x = strict_number(text)?;
+    if x >= 0.0 && x.trunc() < bound { Some(x.trunc() as u64) } else { None }
 }
 
 #[pymodule]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from consumers import ConsumerOptions, ConsumersApp, SpanSink
 from infra.settings import FulmenSettings
 from infra.store import Store
 from producers.otlp_gateway import OtlpGateway, OtlpGatewaySettings
+from tests.polling import count_reaches
 
 
 @dataclass
@@ -25,12 +25,7 @@ class Pipeline:
 
     async def wait_spans(self, where: str, expected: int, timeout_s: float = 30) -> int:
         sql = f"SELECT count() FROM {self.store.database}.otel_traces WHERE {where}"
-        deadline = time.monotonic() + timeout_s
-        while True:
-            count = (await asyncio.to_thread(self.store.query, sql)).rows[0][0]
-            if count >= expected or time.monotonic() > deadline:
-                return count
-            await asyncio.sleep(0.1)
+        return await count_reaches(self.store, sql, expected, timeout_s)
 
 
 def gateway_settings(settings: FulmenSettings, **otlp: object) -> OtlpGatewaySettings:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -16,6 +15,7 @@ from infra.kafka.publish import EventPublisher
 from infra.settings import FulmenSettings
 from infra.store import Store
 from schemas import DeadLetterHeaders, RolloutEvent, RolloutStatus, TopicKey, topic_name
+from tests.polling import count_reaches
 
 pytestmark = pytest.mark.integration
 
@@ -49,12 +49,7 @@ async def publisher_for(settings: FulmenSettings) -> AsyncIterator[EventPublishe
 
 
 async def wait_rows(store: Store, sql: str, expected: int, timeout_s: float = 30) -> int:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        count = (await asyncio.to_thread(store.query, sql)).rows[0][0]
-        if count >= expected or time.monotonic() > deadline:
-            return count
-        await asyncio.sleep(0.1)
+    return await count_reaches(store, sql, expected, timeout_s)
 
 
 async def test_events_land_once_even_when_delivered_twice(settings: FulmenSettings, linked_store: Store) -> None:

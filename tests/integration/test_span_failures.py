@@ -29,6 +29,7 @@ from infra.store import RemoteReader, Store
 from schemas import DeadLetterHeaders, TopicKey, topic, topic_name
 from tests.conftest import free_port
 from tests.integration.span_pipeline import gateway_running, span_pipeline
+from tests.polling import count_reaches
 
 pytestmark = pytest.mark.integration
 
@@ -182,12 +183,7 @@ async def _wait_reader(port: int, timeout_s: float = 60) -> RemoteReader:
 
 async def _wait_count(reader: RemoteReader, marker: str, expected: int, timeout_s: float = 90) -> int:
     sql = f"SELECT count() FROM fulmen.otel_traces WHERE SpanAttributes['bench.marker'] = '{marker}'"
-    deadline = time.monotonic() + timeout_s
-    while True:
-        count = (await asyncio.to_thread(reader.query, sql)).rows[0][0]
-        if count >= expected or time.monotonic() > deadline:
-            return count
-        await asyncio.sleep(0.3)
+    return await count_reaches(reader, sql, expected, timeout_s, every_s=0.3)
 
 
 async def test_a_stopped_broker_means_503_and_the_exporter_retry_delivers(tmp_path: Path, store_path: Path) -> None:

@@ -43,7 +43,7 @@ lint: install
 
 # Re-resolve the pinned dependency set (run after editing pyproject.toml's dependencies).
 lock:
-	$(VENV)/bin/uv pip compile pyproject.toml --extra dev --python-version 3.11 -q -o requirements.lock
+	$(VENV)/bin/uv pip compile pyproject.toml --extra dev --extra frameworks --python-version 3.11 -q -o requirements.lock
 
 # Stop the local broker and forget local state (Kafka data, embedded store) under $FULMEN_HOME.
 clean-local: install

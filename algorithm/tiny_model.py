@@ -1,0 +1,138 @@
+"""A tiny chat model built offline: a Qwen2 causal LM from a config and a character-level tokenizer.
+
+Nothing can be downloaded from a model hub on the machines this project is tested on, so the demo, the tests
+and the benchmarks make their model here: :func:`build_tiny_model` writes a directory that
+``AutoTokenizer.from_pretrained`` and ``AutoModelForCausalLM.from_pretrained`` load like any Hugging Face
+model, with a chat template in the style of Qwen2.5 / Hermes (ChatML turns; tools listed in the system turn;
+a tool call written as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``).
+
+Tokenizer: one token per printable ASCII character, newline and tab; anything else is ``<unk>``. The ChatML
+markers are special tokens (skipped when decoding a reply); ``<tool_call>`` and ``</tool_call>`` are ordinary
+added tokens, so they survive decoding and the gateway can parse a tool call out of the text.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["CHAT_TEMPLATE", "TinyModelConfig", "build_tiny_model", "build_tiny_tokenizer"]
+
+PAD = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+UNK = "<unk>"
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+SPECIAL_TOKENS = (PAD, IM_START, IM_END, UNK)
+CHARACTERS = ["\n", "\t", *(chr(code) for code in range(32, 127))]
+
+# Jinja, rendered by transformers' apply_chat_template (trim_blocks and lstrip_blocks on, and `-}}`:
+# the template's own line breaks vanish, the text's come from `nl`). Kept compact: a character-level model pays for every prompt character.
+CHAT_TEMPLATE = """\
+{% set nl = "\\n" %}
+{% if tools or messages[0].role == "system" %}
+{{ "<|im_start|>system" ~ nl -}}
+{% if messages[0].role == "system" %}{{ messages[0].content }}{% endif %}
+{% if tools %}
+{{ nl ~ "Tools:" -}}
+{% for tool in tools %}
+{{ nl ~ ((tool.function if tool.function is defined else tool) | tojson) -}}
+{% endfor %}
+{{ nl ~ 'Call one as <tool_call>{"name": ..., "arguments": {...}}</tool_call>' -}}
+{% endif %}
+{{ "<|im_end|>" ~ nl -}}
+{% endif %}
+{% for message in messages if message.role != "system" %}
+{{ "<|im_start|>" ~ message.role ~ nl -}}
+{% if message.content is string %}{{ message.content -}}
+{% elif message.content %}{% for part in message.content %}{{ part.text }}{% endfor %}
+{% endif %}
+{% for call in message.tool_calls or [] %}
+{% set fn = call.function if call.function is defined else call %}
+{% set arguments = fn.arguments if fn.arguments is string else (fn.arguments | tojson) %}
+{{ '<tool_call>{"name": ' ~ (fn.name | tojson) ~ ', "arguments": ' ~ arguments ~ "}</tool_call>" -}}
+{% endfor %}
+{{ "<|im_end|>" ~ nl -}}
+{% endfor %}
+{% if add_generation_prompt %}{{ "<|im_start|>assistant" ~ nl }}{% endif %}
+"""
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """Shape of the model; the defaults (~0.9M parameters) learn 2-digit arithmetic on 2 CPU cores."""
+
+    hidden_size: int = 128
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 4
+    intermediate_size: int = 512
+    max_position_embeddings: int = 2048
+    seed: int = 0
+
+
+def build_tiny_tokenizer():  # -> transformers.PreTrainedTokenizerFast
+    """The character-level tokenizer with the chat template, built in memory."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: index for index, token in enumerate([*SPECIAL_TOKENS, *CHARACTERS])}
+    # BPE without merges = one token per character; Fuse joins the pieces back without separators.
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK, fuse_unk=False))
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token=None,
+        eos_token=IM_END,
+        pad_token=PAD,
+        unk_token=UNK,
+        additional_special_tokens=[IM_START],
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.add_tokens([TOOL_CALL_OPEN, TOOL_CALL_CLOSE])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def build_tiny_model(directory: Path | str, config: TinyModelConfig | None = None) -> Path:
+    """Write a tiny randomly initialised chat model and its tokenizer to ``directory``; returns the directory.
+
+    The result loads with ``from_pretrained(directory)``. Deterministic for a given ``config.seed``.
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    config = config or TinyModelConfig()
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tiny_tokenizer()
+    vocab_size = _round_up(len(tokenizer), 64)
+    model_config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(config.seed)
+    model = Qwen2ForCausalLM(model_config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id], pad_token_id=tokenizer.pad_token_id
+    )
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    (directory / "fulmen_tiny_model.json").write_text(json.dumps(config.__dict__, indent=2) + "\n")
+    return directory
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return (value + multiple - 1) // multiple * multiple

@@ -29,7 +29,8 @@ SPECIAL_TOKENS = (PAD, IM_START, IM_END, UNK)
 CHARACTERS = ["\n", "\t", *(chr(code) for code in range(32, 127))]
 
 # Jinja, rendered by transformers' apply_chat_template (trim_blocks and lstrip_blocks on, and `-}}`:
-# the template's own line breaks vanish, the text's come from `nl`). Kept compact: a character-level model pays for every prompt character.
+# the template's own line breaks vanish, the text's come from `nl`). Kept compact: a character-level model
+# pays for every character of the prompt.
 CHAT_TEMPLATE = """\
 {% set nl = "\\n" %}
 {% if tools or messages[0].role == "system" %}

@@ -6,9 +6,10 @@ and the benchmarks make their model here: :func:`build_tiny_model` writes a dire
 model, with a chat template in the style of Qwen2.5 / Hermes (ChatML turns; tools listed in the system turn;
 a tool call written as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``).
 
-Tokenizer: one token per printable ASCII character, newline and tab; anything else is ``<unk>``. The ChatML
-markers are special tokens (skipped when decoding a reply); ``<tool_call>`` and ``</tool_call>`` are ordinary
-added tokens, so they survive decoding and the gateway can parse a tool call out of the text.
+Tokenizer: byte-level with no merges, so one token per byte (one per character for ASCII text); any text
+round-trips. The ChatML markers are special tokens (skipped when decoding a reply); ``<tool_call>`` and
+``</tool_call>`` are ordinary added tokens, so they survive decoding and the gateway can parse a tool call out
+of the text.
 """
 
 from __future__ import annotations
@@ -22,11 +23,8 @@ __all__ = ["CHAT_TEMPLATE", "TinyModelConfig", "build_tiny_model", "build_tiny_t
 PAD = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
-UNK = "<unk>"
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
-SPECIAL_TOKENS = (PAD, IM_START, IM_END, UNK)
-CHARACTERS = ["\n", "\t", *(chr(code) for code in range(32, 127))]
 
 # Jinja, rendered by transformers' apply_chat_template (trim_blocks and lstrip_blocks on, and `-}}`:
 # the template's own line breaks vanish, the text's come from `nl`). Kept compact: a character-level model
@@ -63,7 +61,7 @@ CHAT_TEMPLATE = """\
 
 @dataclass(frozen=True)
 class TinyModelConfig:
-    """Shape of the model; the defaults (~0.9M parameters) learn 2-digit arithmetic on 2 CPU cores."""
+    """Shape of the model; the defaults (~1M parameters) learn 2-digit arithmetic on 2 CPU cores."""
 
     hidden_size: int = 128
     num_hidden_layers: int = 4
@@ -74,21 +72,23 @@ class TinyModelConfig:
     seed: int = 0
 
 
-def build_tiny_tokenizer():  # -> transformers.PreTrainedTokenizerFast
-    """The character-level tokenizer with the chat template, built in memory."""
-    from tokenizers import Tokenizer, decoders, models
-    from transformers import PreTrainedTokenizerFast
+def build_tiny_tokenizer():  # -> transformers.PreTrainedTokenizerBase
+    """The byte-level tokenizer with the chat template, built in memory.
 
-    vocab = {token: index for index, token in enumerate([*SPECIAL_TOKENS, *CHARACTERS])}
-    # BPE without merges = one token per character; Fuse joins the pieces back without separators.
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK, fuse_unk=False))
-    core.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        bos_token=None,
+    It is a ``Qwen2Tokenizer`` whose vocabulary is the 256 byte symbols and no merges: saved and loaded again
+    (``AutoTokenizer`` picks the Qwen2 class from the model's config), it splits text the same way.
+    """
+    from transformers import Qwen2Tokenizer
+
+    vocab = {token: index for index, token in enumerate([PAD, IM_START, IM_END])}
+    for symbol in _byte_symbols():
+        vocab[symbol] = len(vocab)
+    tokenizer = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=[],
+        unk_token=None,
         eos_token=IM_END,
         pad_token=PAD,
-        unk_token=UNK,
         additional_special_tokens=[IM_START],
         clean_up_tokenization_spaces=False,
     )
@@ -96,6 +96,20 @@ def build_tiny_tokenizer():  # -> transformers.PreTrainedTokenizerFast
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.padding_side = "left"
     return tokenizer
+
+
+def _byte_symbols() -> list[str]:
+    """The printable stand-in of each byte value, as byte-level BPE tokenizers (GPT-2, Qwen) spell them:
+    printable Latin-1 bytes stand for themselves, the others are shifted to code points from 256 up."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    symbols, shifted = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            symbols[byte] = chr(byte)
+        else:
+            symbols[byte] = chr(256 + shifted)
+            shifted += 1
+    return [symbols[byte] for byte in range(256)]
 
 
 def build_tiny_model(directory: Path | str, config: TinyModelConfig | None = None) -> Path:

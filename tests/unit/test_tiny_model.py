@@ -54,4 +54,14 @@ def test_reply_decoding_keeps_tool_call_markers_and_drops_chat_markers() -> None
     tokenizer = build_tiny_tokenizer()
     ids = tokenizer('<tool_call>{"name": "f"}</tool_call> ok<|im_end|>', add_special_tokens=False)["input_ids"]
     assert tokenizer.decode(ids, skip_special_tokens=True) == '<tool_call>{"name": "f"}</tool_call> ok'
-    assert tokenizer.decode(tokenizer("a é", add_special_tokens=False)["input_ids"]) == "a <unk>"
+    assert tokenizer.decode(tokenizer("a é ✓", add_special_tokens=False)["input_ids"]) == "a é ✓"
+
+
+def test_saved_tokenizer_loads_back_identical(tmp_path: Path) -> None:
+    directory = build_tiny_model(tmp_path / "tiny")
+    loaded = AutoTokenizer.from_pretrained(directory)
+    built = build_tiny_tokenizer()
+    text = 'a b\n\t{"x": 1}  é ✓ <tool_call>z</tool_call><|im_end|>'
+    assert loaded(text, add_special_tokens=False)["input_ids"] == built(text, add_special_tokens=False)["input_ids"]
+    assert loaded.decode(loaded(text, add_special_tokens=False)["input_ids"]) == text
+    assert loaded.chat_template == built.chat_template

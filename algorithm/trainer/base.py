@@ -1,0 +1,78 @@
+"""The interface every trainer backend implements (torch now, verl later), and the metrics of one step.
+
+Lifecycle of a backend: build it from its config (loads the model, optimizer and, with ``kl_coef > 0``, the
+reference policy); optionally warm it up with :meth:`TrainerBackend.sft_step`; then for each batch of samples
+call :meth:`TrainerBackend.step` (one GRPO/PPO update, possibly several epochs over the batch) and
+:meth:`TrainerBackend.save` (a checkpoint the LLM gateway can load as a new model version).
+
+Errors: ``ConfigurationError`` from the constructor for a bad setting (the message says what to set);
+``PoisonInputError`` from ``step``/``sft_step`` for a sample that can never be trained on (too long, empty);
+``ValueError`` for tensors of the wrong shape (a bug in the caller).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from algorithm.batch import Sample, TrainBatch
+
+__all__ = ["StepMetrics", "TrainerBackend"]
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """What one ``step`` or ``sft_step`` did. Means are token-weighted over every micro-batch and epoch.
+
+    ``loss``: the full-batch loss, averaged over epochs (SFT: mean cross-entropy of the response tokens);
+    ``clip_fraction``: share of response tokens whose PPO ratio was clipped; ``kl``: k3 KL(policy || reference)
+    per token (0 without a reference); ``approx_kl``: k1 KL(old || policy), how far the epochs moved the policy;
+    ``ratio_mean``: mean importance ratio; ``grad_norm``: gradient norm before clipping, averaged over epochs;
+    ``tokens``: response tokens in the batch (those with loss); ``input_tokens``: non-padding tokens;
+    ``tokens_per_s``: ``input_tokens * epochs / train_s`` (each goes through a forward and a backward pass);
+    ``train_s``: wall time of the whole step, logprob passes included; ``skipped_updates``: epochs whose
+    update was skipped because the gradient was not finite.
+    """
+
+    step: int
+    loss: float
+    grad_norm: float
+    tokens: int
+    input_tokens: int
+    tokens_per_s: float
+    train_s: float
+    epochs: int = 1
+    clip_fraction: float = 0.0
+    kl: float = 0.0
+    approx_kl: float = 0.0
+    ratio_mean: float = 1.0
+    skipped_updates: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        """All fields by name (for logs and the ``TrainStep`` event's fields and ``extra``)."""
+        return {name: float(value) for name, value in asdict(self).items()}
+
+
+@runtime_checkable
+class TrainerBackend(Protocol):
+    """A policy being trained: RL steps, supervised steps, checkpoints."""
+
+    def step(self, batch: TrainBatch | Sequence[Sample]) -> StepMetrics:
+        """One policy-gradient update on ``batch`` (samples are collated first; their advantages are final).
+
+        Rows without recorded old logprobs get them from the current model before the update.
+        """
+        ...
+
+    def sft_step(self, batch: TrainBatch | Sequence[Sample]) -> StepMetrics:
+        """One supervised update: cross-entropy on the response tokens only (token mean); advantages ignored."""
+        ...
+
+    def save(self, directory: Path | str) -> Path:
+        """Write the current policy as a full Hugging Face model directory (safetensors weights, config,
+        tokenizer) that ``AutoModelForCausalLM.from_pretrained`` loads (the gateway's format "hf"); returns it.
+        A LoRA backend writes the MERGED model (base weights + adapter), not an adapter directory.
+        """
+        ...

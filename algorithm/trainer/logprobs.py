@@ -1,0 +1,77 @@
+"""Token logprobs of a causal LM: ``token_logprobs(model, input_ids, attention_mask) -> [B, T]``.
+
+Alignment: position t holds ``log p(input_ids[t] | input_ids[:t])``; position 0 (predicted by nothing) and
+padding positions hold 0. This is the layout of :class:`algorithm.batch.TrainBatch` (``old_logprobs``).
+
+Memory: the model's logits ``[B, T, V]`` are the big tensor (V is 150k for Qwen). A plain
+``log_softmax(logits.float()).gather(...)`` would materialise a float32 ``[B, T, V]`` copy and keep it for the
+backward pass. :func:`gather_logprobs` instead computes, in float32 and a chunk of rows at a time, only the
+per-row ``logsumexp`` and the target logit; its backward recomputes the softmax chunk by chunk. So beyond the
+logits themselves (which the model produces anyway) it holds ``[B, T]`` floats plus one float32 chunk.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["CHUNK_ELEMENTS", "gather_logprobs", "token_logprobs"]
+
+CHUNK_ELEMENTS = 1 << 25  # float32 elements per chunk (128 MiB): rows per chunk = CHUNK_ELEMENTS // vocab
+
+
+class _GatherLogprobs(torch.autograd.Function):
+    """``out[n] = logits[n, target[n]] - logsumexp(logits[n])`` over rows n of a ``[N, V]`` view, chunked."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor) -> Tensor:  # type: ignore[override]
+        rows = max(1, CHUNK_ELEMENTS // logits.shape[-1])
+        out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        lse = torch.empty_like(out)
+        for start in range(0, logits.shape[0], rows):
+            chunk = logits[start : start + rows].float()
+            lse[start : start + rows] = torch.logsumexp(chunk, dim=-1)
+            picked = chunk.gather(1, targets[start : start + rows, None]).squeeze(1)
+            out[start : start + rows] = picked - lse[start : start + rows]
+        ctx.save_for_backward(logits, targets, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        logits, targets, lse = ctx.saved_tensors
+        rows = max(1, CHUNK_ELEMENTS // logits.shape[-1])
+        grad = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], rows):
+            stop = start + rows
+            g = grad_out[start:stop, None].float()
+            chunk_grad = torch.exp(logits[start:stop].float() - lse[start:stop, None]) * -g  # -softmax * g
+            chunk_grad.scatter_add_(1, targets[start:stop, None], g)  # + onehot(target) * g
+            grad[start:stop] = chunk_grad.to(grad.dtype)
+        return grad, None
+
+
+def gather_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
+    """``log_softmax(logits)[..., target]`` as float32 ``[...]`` for logits ``[..., V]``, targets ``[...]`` long.
+
+    Equal to ``torch.log_softmax(logits.float(), -1).gather(-1, targets[..., None])[..., 0]`` (values and
+    gradients) without materialising the float32 ``log_softmax``.
+    """
+    if logits.shape[:-1] != targets.shape:
+        raise ValueError(f"logits [..., V] and targets [...] disagree: {list(logits.shape)}, {list(targets.shape)}")
+    flat = _GatherLogprobs.apply(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    return flat.view(targets.shape)
+
+
+def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """Logprob of every token under ``model``: float32 ``[B, T]``, 0 at position 0 and on padding.
+
+    ``input_ids``, ``attention_mask``: ``[B, T]``, right-padded. Gradient flows to the model unless called
+    under ``torch.no_grad()``. Runs the model in whatever autocast context the caller set up.
+    """
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    # logits[:, t] predicts token t + 1; the last position predicts nothing we keep (its target is a dummy).
+    next_tokens = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)
+    with torch.autocast(device_type=logits.device.type, enabled=False):
+        predicted = gather_logprobs(logits, next_tokens)
+    shifted = torch.cat([predicted.new_zeros(predicted.shape[0], 1), predicted[:, :-1]], dim=1)
+    return shifted * attention_mask.to(shifted.dtype)

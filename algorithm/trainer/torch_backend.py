@@ -1,0 +1,388 @@
+"""The torch trainer backend: a Hugging Face causal LM in one process (CPU or one GPU), optional LoRA.
+
+:class:`TorchTrainer` implements :class:`algorithm.trainer.base.TrainerBackend`. One ``step``:
+
+1. collate the samples (right-padded :class:`TrainBatch`), move them to the device, split into micro-batches;
+2. fill the old logprobs the inference backend did not record (all of them with ``recompute_old_logprobs``)
+   from the current model, without gradient, before any update; with ``kl_coef > 0`` compute the reference
+   logprobs the same way (a frozen copy of the initial model; with LoRA the same model, adapter disabled);
+3. ``epochs_per_batch`` times: zero the gradients, run every micro-batch forward and backward with the loss
+   reduced relative to the WHOLE batch (so the accumulated gradient is the full-batch gradient), clip the
+   gradient norm, take one AdamW step.
+
+Precision: weights and optimizer state stay float32; ``dtype`` is the compute dtype of the forward pass
+(autocast). bfloat16 weights would round away AdamW updates smaller than 1/256 of a weight.
+
+Imports torch, transformers and peft only (no pydantic): it runs on a GPU machine with nothing else installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from algorithm.batch import Sample, TrainBatch, collate
+from algorithm.errors import ConfigurationError
+from algorithm.losses import (
+    LossAggregation,
+    PolicyLoss,
+    PolicyLossMetrics,
+    aggregate,
+    batch_normalizer,
+    get_aggregation,
+    get_policy_loss_fn,
+)
+from algorithm.trainer.base import StepMetrics
+from algorithm.trainer.logprobs import token_logprobs
+
+__all__ = ["LoraSettings", "TorchTrainer", "TorchTrainerConfig"]
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """A LoRA adapter (peft): rank ``r``, scale ``alpha / r``, dropout, and the modules it wraps."""
+
+    r: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] | str = "all-linear"
+
+
+@dataclass(frozen=True)
+class TorchTrainerConfig:
+    """Settings of :class:`TorchTrainer`; checked on creation (ConfigurationError says what to set).
+
+    ``device``: "auto" (cuda when available), "cpu", "cuda" or "cuda:N". ``dtype``: compute dtype, "auto"
+    (bfloat16 on a GPU that supports it, else float32), "float32" or "bfloat16". ``max_grad_norm``: None
+    turns clipping off. ``kl_coef``: 0 loads no reference model. ``lora``: None trains every weight.
+    ``max_len``: longest prompt + response accepted by ``collate`` (None: no limit).
+    """
+
+    model_path: Path | str
+    device: str = "auto"
+    dtype: str = "auto"
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float | None = 1.0
+    micro_batch_size: int = 8
+    epochs_per_batch: int = 1
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    policy_loss: str = PolicyLoss.PPO_CLIP
+    aggregation: str = LossAggregation.TOKEN_MEAN
+    kl_coef: float = 0.0
+    lora: LoraSettings | None = None
+    seed: int = 0
+    max_len: int | None = None
+    recompute_old_logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        problems = [
+            text
+            for broken, text in (
+                (self.lr <= 0, f"lr must be > 0 (got {self.lr})"),
+                (self.micro_batch_size < 1, f"micro_batch_size must be >= 1 (got {self.micro_batch_size})"),
+                (self.epochs_per_batch < 1, f"epochs_per_batch must be >= 1 (got {self.epochs_per_batch})"),
+                (not 0 < self.clip_eps < 1, f"clip_eps must be in (0, 1) (got {self.clip_eps})"),
+                (self.kl_coef < 0, f"kl_coef must be >= 0 (got {self.kl_coef})"),
+                (self.max_grad_norm is not None and self.max_grad_norm <= 0, "max_grad_norm must be > 0 or None"),
+                (self.dtype not in ("auto", *_DTYPES), f"dtype must be auto, float32 or bfloat16 (got {self.dtype})"),
+                (self.lora is not None and self.lora.r < 1, "lora.r must be >= 1"),
+            )
+            if broken
+        ]
+        if problems:
+            raise ConfigurationError("TorchTrainerConfig: " + "; ".join(problems))
+        get_policy_loss_fn(self.policy_loss)  # ConfigurationError listing the valid names
+        get_aggregation(self.aggregation)
+
+
+class TorchTrainer:
+    """GRPO/PPO-clip and supervised steps on a Hugging Face causal LM; see the module docstring."""
+
+    def __init__(self, config: TorchTrainerConfig) -> None:
+        self.config = config
+        self.device = _resolve_device(config.device)
+        self.compute_dtype = _resolve_dtype(config.dtype, self.device)
+        torch.manual_seed(config.seed)
+        self.tokenizer = _load_tokenizer(config.model_path)
+        self.model = _load_model(config, self.device)
+        self.reference = _Reference.build(self.model, config) if config.kl_coef > 0 else None
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.trainable, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+        )
+        self.pad_id = _pad_id(self.tokenizer, self.model)
+        self.policy_loss = get_policy_loss_fn(config.policy_loss)
+        self.steps = 0
+
+    # -- the TrainerBackend interface -------------------------------------------------------------------
+
+    def step(self, batch: TrainBatch | Sequence[Sample]) -> StepMetrics:
+        """One policy update on ``batch`` (see the module docstring); returns its metrics."""
+        started = time.perf_counter()
+        batch = self._prepare(batch)
+        normalizer = batch_normalizer(batch.response_mask, self.config.aggregation)
+        micro = [self._with_old_logprobs(mb) for mb in batch.split(self.config.micro_batch_size)]
+        refs = [self.reference.logprobs(mb, self._autocast) for mb in micro] if self.reference else [None] * len(micro)
+        options = {
+            "clip_eps": self.config.clip_eps,
+            "clip_eps_high": self.config.clip_eps_high,
+            "aggregation": self.config.aggregation,
+            "normalizer": normalizer,
+            "kl_coef": self.config.kl_coef,
+        }
+
+        def loss_of(index: int, mb: TrainBatch, logprobs: Tensor) -> tuple[Tensor, PolicyLossMetrics]:
+            return self.policy_loss(
+                logprobs, mb.old_logprobs, mb.advantages, mb.response_mask, ref_logprobs=refs[index], **options
+            )
+
+        return self._train(batch, micro, loss_of, started)
+
+    def sft_step(self, batch: TrainBatch | Sequence[Sample]) -> StepMetrics:
+        """One supervised update: mean negative log-likelihood of the response tokens of the whole batch."""
+        started = time.perf_counter()
+        batch = self._prepare(batch)
+        normalizer = batch_normalizer(batch.response_mask, LossAggregation.TOKEN_MEAN)
+
+        def loss_of(index: int, mb: TrainBatch, logprobs: Tensor) -> tuple[Tensor, None]:
+            return -aggregate(logprobs, mb.response_mask, LossAggregation.TOKEN_MEAN, normalizer), None
+
+        return self._train(batch, batch.split(self.config.micro_batch_size), loss_of, started, epochs=1)
+
+    def save(self, directory: Path | str) -> Path:
+        """Write a full model directory (float32 safetensors, config, tokenizer); with LoRA, the merged model.
+
+        Merging works on a copy (the adapter keeps training); it briefly needs a second copy of the weights.
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if self.config.lora is None:
+            self.model.save_pretrained(directory)
+        else:
+            copy.deepcopy(self.model).merge_and_unload().save_pretrained(directory)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(directory)
+        logger.info("saved model after step %d to %s", self.steps, directory)
+        return directory
+
+    # -- internals -----------------------------------------------------------------------------------------
+
+    def _prepare(self, batch: TrainBatch | Sequence[Sample]) -> TrainBatch:
+        if not isinstance(batch, TrainBatch):
+            batch = collate(batch, self.pad_id, self.config.max_len)
+        return batch.to(self.device)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        enabled = self.compute_dtype != torch.float32
+        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype, enabled=enabled)
+
+    @torch.no_grad()
+    def _with_old_logprobs(self, mb: TrainBatch) -> TrainBatch:
+        """Fill the old logprobs the batch lacks (all, with recompute_old_logprobs) from the current model."""
+        overwrite = self.config.recompute_old_logprobs
+        if not overwrite and bool(mb.has_old_logprobs.all()):
+            return mb
+        self.model.eval()
+        with self._autocast():
+            computed = token_logprobs(self.model, mb.input_ids, mb.attention_mask)
+        return mb.with_old_logprobs(computed, overwrite=overwrite)
+
+    def _train(
+        self,
+        batch: TrainBatch,
+        micro: list[TrainBatch],
+        loss_of: Callable[[int, TrainBatch, Tensor], tuple[Tensor, PolicyLossMetrics | None]],
+        started: float,
+        epochs: int | None = None,
+    ) -> StepMetrics:
+        """Run ``epochs`` updates (each: accumulate over ``micro``, clip, AdamW step) and gather the metrics."""
+        epochs = epochs or self.config.epochs_per_batch
+        tally = _Tally()
+        for _ in range(epochs):
+            self.model.train()
+            self.optimizer.zero_grad(set_to_none=True)
+            for index, mb in enumerate(micro):
+                with self._autocast():
+                    logprobs = token_logprobs(self.model, mb.input_ids, mb.attention_mask)
+                loss, metrics = loss_of(index, mb, logprobs)
+                loss.backward()
+                tally.add_micro(loss, metrics)
+            tally.add_update(self._clip_and_step())
+        self.model.eval()
+        self.steps += 1
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        train_s = time.perf_counter() - started
+        result = tally.metrics(self.steps, batch, epochs, train_s)
+        logger.info(
+            "trained step %d: loss=%.4f grad_norm=%.3f clip=%.3f kl=%.4f tokens=%d in %.2fs",
+            result.step, result.loss, result.grad_norm, result.clip_fraction, result.kl, result.tokens, train_s,
+        )  # fmt: skip
+        return result
+
+    def _clip_and_step(self) -> float | None:
+        """Clip the gradient, take the optimizer step; the pre-clip norm, or None when it was skipped."""
+        max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, max_norm))
+        if not math.isfinite(norm):
+            logger.warning("gradient norm is %s at step %d: update skipped", norm, self.steps + 1)
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        self.optimizer.step()
+        return norm
+
+
+class _Tally:
+    """Sums of the per-micro-batch losses and token-weighted metrics over one step."""
+
+    def __init__(self) -> None:
+        self.loss = 0.0
+        self.weighted: dict[str, float] = {"clip_fraction": 0.0, "approx_kl": 0.0, "ref_kl": 0.0, "ratio_mean": 0.0}
+        self.weight = 0.0
+        self.norms: list[float] = []
+        self.skipped = 0
+
+    def add_micro(self, loss: Tensor, metrics: PolicyLossMetrics | None) -> None:
+        self.loss += float(loss.detach())
+        if metrics is not None:
+            values = metrics.as_floats()
+            for name in self.weighted:
+                self.weighted[name] += values[name] * values["tokens"]
+            self.weight += values["tokens"]
+
+    def add_update(self, norm: float | None) -> None:
+        if norm is None:
+            self.skipped += 1
+        else:
+            self.norms.append(norm)
+
+    def metrics(self, step: int, batch: TrainBatch, epochs: int, train_s: float) -> StepMetrics:
+        mean = {name: total / self.weight if self.weight else 0.0 for name, total in self.weighted.items()}
+        input_tokens = batch.input_tokens
+        return StepMetrics(
+            step=step,
+            loss=self.loss / epochs,
+            grad_norm=sum(self.norms) / len(self.norms) if self.norms else math.nan,
+            tokens=batch.response_tokens,
+            input_tokens=input_tokens,
+            tokens_per_s=input_tokens * epochs / train_s if train_s > 0 else 0.0,
+            train_s=train_s,
+            epochs=epochs,
+            clip_fraction=mean["clip_fraction"],
+            kl=mean["ref_kl"],
+            approx_kl=mean["approx_kl"],
+            ratio_mean=mean["ratio_mean"] if self.weight else 1.0,
+            skipped_updates=self.skipped,
+        )
+
+
+class _Reference:
+    """The reference policy for the KL penalty: a frozen copy of the initial model, or (LoRA) the base model
+    reached by disabling the adapter. ``logprobs(mb, autocast)`` -> ``[B, T]`` float32, no gradient."""
+
+    def __init__(self, model: torch.nn.Module, disable: Callable[[], contextlib.AbstractContextManager]) -> None:
+        self.model = model
+        self.disable = disable
+
+    @classmethod
+    def build(cls, model: torch.nn.Module, config: TorchTrainerConfig) -> _Reference:
+        if config.lora is not None:
+            return cls(model, model.disable_adapter)
+        frozen = copy.deepcopy(model).eval()
+        frozen.requires_grad_(False)
+        return cls(frozen, contextlib.nullcontext)
+
+    @torch.no_grad()
+    def logprobs(self, mb: TrainBatch, autocast: Callable[[], contextlib.AbstractContextManager]) -> Tensor:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self.disable(), autocast():
+                return token_logprobs(self.model, mb.input_ids, mb.attention_mask)
+        finally:
+            self.model.train(was_training)
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise ConfigurationError(f"device {name!r} is not a torch device; use auto, cpu, cuda or cuda:N") from error
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigurationError(f"device {name!r} asked for, but torch sees no CUDA GPU; use device='cpu'")
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigurationError(f"device {name!r} is not supported; use auto, cpu, cuda or cuda:N")
+    return device
+
+
+def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    return torch.bfloat16 if bf16 else torch.float32
+
+
+def _load_tokenizer(path: Path | str):  # -> transformers.PreTrainedTokenizerBase | None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as error:
+        logger.warning("no tokenizer loadable from %s (%s): checkpoints will have none", path, error)
+        return None
+
+
+def _load_model(config: TorchTrainerConfig, device: torch.device) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32)
+    except OSError as error:
+        raise ConfigurationError(f"cannot load a causal LM from model_path {config.model_path!s}: {error}") from error
+    model.to(device)
+    if config.lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        lora = config.lora
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=lora.r,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=lora.target_modules
+                if isinstance(lora.target_modules, str)
+                else list(lora.target_modules),
+                task_type="CAUSAL_LM",
+            ),
+        )
+    return model.eval()
+
+
+def _pad_id(tokenizer, model: torch.nn.Module) -> int:
+    """The tokenizer's pad id, else the model config's pad or eos id, else 0 (padding is masked anyway)."""
+    config = model.config
+    for candidate in (getattr(tokenizer, "pad_token_id", None), config.pad_token_id, config.eos_token_id):
+        if isinstance(candidate, list):
+            candidate = candidate[0] if candidate else None
+        if candidate is not None:
+            return int(candidate)
+    return 0

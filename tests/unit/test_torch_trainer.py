@@ -1,0 +1,241 @@
+"""The torch trainer on a tiny Qwen2 (CPU): every weight trains, accumulation is exact, LoRA, KL, SFT, save."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from algorithm.advantages import compute_advantages, encode_group_ids
+from algorithm.batch import Sample, collate
+from algorithm.errors import ConfigurationError, PoisonInputError
+from algorithm.tiny_model import TinyModelConfig, build_tiny_model
+from algorithm.trainer import TrainerBackend, token_logprobs
+from algorithm.trainer import logprobs as logprobs_module
+from algorithm.trainer.logprobs import gather_logprobs
+from algorithm.trainer.torch_backend import LoraSettings, TorchTrainer, TorchTrainerConfig
+
+TINY = TinyModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=128)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", TINY)
+
+
+def make_samples(seed: int, groups: int = 3, group_size: int = 4) -> list[Sample]:
+    """GRPO groups: same prompt per group, responses of different lengths, binary rewards -> advantages."""
+    rng = random.Random(seed)
+    samples, rewards, keys = [], [], []
+    for group in range(groups):
+        prompt = [rng.randrange(5, 100) for _ in range(rng.randint(2, 9))]
+        for _ in range(group_size):
+            response = [rng.randrange(5, 100) for _ in range(rng.randint(1, 12))]
+            samples.append(Sample(prompt, response, group_id=f"g{group}"))
+            rewards.append(float(rng.random() < 0.5))
+            keys.append(f"g{group}")
+        rewards[-1], rewards[-2] = 1.0, 0.0  # every group has both outcomes
+    advantages = compute_advantages("grpo", torch.tensor(rewards), encode_group_ids(keys)).tolist()
+    return [
+        Sample(s.prompt_token_ids, s.response_token_ids, a, group_id=s.group_id)
+        for s, a in zip(samples, advantages, strict=True)
+    ]
+
+
+def make_trainer(model_dir: Path, **overrides: object) -> TorchTrainer:
+    settings = {"device": "cpu", "dtype": "float32", "lr": 1e-3, "micro_batch_size": 4, **overrides}
+    return TorchTrainer(TorchTrainerConfig(model_dir, **settings))
+
+
+def trainable(trainer: TorchTrainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+def test_torch_trainer_implements_the_backend_protocol(model_dir: Path) -> None:
+    assert isinstance(make_trainer(model_dir), TrainerBackend)
+
+
+def test_one_grpo_step_changes_every_trainable_parameter(model_dir: Path) -> None:
+    trainer = make_trainer(model_dir)
+    before = trainable(trainer)
+    metrics = trainer.step(make_samples(0))
+    unchanged = [n for n, p in trainer.model.named_parameters() if torch.equal(p.detach(), before[n])]
+    assert unchanged == []
+    assert metrics.step == 1 and metrics.skipped_updates == 0 and metrics.grad_norm > 0
+    assert metrics.tokens == sum(len(s.response_token_ids) for s in make_samples(0))
+    assert metrics.tokens_per_s > 0 and metrics.train_s > 0
+    assert metrics.ratio_mean == pytest.approx(1.0) and metrics.clip_fraction == 0.0  # one epoch: on-policy
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean"])
+def test_gradient_accumulation_equals_one_large_batch(model_dir: Path, aggregation: str) -> None:
+    samples = make_samples(1)  # 12 samples of ragged lengths
+    whole = make_trainer(model_dir, lr=1e-6, micro_batch_size=12, aggregation=aggregation)
+    pieces = make_trainer(model_dir, lr=1e-6, micro_batch_size=5, aggregation=aggregation)  # 5 + 5 + 2 rows
+    whole_metrics, pieces_metrics = whole.step(samples), pieces.step(samples)
+    assert pieces_metrics.loss == pytest.approx(whole_metrics.loss, rel=1e-5, abs=1e-7)
+    assert pieces_metrics.grad_norm == pytest.approx(whole_metrics.grad_norm, rel=1e-5)
+    for (name, a), b in zip(whole.model.named_parameters(), pieces.model.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=f"gradient of {name}")
+        torch.testing.assert_close(b.detach(), a.detach(), rtol=0, atol=1e-6, msg=f"weight {name}")
+
+
+def test_missing_old_logprobs_are_computed_before_the_update(model_dir: Path) -> None:
+    samples = make_samples(2)
+    recorded = make_trainer(model_dir, epochs_per_batch=2)
+    batch = collate(samples, recorded.pad_id)
+    with torch.no_grad():
+        old = token_logprobs(recorded.model, batch.input_ids, batch.attention_mask)
+    with_logprobs = [
+        Sample(
+            s.prompt_token_ids, s.response_token_ids, s.advantage, old[i, len(s.prompt_token_ids) : s.length].tolist()
+        )
+        for i, s in enumerate(samples)
+    ]
+    computed = make_trainer(model_dir, epochs_per_batch=2)
+    first, second = recorded.step(with_logprobs), computed.step(samples)
+    assert first.loss == pytest.approx(second.loss, rel=1e-5)
+    assert first.approx_kl == pytest.approx(second.approx_kl, rel=1e-4, abs=1e-7)
+    for a, b in zip(recorded.model.parameters(), computed.model.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-3, atol=1e-6)  # of the second epoch
+    assert second.approx_kl != 0.0  # the second epoch moved away from the old policy
+
+
+def test_lora_trains_only_the_adapter_and_saves_a_merged_model(model_dir: Path, tmp_path: Path) -> None:
+    trainer = make_trainer(model_dir, lora=LoraSettings(r=4, alpha=8), kl_coef=0.05)
+    frozen = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
+    adapter = trainable(trainer)
+    assert adapter and all("lora_" in name for name in adapter)
+    for seed in (3, 4):  # lora_B starts at 0, so lora_A only gets a gradient from the second step on
+        trainer.step(make_samples(seed))
+    for name, param in trainer.model.named_parameters():
+        if name in frozen:
+            assert torch.equal(param.detach(), frozen[name]), f"frozen {name} changed"
+        else:
+            assert not torch.equal(param.detach(), adapter[name]), f"adapter {name} did not train"
+    saved = trainer.save(tmp_path / "merged")
+    assert not (saved / "adapter_config.json").exists() and (saved / "model.safetensors").exists()
+    reloaded = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32).eval()
+    assert not any("lora" in name for name, _ in reloaded.named_parameters())
+    ids = collate(make_samples(5), trainer.pad_id).input_ids
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, trainer.model(input_ids=ids).logits, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("lora", [None, LoraSettings(r=4)], ids=["full", "lora"])
+def test_kl_to_the_reference_is_zero_at_first_and_positive_after_a_step(
+    model_dir: Path, lora: LoraSettings | None
+) -> None:
+    trainer = make_trainer(model_dir, kl_coef=0.1, lora=lora)
+    first = trainer.step(make_samples(6))
+    second = trainer.step(make_samples(7))
+    assert first.kl == pytest.approx(0.0, abs=1e-9)
+    assert second.kl > 1e-6
+
+
+def test_no_reference_model_without_kl(model_dir: Path) -> None:
+    assert make_trainer(model_dir).reference is None
+    assert make_trainer(model_dir).step(make_samples(8)).kl == 0.0
+
+
+def test_sft_step_lowers_the_loss_on_a_repeated_batch(model_dir: Path) -> None:
+    trainer = make_trainer(model_dir, lr=3e-3)
+    samples = make_samples(9)
+    losses = [trainer.sft_step(samples).loss for _ in range(8)]
+    assert losses[-1] < 0.8 * losses[0]
+    assert losses[0] == pytest.approx(-_mean_response_logprob(make_trainer(model_dir), samples), rel=1e-5)
+
+
+def _mean_response_logprob(trainer: TorchTrainer, samples: list[Sample]) -> float:
+    batch = collate(samples, trainer.pad_id)
+    with torch.no_grad():
+        logprobs = token_logprobs(trainer.model, batch.input_ids, batch.attention_mask)
+    return float((logprobs * batch.response_mask).sum() / batch.response_mask.sum())
+
+
+def test_save_reloads_with_identical_logits(model_dir: Path, tmp_path: Path) -> None:
+    trainer = make_trainer(model_dir)
+    trainer.step(make_samples(10))
+    saved = trainer.save(tmp_path / "v1")
+    assert (saved / "config.json").exists() and (saved / "tokenizer.json").exists()
+    reloaded = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32).eval()
+    ids = collate(make_samples(11), trainer.pad_id).input_ids
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids).logits, trainer.model(input_ids=ids).logits)
+
+
+def test_over_length_sample_is_poison(model_dir: Path) -> None:
+    trainer = make_trainer(model_dir, max_len=8)
+    with pytest.raises(PoisonInputError, match="> max_len 8"):
+        trainer.step([Sample([5] * 6, [6] * 3, advantage=1.0)])
+
+
+def test_configuration_errors_say_what_to_set(model_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=r"lr must be > 0.*micro_batch_size must be >= 1"):
+        TorchTrainerConfig(model_dir, lr=0, micro_batch_size=0)
+    with pytest.raises(ConfigurationError, match="valid: token_mean, seq_mean"):
+        TorchTrainerConfig(model_dir, aggregation="mean")
+    with pytest.raises(ConfigurationError, match="dtype must be auto, float32 or bfloat16"):
+        TorchTrainerConfig(model_dir, dtype="float16")
+    with pytest.raises(ConfigurationError, match="cannot load a causal LM"):
+        TorchTrainer(TorchTrainerConfig(tmp_path / "nothing-here", device="cpu"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigurationError, match="no CUDA GPU; use device='cpu'"):
+            TorchTrainer(TorchTrainerConfig(model_dir, device="cuda"))
+
+
+def test_token_logprobs_match_log_softmax_and_ignore_padding(model_dir: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    batch = collate(make_samples(12), pad_id=0)
+    with torch.no_grad():
+        got = token_logprobs(model, batch.input_ids, batch.attention_mask)
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        expected = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, batch.input_ids[:, 1:, None])[..., 0]
+        alone = token_logprobs(model, batch.input_ids[2:3, : batch.input_tokens], batch.attention_mask[2:3])
+    assert got.dtype == torch.float32 and got.shape == batch.input_ids.shape
+    assert bool((got[:, 0] == 0).all())
+    torch.testing.assert_close(got[:, 1:], expected * batch.attention_mask[:, 1:], rtol=1e-5, atol=1e-5)
+    assert bool((got[batch.attention_mask == 0] == 0).all())
+    width = int(batch.attention_mask[2].sum())
+    torch.testing.assert_close(alone[0, :width], got[2, :width], rtol=1e-5, atol=1e-5)  # padding changes nothing
+
+
+def test_gather_logprobs_values_and_gradients_in_small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logprobs_module, "CHUNK_ELEMENTS", 3 * 11)  # 3 rows of vocab 11 per chunk: 5 chunks
+    logits = torch.randn(2, 7, 11, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 11, (2, 7))
+    expected = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]
+    torch.testing.assert_close(gather_logprobs(logits, targets), expected.float())
+    weights = torch.randn(2, 7, dtype=torch.float64)
+    (mine,) = torch.autograd.grad((gather_logprobs(logits, targets) * weights).sum(), logits)
+    (theirs,) = torch.autograd.grad((expected * weights).sum(), logits)
+    torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)  # forward is float32, hence the tolerance
+
+
+def test_trainer_side_runs_without_pydantic() -> None:
+    """The GPU machine has torch, transformers and peft only: nothing on the trainer side may need pydantic."""
+    code = (
+        "import sys\n"
+        "for name in ('pydantic', 'pydantic_core', 'pydantic_settings'):\n"
+        "    sys.modules[name] = None  # import of these now fails\n"
+        "import algorithm.advantages, algorithm.losses, algorithm.batch, algorithm.trainer.torch_backend\n"
+        "from algorithm.errors import ConfigurationError, PoisonInputError\n"
+        "assert ConfigurationError.__module__ == 'algorithm.errors', ConfigurationError.__module__\n"
+        "assert issubclass(PoisonInputError, Exception)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_with_pydantic_the_errors_are_those_of_schemas() -> None:
+    import schemas.errors
+
+    assert ConfigurationError is schemas.errors.ConfigurationError
+    assert PoisonInputError is schemas.errors.PoisonInputError

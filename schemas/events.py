@@ -9,6 +9,7 @@ in a URL path segment, because the LLM gateway receives rollout ids in its path
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -17,6 +18,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 __all__ = [
+    "IDENTIFIER_PATTERN",
     "TERMINAL_STATUSES",
     "DeadLetterHeaders",
     "Event",
@@ -33,6 +35,7 @@ __all__ = [
     "utc_now",
 ]
 
+IDENTIFIER_PATTERN = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 Identifier = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:\-]+$")]
 """An id that is safe in a URL path segment, a Kafka key and a ClickHouse key."""
 

@@ -86,3 +86,19 @@ def linked_store(settings: FulmenSettings) -> Iterator[Store]:
     store.migrate()
     yield store
     store.command(f"DROP DATABASE IF EXISTS {store.database}")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny chat model built offline (random weights): writes noise, but every token is recorded."""
+    from algorithm.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def tool_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model taught to call get_weather for Paris, then answer from the tool's result."""
+    from tests.models import teach
+
+    return teach(tiny_model, tmp_path_factory.mktemp("tool-model"))

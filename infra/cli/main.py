@@ -199,11 +199,12 @@ def consume(
     sinks: Annotated[list[str] | None, typer.Option("--sink", help="only these sinks (repeatable)")] = None,
 ) -> None:
     """Materialise Kafka topics into the store until interrupted (SIGINT/SIGTERM flush and exit)."""
-    from consumers import ConsumersApp, default_sinks
+    from consumers import ConsumersApp, consume_sinks
+    from consumers.transitions import ConsumersSettings
     from infra.services import ensure_kafka, ensure_store
 
-    settings = _settings(service=True)
-    available = {s.name: s for s in default_sinks()}
+    settings = _settings(ConsumersSettings, service=True)
+    available = {s.name: s for s in consume_sinks(settings)}
     unknown = set(sinks or []) - set(available)
     if unknown:
         raise FulmenError(f"unknown sink(s) {', '.join(sorted(unknown))}; valid: {', '.join(available)}")
@@ -229,6 +230,31 @@ def otlp_gateway(
     if port is not None:
         settings.otlp.port = port
     _run_until_signal(lambda: OtlpGateway(settings))
+
+
+@app.command("llm-gateway")
+@friendly
+def llm_gateway(
+    model: Annotated[
+        str | None, typer.Option(help="model directory, or the upstream's model (FULMEN_LLM_MODEL)")
+    ] = None,
+    backend: Annotated[str | None, typer.Option(help="transformers, vllm or openai (FULMEN_LLM_BACKEND)")] = None,
+    upstream_url: Annotated[
+        str | None, typer.Option(help="vllm/openai: upstream /v1 URL (FULMEN_LLM_UPSTREAM_URL)")
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="listen address (FULMEN_LLM_HOST)")] = None,
+    port: Annotated[int | None, typer.Option(help="listen port (FULMEN_LLM_PORT, default 8000)")] = None,
+) -> None:
+    """Serve an OpenAI-compatible API at /v1 that records every call (token ids included) as a span in Kafka."""
+    from producers.llm_gateway import LlmGateway, LlmGatewaySettings
+
+    settings = _settings(LlmGatewaySettings, service=True)
+    overrides = {"model": model, "backend": backend, "upstream_url": upstream_url, "host": host, "port": port}
+    for name, value in overrides.items():
+        if value is not None:
+            setattr(settings.llm, name, value)
+    settings = LlmGatewaySettings.model_validate(settings.model_dump())  # re-check what the options changed
+    _run_until_signal(lambda: LlmGateway(settings))
 
 
 def _run_until_signal(build: Callable[[], Any]) -> None:

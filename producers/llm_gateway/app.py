@@ -1,0 +1,237 @@
+"""``fulmen llm-gateway``: an OpenAI-compatible server that records every call as a span with its token ids.
+
+Routes (each also under ``/rollout/{rollout_id}/attempt/{attempt}``, which ties the call to a rollout with no
+header or SDK): ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``; plus ``/healthz``
+and ``/readyz``.
+
+A call is answered only after its span is acknowledged by Kafka (``acks=all``), so every LLM span of a
+rollout is in Kafka by the time the agent has its answer. When the span cannot be recorded the call fails
+with 503 and ``Retry-After``: the gateway never serves an answer it did not record. Errors use OpenAI's
+shape (``{"error": {"message", "type", "param", "code"}}``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from aiohttp import web
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from infra.errors import BrokerUnavailableError
+from infra.kafka.clients import close_quietly, producer, start_or_raise
+from producers.llm_gateway.backends import Backend, build_backend
+from producers.llm_gateway.backends.base import CallResult
+from producers.llm_gateway.models_follower import ModelsFollower
+from producers.llm_gateway.protocol import ApiError, load_body, parse_chat, parse_completion
+from producers.llm_gateway.responses import chat_chunks, chat_response, completion_chunks, completion_response, sse
+from producers.llm_gateway.settings import LlmGatewaySettings
+from producers.llm_gateway.spans import CallContext, build_record, parse_traceparent
+from schemas import ModelVersion, TopicKey, semconv, topic_name
+from schemas.events import IDENTIFIER_PATTERN
+
+__all__ = ["GatewayStats", "LlmGateway"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GatewayStats:
+    calls: int = 0
+    errors: int = 0
+    spans: int = 0
+    unavailable: int = 0
+
+
+class LlmGateway:
+    """The server. Build it, then :meth:`run` it (or :meth:`start`/:meth:`stop` it inside another loop)."""
+
+    def __init__(
+        self,
+        settings: LlmGatewaySettings,
+        backend: Backend | None = None,
+        kafka_producer: AIOKafkaProducer | None = None,
+    ) -> None:
+        self.settings = settings
+        self.options = settings.llm
+        self.backend = backend or build_backend(settings.llm)
+        self.topic = topic_name(TopicKey.SPANS, settings.kafka.topic_prefix)
+        self.producer = kafka_producer or producer(settings, max_request_size=8 * 1024 * 1024)
+        self.follower = ModelsFollower(
+            settings, self.options.served_model_name, lambda: self.backend.model_version, self._load_version
+        )
+        self.stats = GatewayStats()
+        self.connected = asyncio.Event()
+        self.port: int | None = None
+        self._runner: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._stop = asyncio.Event()
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=32 * 1024 * 1024)
+        for prefix in ("", "/rollout/{rollout_id}/attempt/{attempt}"):
+            app.router.add_post(f"{prefix}/v1/chat/completions", self.handle_chat)
+            app.router.add_post(f"{prefix}/v1/completions", self.handle_completion)
+            app.router.add_get(f"{prefix}/v1/models", self.handle_models)
+        app.router.add_get("/healthz", self.handle_health)
+        app.router.add_get("/readyz", self.handle_ready)
+        return app
+
+    async def start(self) -> None:
+        """Load the model (or reach the upstream), connect to Kafka, catch up on model versions, listen.
+
+        Raises :class:`~schemas.errors.ConfigurationError` or :class:`BrokerUnavailableError` (after releasing
+        what was started) when one of them cannot be done.
+        """
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
+        await self.backend.start()
+        await start_or_raise(self.producer, self.settings, "LLM gateway producer")
+        self.connected.set()
+        if self.options.follow_models:
+            await self.follower.catch_up()
+            self._tasks.append(asyncio.create_task(self.follower.run(self._stop), name="model-follower"))
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.options.host, self.options.port, backlog=1024)
+        await site.start()
+        sockets = site._server.sockets if site._server else []
+        self.port = sockets[0].getsockname()[1] if sockets else self.options.port
+        log.info(
+            "LLM gateway (%s backend, model %s, version %s) listening on http://%s:%d/v1 -> spans topic %s",
+            self.backend.name,
+            self.options.served_model_name,
+            self.backend.model_version,
+            self.options.host,
+            self.port,
+            self.topic,
+        )
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+        await self.backend.close()
+        await close_quietly([self.producer])
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()
+
+    async def _load_version(self, event: ModelVersion) -> None:
+        await self.backend.load_version(event.uri, event.version)
+
+    # --- handlers -------------------------------------------------------------------------------------------
+    async def handle_health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def handle_ready(self, request: web.Request) -> web.Response:
+        if self.connected.is_set():  # set after the backend started and the producer connected
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not connected to Kafka\n", headers={"Retry-After": "1"})
+
+    async def handle_models(self, request: web.Request) -> web.Response:
+        model = {
+            "id": self.options.served_model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "fulmen",
+            "max_model_len": self.backend.context_length,
+            "fulmen_model_version": self.backend.model_version,
+        }
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def handle_chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, semconv.OPERATION_CHAT)
+
+    async def handle_completion(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, semconv.OPERATION_TEXT_COMPLETION)
+
+    async def _handle(self, request: web.Request, operation: str) -> web.StreamResponse:
+        self.stats.calls += 1
+        try:
+            rollout_id, attempt = _rollout(request)
+            body = load_body(await request.read())
+            chat = operation == semconv.OPERATION_CHAT
+            parsed = parse_chat(body, self.options.max_n) if chat else parse_completion(body, self.options.max_n)
+            self._check_model(parsed.model)
+            started = time.time_ns()
+            result = await (self.backend.chat(parsed) if chat else self.backend.complete(parsed))  # type: ignore[arg-type]
+            context = CallContext(
+                operation,
+                body,
+                f"fulmen.{self.backend.name}",
+                started,
+                time.time_ns(),
+                parse_traceparent(request.headers.get("traceparent")),
+                rollout_id,
+                attempt,
+            )
+            await self._record(context, result)
+        except ApiError as exc:
+            self.stats.errors += 1
+            if exc.status >= 500:
+                log.warning("LLM call failed with %d: %s", exc.status, exc.message)
+            return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+        if not parsed.stream:
+            return web.json_response(chat_response(result) if chat else completion_response(result))
+        chunks = chat_chunks if chat else completion_chunks
+        return await self._stream(request, chunks(result, parsed.include_usage))
+
+    def _check_model(self, model: str) -> None:
+        if model != self.options.served_model_name:
+            raise ApiError(
+                404,
+                f"The model `{model}` does not exist; this gateway serves `{self.options.served_model_name}`.",
+                param="model",
+                code="model_not_found",
+            )
+
+    async def _record(self, context: CallContext, result: CallResult) -> None:
+        """Publish the call's spans and wait for the acknowledgement (503 when Kafka does not take them)."""
+        key, value = build_record(context, result)
+        try:
+            async with asyncio.timeout(self.options.publish_timeout_s):
+                await self.producer.send_and_wait(self.topic, value=value, key=key)
+        except (TimeoutError, KafkaError, BrokerUnavailableError) as exc:
+            self.stats.unavailable += 1
+            reason = "no acknowledgement in time" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+            error = ApiError(503, f"the call's span could not be recorded in Kafka ({reason}); retry")
+            error.headers["Retry-After"] = "1"
+            raise error from None
+        self.stats.spans += len(result.choices)
+
+    async def _stream(self, request: web.Request, chunks) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        for chunk in chunks:
+            await response.write(sse(chunk))
+        await response.write(sse("[DONE]"))
+        await response.write_eof()
+        return response
+
+
+def _rollout(request: web.Request) -> tuple[str | None, int | None]:
+    rollout_id = request.match_info.get("rollout_id")
+    if rollout_id is None:
+        return None, None
+    attempt_text = request.match_info.get("attempt", "")
+    if not IDENTIFIER_PATTERN.fullmatch(rollout_id):
+        raise ApiError(400, f"rollout id {rollout_id!r} in the path is not a valid identifier", param="rollout_id")
+    if not attempt_text.isdigit() or int(attempt_text) < 1:
+        raise ApiError(400, f"attempt {attempt_text!r} in the path must be a positive integer", param="attempt")
+    return rollout_id, int(attempt_text)

@@ -1,0 +1,301 @@
+"""The ``transformers`` backend: a Hugging Face causal LM in this process, on the CPU or a GPU.
+
+Prompts are rendered with the tokenizer's chat template (tools included) and tokenized once; the token ids
+the model was fed and the ids it sampled are what the call reports, never a re-tokenization of text.
+Concurrent calls are batched: a scheduler task takes what is waiting (up to ``max_batch_rows`` sequences,
+waiting at most ``batch_wait_ms`` for more), runs the batch on one worker thread, and answers each call.
+A new model version is loaded on another thread while batches run and takes over at the next batch; a call
+is served entirely by the version its batch started with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from producers.llm_gateway.backends.base import CallResult, Choice, TokenLogprob
+from producers.llm_gateway.backends.sampling import Row, RowOutput, generate
+from producers.llm_gateway.protocol import ApiError, ChatRequest, CompletionRequest, SamplingParams
+from producers.llm_gateway.settings import LlmSection
+from producers.llm_gateway.tool_calls import extract_tool_calls
+from schemas.errors import ConfigurationError
+
+__all__ = ["TransformersBackend"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    model: Any
+    tokenizer: Any
+    version: int | None
+    eos_ids: frozenset[int]
+    pad_id: int
+
+
+@dataclass
+class _Pending:
+    rows: list[Row]
+    future: asyncio.Future[tuple[list[RowOutput], _Loaded]]
+
+
+class TransformersBackend:
+    name = "transformers"
+
+    def __init__(self, options: LlmSection) -> None:
+        if not options.model:
+            raise ConfigurationError("FULMEN_LLM_MODEL: the transformers backend needs a model directory")
+        self.options = options
+        self._loaded: _Loaded | None = None
+        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="llm-generate")
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="llm-load")
+        self._scheduler: asyncio.Task[None] | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+    @property
+    def model_version(self) -> int | None:
+        return self._loaded.version if self._loaded else None
+
+    @property
+    def context_length(self) -> int | None:
+        if self._loaded is None:
+            return None
+        return self.options.max_model_len or int(getattr(self._loaded.model.config, "max_position_embeddings", 2048))
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._loaded = await loop.run_in_executor(
+            self._loader, self._load, self.options.model, self.options.model_version
+        )
+        self._scheduler = asyncio.create_task(self._schedule(), name="llm-batch-scheduler")
+
+    async def close(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.cancel()
+        self._worker.shutdown(wait=False, cancel_futures=True)
+        self._loader.shutdown(wait=False, cancel_futures=True)
+
+    async def load_version(self, uri: str, version: int) -> None:
+        loaded = await asyncio.get_running_loop().run_in_executor(self._loader, self._load, uri, version)
+        self._loaded = loaded
+        log.info("model version %d loaded from %s; new calls use it", version, uri)
+
+    def _load(self, path: str, version: int | None) -> _Loaded:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if not Path(path).is_dir():
+            raise ConfigurationError(f"model directory {path} does not exist (FULMEN_LLM_MODEL or a ModelVersion uri)")
+        device = self.options.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = "auto" if self.options.dtype == "auto" else getattr(torch, self.options.dtype)
+        started = time.perf_counter()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        if tokenizer.chat_template is None:
+            log.warning("the tokenizer in %s has no chat template: /v1/chat/completions will answer 400", path)
+        eos = set(_as_list(model.generation_config.eos_token_id)) | set(_as_list(tokenizer.eos_token_id))
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
+        log.info("loaded %s on %s in %.1fs (version %s)", path, device, time.perf_counter() - started, version)
+        return _Loaded(model, tokenizer, version, frozenset(eos), pad)
+
+    # --- calls ----------------------------------------------------------------------------------------------
+    async def chat(self, request: ChatRequest) -> CallResult:
+        loaded = self._require_loaded()
+        tokenizer = loaded.tokenizer
+        if tokenizer.chat_template is None:
+            raise ApiError(400, "this model has no chat template; use /v1/completions", param="messages")
+        try:
+            prompt = tokenizer.apply_chat_template(
+                request.messages, tools=request.tools, tokenize=False, add_generation_prompt=True
+            )
+        except Exception as exc:  # a template error is the request's fault (roles in the wrong order...)
+            raise ApiError(400, f"the chat template cannot render these messages: {exc}", param="messages") from None
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        outputs, served = await self._run(prompt_ids, request.sampling, tokenizer)
+        choices = [
+            self._choice(i, out, served, request.sampling, request.parse_tool_calls) for i, out in enumerate(outputs)
+        ]
+        return self._result("chatcmpl", request.model, choices, prompt_ids, prompt, served)
+
+    async def complete(self, request: CompletionRequest) -> CallResult:
+        loaded = self._require_loaded()
+        tokenizer = loaded.tokenizer
+        if request.prompt_token_ids is not None:
+            prompt_ids = request.prompt_token_ids
+            vocab = len(tokenizer)
+            if max(prompt_ids) >= vocab:
+                raise ApiError(
+                    400, f"prompt: token id {max(prompt_ids)} is outside the vocabulary ({vocab})", param="prompt"
+                )
+            prompt = tokenizer.decode(prompt_ids)
+        else:
+            prompt = request.prompt or ""
+            prompt_ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+            if not prompt_ids:
+                raise ApiError(400, "prompt: empty after tokenization", param="prompt")
+        outputs, served = await self._run(prompt_ids, request.sampling, tokenizer)
+        choices = [self._choice(i, out, served, request.sampling, False) for i, out in enumerate(outputs)]
+        if request.echo:
+            for choice in choices:
+                choice.text = prompt + choice.text
+        return self._result("cmpl", request.model, choices, prompt_ids, prompt, served)
+
+    def _require_loaded(self) -> _Loaded:
+        if self._loaded is None:
+            raise ApiError(503, "the model is still loading")
+        return self._loaded
+
+    async def _run(
+        self, prompt_ids: list[int], sampling: SamplingParams, tokenizer: Any
+    ) -> tuple[list[RowOutput], _Loaded]:
+        limit = self.context_length or 2048
+        room = limit - len(prompt_ids)
+        wanted = sampling.max_tokens if sampling.max_tokens is not None else room
+        if room < 1 or wanted > room:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{len(prompt_ids) + wanted} tokens ({len(prompt_ids)} in the messages, {wanted} in the completion). "
+                "Please reduce the length of the messages or completion.",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        stop_check = _stop_check(sampling.stop, tokenizer) if sampling.stop else None
+        rows = [
+            Row(
+                prompt_ids,
+                wanted,
+                sampling.temperature,
+                sampling.top_p,
+                None if sampling.seed is None else sampling.seed + index,
+                sampling.top_logprobs,
+                stop_check,
+            )
+            for index in range(sampling.n)
+        ]
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Pending(rows, future))
+        return await future
+
+    def _choice(self, index: int, out: RowOutput, served: _Loaded, sampling: SamplingParams, tools: bool) -> Choice:
+        tokenizer = served.tokenizer
+        text = tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        finish = out.finish_reason
+        if sampling.stop:
+            text, cut = _cut_at_stop(text, sampling.stop)
+            finish = "stop" if cut else finish
+        calls: list[dict[str, Any]] = []
+        if tools:
+            text, calls = extract_tool_calls(text)
+            finish = "tool_calls" if calls else finish
+        detail = None
+        if sampling.logprobs:
+            detail = [
+                TokenLogprob(
+                    tokenizer.decode([token]),
+                    logprob,
+                    [(tokenizer.decode([alt]), value) for alt, value in (out.top[i] if out.top else [])],
+                )
+                for i, (token, logprob) in enumerate(zip(out.token_ids, out.logprobs, strict=True))
+            ]
+        pieces = _pieces(tokenizer, out.token_ids) if not calls else None
+        return Choice(index, text, finish, out.token_ids, out.logprobs, calls, detail, pieces)
+
+    def _result(
+        self, kind: str, model: str, choices: list[Choice], prompt_ids: list[int], prompt: str, served: _Loaded
+    ) -> CallResult:
+        return CallResult(
+            id=f"{kind}-{secrets.token_hex(12)}",
+            model=model,
+            choices=choices,
+            prompt_token_ids=list(prompt_ids),
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=sum(len(c.token_ids or ()) for c in choices),
+            model_version=served.version,
+            prompt_text=prompt,
+        )
+
+    # --- batching -------------------------------------------------------------------------------------------
+    async def _schedule(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self._queue.get()]
+            rows = len(batch[0].rows)
+            deadline = loop.time() + self.options.batch_wait_ms / 1000
+            while rows < self.options.max_batch_rows:
+                try:
+                    pending = await asyncio.wait_for(self._queue.get(), max(0.0, deadline - loop.time()))
+                except TimeoutError:
+                    break
+                batch.append(pending)
+                rows += len(pending.rows)
+            await self._run_batch(loop, batch)
+
+    async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending]) -> None:
+        served = self._require_loaded()
+        rows = [row for pending in batch for row in pending.rows]
+        try:
+            outputs = await loop.run_in_executor(
+                self._worker, generate, served.model, rows, served.pad_id, set(served.eos_ids)
+            )
+        except Exception as exc:
+            log.exception("generation failed for a batch of %d sequences", len(rows))
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(ApiError(500, f"generation failed: {type(exc).__name__}: {exc}"))
+            return
+        position = 0
+        for pending in batch:
+            part = outputs[position : position + len(pending.rows)]
+            position += len(pending.rows)
+            if not pending.future.done():
+                pending.future.set_result((part, served))
+
+
+def _pieces(tokenizer: Any, token_ids: list[int]) -> list[str]:
+    """The text each token adds to the decoded reply. A token that ends inside a multi-byte character adds
+    nothing until the character is complete."""
+    pieces, emitted = [], ""
+    for end in range(1, len(token_ids) + 1):
+        text = tokenizer.decode(token_ids[:end], skip_special_tokens=True)
+        if text.endswith("\ufffd") or not text.startswith(emitted):
+            pieces.append("")
+            continue
+        pieces.append(text[len(emitted) :])
+        emitted = text
+    return pieces
+
+
+def _as_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def _stop_check(stops: tuple[str, ...], tokenizer: Any):
+    longest = max(len(s) for s in stops)
+
+    def check(token_ids: list[int]) -> bool:
+        # Decoding the tail is enough: a stop string spans at most `longest` characters, each >= 1 token.
+        tail = tokenizer.decode(token_ids[-(longest + 8) :], skip_special_tokens=True)
+        return any(stop in tail for stop in stops)
+
+    return check
+
+
+def _cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
+    """The text before the first stop string (which OpenAI leaves out), and whether one was found."""
+    positions = [text.find(stop) for stop in stops if stop in text]
+    if not positions:
+        return text, False
+    return text[: min(positions)], True

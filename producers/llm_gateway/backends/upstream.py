@@ -1,0 +1,207 @@
+"""Backends that forward to an upstream OpenAI-compatible server: ``vllm`` (with token ids) and ``openai``.
+
+The request goes upstream as the agent sent it (non-streaming: the gateway streams the answer back itself,
+after recording it), with the model renamed to the upstream's. The ``vllm`` backend also asks for
+``return_token_ids`` and ``logprobs`` and maps vLLM's answer: ``prompt_token_ids`` (chat: top level;
+completions: per choice), ``choices[].token_ids``, and the sampled tokens' logprobs
+(``choices[].logprobs.content[].logprob`` for chat, ``choices[].logprobs.token_logprobs`` for completions).
+Logprobs the agent did not ask for are removed from its answer. The ``openai`` backend records what any
+upstream returns; the span says why token ids are absent.
+
+Upstream errors: its 4xx comes back to the agent as is; 5xx is a 502; unreachable or too slow is a 503.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+
+from producers.llm_gateway.backends.base import CallResult, Choice, TokenLogprob
+from producers.llm_gateway.protocol import ApiError, ChatRequest, CompletionRequest
+from producers.llm_gateway.settings import LlmSection
+from schemas.errors import ConfigurationError
+
+__all__ = ["OpenAIUpstreamBackend", "VllmBackend"]
+
+log = logging.getLogger(__name__)
+
+
+class OpenAIUpstreamBackend:
+    name = "openai"
+    asks_token_ids = False
+    absent_reason = "the openai backend's upstream does not return token ids"
+
+    def __init__(self, options: LlmSection, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        if not options.upstream_url:
+            raise ConfigurationError(f"FULMEN_LLM_UPSTREAM_URL: the {self.name} backend needs the upstream's /v1 URL")
+        self.options = options
+        headers = {}
+        if options.upstream_api_key is not None:
+            headers["Authorization"] = f"Bearer {options.upstream_api_key.get_secret_value()}"
+        self.client = httpx.AsyncClient(
+            base_url=options.upstream_url.rstrip("/"),
+            headers=headers,
+            transport=transport,
+            timeout=httpx.Timeout(options.upstream_timeout_s, connect=10.0),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
+        self._version = options.model_version
+        self._context: int | None = options.max_model_len
+
+    @property
+    def model_version(self) -> int | None:
+        return self._version
+
+    @property
+    def context_length(self) -> int | None:
+        return self._context
+
+    async def start(self) -> None:
+        try:
+            response = await self.client.get("/models", timeout=10.0)
+        except httpx.HTTPError as exc:
+            log.warning(
+                "upstream %s not reachable yet (%s); calls answer 503 until it is", self.options.upstream_url, exc
+            )
+            return
+        if response.status_code == 200:
+            models = response.json().get("data") or []
+            found = next((m for m in models if m.get("id") == self.upstream_model), None)
+            if found and self._context is None and isinstance(found.get("max_model_len"), int):
+                self._context = found["max_model_len"]
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def load_version(self, uri: str, version: int) -> None:
+        raise ConfigurationError(
+            f"the {self.name} backend cannot load weights: the upstream serves its own model "
+            "(set FULMEN_LLM_FOLLOW_MODELS=false)"
+        )
+
+    @property
+    def upstream_model(self) -> str:
+        return self.options.model or self.options.served_model_name
+
+    async def chat(self, request: ChatRequest) -> CallResult:
+        data = await self._post("/chat/completions", request.raw, request.sampling.logprobs)
+        prompt_ids = data.get("prompt_token_ids")
+        choices = [self._chat_choice(c, request.sampling.logprobs) for c in data.get("choices", [])]
+        return self._result(data, choices, prompt_ids)
+
+    async def complete(self, request: CompletionRequest) -> CallResult:
+        data = await self._post("/completions", request.raw, request.sampling.logprobs)
+        raw_choices = data.get("choices", [])
+        prompt_ids = raw_choices[0].get("prompt_token_ids") if raw_choices else None
+        choices = [self._text_choice(c, request.sampling.logprobs) for c in raw_choices]
+        return self._result(data, choices, prompt_ids)
+
+    # --- upstream call --------------------------------------------------------------------------------------
+    def _body(self, raw: dict[str, Any], chat: bool) -> dict[str, Any]:
+        body = {k: v for k, v in raw.items() if k not in ("stream", "stream_options")}
+        body["model"] = self.upstream_model
+        return body
+
+    async def _post(self, path: str, raw: dict[str, Any], client_wants_logprobs: bool) -> dict[str, Any]:
+        body = self._body(raw, chat=path.startswith("/chat"))
+        try:
+            response = await self.client.post(path, json=body)
+        except httpx.TimeoutException:
+            raise _unavailable(f"the upstream did not answer within {self.options.upstream_timeout_s:g}s") from None
+        except httpx.HTTPError as exc:
+            raise _unavailable(f"the upstream cannot be reached: {type(exc).__name__}: {exc}") from None
+        if response.status_code >= 500:
+            raise ApiError(
+                502, f"the upstream failed with {response.status_code}: {response.text[:500]}", kind="upstream_error"
+            )
+        try:
+            data = response.json()
+        except ValueError:
+            raise ApiError(
+                502, f"the upstream answered {response.status_code} without JSON", kind="upstream_error"
+            ) from None
+        if response.status_code >= 400:
+            error = data.get("error") if isinstance(data, dict) else None
+            message = error.get("message") if isinstance(error, dict) else str(data)[:500]
+            raise ApiError(response.status_code, f"upstream: {message}", param=(error or {}).get("param"))
+        return data
+
+    # --- mapping --------------------------------------------------------------------------------------------
+    def _chat_choice(self, raw: dict[str, Any], keep_logprobs: bool) -> Choice:
+        message = raw.get("message") or {}
+        content = (raw.get("logprobs") or {}).get("content") or []
+        logprobs = [float(t["logprob"]) for t in content] if content else None
+        tokens = [
+            TokenLogprob(
+                t.get("token", ""),
+                float(t["logprob"]),
+                [(a.get("token", ""), float(a["logprob"])) for a in t.get("top_logprobs") or []],
+            )
+            for t in content
+        ]
+        return Choice(
+            index=int(raw.get("index", 0)),
+            text=message.get("content") or "",
+            finish_reason=raw.get("finish_reason") or "stop",
+            token_ids=raw.get("token_ids"),
+            logprobs=logprobs if self.asks_token_ids else None,
+            tool_calls=message.get("tool_calls") or [],
+            token_logprobs=tokens if keep_logprobs and content else None,
+        )
+
+    def _text_choice(self, raw: dict[str, Any], keep_logprobs: bool) -> Choice:
+        detail = raw.get("logprobs") or {}
+        values = detail.get("token_logprobs")
+        logprobs = [float(v) for v in values] if values else None
+        tokens = None
+        if keep_logprobs and values:
+            tops = detail.get("top_logprobs") or [{}] * len(values)
+            tokens = [
+                TokenLogprob(t, float(v), list((top or {}).items()))
+                for t, v, top in zip(detail.get("tokens") or [""] * len(values), values, tops, strict=False)
+            ]
+        return Choice(
+            index=int(raw.get("index", 0)),
+            text=raw.get("text") or "",
+            finish_reason=raw.get("finish_reason") or "stop",
+            token_ids=raw.get("token_ids"),
+            logprobs=logprobs if self.asks_token_ids else None,
+            token_logprobs=tokens,
+        )
+
+    def _result(self, data: dict[str, Any], choices: list[Choice], prompt_ids: list[int] | None) -> CallResult:
+        usage = data.get("usage") or {}
+        complete = prompt_ids is not None and all(c.token_ids is not None for c in choices)
+        return CallResult(
+            id=str(data.get("id", "")),
+            model=self.options.served_model_name,
+            choices=choices,
+            prompt_token_ids=prompt_ids if complete else None,
+            prompt_tokens=int(usage.get("prompt_tokens") or len(prompt_ids or ())),
+            completion_tokens=int(usage.get("completion_tokens") or sum(len(c.token_ids or ()) for c in choices)),
+            model_version=self._version,
+            token_ids_absent=None if complete else self.absent_reason,
+        )
+
+
+class VllmBackend(OpenAIUpstreamBackend):
+    name = "vllm"
+    asks_token_ids = True
+    absent_reason = "the vLLM upstream returned no token ids (is it older than v0.10.2, without return_token_ids?)"
+
+    def _body(self, raw: dict[str, Any], chat: bool) -> dict[str, Any]:
+        body = super()._body(raw, chat)
+        body["return_token_ids"] = True
+        if chat:
+            body["logprobs"] = True
+        elif not isinstance(body.get("logprobs"), int):
+            body["logprobs"] = 0  # the sampled token's logprob only
+        return body
+
+
+def _unavailable(message: str) -> ApiError:
+    error = ApiError(503, message, kind="upstream_unavailable")
+    error.headers["Retry-After"] = "1"
+    return error

@@ -1,0 +1,47 @@
+"""Settings of the LLM gateway process: the shared sections plus ``FULMEN_LLM_*``."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, Field, SecretStr
+
+from infra.settings import FulmenSettings
+
+__all__ = ["BackendKind", "LlmGatewaySettings", "LlmSection"]
+
+
+class BackendKind(StrEnum):
+    TRANSFORMERS = "transformers"  # a Hugging Face model in this process (CPU or GPU)
+    VLLM = "vllm"  # an upstream vLLM OpenAI server, asked for token ids and logprobs
+    OPENAI = "openai"  # any OpenAI-compatible upstream; no token ids
+
+
+class LlmSection(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535, description="0 = any free port")
+    backend: BackendKind = BackendKind.TRANSFORMERS
+    model: str = Field(default="", description="transformers: a model directory; vllm/openai: the upstream's name")
+    served_model_name: str = Field(default="fulmen", description="the name agents ask for (also /v1/models)")
+    model_version: int | None = Field(default=None, ge=0, description="version of the initial model, if known")
+    follow_models: bool = Field(default=True, description="load each new version published on fulmen.models")
+    device: str = Field(default="auto", description="transformers: cpu, cuda, cuda:N or auto")
+    dtype: str = Field(default="auto", description="transformers: auto, float32, bfloat16 or float16")
+    max_model_len: int | None = Field(default=None, ge=16, description="context limit; default: the model's")
+    max_batch_rows: int = Field(default=32, ge=1, le=1024, description="transformers: sequences per batch")
+    batch_wait_ms: float = Field(default=2.0, ge=0, le=1000, description="transformers: wait to fill a batch")
+    max_n: int = Field(default=16, ge=1, le=128)
+    upstream_url: str = Field(default="", description="vllm/openai: the upstream's base URL, ending in /v1")
+    upstream_api_key: SecretStr | None = None
+    upstream_timeout_s: float = Field(default=600.0, gt=0)
+    publish_timeout_s: float = Field(default=10.0, gt=0, description="503 when a call's span is not acknowledged")
+
+
+class LlmGatewaySettings(FulmenSettings):
+    llm: LlmSection = Field(default_factory=LlmSection)
+
+    def masked(self) -> dict:
+        data = super().masked()
+        if self.llm.upstream_api_key is not None:
+            data["llm"]["upstream_api_key"] = "***"
+        return data

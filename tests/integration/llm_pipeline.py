@@ -1,0 +1,81 @@
+"""The LLM gateway running in the test's event loop, and a reader of the spans it publishes to Kafka."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from aiokafka import TopicPartition
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from infra.kafka.admin import partition_count
+from infra.kafka.clients import close_quietly, consumer, start_or_raise
+from infra.settings import FulmenSettings
+from producers.llm_gateway import LlmGateway, LlmGatewaySettings
+from schemas import TopicKey, topic_name
+
+
+def llm_settings(settings: FulmenSettings, model: Path | str, **llm: object) -> LlmGatewaySettings:
+    return LlmGatewaySettings(
+        home=settings.home, kafka=settings.kafka.model_dump(), clickhouse=settings.clickhouse.model_dump(),
+        llm={"model": str(model), "port": 0, "batch_wait_ms": 5, **llm},
+    )  # fmt: skip
+
+
+@asynccontextmanager
+async def llm_gateway_running(settings: FulmenSettings, model: Path | str, **llm: object) -> AsyncIterator[LlmGateway]:
+    gateway = LlmGateway(llm_settings(settings, model, **llm))
+    await gateway.start()
+    try:
+        yield gateway
+    finally:
+        await gateway.stop()
+
+
+def base_url(gateway: LlmGateway, rollout_id: str | None = None, attempt: int = 1) -> str:
+    root = f"http://127.0.0.1:{gateway.port}"
+    return f"{root}/rollout/{rollout_id}/attempt/{attempt}/v1" if rollout_id else f"{root}/v1"
+
+
+def attribute_value(value: Any) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [attribute_value(v) for v in value.array_value.values]
+    return getattr(value, kind) if kind else None
+
+
+async def published_spans(settings: FulmenSettings, expected: int, timeout_s: float = 30) -> list[dict[str, Any]]:
+    """The first ``expected`` spans on the spans topic, each as a dict (name, ids, kind, attributes)."""
+    topic = topic_name(TopicKey.SPANS, settings.kafka.topic_prefix)
+    reader = consumer(settings, None)
+    await start_or_raise(reader, settings, "test span reader")
+    try:
+        partitions = [TopicPartition(topic, p) for p in range(await partition_count(settings, topic))]
+        reader.assign(partitions)
+        await reader.seek_to_beginning(*partitions)
+        spans: list[dict[str, Any]] = []
+        async with asyncio.timeout(timeout_s):
+            while len(spans) < expected:
+                for records in (await reader.getmany(timeout_ms=200)).values():
+                    for record in records:
+                        spans.extend(_spans(record.key, record.value))
+        return spans
+    finally:
+        await close_quietly([reader])
+
+
+def _spans(key: bytes, value: bytes) -> list[dict[str, Any]]:
+    request = ExportTraceServiceRequest.FromString(value)
+    out = []
+    for resource_spans in request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                out.append({
+                    "key": key.decode(), "name": span.name, "kind": span.kind, "trace_id": span.trace_id.hex(),
+                    "span_id": span.span_id.hex(), "parent_span_id": span.parent_span_id.hex(),
+                    "attributes": {kv.key: attribute_value(kv.value) for kv in span.attributes},
+                })  # fmt: skip
+    return out

@@ -1,6 +1,6 @@
 """What materialises: Kafka topics into ClickHouse tables, in batches, committed after the insert."""
 
-from consumers.app import ConsumerOptions, ConsumersApp, default_sinks
+from consumers.app import ConsumerOptions, ConsumersApp, WorkerSink, consume_sinks, default_sinks
 from consumers.batch import BatchConsumer, BatchStats, Sink
 from consumers.event_sinks import EVENT_SINKS, EventSink
 from consumers.spans import SpanSink
@@ -14,5 +14,7 @@ __all__ = [
     "EventSink",
     "Sink",
     "SpanSink",
+    "WorkerSink",
+    "consume_sinks",
     "default_sinks",
 ]

@@ -11,17 +11,19 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 from consumers.batch import BatchConsumer, Sink
 from consumers.event_sinks import EVENT_SINKS
 from consumers.spans import SpanSink
+from consumers.transitions import ConsumersSettings, TransitionBuilderSink, TransitionsSection
 from infra.kafka.clients import close_quietly, consumer, producer, start_or_raise
 from infra.kafka.dlq import DeadLetters
 from infra.settings import FulmenSettings
 from infra.store import ReadEndpoint, Store
-from schemas.topics import topic_name
+from schemas.topics import TopicKey, topic_name
 
-__all__ = ["ConsumerOptions", "ConsumersApp", "default_sinks"]
+__all__ = ["ConsumerOptions", "ConsumersApp", "WorkerSink", "consume_sinks", "default_sinks"]
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,24 @@ log = logging.getLogger(__name__)
 def default_sinks() -> list[Sink]:
     """Every sink: spans, then the JSON event topics."""
     return [SpanSink(), *EVENT_SINKS.values()]
+
+
+@runtime_checkable
+class WorkerSink(Protocol):
+    """An entry that brings its own worker instead of a :class:`BatchConsumer` (the transition builder). The
+    worker has ``sink``, ``stats``, ``listener()`` and ``run(stop)`` like a BatchConsumer."""
+
+    name: str
+    topic: TopicKey
+
+    def worker(self, settings: FulmenSettings, kafka_consumer: Any, store: Store, dead_letters: DeadLetters,
+               group_prefix: str) -> Any: ...  # fmt: skip
+
+
+def consume_sinks(settings: FulmenSettings) -> list[Sink | WorkerSink]:
+    """What ``fulmen consume`` runs: every table sink, and the transitions consumer (``transition_builder``)."""
+    section = settings.transitions if isinstance(settings, ConsumersSettings) else TransitionsSection()
+    return [*default_sinks(), TransitionBuilderSink(section)]
 
 
 @dataclass(frozen=True)
@@ -43,7 +63,11 @@ class ConsumersApp:
     """Owns the clients of every sink; :meth:`run` until the stop event is set, then closes them cleanly."""
 
     def __init__(
-        self, settings: FulmenSettings, store: Store, sinks: Sequence[Sink], options: ConsumerOptions | None = None
+        self,
+        settings: FulmenSettings,
+        store: Store,
+        sinks: Sequence[Sink | WorkerSink],
+        options: ConsumerOptions | None = None,
     ) -> None:
         if not sinks:
             raise ValueError("at least one sink is needed")
@@ -51,7 +75,7 @@ class ConsumersApp:
         self.store = store
         self.sinks = list(sinks)
         self.options = options or ConsumerOptions()
-        self.workers: list[BatchConsumer] = []
+        self.workers: list[Any] = []  # BatchConsumer, or what a WorkerSink makes
         self.read_endpoint: ReadEndpoint | None = None
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
@@ -67,10 +91,15 @@ class ConsumersApp:
                 group = f"{self.options.group_prefix}.{sink.name}"
                 kafka_consumer = consumer(self.settings, group)
                 clients.insert(0, kafka_consumer)
-                worker = BatchConsumer(
-                    sink, kafka_consumer, self.store, DeadLetters(dlq_producer, prefix=prefix, consumer_group=group),
-                    max_records=self.options.max_records, max_wait_s=self.options.max_wait_s,
-                )  # fmt: skip
+                dead_letters = DeadLetters(dlq_producer, prefix=prefix, consumer_group=group)
+                if isinstance(sink, WorkerSink):
+                    group_prefix = self.options.group_prefix
+                    worker = sink.worker(self.settings, kafka_consumer, self.store, dead_letters, group_prefix)
+                else:
+                    worker = BatchConsumer(
+                        sink, kafka_consumer, self.store, dead_letters,
+                        max_records=self.options.max_records, max_wait_s=self.options.max_wait_s,
+                    )  # fmt: skip
                 # Start before subscribing: start() then only connects (bounded by the connect timeout),
                 # and the group join, which may wait out a crashed member's session, happens while polling.
                 await start_or_raise(kafka_consumer, self.settings, f"consumer {group}")

@@ -1,0 +1,26 @@
+"""The transitions consumer: finished rollouts → per-call transitions with credited rewards (LightningRL).
+
+``tree`` (trace tree, repaired), ``selection`` (LLM calls, agents), ``rewards`` (intermediate rewards matched
+to calls), ``builder`` (rollout → TransitionBatch, pure), ``reader`` (spans from the store), ``barrier`` (wait
+for the spans consumer), ``window`` (commits and late-span watch), ``worker`` (the consume loop), ``app`` (its
+entry in ``fulmen consume``), ``settings`` (``FULMEN_TRANSITIONS_*``).
+"""
+
+from consumers.transitions.app import TransitionBuilderSink
+from consumers.transitions.builder import BuildOptions, BuildResult, build_batch
+from consumers.transitions.settings import ConsumersSettings, TransitionsSection
+from consumers.transitions.tree import SpanRecord, TraceTree
+from consumers.transitions.worker import TransitionStats, TransitionWorker
+
+__all__ = [
+    "BuildOptions",
+    "BuildResult",
+    "ConsumersSettings",
+    "SpanRecord",
+    "TraceTree",
+    "TransitionBuilderSink",
+    "TransitionStats",
+    "TransitionWorker",
+    "TransitionsSection",
+    "build_batch",
+]

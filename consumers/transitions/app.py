@@ -1,0 +1,52 @@
+"""The transitions consumer as one entry of ``fulmen consume``: builds its worker and the clients it owns.
+
+It has its own consumer group over the rollouts topic (``<group_prefix>.transition_builder``), reads the spans
+group's committed offsets for its barrier (``<group_prefix>.spans`` unless ``FULMEN_TRANSITIONS_SPANS_GROUP``
+says otherwise), and publishes with a producer of its own whose request limit fits the transitions topic's
+``max.message.bytes`` (a batch of long episodes is larger than the default 1 MiB).
+"""
+
+from __future__ import annotations
+
+from aiokafka import AIOKafkaConsumer
+
+from consumers.transitions.barrier import OffsetBarrier
+from consumers.transitions.settings import TransitionsSection
+from consumers.transitions.worker import TransitionWorker
+from infra.kafka.clients import producer
+from infra.kafka.dlq import DeadLetters
+from infra.kafka.publish import EventPublisher
+from infra.settings import FulmenSettings
+from infra.store import Store
+from schemas.ddl import TABLES
+from schemas.topics import TopicKey, topic, topic_name
+
+__all__ = ["TransitionBuilderSink"]
+
+
+class TransitionBuilderSink:
+    """Not a row sink: :meth:`worker` makes the :class:`TransitionWorker` that ``ConsumersApp`` runs."""
+
+    name = "transition_builder"
+    topic = TopicKey.ROLLOUTS
+    table = TABLES["transitions"]
+
+    def __init__(self, section: TransitionsSection | None = None) -> None:
+        self.section = section or TransitionsSection()
+
+    def worker(
+        self,
+        settings: FulmenSettings,
+        kafka_consumer: AIOKafkaConsumer,
+        store: Store,
+        dead_letters: DeadLetters,
+        group_prefix: str,
+    ) -> TransitionWorker:
+        prefix = settings.kafka.topic_prefix
+        spans_group = self.section.spans_group or f"{group_prefix}.spans"
+        barrier = OffsetBarrier(
+            settings, topic_name(TopicKey.SPANS, prefix), spans_group, warn_after_s=self.section.barrier_timeout_s
+        )
+        limit = int(topic(TopicKey.TRANSITIONS).config.get("max.message.bytes", 1024 * 1024))
+        publisher = EventPublisher(producer(settings, max_request_size=limit), prefix=prefix)
+        return TransitionWorker(self, settings, kafka_consumer, store, dead_letters, publisher, barrier, self.section)

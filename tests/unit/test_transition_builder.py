@@ -1,0 +1,165 @@
+"""Rollout → TransitionBatch (pure), and the worker's commit window and attempt tracking (no services)."""
+
+from __future__ import annotations
+
+import pytest
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from consumers.transitions.builder import BuildOptions, build_batch
+from consumers.transitions.settings import ConsumersSettings
+from consumers.transitions.window import AttemptTracker, BuildWindow, Built
+from schemas.errors import ConfigurationError
+from schemas.events import RolloutEvent, RolloutStatus
+from tests.unit.transition_spans import call, langgraph_rollout, rollout_root, sid, span
+
+
+def ended(
+    status: RolloutStatus = RolloutStatus.SUCCEEDED, reward: float | None = 1.0, **fields: object
+) -> RolloutEvent:
+    error = None if status is RolloutStatus.SUCCEEDED else "boom"
+    return RolloutEvent(
+        rollout_id="r1", attempt=fields.pop("attempt", 1), status=status, task_id="t1", group_id="g1",
+        reward=reward if status is RolloutStatus.SUCCEEDED else None, error=error, model_version=3, **fields,
+    )  # fmt: skip
+
+
+def three_calls_with_a_reward() -> list:
+    return [
+        rollout_root(reward=1.0),
+        span("agent", 5, 900, "rollout", agent="solver"),
+        call("c1", 10, 100, "agent", logprobs=(-0.5,), version=7),
+        span("r1", 110, 110, "agent", reward=0.2),
+        call("c2", 200, 300, "agent", logprobs=(-0.1, -0.2)),  # 2 logprobs for 1 response token: dropped
+        call("c3", 400, 500, "agent"),
+    ]
+
+
+def test_broadcast_batch_fields() -> None:
+    result = build_batch(ended(reward=0.5), three_calls_with_a_reward(), BuildOptions())
+    batch = result.batch
+    assert (batch.rollout_id, batch.attempt, batch.group_id, batch.status) == ("r1", 1, "g1", RolloutStatus.SUCCEEDED)
+    assert batch.episode_reward == 0.5 and batch.model_version == 3
+    assert [t.index for t in batch.transitions] == [0, 1, 2]
+    assert [t.span_id for t in batch.transitions] == [sid("c1"), sid("c2"), sid("c3")]
+    assert [t.reward for t in batch.transitions] == [0.5, 0.5, 0.5]
+    assert [t.intermediate_reward for t in batch.transitions] == [0.2, None, None]
+    first = batch.transitions[0]
+    assert (first.prompt_token_ids, first.response_token_ids, first.response_logprobs) == ([10, 11], [100], [-0.5])
+    assert first.agent_name == "solver" and first.model_version == 7
+    assert batch.transitions[1].response_logprobs is None and batch.transitions[1].model_version == 3
+    assert (result.span_count, result.calls_made, result.unmatched_rewards, result.skipped) == (6, 3, 0, [])
+
+
+def test_discounted_and_intermediate_credit() -> None:
+    spans = three_calls_with_a_reward()
+    discounted = build_batch(ended(reward=1.0), spans, BuildOptions.create(credit="discounted", gamma=0.5))
+    assert [t.reward for t in discounted.batch.transitions] == [0.25, 0.5, 1.0]
+    intermediate = build_batch(ended(reward=1.0), spans, BuildOptions.create(credit="intermediate", gamma=0.5))
+    # i = [0.2, -, -], R = 1: G2 = 1, G1 = 0.5, G0 = 0.2 + 0.25 = 0.45
+    assert [t.reward for t in intermediate.batch.transitions] == pytest.approx([0.45, 0.5, 1.0])
+
+
+def test_agent_pattern_selects_the_langgraph_nodes() -> None:
+    result = build_batch(ended(), langgraph_rollout(), BuildOptions.create(agent_pattern="write|rewrite"))
+    assert [(t.index, t.agent_name) for t in result.batch.transitions] == [(0, "write"), (1, "rewrite")]
+    assert result.calls_made == 3 and result.grafted == 3
+
+
+@pytest.mark.parametrize("status", [RolloutStatus.FAILED, RolloutStatus.TIMED_OUT])
+def test_a_failed_rollout_keeps_its_calls_without_credit(status: RolloutStatus) -> None:
+    batch = build_batch(ended(status), three_calls_with_a_reward(), BuildOptions()).batch
+    assert batch.status is status and batch.episode_reward is None
+    assert [t.reward for t in batch.transitions] == [None, None, None]
+    assert [t.intermediate_reward for t in batch.transitions] == [0.2, None, None]
+
+
+def test_a_succeeded_rollout_without_reward_is_not_credited_as_zero() -> None:
+    batch = build_batch(ended(reward=None), three_calls_with_a_reward(), BuildOptions()).batch
+    assert batch.episode_reward is None and [t.reward for t in batch.transitions] == [None, None, None]
+
+
+def test_no_llm_call_no_transition() -> None:
+    result = build_batch(ended(), [rollout_root(), span("tool", 10, 20, "rollout")], BuildOptions())
+    assert result.batch.transitions == [] and result.span_count == 2
+    assert build_batch(ended(), [], BuildOptions()).batch.transitions == []
+
+
+def test_a_call_that_cannot_be_a_transition_is_skipped_and_the_rest_reindexed() -> None:
+    spans = three_calls_with_a_reward()
+    broken = call("c2", 200, 300, "agent")
+    spans[4] = type(broken)(**{**{f: getattr(broken, f) for f in broken.__slots__}, "span_id": "not-hex"})
+    result = build_batch(ended(reward=1.0), spans, BuildOptions.create(credit="discounted", gamma=0.5))
+    assert [t.span_id for t in result.batch.transitions] == [sid("c1"), sid("c3")]
+    assert [t.reward for t in result.batch.transitions] == [0.5, 1.0]  # credited over the calls kept
+    assert len(result.skipped) == 1 and "span_id" in result.skipped[0]
+
+
+def test_only_finished_rollouts_are_built() -> None:
+    with pytest.raises(ValueError, match="not finished"):
+        running = RolloutEvent(rollout_id="r1", attempt=1, status=RolloutStatus.RUNNING, task_id="t", group_id="g")
+        build_batch(running, [], BuildOptions())
+
+
+def test_options_refuse_bad_patterns_and_strategies() -> None:
+    with pytest.raises(ConfigurationError, match="regular expression"):
+        BuildOptions.create(agent_pattern="(")
+    with pytest.raises(ConfigurationError, match="valid: broadcast, discounted, intermediate"):
+        BuildOptions.create(credit="everything")
+    with pytest.raises(ConfigurationError, match="gamma"):
+        BuildOptions.create(gamma=0.0)
+
+
+def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FULMEN_TRANSITIONS_AGENT_PATTERN", "write|rewrite")
+    monkeypatch.setenv("FULMEN_TRANSITIONS_CREDIT", "intermediate")
+    monkeypatch.setenv("FULMEN_TRANSITIONS_GAMMA", "0.9")
+    section = ConsumersSettings().transitions
+    assert (section.agent_pattern, section.credit, section.gamma) == ("write|rewrite", "intermediate", 0.9)
+    monkeypatch.setenv("FULMEN_TRANSITIONS_CREDIT", "nope")
+    with pytest.raises(ValueError, match="FULMEN_TRANSITIONS_CREDIT"):
+        ConsumersSettings()
+
+
+# --- window and attempts ---------------------------------------------------------------------------------------
+TP = TopicPartition("fulmen.rollouts", 0)
+
+
+def record(offset: int) -> ConsumerRecord:
+    return ConsumerRecord("fulmen.rollouts", 0, offset, 0, 0, b"r1", b"{}", None, 2, 2, [])
+
+
+def test_offsets_commit_in_order_once_done_and_past_their_window() -> None:
+    window = BuildWindow()
+    for offset in range(4):
+        window.read(TP, offset)
+    window.done(TP, 0, ready_at=1.0)
+    window.built(Built(ended(), 5, ended().timestamp, TP, record(1)), ready_at=10.0)
+    window.done(TP, 2, ready_at=1.0)
+    assert window.committable(now=2.0) == {TP: 1}  # 1 is still in its late window, 3 not done
+    assert window.has_built(("r1", 1)) and list(window.watched()) == [("r1", 1)]
+    window.done(TP, 3, ready_at=1.0)
+    assert window.committable(now=5.0) == {}
+    assert window.committable(now=10.0) == {TP: 4}
+    assert not window.watched() and window.pending() == 0
+
+
+def test_a_revoked_partition_is_forgotten() -> None:
+    window = BuildWindow()
+    window.read(TP, 7)
+    window.built(Built(ended(), 5, ended().timestamp, TP, record(7)), ready_at=10.0)
+    window.forget([TP])
+    assert not window.watched() and window.pending() == 0 and window.committable(now=99.0) == {}
+
+
+def test_an_older_attempt_is_superseded_by_a_newer_one() -> None:
+    tracker = AttemptTracker(capacity=2)
+    first_failed = ended(RolloutStatus.FAILED, attempt=1)
+    tracker.observe(first_failed)
+    assert not tracker.superseded(first_failed)
+    tracker.observe(RolloutEvent(rollout_id="r1", attempt=2, status=RolloutStatus.CLAIMED, task_id="t1", group_id="g"))
+    assert tracker.superseded(first_failed) and not tracker.superseded(ended(attempt=2))
+    for other in ("r2", "r3"):  # capacity 2: r1 is forgotten
+        tracker.observe(
+            RolloutEvent(rollout_id=other, attempt=1, status=RolloutStatus.CLAIMED, task_id="t", group_id="g")
+        )
+    assert not tracker.superseded(first_failed)

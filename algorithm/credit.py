@@ -17,8 +17,8 @@ intermediate reward) every r_t is None: "no reward", which the trainer must not 
 missing, ``intermediate`` counts it as 0 and credits the intermediate rewards alone.
 
 Registering a name twice raises :class:`ConfigurationError`; so does asking for an unknown name, and that
-error lists the valid ones. The transitions consumer imports this module (the one import from ``consumers``
-into ``algorithm``: pure math with no dependency beyond the error classes).
+error lists the valid ones (``algorithm.registry``). The transitions consumer imports this module (the one
+import from ``consumers`` into ``algorithm``: pure math with no dependency beyond the registry and the errors).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Protocol
 
-from schemas.errors import ConfigurationError
+from algorithm.errors import ConfigurationError
+from algorithm.registry import Registry
 
 __all__ = [
     "CREDIT_STRATEGIES",
@@ -59,29 +60,17 @@ class CreditFn(Protocol):
     ) -> list[float | None]: ...
 
 
-CREDIT_STRATEGIES: dict[str, CreditFn] = {}
+CREDIT_STRATEGIES: Registry[CreditFn] = Registry("credit strategy")
 
 
 def register_credit(name: str) -> Callable[[CreditFn], CreditFn]:
     """Decorator: register a strategy under ``name``; a name registered twice raises ConfigurationError."""
-    key = str(name)
-
-    def decorate(fn: CreditFn) -> CreditFn:
-        if key in CREDIT_STRATEGIES:
-            raise ConfigurationError(f"credit strategy {key!r} is already registered; pick another name")
-        CREDIT_STRATEGIES[key] = fn
-        return fn
-
-    return decorate
+    return CREDIT_STRATEGIES.register(name)
 
 
 def credit_strategy(name: str) -> CreditFn:
     """The strategy registered under ``name``; ConfigurationError listing the valid names otherwise."""
-    try:
-        return CREDIT_STRATEGIES[str(name)]
-    except KeyError:
-        valid = ", ".join(CREDIT_STRATEGIES)
-        raise ConfigurationError(f"unknown credit strategy {str(name)!r}; valid: {valid}") from None
+    return CREDIT_STRATEGIES.get(name)
 
 
 def assign_credit(

@@ -13,9 +13,11 @@ sources, tried in order:
   instrumentation writes on every span inside a LangGraph node (the node span, its LLM spans...).
 
 With an agent pattern, only the calls whose agent name matches it as a whole (``re.fullmatch``) are kept; a
-call with no agent name is matched as the empty string. Repeated records of one call are counted once: the
-same ``gen_ai.response.id``, or a call span nested in another call span with the same token ids (two
-instrumentations recording one request). The first record in episode order is kept.
+call with no agent name is matched as the empty string. Repeated records of one call are counted once: the same
+``gen_ai.response.id`` with the same token ids (one response recorded twice), or a call span nested in another
+call span with the same token ids (two instrumentations recording one request). The first record in episode
+order is kept. The choices of one request (``n`` > 1) share a response id but differ in their tokens, so each
+is a call of its own; only two choices that sampled exactly the same tokens collapse into one.
 """
 
 from __future__ import annotations
@@ -101,13 +103,14 @@ class Call:
 def select_calls(tree: TraceTree, agent_pattern: re.Pattern[str] | None = None) -> tuple[list[Call], int]:
     """The calls to train on in episode order, and how many distinct calls the rollout made in all."""
     calls: list[Call] = []
-    by_response: dict[str, int] = {}
+    by_response: dict[tuple[str, tuple[int, ...], tuple[int, ...]], int] = {}
     by_key: dict[SpanKey, int] = {}
     for key, span in tree.spans.items():
         if not span.is_llm_call:
             continue
         response_id = span.attributes.get(semconv.GEN_AI_RESPONSE_ID, "")
-        index = by_response.get(response_id) if response_id else None
+        response = (response_id, span.prompt_token_ids, span.response_token_ids)
+        index = by_response.get(response) if response_id else None
         if index is None:
             index = _nested_duplicate(tree, key, calls, by_key)
         agent = agent_of(tree, key)
@@ -116,7 +119,7 @@ def select_calls(tree: TraceTree, agent_pattern: re.Pattern[str] | None = None) 
                 calls[index] = Call(calls[index].span, agent)
             continue
         if response_id:
-            by_response[response_id] = len(calls)
+            by_response[response] = len(calls)
         by_key[key] = len(calls)
         calls.append(Call(span, agent))
     selected = [c for c in calls if agent_pattern is None or agent_pattern.fullmatch(c.agent)]

@@ -18,7 +18,7 @@ def close(values: list[float | None], expected: list[float | None]) -> bool:
 
 
 def test_every_builtin_is_registered() -> None:
-    assert set(CREDIT_STRATEGIES) >= {s.value for s in CreditStrategy}
+    assert set(CREDIT_STRATEGIES.names()) >= {s.value for s in CreditStrategy}
 
 
 def test_broadcast_gives_every_call_the_episode_reward() -> None:
@@ -68,7 +68,7 @@ def test_unknown_strategy_lists_the_valid_ones() -> None:
 def test_duplicate_registration_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="already registered"):
         register_credit(CreditStrategy.BROADCAST)(lambda r, i, g: [r] * len(i))
-    assert CREDIT_STRATEGIES["broadcast"].__name__ == "broadcast"
+    assert CREDIT_STRATEGIES.get("broadcast").__name__ == "broadcast"
 
 
 @pytest.mark.parametrize("gamma", [0.0, -0.5, 1.5])

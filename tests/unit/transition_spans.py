@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -18,7 +19,7 @@ def tid(n: int) -> str:
 
 def sid(name: str) -> str:
     """A 16-hex span id derived from a readable name."""
-    return name.encode().hex()[:16].ljust(16, "0")
+    return hashlib.blake2b(name.encode(), digest_size=8).hexdigest()
 
 
 def span(

@@ -59,7 +59,9 @@ class LlmGateway:
         self.options = settings.llm
         self.backend = backend or build_backend(settings.llm)
         self.topic = topic_name(TopicKey.SPANS, settings.kafka.topic_prefix)
-        self.producer = kafka_producer or producer(settings, max_request_size=8 * 1024 * 1024)
+        # linger 0: a lone call's span goes out at once (the agent waits for it); under load records still batch
+        # while a request to the broker is in flight.
+        self.producer = kafka_producer or producer(settings, max_request_size=8 * 1024 * 1024, linger_ms=0)
         self.follower = ModelsFollower(
             settings, self.options.served_model_name, lambda: self.backend.model_version, self._load_version
         )

@@ -13,10 +13,11 @@ Upstream errors: its 4xx comes back to the agent as is; 5xx is a 502; unreachabl
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
-import httpx
+import aiohttp
 
 from producers.llm_gateway.backends.base import CallResult, Choice, TokenLogprob
 from producers.llm_gateway.protocol import ApiError, ChatRequest, CompletionRequest
@@ -33,20 +34,15 @@ class OpenAIUpstreamBackend:
     asks_token_ids = False
     absent_reason = "the openai backend's upstream does not return token ids"
 
-    def __init__(self, options: LlmSection, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, options: LlmSection) -> None:
         if not options.upstream_url:
             raise ConfigurationError(f"FULMEN_LLM_UPSTREAM_URL: the {self.name} backend needs the upstream's /v1 URL")
         self.options = options
-        headers = {}
+        self.base_url = options.upstream_url.rstrip("/")
+        self.headers = {}
         if options.upstream_api_key is not None:
-            headers["Authorization"] = f"Bearer {options.upstream_api_key.get_secret_value()}"
-        self.client = httpx.AsyncClient(
-            base_url=options.upstream_url.rstrip("/"),
-            headers=headers,
-            transport=transport,
-            timeout=httpx.Timeout(options.upstream_timeout_s, connect=10.0),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
-        )
+            self.headers["Authorization"] = f"Bearer {options.upstream_api_key.get_secret_value()}"
+        self.session: aiohttp.ClientSession | None = None
         self._version = options.model_version
         self._context: int | None = options.max_model_len
 
@@ -59,21 +55,25 @@ class OpenAIUpstreamBackend:
         return self._context
 
     async def start(self) -> None:
+        # aiohttp rather than httpx: the gateway's own cost per call is what its overhead is made of.
+        self.session = aiohttp.ClientSession(
+            headers=self.headers,
+            timeout=aiohttp.ClientTimeout(total=self.options.upstream_timeout_s, connect=10.0),
+            connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=30),
+        )
         try:
-            response = await self.client.get("/models", timeout=10.0)
-        except httpx.HTTPError as exc:
-            log.warning(
-                "upstream %s not reachable yet (%s); calls answer 503 until it is", self.options.upstream_url, exc
-            )
+            async with self.session.get(f"{self.base_url}/models", timeout=aiohttp.ClientTimeout(total=10)) as reply:
+                data = await reply.json() if reply.status == 200 else {}
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("upstream %s not reachable yet (%s); calls answer 503 until it is", self.base_url, exc)
             return
-        if response.status_code == 200:
-            models = response.json().get("data") or []
-            found = next((m for m in models if m.get("id") == self.upstream_model), None)
-            if found and self._context is None and isinstance(found.get("max_model_len"), int):
-                self._context = found["max_model_len"]
+        found = next((m for m in data.get("data") or [] if m.get("id") == self.upstream_model), None)
+        if found and self._context is None and isinstance(found.get("max_model_len"), int):
+            self._context = found["max_model_len"]
 
     async def close(self) -> None:
-        await self.client.aclose()
+        if self.session is not None:
+            await self.session.close()
 
     async def load_version(self, uri: str, version: int) -> None:
         raise ConfigurationError(
@@ -105,27 +105,26 @@ class OpenAIUpstreamBackend:
         return body
 
     async def _post(self, path: str, raw: dict[str, Any], client_wants_logprobs: bool) -> dict[str, Any]:
+        if self.session is None:
+            raise ApiError(503, "the gateway is starting")
         body = self._body(raw, chat=path.startswith("/chat"))
         try:
-            response = await self.client.post(path, json=body)
-        except httpx.TimeoutException:
+            async with self.session.post(f"{self.base_url}{path}", json=body) as response:
+                status, text = response.status, await response.text()
+        except TimeoutError:
             raise _unavailable(f"the upstream did not answer within {self.options.upstream_timeout_s:g}s") from None
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             raise _unavailable(f"the upstream cannot be reached: {type(exc).__name__}: {exc}") from None
-        if response.status_code >= 500:
-            raise ApiError(
-                502, f"the upstream failed with {response.status_code}: {response.text[:500]}", kind="upstream_error"
-            )
+        if status >= 500:
+            raise ApiError(502, f"the upstream failed with {status}: {text[:500]}", kind="upstream_error")
         try:
-            data = response.json()
+            data = json.loads(text)
         except ValueError:
-            raise ApiError(
-                502, f"the upstream answered {response.status_code} without JSON", kind="upstream_error"
-            ) from None
-        if response.status_code >= 400:
+            raise ApiError(502, f"the upstream answered {status} without JSON", kind="upstream_error") from None
+        if status >= 400:
             error = data.get("error") if isinstance(data, dict) else None
             message = error.get("message") if isinstance(error, dict) else str(data)[:500]
-            raise ApiError(response.status_code, f"upstream: {message}", param=(error or {}).get("param"))
+            raise ApiError(status, f"upstream: {message}", param=(error or {}).get("param"))
         return data
 
     # --- mapping --------------------------------------------------------------------------------------------

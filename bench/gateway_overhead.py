@@ -1,0 +1,142 @@
+"""What the LLM gateway adds to an LLM call: latency per call and the most calls/s, against calling the
+backend directly.
+
+Starts a Kafka broker, a trivial OpenAI-compatible upstream (``bench/upstream_stub.py``: an instant answer with
+token ids, as vLLM gives them) and ``fulmen llm-gateway --backend vllm`` in front of it, each its own process.
+Then, with 1 and with 16 concurrent clients (closed loop, aiohttp, keep-alive), calls the upstream directly and
+through the gateway for ``--seconds`` each. Through the gateway every call is parsed, forwarded, turned into a
+span with its token ids and published to the spans topic, acknowledged by Kafka (acks=all) before the answer.
+
+    .venv/bin/python bench/gateway_overhead.py [--seconds 10]
+
+Prints one JSON object on its last line: ``added_p50_ms_c1``, ``added_p99_ms_c1``, ``calls_per_s_c16``,
+``direct_calls_per_s_c16``... and CPU per call by process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.span_ingest import _ready, cpu_seconds, free_port, peak_rss_mb, wait_for
+from infra.kafka.admin import ensure_topics
+from infra.kafka.local import LocalKafka
+from infra.settings import BrokerSettings, FulmenSettings
+
+BODY = {
+    "model": "fulmen",
+    "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello."}],
+    "max_tokens": 8,
+}
+
+
+async def load(url: str, clients: int, seconds: float) -> dict:
+    latencies: list[float] = []
+    errors = 0
+    deadline = time.monotonic() + seconds
+    connector = aiohttp.TCPConnector(limit=clients)
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        nonlocal errors
+        while time.monotonic() < deadline:
+            started = time.perf_counter()
+            async with session.post(url, json=BODY) as response:
+                await response.read()
+                if response.status != 200:
+                    errors += 1
+                    continue
+            latencies.append(time.perf_counter() - started)
+
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for _ in range(20):  # warm the connections and the code paths
+            async with session.post(url, json=BODY) as response:
+                await response.read()
+        began = time.monotonic()
+        await asyncio.gather(*(client(session) for _ in range(clients)))
+        elapsed = time.monotonic() - began
+    latencies.sort()
+    return {
+        "calls_per_s": len(latencies) / elapsed,
+        "p50_ms": 1000 * statistics.median(latencies),
+        "p99_ms": 1000 * latencies[int(0.99 * (len(latencies) - 1))],
+        "calls": len(latencies),
+        "errors": errors,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    home = Path(tempfile.mkdtemp(prefix="fulmen-bench-gw-"))
+    broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")
+    broker.start()
+    upstream_port, gateway_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
+        "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap, "FULMEN_HOME": str(home), "FULMEN_LOG_LEVEL": "WARNING",
+        "FULMEN_LLM_PORT": str(gateway_port), "FULMEN_LLM_BACKEND": "vllm", "FULMEN_LLM_MODEL": "stub",
+        "FULMEN_LLM_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}/v1",
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+    }  # fmt: skip
+    asyncio.run(ensure_topics(FulmenSettings(kafka={"bootstrap": broker.bootstrap})))
+    logs = {name: open(home / f"{name}.log", "wb") for name in ("upstream", "gateway")}  # noqa: SIM115
+    upstream = subprocess.Popen([sys.executable, "-m", "bench.upstream_stub", str(upstream_port)], env=env,
+                                stdout=logs["upstream"], stderr=subprocess.STDOUT)  # fmt: skip
+    gateway = subprocess.Popen([sys.executable, "-m", "infra.cli.main", "llm-gateway"], env=env,
+                               stdout=logs["gateway"], stderr=subprocess.STDOUT)  # fmt: skip
+    report: dict = {}
+    try:
+        print(f"logs in {home}", file=sys.stderr)
+        wait_for(lambda: _ready(gateway_port), 120, "the LLM gateway")
+        direct_url = f"http://127.0.0.1:{upstream_port}/v1/chat/completions"
+        gateway_url = f"http://127.0.0.1:{gateway_port}/rollout/bench/attempt/1/v1/chat/completions"
+        pids = {"gateway": gateway.pid, "upstream": upstream.pid, "kafka": broker.status().pid or 0,
+                "load": os.getpid()}  # fmt: skip
+        cpu: dict[str, float] = {}
+        for clients in (1, 16):
+            direct = asyncio.run(load(direct_url, clients, args.seconds))
+            before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            through = asyncio.run(load(gateway_url, clients, args.seconds))
+            if clients == 16:
+                cpu = {n: 1e6 * (cpu_seconds(p) - before[n]) / max(through["calls"], 1) for n, p in pids.items()}
+            print(f"c{clients}: direct {direct}\n     gateway {through}", file=sys.stderr)
+            report |= {
+                f"added_p50_ms_c{clients}": through["p50_ms"] - direct["p50_ms"],
+                f"added_p99_ms_c{clients}": through["p99_ms"] - direct["p99_ms"],
+                f"calls_per_s_c{clients}": through["calls_per_s"],
+                f"direct_calls_per_s_c{clients}": direct["calls_per_s"],
+                f"gateway_p50_ms_c{clients}": through["p50_ms"],
+                f"gateway_p99_ms_c{clients}": through["p99_ms"],
+                f"direct_p50_ms_c{clients}": direct["p50_ms"],
+                f"errors_c{clients}": through["errors"] + direct["errors"],
+            }
+        report["cpu_us_per_call_c16"] = {name: round(value, 1) for name, value in cpu.items()}
+        report["peak_rss_mb"] = {"gateway": peak_rss_mb(gateway.pid), "kafka": peak_rss_mb(broker.status().pid or 0)}
+    finally:
+        for process in (gateway, upstream):
+            process.send_signal(signal.SIGTERM)
+        for process in (gateway, upstream):
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        broker.stop()
+    report = {k: round(v, 3) if isinstance(v, float) else v for k, v in report.items()}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

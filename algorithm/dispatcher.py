@@ -1,0 +1,216 @@
+"""The dispatcher: a dataset of tasks -> groups of ``RolloutRequest``s on the tasks topic, bounded in flight.
+
+Dataset format (JSONL, one JSON object a line, blank lines skipped), as ``fulmen submit`` reads it: a line with
+an ``input`` key is a task description (``input`` plus optional ``task_id`` and ``metadata``); any other object
+is the task input itself. A task without ``task_id`` gets a stable one from its content.
+
+Lifecycle: build with a publisher and the tasks; call :meth:`Dispatcher.fill` with the version the gateways
+serve: it publishes groups (``group_size`` requests sharing a fresh ``group_id``) until ``max_in_flight``
+groups are out, then returns. A group stays in flight until :meth:`Dispatcher.release` (the collector completed
+or dropped it), so ``fill`` waits for groups to finish before dispatching more. The tasks are read in passes:
+``cycle=True`` (training) starts another pass, reshuffled with the seed, when one ends; ``cycle=False``
+(validation) stops after one pass (:attr:`Dispatcher.exhausted`) until :meth:`Dispatcher.rewind`. Each request
+is announced as ``queued`` on the rollouts topic once the tasks topic acknowledged it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infra.errors import ConfigurationError
+from infra.kafka.publish import EventPublisher
+from schemas.codec import decode_obj
+from schemas.errors import DecodeError
+from schemas.events import RolloutEvent, RolloutMode, RolloutRequest, RolloutStatus, new_id
+from schemas.topics import TopicKey
+
+__all__ = ["DatasetTask", "DispatchedGroup", "Dispatcher", "load_dataset"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DatasetTask:
+    """One task of the dataset: the agent's input, its id, and metadata strings for its requests."""
+
+    task_id: str
+    input: dict[str, Any]
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DispatchedGroup:
+    """A published group: what the collector needs to know to complete it."""
+
+    group_id: str
+    task_id: str
+    mode: RolloutMode
+    size: int
+    max_attempts: int
+    model_version: int
+    rollout_ids: tuple[str, ...]
+
+
+def load_dataset(path: Path) -> list[DatasetTask]:
+    """The tasks of a JSONL file (format in the module docstring); ConfigurationError names line and field."""
+    if not path.is_file():
+        raise ConfigurationError(f"{path}: no such dataset file")
+    tasks = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            tasks.append(_task_of(path, number, line))
+    if not tasks:
+        raise ConfigurationError(f"{path}: no tasks in the dataset")
+    return tasks
+
+
+def _task_of(path: Path, number: int, line: str) -> DatasetTask:
+    try:
+        item = json.loads(line)
+    except ValueError as exc:
+        raise ConfigurationError(f"{path}:{number}: not JSON ({exc})") from None
+    if not isinstance(item, dict):
+        raise ConfigurationError(f"{path}:{number}: each line must be a JSON object")
+    if "input" not in item:
+        item = {"input": item}
+    unknown = set(item) - {"input", "task_id", "metadata"}
+    if unknown:
+        raise ConfigurationError(f"{path}:{number}: unknown field(s) {', '.join(sorted(unknown))}; "
+                                 "a task line has input, task_id, metadata")  # fmt: skip
+    if not isinstance(item["input"], dict):
+        raise ConfigurationError(f"{path}:{number}: input must be a JSON object")
+    task_id = item.get("task_id") or _stable_id(item["input"])
+    try:  # validate id and metadata now, not at dispatch time
+        decode_obj(RolloutRequest, {"task_id": task_id, "group_id": "g", "input": item["input"],
+                                    "metadata": item.get("metadata", {})})  # fmt: skip
+    except DecodeError as exc:
+        raise ConfigurationError(f"{path}:{number}: {exc}") from None
+    return DatasetTask(str(task_id), item["input"], dict(item.get("metadata", {})))
+
+
+def _stable_id(value: Any) -> str:
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return "t-" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+class Dispatcher:
+    """Publishes groups of rollout requests for the tasks, at most ``max_in_flight`` unfinished at a time."""
+
+    def __init__(
+        self,
+        publisher: EventPublisher,
+        tasks: Sequence[DatasetTask],
+        *,
+        group_size: int,
+        max_in_flight: int,
+        mode: RolloutMode = RolloutMode.TRAIN,
+        cycle: bool = True,
+        shuffle: bool = False,
+        seed: int = 0,
+        rollout_timeout_s: float = 600.0,
+        max_attempts: int = 3,
+        metadata: dict[str, str] | None = None,
+    ) -> None:
+        if not tasks:
+            raise ConfigurationError("the dispatcher needs at least one task")
+        if group_size < 1 or max_in_flight < 1:
+            raise ConfigurationError(f"group_size ({group_size}) and max_in_flight ({max_in_flight}) must be >= 1")
+        self.publisher = publisher
+        self.tasks = list(tasks)
+        self.group_size = group_size
+        self.max_in_flight = max_in_flight
+        self.mode = mode
+        self.cycle = cycle
+        self.shuffle = shuffle
+        self.rollout_timeout_s = rollout_timeout_s
+        self.max_attempts = max_attempts
+        self.metadata = dict(metadata or {})
+        self.in_flight: dict[str, DispatchedGroup] = {}
+        self.passes = 0
+        self.dispatched = 0
+        self._random = random.Random(seed)
+        self._order: list[DatasetTask] = []
+        self._next = 0
+        self._new_pass()
+
+    @property
+    def exhausted(self) -> bool:
+        """True when a one-pass dispatcher has dispatched every task."""
+        return not self.cycle and self._next >= len(self._order)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight and nothing more to dispatch."""
+        return self.exhausted and not self.in_flight
+
+    async def fill(self, model_version: int) -> list[DispatchedGroup]:
+        """Dispatch groups until ``max_in_flight`` are out (or a one-pass dataset ends); the new groups."""
+        groups: list[DispatchedGroup] = []
+        requests: list[RolloutRequest] = []
+        while len(self.in_flight) + len(groups) < self.max_in_flight and not self.exhausted:
+            group, group_requests = self._group(self._take(), model_version)
+            groups.append(group)
+            requests.extend(group_requests)
+        if not groups:
+            return []
+        await self.publisher.publish_many(TopicKey.TASKS, requests)
+        await self.publisher.publish_many(TopicKey.ROLLOUTS, [_queued(r) for r in requests])
+        for group in groups:
+            self.in_flight[group.group_id] = group
+        self.dispatched += len(groups)
+        log.info("dispatched %d %s group(s) of %d at model version %d (%d in flight)", len(groups), self.mode.value,
+                 self.group_size, model_version, len(self.in_flight))  # fmt: skip
+        return groups
+
+    def rewind(self) -> None:
+        """Start a new pass over the tasks now (a one-pass dispatcher dispatches them all again)."""
+        self._new_pass()
+
+    def release(self, group_id: str) -> DispatchedGroup | None:
+        """The group finished (completed or dropped): it no longer counts as in flight. None if not ours."""
+        return self.in_flight.pop(group_id, None)
+
+    def _take(self) -> DatasetTask:
+        if self._next >= len(self._order):
+            self._new_pass()
+        task = self._order[self._next]
+        self._next += 1
+        return task
+
+    def _new_pass(self) -> None:
+        self._order = list(self.tasks)
+        if self.shuffle:
+            self._random.shuffle(self._order)
+        self._next = 0
+        self.passes += 1
+
+    def _group(self, task: DatasetTask, model_version: int) -> tuple[DispatchedGroup, list[RolloutRequest]]:
+        group_id = f"{task.task_id}-{new_id()[:8]}"[-128:]
+        requests = [
+            RolloutRequest(
+                task_id=task.task_id, group_id=group_id, mode=self.mode, input=task.input,
+                timeout_s=self.rollout_timeout_s, max_attempts=self.max_attempts, model_version=model_version,
+                metadata={**self.metadata, **task.metadata},
+            )
+            for _ in range(self.group_size)
+        ]  # fmt: skip
+        group = DispatchedGroup(
+            group_id=group_id, task_id=task.task_id, mode=self.mode, size=self.group_size,
+            max_attempts=self.max_attempts, model_version=model_version,
+            rollout_ids=tuple(r.rollout_id for r in requests),
+        )  # fmt: skip
+        return group, requests
+
+
+def _queued(request: RolloutRequest) -> RolloutEvent:
+    return RolloutEvent(
+        rollout_id=request.rollout_id, attempt=request.attempt, status=RolloutStatus.QUEUED, task_id=request.task_id,
+        group_id=request.group_id, mode=request.mode, runner_id="fulmen train", model_version=request.model_version,
+    )  # fmt: skip

@@ -1,0 +1,174 @@
+"""Completing GRPO groups from transition batches: latest attempt per rollout, timeouts, staleness.
+
+A :class:`GroupBook` knows the groups the dispatcher published (:meth:`GroupBook.expect`) and files each
+arriving ``TransitionBatch`` under its group. Rules:
+
+- latest attempt: a rollout's batch replaces the one it has only if its attempt is higher (a redelivered or
+  older attempt is ignored);
+- final rollout: a batch counts as final when the rollout SUCCEEDED or used its last attempt
+  (``attempt >= max_attempts``); a failed attempt that the runner will retry is kept provisionally;
+- complete group: ``size`` rollouts, all final -> closed at once (:meth:`GroupBook.add` returns it);
+- timeout: ``timeout_s`` after dispatch an open group is closed by the :class:`IncompletePolicy` in force
+  (registry ``INCOMPLETE_POLICIES``): ``train_partial`` keeps it when at least ``min_group_size`` rollouts
+  arrived (provisional ones included), else drops it; ``drop`` drops it;
+- unknown group (not dispatched by this process, or already closed): the batch is ignored and counted.
+
+Staleness is judged when a step takes its groups (:func:`drop_stale`), against the version being trained
+then, not when the batch arrived. Pure state, no I/O: the clock is injected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from algorithm.dispatcher import DispatchedGroup
+from algorithm.registry import Registry
+from algorithm.settings import IncompletePolicy
+from schemas.events import RolloutMode, RolloutStatus, TransitionBatch
+
+__all__ = [
+    "INCOMPLETE_POLICIES",
+    "AddOutcome",
+    "ClosedGroup",
+    "GroupBook",
+    "drop_stale",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClosedGroup:
+    """A group ready to use: its rollouts (latest attempt each, sorted by rollout id) and how it closed.
+
+    ``partial``: closed by timeout with fewer than ``expected`` final rollouts. ``kept``: False when the policy
+    dropped it (it is then only reported, never trained on).
+    """
+
+    group_id: str
+    task_id: str
+    mode: RolloutMode
+    expected: int
+    rollouts: tuple[TransitionBatch, ...]
+    partial: bool = False
+    kept: bool = True
+
+    @property
+    def num_transitions(self) -> int:
+        return sum(len(r.transitions) for r in self.rollouts)
+
+
+@dataclass
+class _OpenGroup:
+    spec: DispatchedGroup
+    deadline: float
+    rollouts: dict[str, TransitionBatch] = field(default_factory=dict)
+
+    def final(self, batch: TransitionBatch) -> bool:
+        return batch.status is RolloutStatus.SUCCEEDED or batch.attempt >= self.spec.max_attempts
+
+    @property
+    def complete(self) -> bool:
+        return len(self.rollouts) >= self.spec.size and all(self.final(b) for b in self.rollouts.values())
+
+    def close(self, *, partial: bool, kept: bool) -> ClosedGroup:
+        spec = self.spec
+        rollouts = tuple(self.rollouts[k] for k in sorted(self.rollouts))
+        return ClosedGroup(spec.group_id, spec.task_id, spec.mode, spec.size, rollouts, partial, kept)
+
+
+KeepFn = Callable[[int, int], bool]
+"""``(rollouts arrived, min_group_size) -> keep the timed-out group?``"""
+
+INCOMPLETE_POLICIES: Registry[KeepFn] = Registry("incomplete-group policy")
+INCOMPLETE_POLICIES.register(IncompletePolicy.TRAIN_PARTIAL)(lambda arrived, least: arrived >= least)
+INCOMPLETE_POLICIES.register(IncompletePolicy.DROP)(lambda arrived, least: False)
+
+
+class AddOutcome(StrEnum):
+    FILED = "filed"  # kept in its group (maybe replacing an older attempt)
+    OLDER_ATTEMPT = "older_attempt"  # the group already has a later attempt of that rollout: ignored
+    UNKNOWN_GROUP = "unknown_group"  # not a group in flight here: ignored
+
+
+class GroupBook:
+    """Open groups by id; see the module docstring for the rules."""
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float,
+        policy: str = IncompletePolicy.TRAIN_PARTIAL,
+        min_group_size: int = 2,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.keep = INCOMPLETE_POLICIES.get(policy)  # ConfigurationError listing the valid names
+        self.policy = str(policy)
+        self.min_group_size = min_group_size
+        self.clock = clock
+        self.open: dict[str, _OpenGroup] = {}
+        self.ignored = 0
+
+    def expect(self, spec: DispatchedGroup) -> None:
+        """Start waiting for ``spec``'s rollouts; its timeout runs from now."""
+        self.open[spec.group_id] = _OpenGroup(spec, self.clock() + self.timeout_s)
+
+    def add(self, batch: TransitionBatch) -> tuple[AddOutcome, ClosedGroup | None]:
+        """File ``batch``; the group too when this batch completed it (it is then no longer open)."""
+        group = self.open.get(batch.group_id)
+        if group is None:
+            self.ignored += 1
+            log.debug("ignoring rollout %s: group %s is not in flight here", batch.rollout_id, batch.group_id)
+            return AddOutcome.UNKNOWN_GROUP, None
+        current = group.rollouts.get(batch.rollout_id)
+        if current is not None and current.attempt >= batch.attempt:
+            return AddOutcome.OLDER_ATTEMPT, None
+        group.rollouts[batch.rollout_id] = batch
+        if not group.complete:
+            return AddOutcome.FILED, None
+        del self.open[batch.group_id]
+        return AddOutcome.FILED, group.close(partial=False, kept=True)
+
+    def expire(self) -> list[ClosedGroup]:
+        """Close the groups past their deadline by the policy (kept or dropped); returns them."""
+        now = self.clock()
+        closed = []
+        for group_id in [g for g, group in self.open.items() if group.deadline <= now]:
+            group = self.open.pop(group_id)
+            kept = self.keep(len(group.rollouts), self.min_group_size)
+            closed.append(group.close(partial=True, kept=kept))
+            log.warning("group %s timed out with %d of %d rollouts: %s (policy %s)", group_id, len(group.rollouts),
+                        group.spec.size, "kept" if kept else "dropped", self.policy)  # fmt: skip
+        return closed
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of the open groups (clock time), None when none is open."""
+        return min((g.deadline for g in self.open.values()), default=None)
+
+
+def drop_stale(group: ClosedGroup, current_version: int, max_staleness: int) -> tuple[ClosedGroup, int]:
+    """``group`` without the transitions sampled by a version older than ``current_version - max_staleness``,
+    and how many were dropped. A transition's version is its own ``model_version``, else its batch's; an
+    unknown version (None) is kept. A rollout left without transitions stays in the group (it arrived; the
+    advantage computation skips rollouts without transitions)."""
+    oldest = current_version - max_staleness
+    dropped = 0
+    rollouts = []
+    for batch in group.rollouts:
+        fresh = [t for t in batch.transitions if _version(t.model_version, batch.model_version) >= oldest]
+        dropped += len(batch.transitions) - len(fresh)
+        if len(fresh) != len(batch.transitions):  # indices keep their call positions (no re-validation)
+            batch = batch.model_copy(update={"transitions": fresh})
+        rollouts.append(batch)
+    return dataclasses.replace(group, rollouts=tuple(rollouts)), dropped
+
+
+def _version(own: int | None, batch: int | None) -> float:
+    version = own if own is not None else batch
+    return float("inf") if version is None else version

@@ -2,8 +2,8 @@
 
 ``tree`` (trace tree, repaired), ``selection`` (LLM calls, agents), ``rewards`` (intermediate rewards matched
 to calls), ``builder`` (rollout → TransitionBatch, pure), ``reader`` (spans from the store), ``barrier`` (wait
-for the spans consumer), ``window`` (commits and late-span watch), ``worker`` (the consume loop), ``app`` (its
-entry in ``fulmen consume``), ``settings`` (``FULMEN_TRANSITIONS_*``).
+for the spans consumer), ``window`` (commits, attempts, what is watched), ``late`` (late spans), ``worker`` (the
+consume loop), ``app`` (its entry in ``fulmen consume``), ``settings`` (``FULMEN_TRANSITIONS_*``).
 """
 
 from consumers.transitions.app import TransitionBuilderSink

@@ -44,9 +44,7 @@ class TransitionBuilderSink:
     ) -> TransitionWorker:
         prefix = settings.kafka.topic_prefix
         spans_group = self.section.spans_group or f"{group_prefix}.spans"
-        barrier = OffsetBarrier(
-            settings, topic_name(TopicKey.SPANS, prefix), spans_group, warn_after_s=self.section.barrier_timeout_s
-        )
+        barrier = OffsetBarrier(settings, topic_name(TopicKey.SPANS, prefix), spans_group)
         limit = int(topic(TopicKey.TRANSITIONS).config.get("max.message.bytes", 1024 * 1024))
         publisher = EventPublisher(producer(settings, max_request_size=limit), prefix=prefix)
         return TransitionWorker(self, settings, kafka_consumer, store, dead_letters, publisher, barrier, self.section)

@@ -48,13 +48,12 @@ WHERE (RolloutId, Attempt) IN {keys:Array(Tuple(String, UInt32))}
 GROUP BY RolloutId, Attempt
 """
 
-# Timestamp (a span's start) bounds the scan to recent daily partitions; 8 days covers the longest rollout
-# timeout (7 days) plus a day: a span that started longer ago than that is never found late.
+# The rollout ids narrow the scan to their ranges of the sort key, so the check costs what the watched rollouts
+# hold, not what the table holds.
 _RECENT_SQL = """
 SELECT DISTINCT RolloutId, Attempt
 FROM __TABLE__
-WHERE IngestedAt >= fromUnixTimestamp64Milli({since_ms:Int64}, 'UTC')
-  AND Timestamp >= fromUnixTimestamp64Milli({since_ms:Int64}, 'UTC') - INTERVAL 8 DAY AND RolloutId != ''
+WHERE RolloutId IN {ids:Array(String)} AND IngestedAt >= fromUnixTimestamp64Milli({since_ms:Int64}, 'UTC')
 """
 
 
@@ -98,9 +97,13 @@ class SpanReader:
         """The store's clock (which fills ``IngestedAt``), in milliseconds since the epoch."""
         return int(self.store.query("SELECT toUnixTimestamp64Milli(now64(3))", final=False).rows[0][0])
 
-    def recently_ingested(self, since_ms: int) -> set[RolloutKey]:
-        """The rollout attempts that received a span at or after ``since_ms`` (store clock, ms since the epoch)."""
-        rows = self.store.query(self._recent_sql, {"since_ms": since_ms}, final=False).rows
+    def recently_ingested(self, rollout_ids: Iterable[str], since_ms: int) -> set[RolloutKey]:
+        """The attempts of ``rollout_ids`` that received a span at or after ``since_ms`` (store clock, ms since
+        the epoch)."""
+        ids = sorted(set(rollout_ids))
+        if not ids:
+            return set()
+        rows = self.store.query(self._recent_sql, {"ids": ids, "since_ms": since_ms}, final=False).rows
         return {(row[0], int(row[1])) for row in rows}
 
 

@@ -1,24 +1,24 @@
 """The transitions worker: terminal rollout events → offset barrier → spans from the store → TransitionBatches.
 
-Lifecycle of one poll (up to ``max_batch`` rollout events, handled together):
+Lifecycle of the events of one poll (up to ``max_batch``):
 
 1. decode each event (an undecodable one is dead-lettered); remember the highest attempt of each rollout;
 2. keep the terminal events of the latest attempts (an older attempt's end, or a rollout attempt already built
-   and still watched, is only acknowledged);
-3. take the spans topic's end offsets and wait until the spans consumer has committed past them (``barrier``);
-4. read the rollouts' spans in one query (``reader``), build one batch per rollout (``builder``);
+   or waiting to be, is only acknowledged);
+3. take the spans topic's end offsets and let the events wait for the spans consumer to commit past them
+   (``barrier``); polling goes on meanwhile, and rounds are released in order;
+4. read the released rollouts' spans in one query (``reader``), build one batch per rollout (``builder``);
 5. insert the transitions' rows into the transitions table, then publish the batches to
    ``fulmen.transitions`` keyed by group id, acknowledged;
 6. commit the rollouts offsets once the batches are out *and* their late window has passed (``window``).
 
-Late spans: every ``late_check_interval_s`` the worker asks the store which watched rollouts received spans
-since the last check and compares their distinct span counts with what each was built from. A rollout that
-grew is rebuilt and its batch inserted and published again, with a newer ``created_at`` (the transitions table
-keeps the newest row per call; readers of the topic keep the newest batch of a rollout attempt), and a WARNING
-says so. A span later than ``late_window_s`` after the build is not trained on: it stays in ``otel_traces``.
+Late spans (``late``): a watched rollout that received spans after its build is rebuilt, and its batch inserted
+and published again with a newer ``created_at`` (the transitions table keeps the newest row per call; readers
+of the topic keep the newest batch of a rollout attempt); a WARNING says so.
 
 Store or broker failures are retried with backoff until they succeed or ``stop`` is set; nothing is committed
-past an event whose batch is not out.
+past an event whose batch is not out. All of this runs in one task, so a rebalance (which runs inside the poll)
+never meets a half-built round.
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from consumers.event_sinks import TRANSITION_SCHEMA, transition_rows
-from consumers.transitions.barrier import OffsetBarrier
+from consumers.transitions.barrier import OffsetBarrier, WaitingRounds
 from consumers.transitions.builder import BuildOptions, BuildResult, build_batch
+from consumers.transitions.late import LateSpanCheck
 from consumers.transitions.reader import RolloutKey, SpanReader
 from consumers.transitions.settings import TransitionsSection
 from consumers.transitions.window import AttemptTracker, BuildWindow, Built
@@ -59,9 +60,9 @@ __all__ = ["TransitionStats", "TransitionWorker"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_LATE_SLACK_MS = 5_000  # an insert may become visible this long after its IngestedAt was taken
 _STOPPED = object()
 _STORE_ERRORS = (ClickHouseError, OSError)  # a ClickHouse server unreachable or refusing: retried
+_MAX_WAITING_ROUNDS = 32  # stop fetching events while this many polls wait for the barrier
 Item = tuple[TopicPartition, ConsumerRecord, RolloutEvent]
 
 
@@ -110,10 +111,11 @@ class TransitionWorker:
         self.clock = clock
         self.window = BuildWindow()
         self.attempts = AttemptTracker()
+        self.waiting = WaitingRounds(barrier.spans_group, section.barrier_timeout_s, clock)
+        self.late = LateSpanCheck(self.reader, section.late_window_s, section.late_check_interval_s, clock)
         self.stats = TransitionStats()
         self.max_batch_bytes = int(topic(TopicKey.TRANSITIONS).config.get("max.message.bytes", 1024 * 1024))
-        self._since_ms: int | None = None
-        self._next_check = 0.0
+        self._waiting_keys: set[RolloutKey] = set()
 
     def listener(self) -> ConsumerRebalanceListener:
         return _CommitOnRevoke(self)
@@ -131,22 +133,39 @@ class TransitionWorker:
             await close_quietly([self.publisher.producer])
 
     async def poll_once(self, stop: asyncio.Event) -> None:
-        fetched = await self.consumer.getmany(timeout_ms=200, max_records=self.section.max_batch)
+        """Fetch events (unless too many rounds wait), release and build what the barrier lets through, look for
+        late spans when due, commit."""
+        if len(self.waiting) < _MAX_WAITING_ROUNDS:
+            timeout_ms = 20 if len(self.waiting) else 200
+            fetched = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=self.section.max_batch)
+            await self._take(fetched, stop)
+        else:
+            await asyncio.sleep(0.02)
+        if len(self.waiting) and not stop.is_set():
+            committed = await self._retrying(self.barrier.committed, "reading the spans group's offsets", stop)
+            if committed is not _STOPPED:
+                ready = self.waiting.release(committed)  # type: ignore[arg-type]
+                if ready:
+                    await self._build_round(ready, stop)
+        if self.late.due() and not stop.is_set():
+            await self._check_late(stop)
+        await self.commit()
+
+    # --- reading events -------------------------------------------------------------------------------------
+    async def _take(self, fetched: dict[TopicPartition, list[ConsumerRecord]], stop: asyncio.Event) -> None:
         items = []
         for tp, records in fetched.items():
             for record in records:
                 item = await self._read(tp, record)
                 if item is not None:
                     items.append(item)
-        todo = [item for item in items if self._wanted(item)]
-        if todo:
-            await self._build_round(todo, stop)
-        if self.section.late_window_s > 0 and self.clock() >= self._next_check and not stop.is_set():
-            self._next_check = self.clock() + self.section.late_check_interval_s
-            await self._check_late(stop)
-        await self.commit()
+        todo = [item for item in items if self._wanted(item)]  # after the whole poll was observed
+        if not todo:
+            return
+        snapshot = await self._retrying(self.barrier.snapshot, "reading the spans topic's end offsets", stop)
+        if snapshot is not _STOPPED:
+            self.waiting.add(todo, snapshot)  # type: ignore[arg-type]
 
-    # --- reading events -------------------------------------------------------------------------------------
     async def _read(self, tp: TopicPartition, record: ConsumerRecord) -> Item | None:
         self.window.read(tp, record.offset)
         self.stats.records += 1
@@ -164,15 +183,16 @@ class TransitionWorker:
         return (tp, record, event)
 
     def _wanted(self, item: Item) -> bool:
-        """Whether a terminal event is to be built (after every event of the poll has been observed)."""
+        """Whether a terminal event is to be built: the latest attempt, not built or waiting already."""
         tp, record, event = item
         key = (event.rollout_id, event.attempt)
         if self.attempts.superseded(event):
             self.stats.superseded += 1
             log.info("rollout %s attempt %d superseded by a later attempt: not built", *key)
-        elif self.window.has_built(key):
+        elif self.window.has_built(key) or key in self._waiting_keys:
             self.stats.duplicates += 1
         else:
+            self._waiting_keys.add(key)
             return True
         self.window.done(tp, record.offset, self.clock())
         return False
@@ -184,21 +204,11 @@ class TransitionWorker:
         self.window.done(tp, record.offset, self.clock())
 
     # --- building -------------------------------------------------------------------------------------------
-    async def _build_round(self, todo: list[Item], stop: asyncio.Event) -> None:
-        unique: dict[RolloutKey, Item] = {}
-        for item in todo:
-            key = (item[2].rollout_id, item[2].attempt)
-            if key in unique:  # the same end twice in one poll
-                self.stats.duplicates += 1
-                self.window.done(item[0], item[1].offset, self.clock())
-            else:
-                unique[key] = item
-        snapshot = await self._retrying(self.barrier.snapshot, "reading the spans topic's end offsets", stop)
-        if snapshot is _STOPPED or not await self.barrier.wait(snapshot, stop):  # type: ignore[arg-type]
-            return
-        published = await self._build_and_publish(list(unique.values()), stop)
+    async def _build_round(self, items: list[Item], stop: asyncio.Event) -> None:
+        published = await self._build_and_publish(items, stop)
         if published is None:
-            return
+            return  # stopped: nothing marked done, so nothing of this round is committed
+        self._waiting_keys.difference_update((event.rollout_id, event.attempt) for _, _, event in items)
         ready_at = self.clock() + self.section.late_window_s
         for (tp, record, event), result in published:
             self.window.built(Built(event, result.span_count, result.batch.created_at, tp, record), ready_at)
@@ -216,7 +226,6 @@ class TransitionWorker:
             result = await self._build_one(item, spans.get(key, []))  # type: ignore[union-attr]
             if result is not None:
                 built.append((item, result))
-        await self.dead_letters.flush()
         if built and not await self._publish([result for _, result in built], stop):
             return None
         return built
@@ -225,12 +234,7 @@ class TransitionWorker:
         tp, record, event = item
         try:
             result = build_batch(event, spans, self.options)
-            size = len(encode(result.batch))
-            if size > self.max_batch_bytes:
-                raise PoisonInputError(
-                    f"its TransitionBatch is {size} bytes, over the transitions topic's {self.max_batch_bytes}",
-                    rollout_id=event.rollout_id,
-                )
+            self._check_size(result)
         except (ValueError, PoisonInputError) as exc:
             error = exc if isinstance(exc, PoisonInputError) else PoisonInputError(f"cannot build: {exc}")
             log.error("rollout %s attempt %d: %s; dead-lettered", event.rollout_id, event.attempt, error.message)
@@ -247,8 +251,23 @@ class TransitionWorker:
         )  # fmt: skip
         return result
 
+    def _check_size(self, result: BuildResult) -> None:
+        """A batch over the topic's record limit can never be published: poison. Encoded only when an upper
+        bound of its JSON size (ids <= 11 bytes, logprobs <= 25, 2 KB per call) comes close to the limit."""
+        batch = result.batch
+        bound = 4096 + sum(
+            2048 + 11 * (len(t.prompt_token_ids) + len(t.response_token_ids)) + 25 * len(t.response_logprobs or ())
+            for t in batch.transitions
+        )
+        if bound > self.max_batch_bytes and (size := len(encode(batch))) > self.max_batch_bytes:
+            raise PoisonInputError(
+                f"its TransitionBatch is {size} bytes, over the transitions topic's {self.max_batch_bytes}",
+                rollout_id=batch.rollout_id,
+            )
+
     async def _publish(self, results: list[BuildResult], stop: asyncio.Event) -> bool:
         """Rows into the transitions table, then the batches to Kafka (acknowledged); False when stopped."""
+        await self.dead_letters.flush()
         rows = [row for result in results for row in transition_rows(result.batch)]
         if rows:
             table = pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA)
@@ -272,27 +291,14 @@ class TransitionWorker:
     # --- late spans -----------------------------------------------------------------------------------------
     async def _check_late(self, stop: asyncio.Event) -> None:
         watched = self.window.watched()
-        now_ms = await self._retrying(lambda: asyncio.to_thread(self.reader.now_ms), "reading the store clock", stop)
-        if now_ms is _STOPPED:
-            return
-        since, self._since_ms = self._since_ms, now_ms  # type: ignore[assignment]
-        if not watched:
-            return
-        since = (since if since is not None else now_ms - int(self.section.late_window_s * 1000)) - _LATE_SLACK_MS
         try:
-            recent = await asyncio.to_thread(self.reader.recently_ingested, since)
-            candidates = [key for key in recent if key in watched]
-            counts = await asyncio.to_thread(self.reader.span_counts, candidates) if candidates else {}
+            late = await asyncio.to_thread(self.late.late, watched)
         except _STORE_ERRORS as exc:
             log.warning("transitions: the late-span check failed, trying again next time: %s", exc)
-            self._since_ms = since + _LATE_SLACK_MS
             return
-        late = [key for key in candidates if counts.get(key, 0) > watched[key].span_count]
-        if late:
-            await self._rebuild(late, counts, stop)
-
-    async def _rebuild(self, late: list[RolloutKey], counts: dict[RolloutKey, int], stop: asyncio.Event) -> None:
-        watched = self.window.watched()
+        if not late:
+            return
+        before = {key: watched[key].span_count for key in late}
         items = [(watched[key].tp, watched[key].record, watched[key].event) for key in late]
         published = await self._build_and_publish(items, stop)
         if published is None:
@@ -302,8 +308,8 @@ class TransitionWorker:
             key = (event.rollout_id, event.attempt)
             log.warning(
                 "rollout %s attempt %d: %d span(s) arrived after its transitions were built; rebuilt with %d "
-                "transition(s) and published again", key[0], key[1], counts[key] - watched[key].span_count,
-                len(result.batch.transitions),
+                "transition(s) and published again",
+                key[0], key[1], late[key] - before[key], len(result.batch.transitions),
             )  # fmt: skip
             self.window.built(Built(event, result.span_count, result.batch.created_at, tp, record), ready_at)
         self.stats.late_rebuilds += len(published)
@@ -326,6 +332,13 @@ class TransitionWorker:
             raise RetryableError(f"transitions: commit failed: {exc}") from exc
         self.stats.committed.update({tp: m.offset for tp, m in mine.items()})
 
+    async def revoked(self, partitions: list[TopicPartition]) -> None:
+        """Partitions taken away: commit what may be, then forget them (their next owner reads them again)."""
+        await self.commit(partitions)
+        self.window.forget(partitions)
+        for _, _, event in self.waiting.drop(lambda item: item[0] not in partitions):
+            self._waiting_keys.discard((event.rollout_id, event.attempt))
+
     async def _retrying(self, fn: Callable[[], Awaitable[T]], what: str, stop: asyncio.Event) -> T | object:
         attempt = 0
         while not stop.is_set():
@@ -346,8 +359,7 @@ class _CommitOnRevoke(ConsumerRebalanceListener):
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         if revoked:
-            await self.owner.commit(list(revoked))
-            self.owner.window.forget(list(revoked))
+            await self.owner.revoked(list(revoked))
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         log.debug("transitions: assigned %s", sorted(assigned))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from consumers.transitions.barrier import WaitingRounds, behind
 from consumers.transitions.builder import BuildOptions, build_batch
+from consumers.transitions.late import SLACK_MS, LateSpanCheck
 from consumers.transitions.settings import ConsumersSettings
 from consumers.transitions.window import AttemptTracker, BuildWindow, Built
 from schemas.errors import ConfigurationError
@@ -163,3 +165,60 @@ def test_an_older_attempt_is_superseded_by_a_newer_one() -> None:
             RolloutEvent(rollout_id=other, attempt=1, status=RolloutStatus.CLAIMED, task_id="t", group_id="g")
         )
     assert not tracker.superseded(first_failed)
+
+
+# --- barrier rounds and the late-span check --------------------------------------------------------------------
+SPANS = [TopicPartition("otlp_spans", p) for p in range(2)]
+
+
+def test_rounds_are_released_in_order_once_the_commits_reach_their_snapshot(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    rounds = WaitingRounds("fulmen.consumers.spans", warn_after_s=30, clock=lambda: now[0])
+    rounds.add(["a"], {SPANS[0]: 5, SPANS[1]: 0})
+    rounds.add(["b", "c"], {SPANS[0]: 5, SPANS[1]: 3})
+    assert rounds.release({SPANS[0]: 4}) == [] and len(rounds) == 2
+    assert rounds.release({SPANS[0]: 5}) == ["a"]  # partition 1 had nothing to wait for in the first round
+    now[0] = 31.0
+    assert rounds.release({SPANS[0]: 9, SPANS[1]: 2}) == []
+    assert "otlp_spans[1] by 1" in caplog.text and "waited 31s" in caplog.text
+    assert rounds.release({SPANS[0]: 9, SPANS[1]: 3}) == ["b", "c"] and len(rounds) == 0
+
+
+def test_behind_and_dropping_a_revoked_partition_s_items() -> None:
+    assert behind({SPANS[0]: 5, SPANS[1]: 2}, {SPANS[0]: 2}) == {SPANS[0]: 3, SPANS[1]: 2}
+    rounds = WaitingRounds("g")
+    rounds.add([(TP, 1), (TopicPartition("fulmen.rollouts", 3), 2)], {})
+    assert rounds.drop(lambda item: item[0] != TP) == [(TP, 1)]
+    assert rounds.release({}) == [(TopicPartition("fulmen.rollouts", 3), 2)]
+
+
+class FakeReader:
+    def __init__(self) -> None:
+        self.clock_ms = 100_000
+        self.ingested: dict[tuple[str, int], list[int]] = {}  # rollout -> IngestedAt of each span
+        self.asked_since: list[int] = []
+
+    def now_ms(self) -> int:
+        return self.clock_ms
+
+    def recently_ingested(self, rollout_ids: set[str], since_ms: int) -> set[tuple[str, int]]:
+        self.asked_since.append(since_ms)
+        return {key for key, times in self.ingested.items() if key[0] in rollout_ids and max(times) >= since_ms}
+
+    def span_counts(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        return {key: len(self.ingested[key]) for key in keys}
+
+
+def test_the_late_check_finds_watched_rollouts_that_grew() -> None:
+    now = [0.0]
+    reader = FakeReader()
+    check = LateSpanCheck(reader, window_s=60, interval_s=2, clock=lambda: now[0])  # type: ignore[arg-type]
+    built = Built(ended(), 2, ended().timestamp, TP, record(1))
+    reader.ingested = {("r1", 1): [99_000, 99_500], ("other", 1): [99_900]}
+    assert check.due() and check.late({("r1", 1): built}) == {}
+    assert not check.due()  # the next one is 2 s later
+    reader.clock_ms, now[0] = 102_000, 2.0
+    reader.ingested[("r1", 1)].append(101_000)  # a late span
+    assert check.due() and check.late({("r1", 1): built}) == {("r1", 1): 3}
+    assert reader.asked_since == [100_000 - 60_000 - SLACK_MS, 100_000 - SLACK_MS]
+    assert not LateSpanCheck(reader, window_s=0, interval_s=1).due()  # type: ignore[arg-type]

@@ -41,7 +41,8 @@ class TrainSection(BaseModel):
                                  "default $FULMEN_HOME/runs/<run_id>")  # fmt: skip
     model_path: str = Field(default="", description="Hugging Face model directory, or 'tiny' (built offline)")
     model_name: str = Field(default="fulmen", pattern=IDENTIFIER_PATTERN.pattern, description="served name")
-    agent: str = Field(default="", description="module:function the runners run (recorded in request metadata)")
+    agent: str = Field(default="", pattern=r"^$|^[\w.]+:[\w.]+$",
+                       description="module:function the runners run (recorded in request metadata)")  # fmt: skip
     steps: int = Field(default=10, ge=1, description="optimisation steps (= model versions) to train")
     group_size: int = Field(default=8, ge=1, le=1024, description="rollouts per task (GRPO's G)")
     groups_per_step: int = Field(default=4, ge=1, description="complete groups in one optimisation step")

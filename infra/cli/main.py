@@ -355,6 +355,46 @@ def rollouts(
     render(_query(reader, f"SELECT * FROM ({latest}) ORDER BY Updated DESC LIMIT {int(limit)}"), "table", console)
 
 
+# --- algorithm -----------------------------------------------------------------------------------------------
+@app.command("train")
+@friendly
+def train(
+    dataset: Annotated[Path, typer.Option(help="JSONL of training tasks, one per line")],
+    model: Annotated[str | None, typer.Option(help="base model directory, or 'tiny' (FULMEN_TRAIN_MODEL_PATH)")] = None,
+    agent: Annotated[
+        str | None, typer.Option(help="module:function the runners run, recorded in requests (FULMEN_TRAIN_AGENT)")
+    ] = None,
+    val: Annotated[Path | None, typer.Option(help="JSONL of validation tasks")] = None,
+    steps: Annotated[int | None, typer.Option(help="optimisation steps (FULMEN_TRAIN_STEPS)")] = None,
+) -> None:
+    """Train with GRPO on rollouts of the dataset: dispatch tasks, collect transitions, update, publish versions.
+
+    Needs only Kafka; runners (`fulmen runner`), `fulmen consume` and `fulmen llm-gateway` run separately."""
+    from algorithm.dispatcher import load_dataset
+    from algorithm.settings import TrainSettings
+    from algorithm.train import train as run_training
+    from infra.services import ensure_kafka
+
+    settings = _settings(TrainSettings, service=True)
+    overrides = {"model_path": model, "agent": agent, "steps": steps}
+    for name, value in overrides.items():
+        if value is not None:
+            setattr(settings.train, name, value)
+    settings = TrainSettings.model_validate(settings.model_dump())  # re-check what the options changed
+    tasks, val_tasks = load_dataset(dataset), load_dataset(val) if val else None
+    ensure_kafka(settings)
+
+    async def main() -> list[Any]:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        return await run_training(settings, tasks, val_tasks, stop)
+
+    done = asyncio.run(main())
+    console.print(f"run {settings.train.run_id}: {len(done)} step(s) trained; checkpoints in {settings.run_dir}")
+
+
 def _query(reader: Any, sql: str, *, final: bool = True) -> Any:
     """A read-only query whose engine error becomes one readable message."""
     try:

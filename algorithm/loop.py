@@ -1,0 +1,244 @@
+"""The training loop: dispatch -> collect a step's groups -> samples -> update -> checkpoint -> publish.
+
+One step N (the policy being served is version ``N - 1``; version 0 is the base model):
+
+1. keep ``max_groups_in_flight`` train groups dispatched (:class:`~algorithm.dispatcher.Dispatcher`, requests
+   stamped with the served version) and poll the :class:`~algorithm.collector.Collector` until
+   ``groups_per_step`` kept train groups are ready (``rollout_wait_s``);
+2. drop the transitions older than ``max_staleness`` versions (:func:`~algorithm.groups.drop_stale`, counted as
+   ``dropped_stale``; a group left empty is replaced by the next), build one sample per transition with its
+   group advantage (:func:`~algorithm.samples.build_samples`, estimator and scope from the settings);
+3. one policy update (``backend.step``, in a worker thread so Kafka heartbeats go on; ``train_s``);
+4. save the checkpoint to ``<run dir>/checkpoints/v<N>``, publish ``ModelVersion(version=N, format="hf")`` and
+   wait for the broker's acknowledgement (``publish_s``);
+5. with a validation set, when due (before step 1, every ``val_every`` steps, after the last step): dispatch
+   every validation task, wait for all its groups, report ``val_accuracy`` = share of validation rollouts whose
+   EPISODE REWARD IS > 0.5 (None counts as wrong) and ``val_reward_mean`` (None counts as
+   ``missing_reward``) in the step's ``TrainStep.extra`` (the initial one as ``initial_val_*`` in step 1's);
+6. publish ``TrainStep`` on the metrics topic; mark the step's groups done and commit the collector's offsets
+   (only now: a crash before this point redelivers the step's transitions).
+
+Errors: ``BrokerUnavailableError`` when Kafka does not acknowledge; ``PoisonInputError`` from the backend for
+a sample it can never train on (samples longer than ``max_len`` are dropped before, and counted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from algorithm.collector import Collector
+from algorithm.dispatcher import Dispatcher
+from algorithm.groups import ClosedGroup, drop_stale
+from algorithm.samples import StepSamples, build_samples
+from algorithm.settings import TrainSection
+from algorithm.trainer.base import StepMetrics, TrainerBackend
+from infra.kafka.publish import EventPublisher
+from schemas.events import ModelVersion, RolloutMode, TrainStep
+from schemas.topics import TopicKey
+
+__all__ = ["LoopPlan", "TrainingLoop", "checkpoint_dir"]
+
+log = logging.getLogger(__name__)
+
+CORRECT_ABOVE = 0.5
+"""A validation rollout is correct when its episode reward is above this."""
+
+
+def checkpoint_dir(run_dir: Path, version: int) -> Path:
+    return run_dir / "checkpoints" / f"v{version}"
+
+
+@dataclass
+class LoopPlan:
+    """What the loop needs besides its collaborators: the train section, where to write, the base model."""
+
+    train: TrainSection
+    run_dir: Path
+    base_model: str
+    initial_version: int = 0
+
+
+@dataclass
+class _Waiting:
+    """Closed groups not yet used: kept train groups in arrival order, validation groups."""
+
+    train: list[ClosedGroup] = field(default_factory=list)
+    val: list[ClosedGroup] = field(default_factory=list)
+    dropped_groups: int = 0
+    partial_groups: int = 0
+
+
+class TrainingLoop:
+    """Runs the steps described in the module docstring; build with its collaborators, then :meth:`run`."""
+
+    def __init__(
+        self,
+        plan: LoopPlan,
+        backend: TrainerBackend,
+        publisher: EventPublisher,
+        collector: Collector,
+        train: Dispatcher,
+        val: Dispatcher | None = None,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.plan = plan
+        self.options = plan.train
+        self.backend = backend
+        self.publisher = publisher
+        self.collector = collector
+        self.train = train
+        self.val = val
+        self.clock = clock
+        self.version = plan.initial_version
+        self.waiting = _Waiting()
+
+    async def run(self, stop: asyncio.Event | None = None) -> list[TrainStep]:
+        """Train ``steps`` steps (fewer when ``stop`` is set: it is checked between polls); the published
+        TrainStep events."""
+        stop = stop or asyncio.Event()
+        if self.options.publish_initial_version:
+            await self._publish_version(self.plan.base_model, self.version)
+        initial = await self._validate(stop, prefix="initial_val_") if self.val else {}
+        published = []
+        for number in range(self.version + 1, self.version + self.options.steps + 1):
+            event = await self.step(number, stop, extra=initial)
+            if event is None:
+                break
+            published.append(event)
+            initial = {}
+        log.info("run %s finished after %d step(s) at model version %d", self.options.run_id, len(published),
+                 self.version)  # fmt: skip
+        return published
+
+    async def step(self, number: int, stop: asyncio.Event, extra: dict[str, float] | None = None) -> TrainStep | None:
+        """One step (module docstring); None when ``stop`` was set while waiting for rollouts."""
+        started = self.clock()
+        collected = await self._collect_train(stop)
+        if collected is None:
+            return None
+        groups, stale = collected
+        waited = self.clock() - started
+        data, too_long = self._samples(groups)
+        metrics = await asyncio.to_thread(self.backend.step, data.samples)
+        published = self.clock()
+        path = await asyncio.to_thread(self.backend.save, checkpoint_dir(self.plan.run_dir, number))
+        await self._publish_version(str(path), number)
+        self.version = number
+        publish_s = self.clock() - published
+        extra = {**(extra or {}), **self._extra(metrics, too_long)}
+        if self.val is not None and self._validation_due(number):
+            extra.update(await self._validate(stop, prefix="val_"))
+        event = self._train_step(number, groups, data, metrics, extra, waited=waited, publish_s=publish_s,
+                                 stale=stale)  # fmt: skip
+        await self.publisher.publish(TopicKey.METRICS, event)
+        self.collector.done(g.group_id for g in groups)
+        await self.collector.commit()
+        log.info("step %d: %d transitions of %d groups, reward %.3f, loss %.4f; model version %d at %s", number,
+                 event.num_transitions, event.num_groups, event.reward_mean, event.loss, number, path)  # fmt: skip
+        return event
+
+    # -- collecting --------------------------------------------------------------------------------------------
+
+    async def _collect_train(self, stop: asyncio.Event) -> tuple[list[ClosedGroup], int] | None:
+        """``groups_per_step`` kept train groups with fresh transitions, and how many stale ones were dropped."""
+        selected: list[ClosedGroup] = []
+        stale = 0
+        while len(selected) < self.options.groups_per_step:
+            if stop.is_set():
+                return None
+            if not self.waiting.train:
+                self.collector.expect(await self.train.fill(self.version))
+                await self._poll()
+                continue
+            group, dropped = drop_stale(self.waiting.train.pop(0), self.version, self.options.max_staleness)
+            stale += dropped
+            if group.num_transitions:
+                selected.append(group)
+            else:
+                self.collector.done([group.group_id])
+        return selected, stale
+
+    async def _poll(self) -> None:
+        for group in await self.collector.poll():
+            dispatcher = self.val if group.mode is RolloutMode.VAL else self.train
+            if dispatcher is not None:
+                dispatcher.release(group.group_id)
+            self.waiting.partial_groups += group.partial and group.kept
+            if group.mode is RolloutMode.VAL:
+                self.waiting.val.append(group)  # validation reports whatever arrived
+            elif group.kept:
+                self.waiting.train.append(group)
+            else:
+                self.waiting.dropped_groups += 1
+
+    async def _validate(self, stop: asyncio.Event, prefix: str) -> dict[str, float]:
+        """Run every validation task once at the current version; accuracy and mean episode reward."""
+        if self.val is None:
+            return {}
+        self.val.rewind()
+        while not self.val.idle and not stop.is_set():
+            self.collector.expect(await self.val.fill(self.version))
+            await self._poll()
+        groups, self.waiting.val = self.waiting.val, []
+        rewards = [r.episode_reward for g in groups for r in g.rollouts]
+        self.collector.done(g.group_id for g in groups)
+        await self.collector.commit()
+        if not rewards:
+            return {}
+        missing = self.options.missing_reward
+        accuracy = sum(r is not None and r > CORRECT_ABOVE for r in rewards) / len(rewards)
+        mean = sum(missing if r is None else r for r in rewards) / len(rewards)
+        log.info("validation at model version %d: accuracy %.3f, mean reward %.3f over %d rollouts", self.version,
+                 accuracy, mean, len(rewards))  # fmt: skip
+        return {f"{prefix}accuracy": accuracy, f"{prefix}reward_mean": mean, f"{prefix}rollouts": float(len(rewards))}
+
+    def _validation_due(self, number: int) -> bool:
+        every = self.options.val_every
+        last = self.plan.initial_version + self.options.steps
+        return number == last or (every > 0 and number % every == 0)
+
+    # -- the step's outputs ------------------------------------------------------------------------------------
+
+    def _samples(self, groups: list[ClosedGroup]) -> tuple[StepSamples, int]:
+        data = build_samples(groups, estimator=self.options.estimator, scope=self.options.advantage_scope,
+                             missing_reward=self.options.missing_reward)  # fmt: skip
+        limit = self.options.max_len
+        if limit is None:
+            return data, 0
+        kept = [s for s in data.samples if s.length <= limit]
+        if len(kept) == len(data.samples):
+            return data, 0
+        log.warning("dropping %d sample(s) longer than max_len %d", len(data.samples) - len(kept), limit)
+        return StepSamples(kept, data.returns, [s.advantage for s in kept]), len(data.samples) - len(kept)
+
+    async def _publish_version(self, uri: str, version: int) -> None:
+        event = ModelVersion(model_name=self.options.model_name, version=version, uri=uri, format="hf",
+                             base_model=self.plan.base_model, run_id=self.options.run_id, step=version)  # fmt: skip
+        await self.publisher.publish(TopicKey.MODELS, event)
+        log.info("published model version %d of %s at %s", version, event.model_name, uri)
+
+    def _extra(self, metrics: StepMetrics, too_long: int) -> dict[str, float]:
+        return {
+            "grad_norm": metrics.grad_norm, "approx_kl": metrics.approx_kl, "ratio_mean": metrics.ratio_mean,
+            "response_tokens": float(metrics.tokens), "skipped_updates": float(metrics.skipped_updates),
+            "dropped_groups": float(self.waiting.dropped_groups), "partial_groups": float(self.waiting.partial_groups),
+            "ignored_batches": float(self.collector.ignored), "dropped_too_long": float(too_long),
+            "dataset_passes": float(self.train.passes),
+        }  # fmt: skip
+
+    def _train_step(self, number: int, groups: list[ClosedGroup], data: StepSamples, metrics: StepMetrics,
+                    extra: dict[str, float], *, waited: float, publish_s: float, stale: int) -> TrainStep:  # fmt: skip
+        return TrainStep(
+            run_id=self.options.run_id, step=number, model_version=number, num_transitions=len(data.samples),
+            num_groups=len(groups), reward_mean=data.reward_mean, reward_std=data.reward_std,
+            advantage_mean=data.advantage_mean, advantage_std=data.advantage_std, loss=metrics.loss,
+            clip_fraction=min(max(metrics.clip_fraction, 0.0), 1.0), kl=metrics.kl, tokens_per_s=metrics.tokens_per_s,
+            rollout_wait_s=max(waited, 0.0), train_s=metrics.train_s, publish_s=max(publish_s, 0.0),
+            dropped_stale=stale, extra=extra,
+        )  # fmt: skip

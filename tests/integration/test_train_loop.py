@@ -1,0 +1,182 @@
+"""The training loop against a real broker: dispatched requests are answered by simulated runners that publish
+TransitionBatches (random token ids, a reward); two steps on the tiny model publish versions 1 and 2 (loadable
+checkpoints) and two TrainStep events, with a validation pass reported in the last one."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+from aiokafka import TopicPartition
+
+from algorithm.dispatcher import DatasetTask
+from algorithm.settings import TrainSettings
+from algorithm.train import train
+from infra.kafka.clients import consumer, producer, start_or_raise
+from infra.kafka.publish import EventPublisher
+from infra.settings import FulmenSettings
+from schemas import (
+    ModelVersion,
+    RolloutMode,
+    RolloutRequest,
+    RolloutStatus,
+    TopicKey,
+    TrainStep,
+    Transition,
+    TransitionBatch,
+    decode,
+    topic,
+    topic_name,
+)
+
+pytestmark = pytest.mark.integration
+
+FULMEN = [sys.executable, "-m", "infra.cli.main"]
+VOCAB = 250  # the tiny model has 261 tokens (rounded up to 320 embeddings)
+
+
+def answer(request: RolloutRequest, rng: random.Random) -> TransitionBatch:
+    """What runners + the transitions consumer would publish for ``request``: 1-2 calls, reward 0 or 1
+    (always 1 in validation, so its accuracy is known)."""
+    reward = 1.0 if request.mode is RolloutMode.VAL else float(rng.random() < 0.5)
+    calls = []
+    for index in range(rng.randint(1, 2)):
+        response = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 5))]
+        calls.append(Transition(
+            rollout_id=request.rollout_id, attempt=request.attempt, index=index, trace_id=f"{rng.getrandbits(128):032x}",
+            span_id=f"{rng.getrandbits(64):016x}", model_version=request.model_version,
+            prompt_token_ids=[rng.randrange(VOCAB) for _ in range(rng.randint(2, 8))], response_token_ids=response,
+            response_logprobs=[-rng.random() * 3 for _ in response], reward=reward,
+        ))  # fmt: skip
+    return TransitionBatch(
+        rollout_id=request.rollout_id, attempt=request.attempt, task_id=request.task_id, group_id=request.group_id,
+        mode=request.mode, status=RolloutStatus.SUCCEEDED, episode_reward=reward, model_version=request.model_version,
+        transitions=calls,
+    )  # fmt: skip
+
+
+async def simulated_runners(settings: FulmenSettings, stop: asyncio.Event) -> int:
+    """Consume the tasks topic (own group) and answer each request on the transitions topic; how many."""
+    tasks = consumer(settings, "test.runners", topic_name(TopicKey.TASKS, settings.kafka.topic_prefix))
+    kafka_producer = producer(settings)
+    await start_or_raise(tasks, settings)
+    await start_or_raise(kafka_producer, settings)
+    publisher = EventPublisher(kafka_producer, prefix=settings.kafka.topic_prefix)
+    rng, answered = random.Random(7), 0
+    try:
+        while not stop.is_set():
+            for records in (await tasks.getmany(timeout_ms=200)).values():
+                requests = [decode(RolloutRequest, r.value) for r in records]
+                await publisher.publish_many(TopicKey.TRANSITIONS, [answer(r, rng) for r in requests])
+                answered += len(requests)
+            await tasks.commit()
+    finally:
+        await tasks.stop()
+        await kafka_producer.stop()
+    return answered
+
+
+async def read_topic(settings: FulmenSettings, key: TopicKey, model: type) -> list:
+    reader = consumer(settings, None)
+    await start_or_raise(reader, settings)
+    name = topic_name(key, settings.kafka.topic_prefix)
+    partitions = [TopicPartition(name, p) for p in range(topic(key).partitions)]
+    events = []
+    try:
+        reader.assign(partitions)
+        await reader.seek_to_beginning(*partitions)
+        ends = await reader.end_offsets(partitions)
+        while [tp for tp, end in ends.items() if await reader.position(tp) < end]:
+            for records in (await reader.getmany(timeout_ms=500)).values():
+                events.extend(decode(model, r.value) for r in records)
+    finally:
+        await reader.stop()
+    return events
+
+
+def train_settings(settings: FulmenSettings, model: Path, run_dir: Path) -> TrainSettings:
+    return TrainSettings(
+        home=settings.home, kafka=settings.kafka.model_dump(), clickhouse=settings.clickhouse.model_dump(),
+        train={"model_path": str(model), "run_dir": run_dir, "run_id": "test-run", "steps": 2, "group_size": 3,
+               "groups_per_step": 2, "lr": 1e-4, "device": "cpu", "dtype": "float32", "group_timeout_s": 120,
+               "consumer_group": "test.trainer", "val_group_size": 2},
+    )  # fmt: skip
+
+
+async def test_two_steps_publish_two_loadable_versions_and_two_train_steps(
+    settings: FulmenSettings, tiny_model: Path, tmp_path: Path
+) -> None:
+    options = train_settings(settings, tiny_model, tmp_path / "run")
+    tasks = [DatasetTask(f"task-{i}", {"question": f"{i} + {i}"}) for i in range(3)]
+    val = [DatasetTask(f"val-{i}", {"question": f"{i} * {i}"}) for i in range(2)]
+    stop = asyncio.Event()
+    runners = asyncio.create_task(simulated_runners(settings, stop))
+    try:
+        returned = await asyncio.wait_for(train(options, tasks, val), 300)
+    finally:
+        stop.set()
+        answered = await asyncio.wait_for(runners, 60)
+
+    versions = await read_topic(settings, TopicKey.MODELS, ModelVersion)
+    steps = await read_topic(settings, TopicKey.METRICS, TrainStep)
+    assert [v.version for v in versions] == [1, 2]
+    assert [Path(v.uri) for v in versions] == [tmp_path / "run" / "checkpoints" / f"v{n}" for n in (1, 2)]
+    assert {(v.model_name, v.format, v.run_id) for v in versions} == {("fulmen", "hf", "test-run")}
+    from transformers import AutoModelForCausalLM
+
+    for version in versions:
+        model = await asyncio.to_thread(AutoModelForCausalLM.from_pretrained, version.uri)
+        assert model.config.vocab_size >= VOCAB
+    assert steps == returned
+    assert [(s.step, s.model_version, s.num_groups) for s in steps] == [(1, 1, 2), (2, 2, 2)]
+    for step in steps:
+        assert step.num_transitions >= 2 * 3  # each rollout made at least one call
+        assert step.train_s > 0 and step.tokens_per_s > 0 and step.dropped_stale == 0
+    assert steps[0].extra["initial_val_accuracy"] == 1.0
+    assert steps[1].extra["val_accuracy"] == 1.0 and steps[1].extra["val_rollouts"] == 4
+    assert answered >= 2 * 2 * 3 + 2 * 2 * 2  # two steps of train groups, two validation passes
+    assert await committed(settings, "test.trainer", TopicKey.TRANSITIONS) > 0  # the collector committed
+
+
+async def committed(settings: FulmenSettings, group: str, key: TopicKey) -> int:
+    """The sum of ``group``'s committed offsets over the partitions of topic ``key``."""
+    reader = consumer(settings, group)
+    await start_or_raise(reader, settings)
+    name = topic_name(key, settings.kafka.topic_prefix)
+    try:
+        offsets = [await reader.committed(TopicPartition(name, p)) for p in range(topic(key).partitions)]
+    finally:
+        await reader.stop()
+    return sum(o or 0 for o in offsets)
+
+
+async def test_fulmen_train_runs_the_loop_on_the_tiny_model(settings: FulmenSettings, tmp_path: Path) -> None:
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text('{"question": "1 + 1"}\n{"input": {"question": "2 + 2"}, "task_id": "two"}\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
+        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap, "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "FULMEN_HOME": str(tmp_path), "FULMEN_TRAIN_RUN_DIR": str(tmp_path / "run"), "FULMEN_TRAIN_GROUP_SIZE": "2",
+        "FULMEN_TRAIN_GROUPS_PER_STEP": "1", "FULMEN_TRAIN_DEVICE": "cpu", "FULMEN_TRAIN_RUN_ID": "cli-run",
+    }  # fmt: skip
+    stop = asyncio.Event()
+    runners = asyncio.create_task(simulated_runners(settings, stop))
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *FULMEN, "train", "--dataset", str(dataset), "--model", "tiny", "--steps", "1", "--agent", "agents:solve",
+            env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(process.communicate(), 300)
+    finally:
+        stop.set()
+        await asyncio.wait_for(runners, 60)
+    assert process.returncode == 0, err.decode()[-3000:]
+    assert "cli-run: 1 step(s) trained" in out.decode()
+    [version] = await read_topic(settings, TopicKey.MODELS, ModelVersion)
+    assert (version.version, version.uri) == (1, str(tmp_path / "run" / "checkpoints" / "v1"))
+    assert version.base_model == str(tmp_path / "run" / "base-model")  # --model tiny built it there
+    [step] = await read_topic(settings, TopicKey.METRICS, TrainStep)
+    assert (step.run_id, step.num_groups) == ("cli-run", 1)

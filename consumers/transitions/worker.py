@@ -62,7 +62,7 @@ T = TypeVar("T")
 
 _STOPPED = object()
 _STORE_ERRORS = (ClickHouseError, OSError)  # a ClickHouse server unreachable or refusing: retried
-_MAX_WAITING_ROUNDS = 32  # stop fetching events while this many polls wait for the barrier
+_MAX_WAITING_ROUNDS = 32  # pause fetching events while this many polls wait for the barrier
 Item = tuple[TopicPartition, ConsumerRecord, RolloutEvent]
 
 
@@ -135,12 +135,14 @@ class TransitionWorker:
     async def poll_once(self, stop: asyncio.Event) -> None:
         """Fetch events (unless too many rounds wait), release and build what the barrier lets through, look for
         late spans when due, commit."""
-        if len(self.waiting) < _MAX_WAITING_ROUNDS:
-            timeout_ms = 20 if len(self.waiting) else 200
-            fetched = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=self.section.max_batch)
-            await self._take(fetched, stop)
-        else:
-            await asyncio.sleep(0.02)
+        # While too many rounds wait, the partitions are paused but still polled: the group keeps this member.
+        if len(self.waiting) >= _MAX_WAITING_ROUNDS:
+            self.consumer.pause(*self.consumer.assignment())
+        elif self.consumer.paused():
+            self.consumer.resume(*self.consumer.paused())
+        timeout_ms = 20 if len(self.waiting) else 200
+        fetched = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=self.section.max_batch)
+        await self._take(fetched, stop)
         if len(self.waiting) and not stop.is_set():
             committed = await self._retrying(self.barrier.committed, "reading the spans group's offsets", stop)
             if committed is not _STOPPED:

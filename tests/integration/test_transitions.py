@@ -13,8 +13,9 @@ from infra.settings import FulmenSettings
 from infra.store import Store
 from schemas import semconv
 from schemas.events import RolloutStatus, TransitionBatch
-from schemas.topics import TopicKey
+from schemas.topics import TopicKey, topic_name
 from tests.integration.transition_pipeline import (
+    BASE_NS,
     BatchReader,
     FakeSpan,
     builders,
@@ -198,3 +199,38 @@ async def test_two_consumer_processes_share_the_work(
     for batch in batches:  # every batch is whole, whichever process built it
         assert len(batch.transitions) == 1 + int(batch.rollout_id[1:]) % 3
     assert sum(built) >= len(rollouts)
+
+
+async def test_the_llm_gateway_s_own_records_become_transitions(
+    settings: FulmenSettings, linked_store: Store, kafka: tuple
+) -> None:
+    from producers.llm_gateway.backends.base import CallResult, Choice
+    from producers.llm_gateway.spans import CallContext, build_record
+
+    client, publisher = kafka
+    agent = [
+        FakeSpan(semconv.SPAN_ROLLOUT, "r1", start_ms=0, end_ms=1000),
+        FakeSpan("invoke_agent", "r1", parent=semconv.SPAN_ROLLOUT, start_ms=1, end_ms=999,
+                 attributes={semconv.GEN_AI_AGENT_NAME: "solver"}),
+    ]  # fmt: skip
+    served = [  # one call, then a call with n = 2 (one span per choice), as the gateway records them
+        CallResult("chatcmpl-a", "tiny", [Choice(0, "hi", "stop", [5, 6, 7], [-0.5, -0.25, -0.125])], [1, 2, 3], 3, 3,
+                   model_version=4),
+        CallResult("chatcmpl-b", "tiny", [Choice(0, "x", "stop", [8], [-1.0]), Choice(1, "y", "length", [9, 10], None)],
+                   [1, 2, 3, 5, 6, 7, 4], 7, 3, model_version=4),
+    ]  # fmt: skip
+    spans_topic = topic_name(TopicKey.SPANS, settings.kafka.topic_prefix)
+    async with consumers_running(settings, linked_store, SECTION), BatchReader(settings) as reader:
+        await produce_spans(client, settings, agent)
+        for i, result in enumerate(served):
+            start = BASE_NS + (100 + 300 * i) * 1_000_000
+            context = CallContext("chat", {"model": "tiny", "messages": []}, "fulmen", start, start + 50_000_000,
+                                  rollout_id="r1", attempt=1)  # fmt: skip
+            key, value = build_record(context, result)
+            await client.send_and_wait(spans_topic, value, key=key)
+        await publisher.publish(TopicKey.ROLLOUTS, ended("r1", reward=1.0))
+        (batch,) = await reader.until(1)
+    assert [(t.prompt_token_ids, t.response_token_ids) for t in batch.transitions[:1]] == [([1, 2, 3], [5, 6, 7])]
+    assert sorted(t.response_token_ids for t in batch.transitions[1:]) == [[8], [9, 10]]
+    assert batch.transitions[0].response_logprobs == [-0.5, -0.25, -0.125]  # exact in float32 too
+    assert {(t.agent_name, t.model_version, t.reward) for t in batch.transitions} == {("solver", 4, 1.0)}

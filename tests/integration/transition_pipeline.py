@@ -96,11 +96,15 @@ def encode(spans: Sequence[FakeSpan], base_ns: int) -> bytes:
     return request.SerializeToString()
 
 
+BASE_NS = time.time_ns() - 60_000_000_000
+"""Time 0 of the fake spans (``start_ms`` counts from it)."""
+
+
 async def produce_spans(
     producer: AIOKafkaProducer, settings: FulmenSettings, spans: Sequence[FakeSpan], partition: int | None = None
 ) -> None:
     """Produce spans grouped by trace, keyed by trace id (as the gateways do), acknowledged."""
-    base_ns = time.time_ns() - 10_000_000_000
+    base_ns = BASE_NS
     name = topic_name(TopicKey.SPANS, settings.kafka.topic_prefix)
     by_trace: dict[bytes, list[FakeSpan]] = {}
     for fake in spans:

@@ -206,8 +206,16 @@ class TransitionWorker:
         self.window.done(tp, record.offset, self.clock())
 
     # --- building -------------------------------------------------------------------------------------------
-    async def _build_round(self, items: list[Item], stop: asyncio.Event) -> None:
-        published = await self._build_and_publish(items, stop)
+    async def _build_round(self, released: list[Item], stop: asyncio.Event) -> None:
+        items = []
+        for tp, record, event in released:  # a later attempt may have begun while these waited
+            if self.attempts.superseded(event):
+                self.stats.superseded += 1
+                self._waiting_keys.discard((event.rollout_id, event.attempt))
+                self.window.done(tp, record.offset, self.clock())
+            else:
+                items.append((tp, record, event))
+        published = await self._build_and_publish(items, stop) if items else []
         if published is None:
             return  # stopped: nothing marked done, so nothing of this round is committed
         self._waiting_keys.difference_update((event.rollout_id, event.attempt) for _, _, event in items)

@@ -205,3 +205,17 @@ async def test_fetching_pauses_while_too_many_rounds_wait_and_a_revoke_drops_the
     await worker.revoked([tp])
     assert worker.waiting.release({SPANS: 10**6}) == [] and worker.window.pending() == 0
     assert len(batches(fx["producer"])) == 32
+
+
+async def test_an_attempt_superseded_while_it_waited_is_not_built() -> None:
+    worker, fx = build()
+    consumer, barrier, stop = fx["consumer"], fx["barrier"], asyncio.Event()
+    barrier.end = 3
+    consumer.append(ROLLOUTS, 0, ended("r0", RolloutStatus.FAILED, attempt=1))
+    await worker.poll_once(stop)
+    consumer.append(ROLLOUTS, 0, ended("r0", RolloutStatus.CLAIMED, attempt=2))
+    await worker.poll_once(stop)
+    barrier.commit = 3
+    await worker.poll_once(stop)
+    assert batches(fx["producer"]) == [] and worker.stats.superseded == 1
+    assert consumer.committed == {TopicPartition(ROLLOUTS, 0): 2}

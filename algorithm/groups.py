@@ -29,7 +29,7 @@ from enum import StrEnum
 from algorithm.dispatcher import DispatchedGroup
 from algorithm.registry import Registry
 from algorithm.settings import IncompletePolicy
-from schemas.events import RolloutMode, RolloutStatus, TransitionBatch
+from schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
 
 __all__ = [
     "INCOMPLETE_POLICIES",
@@ -37,6 +37,7 @@ __all__ = [
     "ClosedGroup",
     "GroupBook",
     "drop_stale",
+    "drop_too_long",
 ]
 
 log = logging.getLogger(__name__)
@@ -158,13 +159,27 @@ def drop_stale(group: ClosedGroup, current_version: int, max_staleness: int) -> 
     unknown version (None) is kept. A rollout left without transitions stays in the group (it arrived; the
     advantage computation skips rollouts without transitions)."""
     oldest = current_version - max_staleness
+    return _keep_transitions(group, lambda t, b: _version(t.model_version, b.model_version) >= oldest)
+
+
+def drop_too_long(group: ClosedGroup, max_len: int | None) -> tuple[ClosedGroup, int]:
+    """``group`` without the transitions whose prompt + response exceed ``max_len`` tokens (None: no limit),
+    and how many were dropped (the trainer would refuse them)."""
+    if max_len is None:
+        return group, 0
+    return _keep_transitions(group, lambda t, b: len(t.prompt_token_ids) + len(t.response_token_ids) <= max_len)
+
+
+def _keep_transitions(
+    group: ClosedGroup, keep: Callable[[Transition, TransitionBatch], bool]
+) -> tuple[ClosedGroup, int]:
     dropped = 0
     rollouts = []
     for batch in group.rollouts:
-        fresh = [t for t in batch.transitions if _version(t.model_version, batch.model_version) >= oldest]
-        dropped += len(batch.transitions) - len(fresh)
-        if len(fresh) != len(batch.transitions):  # indices keep their call positions (no re-validation)
-            batch = batch.model_copy(update={"transitions": fresh})
+        kept = [t for t in batch.transitions if keep(t, batch)]
+        dropped += len(batch.transitions) - len(kept)
+        if len(kept) != len(batch.transitions):  # indices keep their call positions (no re-validation)
+            batch = batch.model_copy(update={"transitions": kept})
         rollouts.append(batch)
     return dataclasses.replace(group, rollouts=tuple(rollouts)), dropped
 

@@ -19,7 +19,7 @@ One step N (the policy being served is version ``N - 1``; version 0 is the base 
    (only now: a crash before this point redelivers the step's transitions).
 
 Errors: ``BrokerUnavailableError`` when Kafka does not acknowledge; ``PoisonInputError`` from the backend for
-a sample it can never train on (samples longer than ``max_len`` are dropped before, and counted).
+a sample it can never train on (transitions longer than ``max_len`` are dropped before, and counted).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from algorithm.collector import Collector
 from algorithm.dispatcher import Dispatcher
-from algorithm.groups import ClosedGroup, drop_stale
+from algorithm.groups import ClosedGroup, drop_stale, drop_too_long
 from algorithm.samples import StepSamples, build_samples
 from algorithm.settings import TrainSection
 from algorithm.trainer.base import StepMetrics, TrainerBackend
@@ -122,20 +122,21 @@ class TrainingLoop:
         collected = await self._collect_train(stop)
         if collected is None:
             return None
-        groups, stale = collected
+        groups, dropped = collected
         waited = self.clock() - started
-        data, too_long = self._samples(groups)
+        data = build_samples(groups, estimator=self.options.estimator, scope=self.options.advantage_scope,
+                             missing_reward=self.options.missing_reward)  # fmt: skip
         metrics = await asyncio.to_thread(self.backend.step, data.samples)
         published = self.clock()
         path = await asyncio.to_thread(self.backend.save, checkpoint_dir(self.plan.run_dir, number))
         await self._publish_version(str(path), number)
         self.version = number
         publish_s = self.clock() - published
-        extra = {**(extra or {}), **self._extra(metrics, too_long)}
+        extra = {**(extra or {}), **self._extra(metrics, dropped["too_long"])}
         if self.val is not None and self._validation_due(number):
             extra.update(await self._validate(stop, prefix="val_"))
         event = self._train_step(number, groups, data, metrics, extra, waited=waited, publish_s=publish_s,
-                                 stale=stale)  # fmt: skip
+                                 stale=dropped["stale"])  # fmt: skip
         await self.publisher.publish(TopicKey.METRICS, event)
         self.collector.done(g.group_id for g in groups)
         await self.collector.commit()
@@ -145,10 +146,11 @@ class TrainingLoop:
 
     # -- collecting --------------------------------------------------------------------------------------------
 
-    async def _collect_train(self, stop: asyncio.Event) -> tuple[list[ClosedGroup], int] | None:
-        """``groups_per_step`` kept train groups with fresh transitions, and how many stale ones were dropped."""
+    async def _collect_train(self, stop: asyncio.Event) -> tuple[list[ClosedGroup], dict[str, int]] | None:
+        """``groups_per_step`` kept train groups with trainable transitions, and how many transitions were
+        dropped as ``stale`` and as ``too_long``. A group left without transitions is done with, and replaced."""
         selected: list[ClosedGroup] = []
-        stale = 0
+        dropped = {"stale": 0, "too_long": 0}
         while len(selected) < self.options.groups_per_step:
             if stop.is_set():
                 return None
@@ -156,13 +158,15 @@ class TrainingLoop:
                 self.collector.expect(await self.train.fill(self.version))
                 await self._poll()
                 continue
-            group, dropped = drop_stale(self.waiting.train.pop(0), self.version, self.options.max_staleness)
-            stale += dropped
+            group, stale = drop_stale(self.waiting.train.pop(0), self.version, self.options.max_staleness)
+            group, too_long = drop_too_long(group, self.options.max_len)
+            dropped["stale"] += stale
+            dropped["too_long"] += too_long
             if group.num_transitions:
                 selected.append(group)
             else:
                 self.collector.done([group.group_id])
-        return selected, stale
+        return selected, dropped
 
     async def _poll(self) -> None:
         for group in await self.collector.poll():
@@ -205,18 +209,6 @@ class TrainingLoop:
 
     # -- the step's outputs ------------------------------------------------------------------------------------
 
-    def _samples(self, groups: list[ClosedGroup]) -> tuple[StepSamples, int]:
-        data = build_samples(groups, estimator=self.options.estimator, scope=self.options.advantage_scope,
-                             missing_reward=self.options.missing_reward)  # fmt: skip
-        limit = self.options.max_len
-        if limit is None:
-            return data, 0
-        kept = [s for s in data.samples if s.length <= limit]
-        if len(kept) == len(data.samples):
-            return data, 0
-        log.warning("dropping %d sample(s) longer than max_len %d", len(data.samples) - len(kept), limit)
-        return StepSamples(kept, data.returns, [s.advantage for s in kept]), len(data.samples) - len(kept)
-
     async def _publish_version(self, uri: str, version: int) -> None:
         event = ModelVersion(model_name=self.options.model_name, version=version, uri=uri, format="hf",
                              base_model=self.plan.base_model, run_id=self.options.run_id, step=version)  # fmt: skip
@@ -238,7 +230,8 @@ class TrainingLoop:
             run_id=self.options.run_id, step=number, model_version=number, num_transitions=len(data.samples),
             num_groups=len(groups), reward_mean=data.reward_mean, reward_std=data.reward_std,
             advantage_mean=data.advantage_mean, advantage_std=data.advantage_std, loss=metrics.loss,
-            clip_fraction=min(max(metrics.clip_fraction, 0.0), 1.0), kl=metrics.kl, tokens_per_s=metrics.tokens_per_s,
+            clip_fraction=min(max(metrics.clip_fraction, 0.0), 1.0), tokens_per_s=metrics.tokens_per_s,
+            kl=metrics.kl if self.options.kl_coef > 0 else None,  # no reference model: no KL to report
             rollout_wait_s=max(waited, 0.0), train_s=metrics.train_s, publish_s=max(publish_s, 0.0),
             dropped_stale=stale, extra=extra,
         )  # fmt: skip

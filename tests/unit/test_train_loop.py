@@ -1,0 +1,174 @@
+"""The dispatcher and the training loop with fakes at the edges: a publisher that answers each dispatched request
+with a transition batch in an in-memory consumer, and a trainer backend that records its steps."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from algorithm.collector import Collector
+from algorithm.dispatcher import DatasetTask, Dispatcher, load_dataset
+from algorithm.groups import GroupBook
+from algorithm.loop import LoopPlan, TrainingLoop
+from algorithm.settings import TrainSection
+from algorithm.trainer.base import StepMetrics
+from schemas.codec import encode
+from schemas.errors import ConfigurationError
+from schemas.events import (
+    ModelVersion,
+    RolloutMode,
+    RolloutRequest,
+    RolloutStatus,
+    TrainStep,
+    Transition,
+    TransitionBatch,
+)
+from schemas.topics import TopicKey
+from tests.fakes import FakeConsumer
+
+TOPIC = "fulmen.transitions"
+Answer = Callable[[RolloutRequest, int], TransitionBatch | None]
+
+
+class FakePublisher:
+    """Records events; answers each task request through ``answer`` into the fake transitions consumer."""
+
+    def __init__(self, source: FakeConsumer, answer: Answer) -> None:
+        self.events: dict[TopicKey, list] = {key: [] for key in TopicKey}
+        self.source = source
+        self.answer = answer
+
+    async def publish(self, key: TopicKey, event) -> None:
+        await self.publish_many(key, [event])
+
+    async def publish_many(self, key: TopicKey, events) -> None:
+        for event in events:
+            self.events[key].append(event)
+            if key is TopicKey.TASKS:
+                reply = self.answer(event, len(self.events[key]))
+                if reply is not None:
+                    self.source.append(TOPIC, 0, encode(reply), reply.group_id.encode())
+
+
+class FakeBackend:
+    def __init__(self) -> None:
+        self.batches: list[list] = []
+
+    def step(self, samples):
+        self.batches.append(list(samples))
+        return StepMetrics(step=len(self.batches), loss=0.5, grad_norm=1.0, tokens=10, input_tokens=20,
+                           tokens_per_s=100.0, train_s=0.2, clip_fraction=0.1)  # fmt: skip
+
+    def sft_step(self, samples):  # pragma: no cover - not used by the loop
+        raise NotImplementedError
+
+    def save(self, directory: Path | str) -> Path:
+        Path(directory).mkdir(parents=True)
+        return Path(directory)
+
+
+def reply(request: RolloutRequest, number: int, *, version: int | None = None, reward: float | None = None):
+    reward = float(number % 2) if reward is None else reward
+    call = Transition(rollout_id=request.rollout_id, attempt=1, index=0, trace_id="b" * 32, span_id="c" * 16,
+                      model_version=request.model_version if version is None else version,
+                      prompt_token_ids=[1, 2], response_token_ids=[3, 4, 5], reward=reward)  # fmt: skip
+    return TransitionBatch(rollout_id=request.rollout_id, attempt=1, task_id=request.task_id,
+                           group_id=request.group_id, mode=request.mode, status=RolloutStatus.SUCCEEDED,
+                           episode_reward=reward, model_version=call.model_version, transitions=[call])  # fmt: skip
+
+
+def build(tmp_path: Path, answer: Answer = reply, val: list[DatasetTask] | None = None, **train: object):
+    options = TrainSection(**{"steps": 2, "group_size": 2, "groups_per_step": 2, "run_id": "r1", **train})
+    source = FakeConsumer()
+    publisher = FakePublisher(source, answer)
+    backend = FakeBackend()
+    tasks = [DatasetTask(f"t{i}", {"n": i}) for i in range(3)]
+    collector = Collector(source, GroupBook(timeout_s=60, policy=options.incomplete_policy), poll_timeout_ms=0)
+    train_dispatcher = Dispatcher(publisher, tasks, group_size=options.group_size,  # type: ignore[arg-type]
+                                  max_in_flight=options.groups_in_flight)  # fmt: skip
+    val_dispatcher = (
+        Dispatcher(publisher, val, group_size=1, max_in_flight=2, mode=RolloutMode.VAL, cycle=False)  # type: ignore[arg-type]
+        if val else None
+    )  # fmt: skip
+    loop = TrainingLoop(LoopPlan(options, tmp_path, "base"), backend, publisher, collector,  # type: ignore[arg-type]
+                        train_dispatcher, val_dispatcher)  # fmt: skip
+    return loop, publisher, backend, source
+
+
+def run(loop: TrainingLoop, stop: asyncio.Event | None = None) -> list[TrainStep]:
+    return asyncio.run(asyncio.wait_for(loop.run(stop), 30))
+
+
+def test_each_step_trains_publishes_a_version_then_its_metrics_then_commits(tmp_path: Path) -> None:
+    loop, publisher, backend, source = build(tmp_path, steps=3)
+    steps = run(loop)
+    versions: list[ModelVersion] = publisher.events[TopicKey.MODELS]
+    assert [(v.version, v.uri, v.step) for v in versions] == [(n, str(tmp_path / "checkpoints" / f"v{n}"), n)
+                                                                for n in (1, 2, 3)]  # fmt: skip
+    assert publisher.events[TopicKey.METRICS] == steps and [s.step for s in steps] == [1, 2, 3]
+    assert [len(batch) for batch in backend.batches] == [4, 4, 4]  # 2 groups x 2 rollouts x 1 call
+    assert all(s.kl is None and s.loss == 0.5 and s.num_groups == 2 for s in steps)
+    requests: list[RolloutRequest] = publisher.events[TopicKey.TASKS]
+    # 4 groups in flight at version 0 fed steps 1 and 2; step 3 refilled at version 2
+    assert [r.model_version for r in requests] == [0] * 8 + [2] * 8
+    assert len(publisher.events[TopicKey.ROLLOUTS]) == len(requests)  # each announced as queued
+    assert sum(source.committed.values()) >= 12  # the 6 groups trained on are committed
+
+
+def test_in_flight_groups_are_bounded_and_released_when_they_close(tmp_path: Path) -> None:
+    loop, publisher, _, _ = build(tmp_path, answer=lambda r, n: None)  # nobody answers
+    asyncio.run(loop.train.fill(0))
+    asyncio.run(loop.train.fill(0))
+    assert len(loop.train.in_flight) == 4 and len(publisher.events[TopicKey.TASKS]) == 8  # 2 * groups_per_step
+    group_id = next(iter(loop.train.in_flight))
+    assert loop.train.release(group_id).group_id == group_id
+    [group] = asyncio.run(loop.train.fill(0))
+    assert group.size == 2 and len(set(group.rollout_ids)) == 2 and loop.train.passes == 2  # 3 tasks: a new pass
+
+
+def test_stale_transitions_are_dropped_and_their_group_replaced(tmp_path: Path) -> None:
+    def answer(request: RolloutRequest, number: int) -> TransitionBatch:
+        return reply(request, number, version=0 if number <= 2 else None)  # the first group: sampled by v0
+
+    loop, _, backend, _ = build(tmp_path, answer=answer, steps=1, max_staleness=0)
+    loop.version = 1  # pretend version 1 is served: v0 is one version too old
+    [step] = run(loop)
+    assert step.dropped_stale == 2 and step.num_groups == 2 and len(backend.batches[0]) == 4
+
+
+def test_validation_accuracy_counts_episode_rewards_above_one_half(tmp_path: Path) -> None:
+    def answer(request: RolloutRequest, number: int) -> TransitionBatch:
+        if request.mode is RolloutMode.VAL:
+            return reply(request, number, reward=1.0 if request.task_id == "v0" else 0.5)
+        return reply(request, number)
+
+    val = [DatasetTask("v0", {"n": 0}), DatasetTask("v1", {"n": 1})]
+    loop, _, _, _ = build(tmp_path, answer=answer, val=val)
+    first, last = run(loop)
+    assert (first.extra["initial_val_accuracy"], first.extra["initial_val_reward_mean"]) == (0.5, 0.75)
+    assert "val_accuracy" not in first.extra and last.extra["val_accuracy"] == 0.5  # after the last step
+
+
+def test_a_set_stop_ends_the_run_before_a_step(tmp_path: Path) -> None:
+    loop, publisher, backend, _ = build(tmp_path)
+    stop = asyncio.Event()
+    stop.set()
+    assert run(loop, stop) == [] and backend.batches == [] and publisher.events[TopicKey.MODELS] == []
+
+
+def test_a_dataset_line_is_a_task_or_its_input_and_errors_name_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps({"q": 1}) + "\n\n" + json.dumps({"input": {"q": 2}, "task_id": "two"}) + "\n")
+    first, second = load_dataset(path)
+    assert first.input == {"q": 1} and first.task_id.startswith("t-") and first.task_id == load_dataset(path)[0].task_id
+    assert (second.task_id, second.input) == ("two", {"q": 2})
+    path.write_text('{"q": 1}\n{"input": {"q": 2}, "task": "x"}\n')
+    with pytest.raises(ConfigurationError, match=r"tasks.jsonl:2: unknown field\(s\) task"):
+        load_dataset(path)
+    path.write_text('{"input": {"q": 2}, "task_id": "has space"}\n')
+    with pytest.raises(ConfigurationError, match=r"tasks.jsonl:1: .*task_id"):
+        load_dataset(path)

@@ -15,8 +15,10 @@ One step N (the policy being served is version ``N - 1``; version 0 is the base 
    every validation task, wait for all its groups, report ``val_accuracy`` = share of validation rollouts whose
    EPISODE REWARD IS > 0.5 (None counts as wrong) and ``val_reward_mean`` (None counts as
    ``missing_reward``) in the step's ``TrainStep.extra`` (the initial one as ``initial_val_*`` in step 1's);
-6. publish ``TrainStep`` on the metrics topic; mark the step's groups done and commit the collector's offsets
-   (only now: a crash before this point redelivers the step's transitions).
+6. publish ``TrainStep`` on the metrics topic (``reward_mean``/``reward_std``: population statistics of the step's
+   rollout returns; ``advantage_*``: of its samples; ``dropped_stale``: transitions); mark the step's groups
+   done and commit the collector's offsets (only now: a crash before this point redelivers the step's
+   transitions).
 
 Errors: ``BrokerUnavailableError`` when Kafka does not acknowledge; ``PoisonInputError`` from the backend for
 a sample it can never train on (transitions longer than ``max_len`` are dropped before, and counted).
@@ -55,7 +57,8 @@ def checkpoint_dir(run_dir: Path, version: int) -> Path:
 
 @dataclass
 class LoopPlan:
-    """What the loop needs besides its collaborators: the train section, where to write, the base model."""
+    """What the loop needs besides its collaborators: the train section, where to write, the base model (as
+    ``ModelVersion.base_model`` names it) and the version the backend's weights are (0 = the base model)."""
 
     train: TrainSection
     run_dir: Path
@@ -99,14 +102,14 @@ class TrainingLoop:
         self.waiting = _Waiting()
 
     async def run(self, stop: asyncio.Event | None = None) -> list[TrainStep]:
-        """Train ``steps`` steps (fewer when ``stop`` is set: it is checked between polls); the published
-        TrainStep events."""
+        """Train up to step ``steps`` (from ``initial_version + 1``: a resumed run continues its numbering; fewer
+        when ``stop`` is set, which is checked between polls); the published TrainStep events."""
         stop = stop or asyncio.Event()
         if self.options.publish_initial_version:
             await self._publish_version(self.plan.base_model, self.version)
         initial = await self._validate(stop, prefix="initial_val_") if self.val else {}
         published = []
-        for number in range(self.version + 1, self.version + self.options.steps + 1):
+        for number in range(self.version + 1, self.options.steps + 1):
             event = await self.step(number, stop, extra=initial)
             if event is None:
                 break
@@ -204,7 +207,7 @@ class TrainingLoop:
 
     def _validation_due(self, number: int) -> bool:
         every = self.options.val_every
-        last = self.plan.initial_version + self.options.steps
+        last = self.options.steps
         return number == last or (every > 0 and number % every == 0)
 
     # -- the step's outputs ------------------------------------------------------------------------------------

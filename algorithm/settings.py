@@ -43,7 +43,8 @@ class TrainSection(BaseModel):
     model_name: str = Field(default="fulmen", pattern=IDENTIFIER_PATTERN.pattern, description="served name")
     agent: str = Field(default="", pattern=r"^$|^[\w.]+:[\w.]+$",
                        description="module:function the runners run (recorded in request metadata)")  # fmt: skip
-    steps: int = Field(default=10, ge=1, description="optimisation steps (= model versions) to train")
+    steps: int = Field(default=10, ge=1, description="the run's last step (= model version); a resumed run "
+                       "continues up to it")  # fmt: skip
     group_size: int = Field(default=8, ge=1, le=1024, description="rollouts per task (GRPO's G)")
     groups_per_step: int = Field(default=4, ge=1, description="complete groups in one optimisation step")
     max_groups_in_flight: int = Field(default=0, ge=0, description="dispatched, unfinished groups; "

@@ -3,7 +3,9 @@
 :func:`train` resolves the base model (``model_path = "tiny"`` builds the tiny model into
 ``<run dir>/base-model``), loads the torch backend, starts an idempotent producer and the collector's consumer
 (group ``consumer_group`` on the transitions topic), runs :class:`~algorithm.loop.TrainingLoop` and closes the
-clients. Only Kafka is needed: runners, the transitions consumer and the LLM gateway are other processes.
+clients. A run dir that already holds checkpoints resumes: the backend loads the highest ``v<N>`` and the loop
+continues with step ``N + 1`` up to ``steps`` (the optimizer state is not saved, so it starts afresh). Only
+Kafka is needed: runners, the transitions consumer and the LLM gateway are other processes.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from infra.kafka.publish import EventPublisher
 from schemas.events import RolloutMode, TrainStep
 from schemas.topics import TopicKey, topic_name
 
-__all__ = ["build_backend", "resolve_model", "train"]
+__all__ = ["build_backend", "latest_checkpoint", "resolve_model", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,16 @@ def resolve_model(model_path: str, run_dir: Path) -> str:
     if not (directory / "config.json").exists():
         build_tiny_model(directory)
     return str(directory)
+
+
+def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
+    """The highest ``<run_dir>/checkpoints/v<N>`` that holds a model (``config.json``), or None."""
+    found = [
+        (int(path.name[1:]), path)
+        for path in (run_dir / "checkpoints").glob("v*")
+        if path.name[1:].isdigit() and (path / "config.json").is_file()
+    ]
+    return max(found, default=None)
 
 
 def build_backend(options: TrainSection, model_path: str) -> TrainerBackend:
@@ -73,8 +85,12 @@ async def train(
     run_dir = settings.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     base_model = await asyncio.to_thread(resolve_model, options.model_path, run_dir)
+    resumed = latest_checkpoint(run_dir)
+    if resumed is not None:
+        log.info("run %s resumes from its checkpoint v%d (%s); the optimizer state starts afresh", options.run_id,
+                 resumed[0], resumed[1])  # fmt: skip
     if backend is None:
-        backend = await asyncio.to_thread(build_backend, options, base_model)
+        backend = await asyncio.to_thread(build_backend, options, str(resumed[1]) if resumed else base_model)
     kafka_producer = producer(settings)
     source = consumer(settings, options.consumer_group, topic_name(TopicKey.TRANSITIONS, settings.kafka.topic_prefix))
     await start_or_raise(kafka_producer, settings, "trainer producer")
@@ -82,7 +98,7 @@ async def train(
         await start_or_raise(source, settings, "trainer collector")
         publisher = EventPublisher(kafka_producer, prefix=settings.kafka.topic_prefix)
         loop = TrainingLoop(
-            LoopPlan(options, run_dir, base_model), backend, publisher,
+            LoopPlan(options, run_dir, base_model, resumed[0] if resumed else 0), backend, publisher,
             Collector(source, GroupBook(timeout_s=options.group_timeout_s, policy=options.incomplete_policy,
                                         min_group_size=options.min_group_size)),
             _dispatcher(publisher, tasks, options, RolloutMode.TRAIN),

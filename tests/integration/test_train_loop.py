@@ -154,7 +154,17 @@ async def committed(settings: FulmenSettings, group: str, key: TopicKey) -> int:
     return sum(o or 0 for o in offsets)
 
 
-async def test_fulmen_train_runs_the_loop_on_the_tiny_model(settings: FulmenSettings, tmp_path: Path) -> None:
+async def fulmen_train(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        *FULMEN, "train", *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 300)
+    return process.returncode or 0, out.decode(), err.decode()[-3000:]
+
+
+async def test_fulmen_train_runs_the_loop_on_the_tiny_model_and_resumes(
+    settings: FulmenSettings, tmp_path: Path
+) -> None:
     dataset = tmp_path / "train.jsonl"
     dataset.write_text('{"question": "1 + 1"}\n{"input": {"question": "2 + 2"}, "task_id": "two"}\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
@@ -162,21 +172,21 @@ async def test_fulmen_train_runs_the_loop_on_the_tiny_model(settings: FulmenSett
         "FULMEN_HOME": str(tmp_path), "FULMEN_TRAIN_RUN_DIR": str(tmp_path / "run"), "FULMEN_TRAIN_GROUP_SIZE": "2",
         "FULMEN_TRAIN_GROUPS_PER_STEP": "1", "FULMEN_TRAIN_DEVICE": "cpu", "FULMEN_TRAIN_RUN_ID": "cli-run",
     }  # fmt: skip
+    args = ["--dataset", str(dataset), "--model", "tiny", "--agent", "agents:solve"]
     stop = asyncio.Event()
     runners = asyncio.create_task(simulated_runners(settings, stop))
     try:
-        process = await asyncio.create_subprocess_exec(
-            *FULMEN, "train", "--dataset", str(dataset), "--model", "tiny", "--steps", "1", "--agent", "agents:solve",
-            env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, err = await asyncio.wait_for(process.communicate(), 300)
+        first = await fulmen_train(env, *args, "--steps", "1")
+        second = await fulmen_train(env, *args, "--steps", "2")  # same run dir: resumes from v1
     finally:
         stop.set()
         await asyncio.wait_for(runners, 60)
-    assert process.returncode == 0, err.decode()[-3000:]
-    assert "cli-run: 1 step(s) trained" in out.decode()
-    [version] = await read_topic(settings, TopicKey.MODELS, ModelVersion)
-    assert (version.version, version.uri) == (1, str(tmp_path / "run" / "checkpoints" / "v1"))
-    assert version.base_model == str(tmp_path / "run" / "base-model")  # --model tiny built it there
-    [step] = await read_topic(settings, TopicKey.METRICS, TrainStep)
-    assert (step.run_id, step.num_groups) == ("cli-run", 1)
+    assert first[0] == 0 and second[0] == 0, first[2] + second[2]
+    assert "cli-run: 1 step(s) trained" in first[1] and "cli-run: 1 step(s) trained" in second[1]
+    versions = await read_topic(settings, TopicKey.MODELS, ModelVersion)
+    assert [(v.version, v.uri) for v in versions] == [
+        (n, str(tmp_path / "run" / "checkpoints" / f"v{n}")) for n in (1, 2)
+    ]
+    assert {v.base_model for v in versions} == {str(tmp_path / "run" / "base-model")}  # --model tiny built it there
+    steps = await read_topic(settings, TopicKey.METRICS, TrainStep)
+    assert [(s.run_id, s.step, s.num_groups) for s in steps] == [("cli-run", 1, 1), ("cli-run", 2, 1)]

@@ -15,6 +15,7 @@ from algorithm.dispatcher import DatasetTask, Dispatcher, load_dataset
 from algorithm.groups import GroupBook
 from algorithm.loop import LoopPlan, TrainingLoop
 from algorithm.settings import TrainSection
+from algorithm.train import latest_checkpoint
 from algorithm.trainer.base import StepMetrics
 from schemas.codec import encode
 from schemas.errors import ConfigurationError
@@ -81,7 +82,8 @@ def reply(request: RolloutRequest, number: int, *, version: int | None = None, r
                            episode_reward=reward, model_version=call.model_version, transitions=[call])  # fmt: skip
 
 
-def build(tmp_path: Path, answer: Answer = reply, val: list[DatasetTask] | None = None, **train: object):
+def build(tmp_path: Path, answer: Answer = reply, val: list[DatasetTask] | None = None, initial_version: int = 0,
+          **train: object):  # fmt: skip
     options = TrainSection(**{"steps": 2, "group_size": 2, "groups_per_step": 2, "run_id": "r1", **train})
     source = FakeConsumer()
     publisher = FakePublisher(source, answer)
@@ -94,7 +96,7 @@ def build(tmp_path: Path, answer: Answer = reply, val: list[DatasetTask] | None 
         Dispatcher(publisher, val, group_size=1, max_in_flight=2, mode=RolloutMode.VAL, cycle=False)  # type: ignore[arg-type]
         if val else None
     )  # fmt: skip
-    loop = TrainingLoop(LoopPlan(options, tmp_path, "base"), backend, publisher, collector,  # type: ignore[arg-type]
+    loop = TrainingLoop(LoopPlan(options, tmp_path, "base", initial_version), backend, publisher, collector,  # type: ignore[arg-type]
                         train_dispatcher, val_dispatcher)  # fmt: skip
     return loop, publisher, backend, source
 
@@ -134,8 +136,8 @@ def test_stale_transitions_are_dropped_and_their_group_replaced(tmp_path: Path) 
     def answer(request: RolloutRequest, number: int) -> TransitionBatch:
         return reply(request, number, version=0 if number <= 2 else None)  # the first group: sampled by v0
 
-    loop, _, backend, _ = build(tmp_path, answer=answer, steps=1, max_staleness=0)
-    loop.version = 1  # pretend version 1 is served: v0 is one version too old
+    # version 1 is served (a resumed run): v0 is one version too old
+    loop, _, backend, _ = build(tmp_path, answer=answer, initial_version=1, steps=2, max_staleness=0)
     [step] = run(loop)
     assert step.dropped_stale == 2 and step.num_groups == 2 and len(backend.batches[0]) == 4
 
@@ -172,3 +174,16 @@ def test_a_dataset_line_is_a_task_or_its_input_and_errors_name_the_line(tmp_path
     path.write_text('{"input": {"q": 2}, "task_id": "has space"}\n')
     with pytest.raises(ConfigurationError, match=r"tasks.jsonl:1: .*task_id"):
         load_dataset(path)
+
+
+def test_a_resumed_run_continues_its_numbering_up_to_its_last_step(tmp_path: Path) -> None:
+    for name in ("v1", "v2", "v10x", "v3"):  # v3 has no model in it, v10x is not a version
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+    for name in ("v1", "v2", "v10x"):
+        (tmp_path / "checkpoints" / name / "config.json").write_text("{}")
+    assert latest_checkpoint(tmp_path) == (2, tmp_path / "checkpoints" / "v2")
+    assert latest_checkpoint(tmp_path / "elsewhere") is None
+    loop, publisher, _, _ = build(tmp_path / "resumed", initial_version=2, steps=3)
+    [step] = run(loop)
+    assert step.step == 3 and [v.version for v in publisher.events[TopicKey.MODELS]] == [3]
+    assert {r.model_version for r in publisher.events[TopicKey.TASKS]} == {2}

@@ -14,7 +14,7 @@ from algorithm.collector import Collector
 from algorithm.dispatcher import DatasetTask, Dispatcher, load_dataset
 from algorithm.groups import GroupBook
 from algorithm.loop import LoopPlan, TrainingLoop
-from algorithm.settings import TrainSection
+from algorithm.settings import TrainSection, TrainSettings
 from algorithm.train import latest_checkpoint
 from algorithm.trainer.base import StepMetrics
 from schemas.codec import encode
@@ -187,3 +187,20 @@ def test_a_resumed_run_continues_its_numbering_up_to_its_last_step(tmp_path: Pat
     [step] = run(loop)
     assert step.step == 3 and [v.version for v in publisher.events[TopicKey.MODELS]] == [3]
     assert {r.model_version for r in publisher.events[TopicKey.TASKS]} == {2}
+
+
+def test_train_settings_come_from_fulmen_train_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name, value in {"HOME": str(tmp_path), "TRAIN_GROUP_SIZE": "4", "TRAIN_INCOMPLETE_POLICY": "drop",
+                        "TRAIN_MAX_STALENESS": "0", "TRAIN_ESTIMATOR": "rloo", "TRAIN_RUN_ID": "r-7"}.items():  # fmt: skip
+        monkeypatch.setenv(f"FULMEN_{name}", value)
+    settings = TrainSettings()
+    train = settings.train
+    assert (train.group_size, train.incomplete_policy, train.max_staleness, train.estimator) == (4, "drop", 0, "rloo")
+    assert settings.run_dir == tmp_path / "runs" / "r-7" and train.groups_in_flight == 2 * train.groups_per_step
+    monkeypatch.setenv("FULMEN_TRAIN_MIN_GROUP_SIZE", "5")
+    with pytest.raises(ValueError, match="min_group_size"):
+        TrainSettings()
+    monkeypatch.setenv("FULMEN_TRAIN_MIN_GROUP_SIZE", "2")
+    monkeypatch.setenv("FULMEN_TRAIN_AGENT", "not an agent")
+    with pytest.raises(ValueError, match="agent"):
+        TrainSettings()

@@ -21,6 +21,7 @@ running rollouts finish for ``shutdown_grace_s`` and hands the rest back uncommi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -74,12 +75,17 @@ class Runner:
         self.runner_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         prefix = settings.kafka.topic_prefix
         self.tasks_topic = topic_name(TopicKey.TASKS, prefix)
-        self.producer = producer(settings)
+        # Lifecycle events are on the critical path of every rollout: no lingering on the producer, and short
+        # broker-side fetch waits so that a freed slot or a catch-up is not held by a long poll.
+        self.producer = producer(settings, linger_ms=0)
         self.publisher = EventPublisher(self.producer, prefix=prefix)
         self.tasks = consumer(
-            settings, self.options.group, client_id=self.runner_id, max_poll_records=self.options.concurrency
+            settings, self.options.group, client_id=self.runner_id, max_poll_records=self.options.concurrency,
+            fetch_max_wait_ms=50,
+        )  # fmt: skip
+        self.ledger = RolloutLedger(
+            consumer(settings, None, fetch_max_wait_ms=20), topic_name(TopicKey.ROLLOUTS, prefix)
         )
-        self.ledger = RolloutLedger(consumer(settings, None), topic_name(TopicKey.ROLLOUTS, prefix))
         self.dead_letters = DeadLetters(self.producer, prefix=prefix, consumer_group=self.options.group)
         self.provider = tracer_provider or build_tracer_provider(self.options.otlp_endpoint or None)
         self.tracer = self.provider.get_tracer("fulmen.runner")
@@ -88,6 +94,7 @@ class Runner:
         self.progress: dict[TopicPartition, PartitionProgress] = {}
         self.completed: dict[str, int] = {"succeeded": 0, "failed": 0, "timed_out": 0, "skipped": 0}
         self._fatal: BaseException | None = None
+        self._slot_freed = asyncio.Event()
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -129,8 +136,14 @@ class Runner:
         free = self.options.concurrency - len(self.running)
         assigned = self.tasks.assignment()
         if assigned and free <= 0:
+            # Full: wait for a rollout to end rather than poll (the group's heartbeat runs on its own).
             self.tasks.pause(*assigned)
-        elif assigned:
+            self._slot_freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._slot_freed.wait(), 0.5)
+            await self._commit()
+            return
+        if assigned:
             self.tasks.resume(*assigned)
         fetched = await self.tasks.getmany(timeout_ms=500, max_records=max(free, 1))
         if fetched or self.watching:
@@ -190,6 +203,7 @@ class Runner:
 
     def _ended(self, rollout_id: str, task: asyncio.Task[None]) -> None:
         self.running.pop(rollout_id, None)
+        self._slot_freed.set()
         if not task.cancelled() and task.exception() is not None and self._fatal is None:
             # Kafka refused an event for good: stop, so the uncommitted request comes back after a restart,
             # rather than keep a partition whose commits can no longer move.

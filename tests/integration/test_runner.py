@@ -210,7 +210,8 @@ async def test_100_rollouts_over_4_runner_processes_each_succeed_once(settings: 
     runners = [_spawn_runner(settings, "tests.agents.simple:async_echo", log, concurrency=8) for _ in range(4)]
     try:
         rollouts = {f"many-{i}" for i in range(100)}
-        await submit(settings, [request(r, {"reward": 1.0, "sleep": 0.05}) for r in sorted(rollouts)])
+        # Each rollout takes long enough (100 x 0.5 s over 8 slots) that all four runners join before one ends it all.
+        await submit(settings, [request(r, {"reward": 1.0, "sleep": 0.5}) for r in sorted(rollouts)])
         events = await wait_terminal(settings, rollouts, timeout_s=180)
         await asyncio.sleep(2)  # anything doubled would show up by now
         events = await events_by_rollout(settings)

@@ -222,8 +222,10 @@ class TrainingLoop:
         return {
             "grad_norm": metrics.grad_norm, "approx_kl": metrics.approx_kl, "ratio_mean": metrics.ratio_mean,
             "response_tokens": float(metrics.tokens), "skipped_updates": float(metrics.skipped_updates),
-            "dropped_groups": float(self.waiting.dropped_groups), "partial_groups": float(self.waiting.partial_groups),
-            "ignored_batches": float(self.collector.ignored), "dropped_too_long": float(too_long),
+            # run totals so far: groups the timeout policy dropped or kept partial, batches of unknown groups
+            "dropped_groups_total": float(self.waiting.dropped_groups),
+            "partial_groups_total": float(self.waiting.partial_groups),
+            "ignored_batches_total": float(self.collector.ignored), "dropped_too_long": float(too_long),
             "dataset_passes": float(self.train.passes),
         }  # fmt: skip
 

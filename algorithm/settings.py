@@ -50,13 +50,14 @@ class TrainSection(BaseModel):
     max_groups_in_flight: int = Field(default=0, ge=0, description="dispatched, unfinished groups; "
                                       "0 = 2 * groups_per_step")  # fmt: skip
     min_group_size: int = Field(default=2, ge=1, description="fewest rollouts a timed-out group trains on")
-    group_timeout_s: float = Field(default=600.0, gt=0, description="from dispatch to giving up on the rest")
+    group_timeout_s: float = Field(default=0.0, ge=0, description="from dispatch to giving up on the rest; "
+                                   "0 = every attempt's timeout plus a minute")  # fmt: skip
     incomplete_policy: IncompletePolicy = IncompletePolicy.TRAIN_PARTIAL
     max_staleness: int = Field(default=1, ge=0, description="train on transitions of versions >= current - this")
     estimator: str = Field(default="grpo", description="advantage estimator: grpo, dr_grpo, rloo")
     advantage_scope: AdvantageScope = AdvantageScope.EPISODE
     missing_reward: float = Field(default=0.0, description="reward of a transition/rollout that has none")
-    rollout_timeout_s: float = Field(default=600.0, gt=0, description="timeout_s of each RolloutRequest")
+    rollout_timeout_s: float = Field(default=600.0, gt=0, le=7 * 24 * 3600, description="timeout_s of each request")
     max_attempts: int = Field(default=3, ge=1, le=100, description="max_attempts of each RolloutRequest")
     shuffle: bool = Field(default=True, description="shuffle the dataset each pass (seeded)")
     seed: int = 0
@@ -86,6 +87,12 @@ class TrainSection(BaseModel):
                 " would never fill a step; raise it or set 0 (= 2 * groups_per_step)"
             )
         return self
+
+    @property
+    def group_deadline_s(self) -> float:
+        """How long after dispatch a group may still complete: ``group_timeout_s``, else long enough for every
+        attempt of a rollout to time out (``rollout_timeout_s * max_attempts``) plus a minute."""
+        return self.group_timeout_s or self.rollout_timeout_s * self.max_attempts + 60.0
 
     @property
     def groups_in_flight(self) -> int:

@@ -99,7 +99,7 @@ async def train(
         publisher = EventPublisher(kafka_producer, prefix=settings.kafka.topic_prefix)
         loop = TrainingLoop(
             LoopPlan(options, run_dir, base_model, resumed[0] if resumed else 0), backend, publisher,
-            Collector(source, GroupBook(timeout_s=options.group_timeout_s, policy=options.incomplete_policy,
+            Collector(source, GroupBook(timeout_s=options.group_deadline_s, policy=options.incomplete_policy,
                                         min_group_size=options.min_group_size)),
             _dispatcher(publisher, tasks, options, RolloutMode.TRAIN),
             _dispatcher(publisher, val_tasks, options, RolloutMode.VAL) if val_tasks else None,

@@ -79,6 +79,7 @@ async def run_case(settings: FulmenSettings, count: int, tag: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rollouts", type=int, default=3000)
+    parser.add_argument("--profile", type=Path, default=None, help="write a cProfile of each runner here")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="fulmen-bench-rollouts-"))
     broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")
@@ -105,7 +106,9 @@ def main() -> None:
             if spans:
                 processes.append(subprocess.Popen([*fulmen, "otlp-gateway"], env=env, stdout=log, stderr=log))
                 wait_for(lambda: _ready(otlp_port), 60, "the OTLP gateway")
-            runner = subprocess.Popen([*fulmen, "runner", "--agent", f"bench.agents:{agent}", "--concurrency",
+            profile = ["-m", "cProfile", "-o", str(args.profile / f"{tag}.prof")] if args.profile else []
+            command = [sys.executable, *profile, "-m", "infra.cli.main"]
+            runner = subprocess.Popen([*command, "runner", "--agent", f"bench.agents:{agent}", "--concurrency",
                                        str(workers)], env=env, stdout=log, stderr=log)  # fmt: skip
             processes.append(runner)
             time.sleep(3)  # the runner joins its group

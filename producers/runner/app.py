@@ -25,6 +25,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,6 +55,8 @@ from schemas.topics import TopicKey, topic_name
 __all__ = ["Runner"]
 
 log = logging.getLogger(__name__)
+
+_COMMIT_EVERY_S = 0.2
 
 
 @dataclass
@@ -95,6 +98,7 @@ class Runner:
         self.completed: dict[str, int] = {"succeeded": 0, "failed": 0, "timed_out": 0, "skipped": 0}
         self._fatal: BaseException | None = None
         self._slot_freed = asyncio.Event()
+        self._committed_at = 0.0
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -141,7 +145,7 @@ class Runner:
             self._slot_freed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._slot_freed.wait(), 0.5)
-            await self._commit()
+            await self._commit(every_s=_COMMIT_EVERY_S)
             return
         if assigned:
             self.tasks.resume(*assigned)
@@ -156,7 +160,7 @@ class Runner:
             for record in records:
                 self.progress.setdefault(tp, PartitionProgress()).add(record.offset)
                 await self._take(tp, record)
-        await self._commit()
+        await self._commit(every_s=_COMMIT_EVERY_S)
 
     async def _take(self, tp: TopicPartition, record: ConsumerRecord) -> None:
         try:
@@ -211,8 +215,10 @@ class Runner:
 
     # --- one rollout ----------------------------------------------------------------------------------------
     async def _run_rollout(self, pending: _Pending, request: RolloutRequest) -> None:
-        await self._publish_event(self._event(request, RolloutStatus.CLAIMED))
-        await self._publish_event(self._event(request, RolloutStatus.RUNNING))
+        # One round trip for both (same key, same partition: they stay in order).
+        await self._publish_events(
+            self._event(request, RolloutStatus.CLAIMED), self._event(request, RolloutStatus.RUNNING)
+        )
         status, reward, error = await self._call(request)
         await asyncio.to_thread(self.provider.force_flush)  # the spans are out before the end is reported
         if status is not RolloutStatus.SUCCEEDED and request.attempt < request.max_attempts:
@@ -252,8 +258,12 @@ class Runner:
         )  # fmt: skip
 
     async def _publish_event(self, event: RolloutEvent) -> None:
-        await self.publisher.publish(TopicKey.ROLLOUTS, event)
-        self.ledger.observe(event)
+        await self._publish_events(event)
+
+    async def _publish_events(self, *events: RolloutEvent) -> None:
+        await self.publisher.publish_many(TopicKey.ROLLOUTS, events)
+        for event in events:
+            self.ledger.observe(event)
 
     # --- offsets and liveness -------------------------------------------------------------------------------
     def _finish(self, tp: TopicPartition, offset: int) -> None:
@@ -261,7 +271,13 @@ class Runner:
         if progress is not None:
             progress.done(offset)
 
-    async def _commit(self) -> None:
+    async def _commit(self, every_s: float = 0.0) -> None:
+        """Commit what is finished; with ``every_s``, at most that often (a commit is a broker round trip on
+        the poll loop; a request redelivered after a crash whose rollout already ended is only acknowledged)."""
+        now = time.monotonic()
+        if every_s and now - self._committed_at < every_s:
+            return
+        self._committed_at = now
         owned = self.tasks.assignment()
         offsets = {
             tp: OffsetAndMetadata(p.committable, "")

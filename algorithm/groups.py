@@ -128,7 +128,8 @@ class GroupBook:
             log.debug("ignoring rollout %s: group %s is not in flight here", batch.rollout_id, batch.group_id)
             return AddOutcome.UNKNOWN_GROUP, None
         current = group.rollouts.get(batch.rollout_id)
-        if current is not None and current.attempt >= batch.attempt:
+        # A rebuilt batch of the same attempt (a late span arrived) replaces the earlier build: newer created_at.
+        if current is not None and (current.attempt, current.created_at) >= (batch.attempt, batch.created_at):
             return AddOutcome.OLDER_ATTEMPT, None
         group.rollouts[batch.rollout_id] = batch
         if not group.complete:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import pytest
 from aiokafka.structs import TopicPartition
@@ -85,14 +86,28 @@ def test_the_latest_attempt_of_a_rollout_wins_and_a_retryable_failure_keeps_the_
     c, source, _ = collector()
     c.expect([spec("g1", size=2, max_attempts=2)])
     failed = batch("g1", 1, None, status=RolloutStatus.FAILED)
-    send(source, batch("g1", 0), failed)
+    first = batch("g1", 0)
+    send(source, first, failed)
     assert poll(c) == []  # r1 failed at attempt 1 of 2: its retry may still come
-    send(source, batch("g1", 0, reward=0.9, attempt=1), batch("g1", 1, reward=0.25, attempt=2))
+    redelivered = batch("g1", 0, reward=0.9, attempt=1).model_copy(update={"created_at": first.created_at})
+    send(source, redelivered, batch("g1", 1, reward=0.25, attempt=2))
     [group] = poll(c)
     by_rollout = {r.rollout_id: r for r in group.rollouts}
     assert by_rollout["g1-r1"].attempt == 2 and by_rollout["g1-r1"].episode_reward == 0.25
     assert by_rollout["g1-r0"].episode_reward == 1.0  # same attempt redelivered: the first copy stays
     assert c.older_attempts == 1
+
+
+def test_a_rebuilt_batch_of_the_same_attempt_replaces_the_first_build() -> None:
+    c, source, _ = collector()
+    c.expect([spec("g1", size=2, max_attempts=2)])
+    first = batch("g1", 0, reward=0.5)
+    rebuilt = batch("g1", 0, reward=0.5, calls=2).model_copy(
+        update={"created_at": first.created_at + timedelta(seconds=5)}
+    )  # a late span arrived: the transitions consumer built the rollout again
+    send(source, first, rebuilt, batch("g1", 1))
+    [group] = poll(c)
+    assert len({r.rollout_id: r for r in group.rollouts}["g1-r0"].transitions) == 2
 
 
 def test_a_failure_on_the_last_attempt_is_final() -> None:

@@ -44,9 +44,13 @@ class _GatherLogprobs(torch.autograd.Function):
         for start in range(0, logits.shape[0], rows):
             stop = start + rows
             g = grad_out[start:stop, None].float()
-            chunk_grad = torch.exp(logits[start:stop].float() - lse[start:stop, None]) * -g  # -softmax * g
+            # float32 logits: computed in place in ``grad`` (no [rows, V] temporaries); else in one float32 chunk.
+            chunk_grad = grad[start:stop] if grad.dtype == torch.float32 else None
+            chunk_grad = torch.sub(logits[start:stop].float(), lse[start:stop, None], out=chunk_grad)
+            chunk_grad.exp_().mul_(-g)  # -softmax * g
             chunk_grad.scatter_add_(1, targets[start:stop, None], g)  # + onehot(target) * g
-            grad[start:stop] = chunk_grad.to(grad.dtype)
+            if grad.dtype != torch.float32:
+                grad[start:stop] = chunk_grad.to(grad.dtype)
         return grad, None
 
 

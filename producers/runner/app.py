@@ -46,7 +46,7 @@ from producers.runner.agent import AgentError, LLMEndpoint, call_agent
 from producers.runner.ledger import RolloutLedger
 from producers.runner.offsets import PartitionProgress
 from producers.runner.settings import RunnerSettings
-from producers.runner.tracing import CURRENT_ROLLOUT, build_tracer_provider
+from producers.runner.tracing import CURRENT_ROLLOUT, CoalescedFlush, build_tracer_provider
 from schemas import semconv
 from schemas.codec import decode
 from schemas.events import RolloutEvent, RolloutRequest, RolloutStatus
@@ -92,6 +92,7 @@ class Runner:
         self.dead_letters = DeadLetters(self.producer, prefix=prefix, consumer_group=self.options.group)
         self.provider = tracer_provider or build_tracer_provider(self.options.otlp_endpoint or None)
         self.tracer = self.provider.get_tracer("fulmen.runner")
+        self.flusher = CoalescedFlush(self.provider)
         self.running: dict[str, asyncio.Task[None]] = {}  # rollout id -> its task
         self.watching: list[_Pending] = []
         self.progress: dict[TopicPartition, PartitionProgress] = {}
@@ -220,7 +221,7 @@ class Runner:
             self._event(request, RolloutStatus.CLAIMED), self._event(request, RolloutStatus.RUNNING)
         )
         status, reward, error = await self._call(request)
-        await asyncio.to_thread(self.provider.force_flush)  # the spans are out before the end is reported
+        await self.flusher.flush()  # the spans are out before the end is reported
         if status is not RolloutStatus.SUCCEEDED and request.attempt < request.max_attempts:
             await self.publisher.publish(TopicKey.TASKS, request.model_copy(update={"attempt": request.attempt + 1}))
         await self._publish_event(self._event(request, status, reward=reward, error=error))

@@ -8,6 +8,7 @@ Spans are exported by OTLP/HTTP to the OTLP gateway and flushed before a rollout
 
 from __future__ import annotations
 
+import asyncio
 from contextvars import ContextVar
 from typing import Any
 
@@ -20,7 +21,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from schemas import semconv
 from schemas.events import RolloutRequest
 
-__all__ = ["CURRENT_ROLLOUT", "RolloutStamper", "build_tracer_provider"]
+__all__ = ["CURRENT_ROLLOUT", "CoalescedFlush", "RolloutStamper", "build_tracer_provider"]
 
 CURRENT_ROLLOUT: ContextVar[RolloutRequest | None] = ContextVar("fulmen_current_rollout", default=None)
 
@@ -68,3 +69,35 @@ def _install(provider: Any) -> None:
             current.add_span_processor(processor)
         return
     trace.set_tracer_provider(provider)
+
+
+class CoalescedFlush:
+    """Flushes the provider for many finishing rollouts at once.
+
+    A rollout's spans must be exported before its end is reported. Each flush is a round trip to the OTLP
+    endpoint, so rollouts that finish while a flush is running wait for the next one, which covers all of
+    them: one flush per wave of finishing rollouts instead of one per rollout.
+    """
+
+    def __init__(self, provider: Any) -> None:
+        self.provider = provider
+        self._waiting: list[asyncio.Future[None]] = []
+        self._running: asyncio.Task[None] | None = None
+
+    async def flush(self) -> None:
+        """Return once every span ended before this call has been exported (or the flush gave up)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(future)
+        if self._running is None or self._running.done():
+            self._running = asyncio.create_task(self._drain())
+        await future
+
+    async def _drain(self) -> None:
+        while self._waiting:
+            batch, self._waiting = self._waiting, []
+            try:
+                await asyncio.to_thread(self.provider.force_flush)
+            finally:
+                for future in batch:
+                    if not future.done():
+                        future.set_result(None)

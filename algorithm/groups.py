@@ -38,6 +38,7 @@ __all__ = [
     "GroupBook",
     "drop_stale",
     "drop_too_long",
+    "shuffle_rewards",
 ]
 
 log = logging.getLogger(__name__)
@@ -169,6 +170,31 @@ def drop_too_long(group: ClosedGroup, max_len: int | None) -> tuple[ClosedGroup,
     if max_len is None:
         return group, 0
     return _keep_transitions(group, lambda t, b: len(t.prompt_token_ids) + len(t.response_token_ids) <= max_len)
+
+
+def shuffle_rewards(groups: list[ClosedGroup], seed: int) -> list[ClosedGroup]:
+    """CONTROL RUNS ONLY (``FULMEN_TRAIN_SHUFFLE_REWARDS``): the same groups with the rewards of the step's
+    rollouts permuted at random across all its groups, so the reward no longer belongs to the answer it
+    scored and the learning signal is destroyed (the statistics of the rewards stay the same).
+
+    Rollout ``r`` takes the whole reward record of rollout ``perm(r)``: its ``episode_reward`` and the credited
+    ``reward`` of its transitions, positionally (the last one repeated when ``r`` made more calls).
+    """
+    import random
+
+    records = [(b.episode_reward, [t.reward for t in b.transitions]) for g in groups for b in g.rollouts]
+    random.Random(seed).shuffle(records)
+    source = iter(records)
+    shuffled = []
+    for group in groups:
+        rollouts = []
+        for batch in group.rollouts:
+            episode, credited = next(source)
+            transitions = [t.model_copy(update={"reward": credited[min(i, len(credited) - 1)] if credited else None})
+                           for i, t in enumerate(batch.transitions)]  # fmt: skip
+            rollouts.append(batch.model_copy(update={"episode_reward": episode, "transitions": transitions}))
+        shuffled.append(dataclasses.replace(group, rollouts=tuple(rollouts)))
+    return shuffled
 
 
 def _keep_transitions(

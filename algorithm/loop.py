@@ -5,9 +5,11 @@ One step N (the policy being served is version ``N - 1``; version 0 is the base 
 1. keep ``max_groups_in_flight`` train groups dispatched (:class:`~algorithm.dispatcher.Dispatcher`, requests
    stamped with the served version) and poll the :class:`~algorithm.collector.Collector` until
    ``groups_per_step`` kept train groups are ready (``rollout_wait_s``);
-2. drop the transitions older than ``max_staleness`` versions (:func:`~algorithm.groups.drop_stale`, counted as
-   ``dropped_stale``; a group left empty is replaced by the next), build one sample per transition with its
-   group advantage (:func:`~algorithm.samples.build_samples`, estimator and scope from the settings);
+2. (control runs only, ``shuffle_rewards``: permute the rewards across the step's rollouts,
+   :func:`~algorithm.groups.shuffle_rewards`); drop the transitions older than ``max_staleness`` versions
+   (:func:`~algorithm.groups.drop_stale`, counted as ``dropped_stale``; a group left empty is replaced by the
+   next), build one sample per transition with its group advantage (:func:`~algorithm.samples.build_samples`,
+   estimator and scope from the settings);
 3. one policy update (``backend.step``, in a worker thread so Kafka heartbeats go on; ``train_s``);
 4. save the checkpoint to ``<run dir>/checkpoints/v<N>``, publish ``ModelVersion(version=N, format="hf")`` and
    wait for the broker's acknowledgement (``publish_s``);
@@ -35,7 +37,7 @@ from pathlib import Path
 
 from algorithm.collector import Collector
 from algorithm.dispatcher import Dispatcher
-from algorithm.groups import ClosedGroup, drop_stale, drop_too_long
+from algorithm.groups import ClosedGroup, drop_stale, drop_too_long, shuffle_rewards
 from algorithm.samples import StepSamples, build_samples
 from algorithm.settings import TrainSection
 from algorithm.trainer.base import StepMetrics, TrainerBackend
@@ -127,6 +129,8 @@ class TrainingLoop:
             return None
         groups, dropped = collected
         waited = self.clock() - started
+        if self.options.shuffle_rewards:  # the control run: rewards detached from the answers they scored
+            groups = shuffle_rewards(groups, seed=self.options.seed * 100_003 + number)
         data = build_samples(groups, estimator=self.options.estimator, scope=self.options.advantage_scope,
                              missing_reward=self.options.missing_reward)  # fmt: skip
         metrics = await asyncio.to_thread(self.backend.step, data.samples)

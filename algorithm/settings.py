@@ -74,6 +74,9 @@ class TrainSection(BaseModel):
     lora_r: int = Field(default=0, ge=0, description="LoRA rank; 0 trains every weight")
     device: str = "auto"
     dtype: str = "auto"
+    shuffle_rewards: bool = Field(default=False, description="CONTROL RUNS ONLY: permute the rewards of each "
+                                  "step's rollouts at random before the advantages, destroying the learning "
+                                  "signal (a run that still improves learns from something else)")  # fmt: skip
     publish_initial_version: bool = Field(default=False, description="publish the base model as version 0 at "
                                           "start, so gateways following the models topic serve it")  # fmt: skip
 

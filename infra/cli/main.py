@@ -434,8 +434,25 @@ def schemas_export(
 @friendly
 def demo(
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON on the last line")] = False,
+    steps: Annotated[int | None, typer.Option(help="GRPO steps (default 30)", min=1)] = None,
+    shuffle_rewards: Annotated[
+        bool, typer.Option("--shuffle-rewards", help="CONTROL run: rewards shuffled within each step")
+    ] = False,
 ) -> None:
-    """Start what is needed, run the demo, stop what it started."""
+    """An agent visibly learning through the whole system: warm up a tiny model, start Kafka, the store, the
+    gateways and a runner, train with GRPO on arithmetic word problems, report held-out accuracy before and
+    after, the curves and the SQL to explore the stored data; stop everything it started."""
+    from infra.cli.demo import run_demo_command
+
+    run_demo_command(_settings(), console, steps=steps, shuffle_rewards=shuffle_rewards, as_json=as_json)
+
+
+@app.command("smoke")
+@friendly
+def smoke(
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON on the last line")] = False,
+) -> None:
+    """A fast check of the plumbing: one event of each kind through Kafka into the store, read back with SQL."""
     from infra.cli.smoke import run_smoke
     from infra.services import ensure_kafka, ensure_store
 
@@ -443,7 +460,7 @@ def demo(
     with console.status("starting Kafka (first run downloads its jars) and the store..."):
         ready = ensure_kafka(settings)
         store = ensure_store(settings)
-    console.print(f"[green]✓[/] Kafka at {ready.bootstrap}" + (" (started for this demo)" if ready.started else ""))
+    console.print(f"[green]✓[/] Kafka at {ready.bootstrap}" + (" (started for this check)" if ready.started else ""))
     console.print(f"[green]✓[/] store {store.location}, database {store.database}")
     try:
         with console.status("publishing one event of each kind and materialising them..."):

@@ -34,8 +34,8 @@ def env(kafka_broker: LocalKafka, tmp_path: Path) -> dict[str, str]:
     }
 
 
-def test_demo_smoke_runs_end_to_end(env: dict[str, str]) -> None:
-    result = run(["demo", "--json"], env)
+def test_smoke_runs_end_to_end(env: dict[str, str]) -> None:
+    result = run(["smoke", "--json"], env)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["task_read_back"] and report["dead_lettered"]

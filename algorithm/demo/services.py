@@ -1,0 +1,114 @@
+"""The processes the demo starts (``fulmen consume``, the two gateways, the runners) and stops again.
+
+Each service is the real ``fulmen`` command in its own process, configured only through ``FULMEN_*``
+variables (the same way a user would run it), with its output appended to ``<run dir>/logs/<name>.log``.
+:class:`Services` starts them one by one, waits until each answers its readiness probe (an HTTP URL that must
+answer 200), and stops all of them in reverse order on :meth:`Services.stop` (SIGTERM, then SIGKILL after
+``grace_s``), also when the demo fails or is interrupted (use it as a context manager).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from infra.errors import FulmenError
+
+__all__ = ["ServiceSpec", "Services", "free_port"]
+
+log = logging.getLogger(__name__)
+
+FULMEN = [sys.executable, "-m", "infra.cli.main"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One process: its name (and log file), ``fulmen`` arguments, extra environment, readiness URL (or None)."""
+
+    name: str
+    args: tuple[str, ...]
+    env: dict[str, str]
+    ready_url: str | None = None
+    ready_timeout_s: float = 120.0
+
+
+class Services:
+    """Started processes, stopped in reverse order; see the module docstring."""
+
+    def __init__(self, log_dir: Path, base_env: dict[str, str], grace_s: float = 30.0) -> None:
+        self.log_dir = log_dir
+        self.base_env = base_env
+        self.grace_s = grace_s
+        self.running: list[tuple[ServiceSpec, subprocess.Popen]] = []
+
+    def start(self, spec: ServiceSpec) -> None:
+        """Start ``spec`` and wait until it is ready; FulmenError (with the log's tail) if it exits or times out."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | self.base_env | spec.env
+        with open(self.log_dir / f"{spec.name}.log", "ab") as out:
+            process = subprocess.Popen(
+                [*FULMEN, *spec.args], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )  # fmt: skip  (Ctrl-C reaches only the demo)
+        self.running.append((spec, process))
+        log.info("started %s (pid %d)", spec.name, process.pid)
+        if spec.ready_url is not None:
+            self._wait_ready(spec, process)
+
+    def _wait_ready(self, spec: ServiceSpec, process: subprocess.Popen) -> None:
+        deadline = time.monotonic() + spec.ready_timeout_s
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise FulmenError(f"{spec.name} exited with {process.returncode} at start:\n{self.tail(spec.name)}")
+            try:
+                if httpx.get(spec.ready_url, timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise FulmenError(f"{spec.name} was not ready after {spec.ready_timeout_s:.0f}s:\n{self.tail(spec.name)}")
+
+    def check(self) -> None:
+        """FulmenError when a started process has exited (the demo cannot go on without it)."""
+        for spec, process in self.running:
+            if process.poll() is not None:
+                raise FulmenError(f"{spec.name} exited with {process.returncode}:\n{self.tail(spec.name)}")
+
+    def tail(self, name: str, chars: int = 2000) -> str:
+        path = self.log_dir / f"{name}.log"
+        return path.read_text(errors="replace")[-chars:] if path.is_file() else ""
+
+    def stop(self) -> None:
+        """SIGTERM every process (newest first), wait up to ``grace_s`` each, SIGKILL what is left."""
+        for spec, process in reversed(self.running):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=self.grace_s)
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop within %.0fs; killing it", spec.name, self.grace_s)
+                process.kill()
+                process.wait()
+        self.running.clear()
+
+    def __enter__(self) -> Services:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()

@@ -1,0 +1,78 @@
+"""``fulmen demo``: the rendering around :func:`algorithm.demo.run.run_demo` (progress, report, queries)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from infra.errors import FulmenError
+from infra.settings import FulmenSettings
+
+__all__ = ["run_demo_command"]
+
+
+def run_demo_command(settings: FulmenSettings, console: Console, *, steps: int | None, shuffle_rewards: bool,
+                     as_json: bool) -> dict[str, Any]:  # fmt: skip
+    """Run the demo with a live progress bar, print the report; the report dict (also the JSON line)."""
+    from algorithm.demo.report import plot_curves, report_dict, run_queries
+    from algorithm.demo.run import DemoOptions, run_demo
+
+    options = DemoOptions(shuffle_rewards=shuffle_rewards, **({"steps": steps} if steps else {}))
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("reward {task.fields[reward]}  held-out accuracy {task.fields[accuracy]}"),
+                        TimeElapsedColumn(), console=console, transient=False)  # fmt: skip
+    task = progress.add_task("training", total=options.steps, reward="-", accuracy="-")
+    queries: list[Any] = []
+
+    def on_phase(text: str) -> None:
+        progress.console.print(f"[green]•[/] {text}")
+
+    def on_step(event: Any) -> None:
+        accuracy = event.extra.get("val_accuracy")
+        fields = {"reward": f"{event.reward_mean:.3f}"}
+        if "initial_val_accuracy" in event.extra and accuracy is None:
+            fields["accuracy"] = f"{event.extra['initial_val_accuracy']:.3f} (before)"
+        if accuracy is not None:
+            fields["accuracy"] = f"{accuracy:.3f}"
+        progress.update(task, completed=event.step, **fields)
+
+    def after(run: Any) -> None:
+        on_phase("running the SQL queries a user can run next (fulmen sql, against this run's store)")
+        queries.extend(run_queries(run, settings.clickhouse.database))
+
+    with progress:
+        run = run_demo(settings, options, on_phase=on_phase, on_step=on_step, after=after)
+    plot = plot_curves(run, run.run_dir / "curves.png")
+    report = report_dict(run, plot, shuffle_rewards)
+    _print_report(console, report, run, queries)
+    if as_json:
+        print(json.dumps(report))
+    if report["accuracy_after"] is None:
+        raise FulmenError(f"the demo ended without a final validation ({len(run.steps)} step(s)); logs in "
+                          f"{run.run_dir / 'logs'}")  # fmt: skip
+    return report
+
+
+def _print_report(console: Console, report: dict[str, Any], run: Any, queries: list[Any]) -> None:
+    before, after = report["accuracy_before"], report["accuracy_after"]
+    control = " (CONTROL: rewards shuffled within each step)" if report["shuffle_rewards"] else ""
+    console.print(f"\n[bold]held-out accuracy{control}:[/] {_pct(before)} before -> [bold]{_pct(after)}[/] after "
+                  f"{report['steps']} GRPO steps")  # fmt: skip
+    console.print(f"wall {report['wall_s']}s (warm-up {report['warmup_s']}s, start-up {report['startup_s']}s, "
+                  f"training {report['train_s']}s; per step: waiting for rollouts {report['mean_rollout_wait_s']}s, "
+                  f"update {report['mean_update_s']}s)")  # fmt: skip
+    if report["plot"]:
+        console.print(f"curves: {report['plot']}")
+    console.print(f"final model: {report['final_model']} (a Hugging Face directory)")
+    env = " ".join(f"{k}={v}" for k, v in run.env.items() if k in ("FULMEN_CLICKHOUSE_PATH",))
+    console.print(f'\n[bold]The stored data, with SQL[/] (later: [dim]{env} fulmen sql "..."[/])')
+    for result in queries:
+        console.print(f'\n[bold]{result.title}[/]  [dim]fulmen sql "{result.sql}"[/]', soft_wrap=True)
+        console.print(result.output, highlight=False, markup=False)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"

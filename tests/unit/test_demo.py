@@ -1,0 +1,81 @@
+"""The demo's pure parts: the safe calculator, the generated tasks, the warm-up samples, the reward shuffle."""
+
+from __future__ import annotations
+
+import pytest
+
+from algorithm.demo.calc import CalcError, evaluate
+from algorithm.demo.tasks import generate, heldout_tasks, train_tasks
+from algorithm.groups import ClosedGroup, shuffle_rewards
+from schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
+
+
+@pytest.mark.parametrize(("expr", "value"), [("23+45", 68), (" 71 - 64 ", 7), ("-3*(2+1)", -9), ("10-99", -89)])
+def test_calc_evaluates_integer_arithmetic(expr: str, value: int) -> None:
+    assert evaluate(expr) == value
+
+
+@pytest.mark.parametrize(
+    "expr", ["__import__('os')", "a+1", "2**8", "1.5+1", "len('x')", "", "9" * 41, "99999*99999", "(1", None]
+)
+def test_calc_refuses_everything_else(expr: object) -> None:
+    with pytest.raises(CalcError):
+        evaluate(expr)  # type: ignore[arg-type]
+
+
+def test_tasks_are_deterministic_disjoint_and_correct() -> None:
+    train, heldout = train_tasks(500), heldout_tasks(64, train_count=500)
+    assert [t.input for t in train] == [t.input for t in train_tasks(500)]
+    assert len(heldout) == 64 and all(t.input["greedy"] for t in heldout)
+    assert not {t.input["question"] for t in train} & {t.input["question"] for t in heldout}
+    for task in train + heldout:
+        assert evaluate(task.input["expr"]) == task.input["answer"] >= 0
+        assert all(str(n) in task.input["question"] for n in task.input["expr"].replace("-", "+").split("+"))
+    ops = {p.op for p in generate(200, 3)}
+    assert ops == {"+", "-"}
+
+
+def test_warmup_samples_match_the_rendered_conversation() -> None:
+    from algorithm.demo.agent import TOOLS
+    from algorithm.demo.warmup import conversation_samples
+    from algorithm.tiny_model import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    problem = generate(1, 7)[0]
+    first, second = conversation_samples(problem, tokenizer)
+    assert tokenizer.decode(first.response_token_ids, skip_special_tokens=True) == (
+        '<tool_call>{"name": "calc", "arguments": {"expr": "' + problem.expr + '"}}</tool_call>'
+    )
+    assert first.response_token_ids[-1] == second.response_token_ids[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(second.response_token_ids, skip_special_tokens=True) == str(problem.answer)
+    prompt = tokenizer.decode(second.prompt_token_ids)
+    assert prompt.startswith(tokenizer.decode(first.prompt_token_ids + first.response_token_ids))
+    assert prompt.endswith(f"<|im_start|>tool\n{problem.answer}<|im_end|>\n<|im_start|>assistant\n")
+    assert '"name": "calc"' in tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tools=TOOLS,
+                                                             tokenize=False)  # fmt: skip
+
+
+def _batch(rollout: str, reward: float, calls: int) -> TransitionBatch:
+    transitions = [Transition(rollout_id=rollout, attempt=1, index=i, trace_id="a" * 32, span_id=f"{i:016x}",
+                              prompt_token_ids=[1], response_token_ids=[2], reward=reward)
+                   for i in range(calls)]  # fmt: skip
+    return TransitionBatch(rollout_id=rollout, attempt=1, task_id="t", group_id="g", status=RolloutStatus.SUCCEEDED,
+                           episode_reward=reward, transitions=transitions)  # fmt: skip
+
+
+def test_shuffle_rewards_permutes_whole_reward_records_across_the_step() -> None:
+    rewards = [float(i) for i in range(16)]
+    groups = [
+        ClosedGroup(
+            f"g{g}", "t", RolloutMode.TRAIN, 8, tuple(_batch(f"r{g}{i}", rewards[8 * g + i], 2) for i in range(8))
+        )
+        for g in range(2)
+    ]
+    shuffled = shuffle_rewards(groups, seed=1)
+    after = [b.episode_reward for g in shuffled for b in g.rollouts]
+    assert sorted(after) == rewards and after != rewards
+    for group in shuffled:
+        for batch in group.rollouts:
+            assert [t.reward for t in batch.transitions] == [batch.episode_reward] * 2
+    assert [b.rollout_id for g in shuffled for b in g.rollouts] == [b.rollout_id for g in groups for b in g.rollouts]
+    assert shuffle_rewards(groups, seed=1) == shuffled

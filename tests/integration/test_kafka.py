@@ -151,6 +151,9 @@ async def test_ensure_topics_repairs_drift_and_keeps_foreign_settings(settings: 
         )])  # fmt: skip
     finally:
         await admin.close()
+    async with asyncio.timeout(30):  # the broker applies a config change asynchronously
+        while {s.key: s for s in await describe_topics(settings)}["models"].config.get("cleanup.policy") != "delete":
+            await asyncio.sleep(0.2)
     states = {s.key: s for s in await ensure_topics(settings)}
     assert states["models"].action == "updated"
     assert states["models"].config["cleanup.policy"] == "compact"

@@ -1,10 +1,11 @@
 """The demo's task: two-digit addition and subtraction word problems, generated with fixed seeds.
 
-A problem is a question from one of a handful of templates, e.g. ``"Ann has 23 apples and gets 45 more. How
-many now?"``; each template fixes the operator (the agent has to read it off the wording) and the two numbers
-are drawn from 10..99 (subtraction keeps the result non-negative). The task input the runners hand the agent:
-``{"question": str, "expr": "23+45", "answer": 68}``, plus ``"greedy": true`` on held-out (validation) tasks so
-the agent samples greedily there. Train and held-out sets come from different seeds and never share a question.
+A problem is a question from one of a few templates, e.g. ``"Ann has 23 pears and finds 45. How many now?"``;
+the verb fixes the operator (the model has to read it off the wording: four verbs add, four subtract) and the
+two numbers are drawn from 10..99 (subtraction keeps the result non-negative). The task input the runners
+hand the agent: ``{"question": str, "expr": "23+45", "answer": 68}``, plus ``"greedy": true`` on held-out
+(validation) tasks so the agent samples greedily there. Train and held-out sets come from different seeds
+and never share a question.
 """
 
 from __future__ import annotations
@@ -14,21 +15,21 @@ from dataclasses import dataclass
 
 from algorithm.dispatcher import DatasetTask
 
-__all__ = ["TEMPLATES", "Problem", "generate", "heldout_tasks", "train_tasks"]
+__all__ = ["TEMPLATES", "VERBS", "Problem", "generate", "heldout_tasks", "train_tasks"]
 
 TRAIN_SEED = 1234
 HELDOUT_SEED = 98765
 
-NAMES = ("Ann", "Bob", "Cy", "Dee", "Eve", "Max")
-ITEMS = ("apples", "pens", "cards", "coins", "eggs")
-
-TEMPLATES: tuple[tuple[str, str], ...] = (
-    ("+", "{n} has {a} {i} and gets {b} more. How many now?"),
-    ("+", "{n} had {a} {i}, then found {b}. How many now?"),
-    ("+", "{n} has {a} {i} and buys {b}. How many now?"),
-    ("-", "{n} has {a} {i} and gives away {b}. How many now?"),
-    ("-", "{n} had {a} {i}, then lost {b}. How many now?"),
-    ("-", "{n} has {a} {i} and sells {b}. How many left?"),
+# Every word that varies has a fixed length (names 3 letters, items and verbs 5, the templates' words 3): the
+# numbers always sit at the same distance from the end of the prompt, so copying them into the tool call is a
+# positional pattern a tiny model can learn, and the operator is read off the verb.
+NAMES = ("Ann", "Bob", "Eve", "Max", "Kim", "Sam")
+ITEMS = ("pears", "coins", "cards", "books", "plums")
+VERBS = {"+": ("finds", "earns", "grabs", "gains"), "-": ("loses", "drops", "sells", "gives")}
+TEMPLATES: tuple[str, ...] = (
+    "{n} has {a} {i} and {v} {b}. How many now?",
+    "{n} had {a} {i} but {v} {b}. How many now?",
+    "{n} got {a} {i} and {v} {b}. How many now?",
 )
 
 
@@ -53,11 +54,11 @@ def generate(count: int, seed: int, exclude: frozenset[str] = frozenset()) -> li
     rng = random.Random(seed)
     problems: dict[str, Problem] = {}
     while len(problems) < count:
-        op, template = rng.choice(TEMPLATES)
+        op, template = rng.choice(("+", "-")), rng.choice(TEMPLATES)
         a, b = rng.randint(10, 99), rng.randint(10, 99)
         if op == "-" and b > a:
             a, b = b, a
-        question = template.format(n=rng.choice(NAMES), a=a, b=b, i=rng.choice(ITEMS))
+        question = template.format(n=rng.choice(NAMES), a=a, b=b, i=rng.choice(ITEMS), v=rng.choice(VERBS[op]))
         if question not in exclude:
             problems.setdefault(question, Problem(question, a, b, op))
     return list(problems.values())

@@ -5,7 +5,7 @@
 gateway renders the agent's calls: for each problem two samples, ``(prompt of call 1, tool call + <|im_end|>)``
 and ``(prompt of call 2, answer + <|im_end|>)``. It is deliberately short, so held-out accuracy starts low and
 GRPO has something left to learn (mostly copying the numbers and choosing the operator). The result is cached:
-a directory whose ``warmup.json`` records the same plan is reused.
+a directory whose ``warmup.json`` records the same plan and task templates is reused.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from algorithm.batch import Sample
 from algorithm.demo.agent import TOOLS
-from algorithm.demo.tasks import TRAIN_SEED, Problem, generate
+from algorithm.demo.tasks import TEMPLATES, TRAIN_SEED, VERBS, Problem, generate
 
 __all__ = ["WarmupPlan", "conversation_samples", "warm_up"]
 
@@ -62,7 +62,8 @@ def warm_up(directory: Path, plan: WarmupPlan | None = None) -> Path:
     plan = plan or WarmupPlan()
     target = directory / "model"
     marker = target / MARKER
-    if marker.is_file() and json.loads(marker.read_text()) == asdict(plan):
+    recipe = json.loads(json.dumps({**asdict(plan), "templates": TEMPLATES, "verbs": VERBS}))  # task changes too
+    if marker.is_file() and json.loads(marker.read_text()) == recipe:
         log.info("reusing the warmed-up model at %s", target)
         return target
     base = build_tiny_model(directory / "base", TinyModelConfig(seed=plan.seed))
@@ -76,6 +77,6 @@ def warm_up(directory: Path, plan: WarmupPlan | None = None) -> Path:
         metrics = trainer.sft_step(samples)
         log.info("warm-up step %d: loss %.4f", step + 1, metrics.loss)
     trainer.save(target)
-    marker.write_text(json.dumps(asdict(plan)) + "\n")
+    marker.write_text(json.dumps(recipe) + "\n")
     log.info("warmed up the tiny model in %d steps (last loss %.4f): %s", plan.steps, metrics.loss, target)
     return target

@@ -359,6 +359,7 @@ def main() -> int:
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps after the warm-up (median reported)")
     parser.add_argument("--skip-smollm2", action="store_true", help="tiny model only")
+    parser.add_argument("--smollm2-dir", help="use this SmolLM2-135M model directory instead of fetching one")
     parser.add_argument("--verbose", action="store_true", help="pass the workers' stderr through")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), help=argparse.SUPPRESS)
@@ -382,7 +383,7 @@ def main() -> int:
         result["smollm2_error"] = "skipped (--skip-smollm2)"
     else:
         try:
-            result.update(compare("smollm2", ensure_smollm2(), args))
+            result.update(compare("smollm2", Path(args.smollm2_dir) if args.smollm2_dir else ensure_smollm2(), args))
         except (RuntimeError, OSError, ValueError, ImportError, subprocess.TimeoutExpired) as error:
             logger.warning("SmolLM2 part failed: %s", error)
             result["smollm2_error"] = f"{type(error).__name__}: {error}"

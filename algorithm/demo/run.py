@@ -47,13 +47,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 class DemoOptions:
     """What the demo runs; the defaults are the tuned ones (README: what the demo shows)."""
 
-    steps: int = 30
+    steps: int = 20
     shuffle_rewards: bool = False
     group_size: int = 8
     groups_per_step: int = 8
     lr: float = 1e-4
     val_every: int = 5
-    heldout: int = 64
+    heldout: int = 48
     runners: int = 1
     concurrency: int = 64
     seed: int = 0

@@ -31,9 +31,9 @@ MARKER = "warmup.json"
 class WarmupPlan:
     """``steps`` SFT updates of ``batch`` problems (2 samples each) at learning rate ``lr``."""
 
-    steps: int = 40
-    batch: int = 32
-    lr: float = 1e-3
+    steps: int = 80
+    batch: int = 16
+    lr: float = 3e-3
     seed: int = 0
 
 

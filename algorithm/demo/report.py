@@ -83,8 +83,9 @@ def demo_queries(run: DemoRun, database: str) -> list[tuple[str, str]]:
     """``(title, SQL)`` of the queries the demo shows, all scoped to this run's data."""
     db = database
     return [
-        ("training steps", f"SELECT Step, round(RewardMean, 3) AS Reward, round(Extra['val_accuracy'], 3) AS "
-         f"HeldOutAccuracy, NumTransitions, round(RolloutWaitS, 1) AS WaitS, round(TrainS, 1) AS TrainS "
+        ("training steps", f"SELECT Step, round(RewardMean, 3) AS Reward, if(mapContains(Extra, 'val_accuracy'), "
+         f"round(Extra['val_accuracy'], 3), NULL) AS HeldOutAccuracy, NumTransitions, round(RolloutWaitS, 1) AS "
+         f"WaitS, round(TrainS, 1) AS TrainS "
          f"FROM {db}.train_steps WHERE RunId = '{run.run_id}' ORDER BY Step"),
         ("rollouts by mode and status", f"SELECT Mode, Status, count() AS Rollouts, round(avg(Reward), 3) AS "
          f"Reward FROM {db}.rollouts GROUP BY Mode, Status ORDER BY Mode, Status"),

@@ -48,7 +48,8 @@ def attribute_value(value: Any) -> Any:
 
 
 async def published_spans(settings: FulmenSettings, expected: int, timeout_s: float = 30) -> list[dict[str, Any]]:
-    """The first ``expected`` spans on the spans topic, each as a dict (name, ids, kind, attributes)."""
+    """The first ``expected`` spans on the spans topic, each as a dict (name, ids, kind, attributes), in the
+    order they started."""
     topic = topic_name(TopicKey.SPANS, settings.kafka.topic_prefix)
     reader = consumer(settings, None)
     await start_or_raise(reader, settings, "test span reader")
@@ -62,7 +63,7 @@ async def published_spans(settings: FulmenSettings, expected: int, timeout_s: fl
                 for records in (await reader.getmany(timeout_ms=200)).values():
                     for record in records:
                         spans.extend(_spans(record.key, record.value))
-        return spans
+        return sorted(spans, key=lambda span: span["start_ns"])  # records of different traces use different partitions
     finally:
         await close_quietly([reader])
 

@@ -99,6 +99,6 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tool_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model taught to call get_weather for Paris, then answer from the tool's result."""
-    from tests.models import teach
+    from tests.models import taught_copy
 
-    return teach(tiny_model, tmp_path_factory.mktemp("tool-model"))
+    return taught_copy(tiny_model, tmp_path_factory.mktemp("tool-model"))

@@ -64,8 +64,8 @@ class FakeBackend:
         return StepMetrics(step=len(self.batches), loss=0.5, grad_norm=1.0, tokens=10, input_tokens=20,
                            tokens_per_s=100.0, train_s=0.2, clip_fraction=0.1)  # fmt: skip
 
-    def sft_step(self, samples):  # pragma: no cover - not used by the loop
-        raise NotImplementedError
+    def sft_step(self, samples):  # pragma: no cover - the loop must never call it
+        raise AssertionError("the training loop takes RL steps only; sft_step is for warm-ups")
 
     def save(self, directory: Path | str) -> Path:
         Path(directory).mkdir(parents=True)

@@ -94,6 +94,7 @@ class Runner:
         self.tracer = self.provider.get_tracer("fulmen.runner")
         self.flusher = CoalescedFlush(self.provider)
         self.running: dict[str, asyncio.Task[None]] = {}  # rollout id -> its task
+        self.reporting: set[str] = set()  # of those, the ones whose agent is done (flushing and reporting)
         self.watching: list[_Pending] = []
         self.progress: dict[TopicPartition, PartitionProgress] = {}
         self.completed: dict[str, int] = {"succeeded": 0, "failed": 0, "timed_out": 0, "skipped": 0}
@@ -138,7 +139,10 @@ class Runner:
     async def poll_once(self) -> None:
         if self._fatal is not None:
             raise self._fatal
-        free = self.options.concurrency - len(self.running)
+        # A slot is an agent at work: a rollout that only reports its end (flush, terminal event) does not hold
+        # one, up to as many reporting as there are slots (so a slow broker still pushes back).
+        in_agents = len(self.running) - len(self.reporting)
+        free = self.options.concurrency - in_agents - max(0, len(self.reporting) - self.options.concurrency)
         assigned = self.tasks.assignment()
         if assigned and free <= 0:
             # Full: wait for a rollout to end rather than poll (the group's heartbeat runs on its own).
@@ -208,6 +212,7 @@ class Runner:
 
     def _ended(self, rollout_id: str, task: asyncio.Task[None]) -> None:
         self.running.pop(rollout_id, None)
+        self.reporting.discard(rollout_id)
         self._slot_freed.set()
         if not task.cancelled() and task.exception() is not None and self._fatal is None:
             # Kafka refused an event for good: stop, so the uncommitted request comes back after a restart,
@@ -221,6 +226,8 @@ class Runner:
             self._event(request, RolloutStatus.CLAIMED), self._event(request, RolloutStatus.RUNNING)
         )
         status, reward, error = await self._call(request)
+        self.reporting.add(request.rollout_id)  # the agent's slot is free for the next request
+        self._slot_freed.set()
         await self.flusher.flush()  # the spans are out before the end is reported
         if status is not RolloutStatus.SUCCEEDED and request.attempt < request.max_attempts:
             await self.publisher.publish(TopicKey.TASKS, request.model_copy(update={"attempt": request.attempt + 1}))

@@ -86,13 +86,13 @@ class OpenAIUpstreamBackend:
         return self.options.model or self.options.served_model_name
 
     async def chat(self, request: ChatRequest) -> CallResult:
-        data = await self._post("/chat/completions", request.raw, request.sampling.logprobs)
+        data = await self._post("/chat/completions", request.raw)
         prompt_ids = data.get("prompt_token_ids")
         choices = [self._chat_choice(c, request.sampling.logprobs) for c in data.get("choices", [])]
         return self._result(data, choices, prompt_ids)
 
     async def complete(self, request: CompletionRequest) -> CallResult:
-        data = await self._post("/completions", request.raw, request.sampling.logprobs)
+        data = await self._post("/completions", request.raw)
         raw_choices = data.get("choices", [])
         prompt_ids = raw_choices[0].get("prompt_token_ids") if raw_choices else None
         choices = [self._text_choice(c, request.sampling.logprobs) for c in raw_choices]
@@ -104,7 +104,7 @@ class OpenAIUpstreamBackend:
         body["model"] = self.upstream_model
         return body
 
-    async def _post(self, path: str, raw: dict[str, Any], client_wants_logprobs: bool) -> dict[str, Any]:
+    async def _post(self, path: str, raw: dict[str, Any]) -> dict[str, Any]:
         if self.session is None:
             raise ApiError(503, "the gateway is starting")
         body = self._body(raw, chat=path.startswith("/chat"))

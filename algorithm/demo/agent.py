@@ -3,7 +3,7 @@
 Episode (two LLM calls, the first decides what the second sees):
 
 1. the question, with one tool ``calc`` (compact schema: the tiny model pays per prompt character); the
-   model should answer ``<tool_call>{"name": "calc", "arguments": {"expr": "23+45"}}</tool_call>``, which the
+   model should answer ``<tool_call>{"name": "calc", "arguments": {"expr": "17+3"}}</tool_call>``, which the
    gateway returns as an OpenAI ``tool_calls`` entry;
 2. the agent evaluates the expression safely (:func:`algorithm.demo.calc.evaluate`), sends the result as the
    tool message, and the model answers with the number.

@@ -51,7 +51,7 @@ class DemoOptions:
     shuffle_rewards: bool = False
     group_size: int = 8
     groups_per_step: int = 8
-    lr: float = 1e-4
+    lr: float = 1e-3
     val_every: int = 5
     heldout: int = 48
     runners: int = 1
@@ -80,15 +80,17 @@ class DemoRun:
 
 def run_demo(settings: FulmenSettings, options: DemoOptions, *, on_phase: Callable[[str], None] = lambda _: None,
              on_step: Callable[[TrainStep], None] = lambda _: None,
+             on_warmup: Callable[[int, int, float], None] = lambda *_: None,
              after: Callable[[DemoRun], None] = lambda _: None) -> DemoRun:  # fmt: skip
-    """Run the demo (module docstring). ``after`` runs while the services still run (the report's queries)."""
+    """Run the demo (module docstring). ``on_warmup(step, steps, loss)`` follows a warm-up that is not cached;
+    ``after`` runs while the services still run (the report's queries)."""
     from infra.services import ensure_kafka
 
     started = time.perf_counter()
     run_id = f"demo-{new_id()[:10]}"
     run_dir = options.run_dir or settings.home / "runs" / run_id
     on_phase("warming up the tiny model (cached after the first run)")
-    model = warm_up(options.warmup_dir or settings.home / "demo-warmup", options.warmup)
+    model = warm_up(options.warmup_dir or settings.home / "demo-warmup", options.warmup, on_warmup)
     run = DemoRun(run_id, run_dir, run_dir / "chdb", {}, warmup_s=time.perf_counter() - started)
     prefix = f"{run_id}."
     run_settings = settings.model_copy(update={"kafka": settings.kafka.model_copy(update={"topic_prefix": prefix})})

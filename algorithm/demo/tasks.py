@@ -1,11 +1,15 @@
-"""The demo's task: two-digit addition and subtraction word problems, generated with fixed seeds.
+"""The demo's task: small arithmetic word problems (add, subtract, multiply), generated with fixed seeds.
 
-A problem is a question from one of a few templates, e.g. ``"Ann has 23 pears and finds 45. How many now?"``;
-the verb fixes the operator (the model has to read it off the wording: four verbs add, four subtract) and the
-two numbers are drawn from 10..99 (subtraction keeps the result non-negative). The task input the runners
-hand the agent: ``{"question": str, "expr": "23+45", "answer": 68}``, plus ``"greedy": true`` on held-out
-(validation) tasks so the agent samples greedily there. Train and held-out sets come from different seeds
-and never share a question.
+A problem is a question such as ``"Ann has 17 pears and finds 3 more. How many now?"``; its wording fixes the
+operator (four verbs add, four subtract, four containers multiply: ``"Ann packs 17 pears in each of 3 bags.
+How many in all?"``), which the model has to learn to read off; the expression is always ``a<op>b`` with the
+numbers in the order the question gives them. ``a`` is 14..24 and ``b`` 2..4, so that every operator's result
+has two digits: the answer is then copied from the tool's reply at a fixed distance, a pattern the tiny model
+learns quickly, and the three operators always give three different results (only the right one is rewarded).
+
+The task input the runners hand the agent: ``{"question": str, "expr": "17+3", "answer": 20}``, plus
+``"greedy": true`` on held-out (validation) tasks so the agent samples greedily there. Train and held-out sets
+come from different seeds and never share a question.
 """
 
 from __future__ import annotations
@@ -15,22 +19,33 @@ from dataclasses import dataclass
 
 from algorithm.dispatcher import DatasetTask
 
-__all__ = ["TEMPLATES", "VERBS", "Problem", "generate", "heldout_tasks", "train_tasks"]
+__all__ = ["OPERATORS", "TEMPLATES", "Problem", "apply", "generate", "heldout_tasks", "train_tasks"]
 
 TRAIN_SEED = 1234
 HELDOUT_SEED = 98765
 
-# Every word that varies has a fixed length (names 3 letters, items and verbs 5, the templates' words 3): the
-# numbers always sit at the same distance from the end of the prompt, so copying them into the tool call is a
-# positional pattern a tiny model can learn, and the operator is read off the verb.
-NAMES = ("Ann", "Bob", "Eve", "Max", "Kim", "Sam")
-ITEMS = ("pears", "coins", "cards", "books", "plums")
-VERBS = {"+": ("finds", "earns", "grabs", "gains"), "-": ("loses", "drops", "sells", "gives")}
-TEMPLATES: tuple[str, ...] = (
-    "{n} has {a} {i} and {v} {b}. How many now?",
-    "{n} had {a} {i} but {v} {b}. How many now?",
-    "{n} got {a} {i} and {v} {b}. How many now?",
-)
+OPERATORS = ("+", "-", "*")
+NAMES = ("Ann", "Bob", "Eve", "Max", "Kim", "Sam", "Lea", "Tom", "Zoe", "Ben", "Amy", "Leo")
+ITEMS = ("pears", "coins", "cards", "books", "plums", "eggs", "nuts", "shells", "stamps", "beads")
+# Each operator: its template, and the words one of which fills ``{v}`` in it.
+TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "+": ("{n} has {a} {i} and {v} {b} more. How many now?", ("finds", "buys", "wins", "gets")),
+    "-": ("{n} has {a} {i} and {v} {b} of them. How many now?", ("loses", "sells", "eats", "drops")),
+    "*": ("{n} packs {a} {i} in each of {b} {v}. How many in all?", ("bags", "boxes", "jars", "cases")),
+}
+A_RANGE = (14, 24)
+B_RANGE = (2, 4)
+
+
+def apply(a: int, op: str, b: int) -> int:
+    """``a <op> b`` for one of :data:`OPERATORS`."""
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    raise ValueError(f"unknown operator {op!r}; expected one of {', '.join(OPERATORS)}")
 
 
 @dataclass(frozen=True)
@@ -46,7 +61,7 @@ class Problem:
 
     @property
     def answer(self) -> int:
-        return self.a + self.b if self.op == "+" else self.a - self.b
+        return apply(self.a, self.op, self.b)
 
 
 def generate(count: int, seed: int, exclude: frozenset[str] = frozenset()) -> list[Problem]:
@@ -54,11 +69,10 @@ def generate(count: int, seed: int, exclude: frozenset[str] = frozenset()) -> li
     rng = random.Random(seed)
     problems: dict[str, Problem] = {}
     while len(problems) < count:
-        op, template = rng.choice(("+", "-")), rng.choice(TEMPLATES)
-        a, b = rng.randint(10, 99), rng.randint(10, 99)
-        if op == "-" and b > a:
-            a, b = b, a
-        question = template.format(n=rng.choice(NAMES), a=a, b=b, i=rng.choice(ITEMS), v=rng.choice(VERBS[op]))
+        op = rng.choice(OPERATORS)
+        template, words = TEMPLATES[op]
+        a, b = rng.randint(*A_RANGE), rng.randint(*B_RANGE)
+        question = template.format(n=rng.choice(NAMES), a=a, b=b, i=rng.choice(ITEMS), v=rng.choice(words))
         if question not in exclude:
             problems.setdefault(question, Problem(question, a, b, op))
     return list(problems.values())

@@ -1,29 +1,34 @@
-"""The demo's starting model: the tiny model, briefly fine-tuned on correct two-call conversations.
+"""The demo's starting model: the tiny model, fine-tuned on two-call conversations whose operator is random.
 
-:func:`warm_up` builds the tiny model (``algorithm.tiny_model``) and runs ``WarmupPlan.steps`` supervised steps
-(``TorchTrainer.sft_step``) on batches of correct episodes rendered with the chat template exactly as the LLM
-gateway renders the agent's calls: for each problem two samples, ``(prompt of call 1, tool call + <|im_end|>)``
-and ``(prompt of call 2, answer + <|im_end|>)``. It is meant to be short, so held-out accuracy starts low and
-GRPO has something left to learn (copying the numbers, choosing the operator). Measured on 2 busy cores: the
-default plan (~1.5-6 min) teaches the tool-call format, but not yet to copy the numbers (first operand right
-5%, exact calls 0%, the tool result copied into the answer 0%); 400 steps of 32 did not either (loss plateau
-~0.26 per token). So held-out accuracy starts at 0 and GRPO gets no reward signal: the open problem. The
-result is cached: a directory whose ``warmup.json`` records the same plan and task templates is reused.
+:func:`warm_up` builds the tiny model (``algorithm.tiny_model``; its BPE merges learnt from rendered demo
+conversations, so a prompt is ~60-90 tokens instead of ~180-250 bytes) and runs ``WarmupPlan.steps``
+supervised steps (``TorchTrainer.sft_step``) on episodes rendered with the chat template exactly as the LLM
+gateway renders the agent's calls: for each problem two samples, ``(prompt of call 1, tool call +
+<|im_end|>)`` and ``(prompt of call 2, result + <|im_end|>)``.
+
+The operator in each warm-up episode is drawn at random (the tool's result and the answer follow from it), so
+the warm-up teaches the protocol — call ``calc`` with the question's two numbers, then answer with the tool's
+result — but not which operation a wording asks for: held-out accuracy starts near one in three, and what
+GRPO adds is learnt from the reward alone. Measured on 2 cores: copying the numbers into the call is learnt
+after ~400 steps of 16, copying the result into the answer a little later. The result is cached: a directory
+whose ``warmup.json`` records the same recipe (plan, model shape, task, chat template) is reused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from algorithm.batch import Sample
 from algorithm.demo.agent import TOOLS
-from algorithm.demo.tasks import TEMPLATES, TRAIN_SEED, VERBS, Problem, generate
+from algorithm.demo.tasks import A_RANGE, B_RANGE, OPERATORS, TEMPLATES, TRAIN_SEED, Problem, apply, generate
 
-__all__ = ["WarmupPlan", "conversation_samples", "warm_up"]
+__all__ = ["WarmupPlan", "conversation_samples", "conversation_text", "warm_up"]
 
 log = logging.getLogger(__name__)
 
@@ -32,22 +37,42 @@ MARKER = "warmup.json"
 
 @dataclass(frozen=True)
 class WarmupPlan:
-    """``steps`` SFT updates of ``batch`` problems (2 samples each) at learning rate ``lr``."""
+    """``steps`` SFT updates of ``batch`` episodes (2 samples each) at learning rate ``lr``; the model's shape
+    (``hidden``, ``layers``, ``heads``) and BPE vocabulary (``vocab``, learnt from ``corpus`` episodes)."""
 
-    steps: int = 80
+    steps: int = 600
     batch: int = 16
     lr: float = 3e-3
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 8
+    vocab: int = 512
+    corpus: int = 2000
     seed: int = 0
 
 
-def conversation_samples(problem: Problem, tokenizer) -> list[Sample]:
-    """The two supervised samples of one correct episode of ``problem`` (see the module docstring)."""
+def _messages(problem: Problem, op: str) -> tuple[list[dict], list[dict], str, str]:
+    """(call-1 messages, call-2 messages, tool call text, answer) of an episode of ``problem`` using ``op``."""
+    expr, result = f"{problem.a}{op}{problem.b}", str(apply(problem.a, op, problem.b))
     user = [{"role": "user", "content": problem.question}]
-    call = {"id": "call_0", "type": "function", "function": {"name": "calc", "arguments": {"expr": problem.expr}}}
+    call = {"id": "call_0", "type": "function", "function": {"name": "calc", "arguments": {"expr": expr}}}
     after = [*user, {"role": "assistant", "content": None, "tool_calls": [call]},
-             {"role": "tool", "tool_call_id": "call_0", "content": str(problem.answer)}]  # fmt: skip
-    tool_call = '<tool_call>{"name": "calc", "arguments": {"expr": "' + problem.expr + '"}}</tool_call>'
-    return [_sample(tokenizer, user, tool_call), _sample(tokenizer, after, str(problem.answer))]
+             {"role": "tool", "tool_call_id": "call_0", "content": result}]  # fmt: skip
+    tool_call = '<tool_call>{"name": "calc", "arguments": {"expr": "' + expr + '"}}</tool_call>'
+    return user, after, tool_call, result
+
+
+def conversation_samples(problem: Problem, tokenizer, op: str | None = None) -> list[Sample]:
+    """The two supervised samples of one episode of ``problem`` that uses ``op`` (default: the right one)."""
+    user, after, tool_call, result = _messages(problem, op or problem.op)
+    return [_sample(tokenizer, user, tool_call), _sample(tokenizer, after, result)]
+
+
+def conversation_text(problem: Problem, tokenizer, op: str | None = None) -> str:
+    """A whole episode rendered as one text (both calls and the final answer): the tokenizer's corpus."""
+    _, after, _, result = _messages(problem, op or problem.op)
+    return tokenizer.apply_chat_template([*after, {"role": "assistant", "content": result}], tools=TOOLS,
+                                         tokenize=False)  # fmt: skip
 
 
 def _sample(tokenizer, messages: list[dict], reply: str) -> Sample:
@@ -57,28 +82,49 @@ def _sample(tokenizer, messages: list[dict], reply: str) -> Sample:
     return Sample(prompt_token_ids=prompt_ids, response_token_ids=response_ids)
 
 
-def warm_up(directory: Path, plan: WarmupPlan | None = None) -> Path:
-    """The warmed-up model directory ``directory/model`` (built, or reused when its plan matches)."""
-    from algorithm.tiny_model import TinyModelConfig, build_tiny_model
+def _recipe(plan: WarmupPlan) -> dict:
+    from algorithm.tiny_model import CHAT_TEMPLATE
+
+    task = {"templates": TEMPLATES, "ranges": [A_RANGE, B_RANGE], "tools": TOOLS}
+    recipe = {**asdict(plan), "task": task, "chat_template": hashlib.sha256(CHAT_TEMPLATE.encode()).hexdigest()}
+    return json.loads(json.dumps(recipe))
+
+
+def warm_up(
+    directory: Path, plan: WarmupPlan | None = None, on_step: Callable[[int, int, float], None] = lambda *_: None
+) -> Path:
+    """The warmed-up model directory ``directory/model`` (built, or reused when its recipe matches).
+
+    ``on_step(step, steps, loss)`` after each supervised step (not called when the cache is reused).
+    """
+    from algorithm.tiny_model import TinyModelConfig, build_tiny_model, build_tiny_tokenizer
     from algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig
 
     plan = plan or WarmupPlan()
     target = directory / "model"
     marker = target / MARKER
-    recipe = json.loads(json.dumps({**asdict(plan), "templates": TEMPLATES, "verbs": VERBS}))  # task changes too
+    recipe = _recipe(plan)
     if marker.is_file() and json.loads(marker.read_text()) == recipe:
         log.info("reusing the warmed-up model at %s", target)
         return target
-    base = build_tiny_model(directory / "base", TinyModelConfig(seed=plan.seed))
+    rng = random.Random(plan.seed)
+    plain = build_tiny_tokenizer()
+    corpus = [conversation_text(p, plain, rng.choice(OPERATORS)) for p in generate(plan.corpus, TRAIN_SEED + 2)]
+    shape = TinyModelConfig(hidden_size=plan.hidden, num_hidden_layers=plan.layers, num_attention_heads=plan.heads,
+                            num_key_value_heads=plan.heads, intermediate_size=4 * plan.hidden,
+                            bpe_vocab_size=plan.vocab, seed=plan.seed)  # fmt: skip
+    base = build_tiny_model(directory / "base", shape, corpus=corpus)
     trainer = TorchTrainer(TorchTrainerConfig(model_path=base, device="cpu", dtype="float32", lr=plan.lr,
                                               micro_batch_size=64, seed=plan.seed))  # fmt: skip
     problems = generate(plan.steps * plan.batch, TRAIN_SEED + 1)
-    random.Random(plan.seed).shuffle(problems)
+    rng.shuffle(problems)
     for step in range(plan.steps):
         chunk = problems[step * plan.batch : (step + 1) * plan.batch]
-        samples = [s for p in chunk for s in conversation_samples(p, trainer.tokenizer)]
+        samples = [s for p in chunk for s in conversation_samples(p, trainer.tokenizer, rng.choice(OPERATORS))]
         metrics = trainer.sft_step(samples)
-        log.info("warm-up step %d: loss %.4f", step + 1, metrics.loss)
+        on_step(step + 1, plan.steps, metrics.loss)
+        if (step + 1) % 50 == 0:
+            log.info("warm-up step %d/%d: loss %.4f", step + 1, plan.steps, metrics.loss)
     trainer.save(target)
     marker.write_text(json.dumps(recipe) + "\n")
     log.info("warmed up the tiny model in %d steps (last loss %.4f): %s", plan.steps, metrics.loss, target)

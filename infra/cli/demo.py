@@ -22,29 +22,35 @@ def run_demo_command(settings: FulmenSettings, console: Console, *, steps: int |
 
     options = DemoOptions(shuffle_rewards=shuffle_rewards, **({"steps": steps} if steps else {}))
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("reward {task.fields[reward]}  held-out accuracy {task.fields[accuracy]}"),
+                        TextColumn("{task.fields[info]}"),
                         TimeElapsedColumn(), console=console, transient=False)  # fmt: skip
-    task = progress.add_task("training", total=options.steps, reward="-", accuracy="-")
+    warmup = progress.add_task("warm-up (supervised)", total=options.warmup.steps, info="", visible=False)
+    task = progress.add_task("training (GRPO)", total=options.steps, info="", visible=False)
+    shown = {"reward": "-", "accuracy": "-"}
     queries: list[Any] = []
 
     def on_phase(text: str) -> None:
         progress.console.print(f"[green]•[/] {text}")
 
+    def on_warmup(step: int, steps: int, loss: float) -> None:
+        progress.update(warmup, completed=step, visible=True, info=f"loss {loss:.3f}")
+
     def on_step(event: Any) -> None:
         accuracy = event.extra.get("val_accuracy")
-        fields = {"reward": f"{event.reward_mean:.3f}"}
+        shown["reward"] = f"{event.reward_mean:.3f}"
         if "initial_val_accuracy" in event.extra and accuracy is None:
-            fields["accuracy"] = f"{event.extra['initial_val_accuracy']:.3f} (before)"
+            shown["accuracy"] = f"{event.extra['initial_val_accuracy']:.3f} (before)"
         if accuracy is not None:
-            fields["accuracy"] = f"{accuracy:.3f}"
-        progress.update(task, completed=event.step, **fields)
+            shown["accuracy"] = f"{accuracy:.3f}"
+        info = f"reward {shown['reward']}  held-out accuracy {shown['accuracy']}"
+        progress.update(task, completed=event.step, visible=True, info=info)
 
     def after(run: Any) -> None:
         on_phase("running the SQL queries a user can run next (fulmen sql, against this run's store)")
         queries.extend(run_queries(run, settings.clickhouse.database))
 
     with progress:
-        run = run_demo(settings, options, on_phase=on_phase, on_step=on_step, after=after)
+        run = run_demo(settings, options, on_phase=on_phase, on_step=on_step, on_warmup=on_warmup, after=after)
     plot = plot_curves(run, run.run_dir / "curves.png")
     report = report_dict(run, plot, shuffle_rewards)
     _print_report(console, report, run, queries)

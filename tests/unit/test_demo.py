@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from algorithm.demo.calc import CalcError, evaluate
-from algorithm.demo.tasks import generate, heldout_tasks, train_tasks
+from algorithm.demo.tasks import apply, generate, heldout_tasks, train_tasks
 from algorithm.groups import ClosedGroup, shuffle_rewards
 from schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
 
@@ -30,9 +32,11 @@ def test_tasks_are_deterministic_disjoint_and_correct() -> None:
     assert not {t.input["question"] for t in train} & {t.input["question"] for t in heldout}
     for task in train + heldout:
         assert evaluate(task.input["expr"]) == task.input["answer"] >= 0
-        assert all(str(n) in task.input["question"] for n in task.input["expr"].replace("-", "+").split("+"))
-    ops = {p.op for p in generate(200, 3)}
-    assert ops == {"+", "-"}
+        a, b = re.split(r"[-+*]", task.input["expr"])
+        assert task.input["question"].index(f" {a} ") < task.input["question"].index(f" {b} ")
+        assert 10 <= task.input["answer"] <= 99  # two digits whichever operator is applied (see tasks.py)
+    ops = {p.op for p in generate(300, 3)}
+    assert ops == {"+", "-", "*"}
 
 
 def test_warmup_samples_match_the_rendered_conversation() -> None:
@@ -51,6 +55,10 @@ def test_warmup_samples_match_the_rendered_conversation() -> None:
     prompt = tokenizer.decode(second.prompt_token_ids)
     assert prompt.startswith(tokenizer.decode(first.prompt_token_ids + first.response_token_ids))
     assert prompt.endswith(f"<|im_start|>tool\n{problem.answer}<|im_end|>\n<|im_start|>assistant\n")
+    other = next(op for op in "+-*" if op != problem.op)  # the warm-up's episodes use a random operator
+    wrong = conversation_samples(problem, tokenizer, other)[1]
+    answer = tokenizer.decode(wrong.response_token_ids, skip_special_tokens=True)
+    assert answer == str(apply(problem.a, other, problem.b)) != str(problem.answer)
     assert '"name": "calc"' in tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tools=TOOLS,
                                                              tokenize=False)  # fmt: skip
 

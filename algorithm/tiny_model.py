@@ -10,7 +10,8 @@ Tokenizer: byte-level with no merges, so one token per byte (one per character f
 round-trips. Given a corpus (``build_tiny_model(..., corpus=texts)``), byte-level BPE merges are learnt from
 it first, with Qwen2's own pre-tokenizer (so digits stay one token each): the demo's prompts then shrink ~4x,
 which a model this small needs to learn to copy numbers across a prompt at all (measured: with 150-250 byte
-tokens per prompt, 5,000-10,000 supervised examples taught it no copying; short prompts, a few thousand). The ChatML markers are special tokens (skipped when decoding a reply); ``<tool_call>`` and
+tokens per prompt, 5,000-10,000 supervised examples taught it no copying; short prompts, a few thousand).
+The ChatML markers are special tokens (skipped when decoding a reply); ``<tool_call>`` and
 ``</tool_call>`` are ordinary added tokens, so they survive decoding and the gateway can parse a tool call out
 of the text.
 """

@@ -8,10 +8,11 @@ gateway renders the agent's calls: for each problem two samples, ``(prompt of ca
 
 The operator in each warm-up episode is drawn at random (the tool's result and the answer follow from it), so
 the warm-up teaches the protocol — call ``calc`` with the question's two numbers, then answer with the tool's
-result — but not which operation a wording asks for: held-out accuracy starts near one in three, and what
-GRPO adds is learnt from the reward alone. Measured on 2 cores: copying the numbers into the call is learnt
-after ~400 steps of 16, copying the result into the answer a little later. The result is cached: a directory
-whose ``warmup.json`` records the same recipe (plan, model shape, task, chat template) is reused.
+result — but not which operation a wording asks for: held-out accuracy starts near one in three, and that
+is what GRPO has to learn from the reward alone (not yet achieved: issue #6). Measured on 2 cores: copying
+the numbers into the call is learnt after ~400 steps of 16, copying the result into the answer later.
+The result is cached: a directory whose ``warmup.json`` records the same recipe (plan, model shape, task,
+chat template) is reused.
 """
 
 from __future__ import annotations

@@ -52,6 +52,8 @@ class DemoOptions:
     group_size: int = 8
     groups_per_step: int = 8
     lr: float = 1e-3
+    epochs_per_batch: int = 1
+    kl_coef: float = 0.0
     val_every: int = 5
     heldout: int = 48
     runners: int = 1
@@ -156,7 +158,8 @@ def _train_settings(settings: FulmenSettings, bootstrap: str, run: DemoRun, mode
         "lr": options.lr, "clip_eps": 0.2, "max_staleness": 1, "val_every": options.val_every, "val_group_size": 1,
         "consumer_group": f"{run.run_id}.trainer", "rollout_timeout_s": 120.0, "max_attempts": 2,
         "micro_batch_size": 32, "device": "cpu", "dtype": "float32", "seed": options.seed,
-        "shuffle_rewards": options.shuffle_rewards,
+        "shuffle_rewards": options.shuffle_rewards, "epochs_per_batch": options.epochs_per_batch,
+        "kl_coef": options.kl_coef,
     }  # fmt: skip
     return TrainSettings.model_validate(data)
 

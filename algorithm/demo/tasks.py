@@ -1,15 +1,17 @@
 """The demo's task: small arithmetic word problems (add, subtract, multiply), generated with fixed seeds.
 
-A problem is a question such as ``"Ann has 17 pears and finds 3 more. How many now?"``; its wording fixes the
-operator (four verbs add, four subtract, four containers multiply: ``"Ann packs 17 pears in each of 3 bags.
-How many in all?"``), which the model has to learn to read off; the expression is always ``a<op>b`` with the
-numbers in the order the question gives them. ``a`` is 14..24 and ``b`` 2..4, so that every operator's result
-has two digits: the answer is then copied from the tool's reply at a fixed distance, a pattern the tiny model
-learns quickly, and the three operators always give three different results (only the right one is rewarded).
+Each operator has two wordings (:data:`WORDINGS`), e.g. ``"Ann has 17 pears and finds 3 more. How many now?"``
+and ``"Ann had 17 pears; a friend gave her 3. Count them."`` for ``17+3``; only the wording says which
+operation it is. The expression is ``a<op>b`` with the numbers in the order the question gives them. ``a`` is
+14..24 and ``b`` 2..4, so that every operator's result has two digits: the answer is then copied from the
+tool's reply at a fixed distance, a pattern the tiny model learns quickly, and the three operators always give
+three different results (only the right one is rewarded).
 
-The task input the runners hand the agent: ``{"question": str, "expr": "17+3", "answer": 20}``, plus
-``"greedy": true`` on held-out (validation) tasks so the agent samples greedily there. Train and held-out sets
-come from different seeds and never share a question.
+The warm-up explains the first wording of each operator (:data:`TAUGHT`); the held-out set uses only the
+second ones, whose meaning the model has to learn from the reward; the training set uses all six. The task
+input the runners hand the agent: ``{"question": str, "expr": "17+3", "answer": 20}``, plus ``"greedy": true``
+on held-out (validation) tasks so the agent samples greedily there. Train and held-out sets come from
+different seeds and never share a question.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 from algorithm.dispatcher import DatasetTask
 
-__all__ = ["OPERATORS", "TEMPLATES", "Problem", "apply", "generate", "heldout_tasks", "train_tasks"]
+__all__ = ["OPERATORS", "TAUGHT", "WORDINGS", "Problem", "apply", "generate", "heldout_tasks", "train_tasks"]
 
 TRAIN_SEED = 1234
 HELDOUT_SEED = 98765
@@ -27,12 +29,16 @@ HELDOUT_SEED = 98765
 OPERATORS = ("+", "-", "*")
 NAMES = ("Ann", "Bob", "Eve", "Max", "Kim", "Sam", "Lea", "Tom", "Zoe", "Ben", "Amy", "Leo")
 ITEMS = ("pears", "coins", "cards", "books", "plums", "eggs", "nuts", "shells", "stamps", "beads")
-# Each operator: its template, and the words one of which fills ``{v}`` in it.
-TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "+": ("{n} has {a} {i} and {v} {b} more. How many now?", ("finds", "buys", "wins", "gets")),
-    "-": ("{n} has {a} {i} and {v} {b} of them. How many now?", ("loses", "sells", "eats", "drops")),
-    "*": ("{n} packs {a} {i} in each of {b} {v}. How many in all?", ("bags", "boxes", "jars", "cases")),
+# name -> (operator, template); the name's letter says whether the warm-up explains it (a) or not (b).
+WORDINGS: dict[str, tuple[str, str]] = {
+    "add-a": ("+", "{n} has {a} {i} and finds {b} more. How many now?"),
+    "sub-a": ("-", "{n} has {a} {i} and loses {b} of them. How many now?"),
+    "mul-a": ("*", "{n} packs {a} {i} in each of {b} bags. How many in all?"),
+    "add-b": ("+", "{n} had {a} {i}; a friend gave {n} {b}. Count them."),
+    "sub-b": ("-", "Of {a} {i}, {n} gave away {b}. Count the rest."),
+    "mul-b": ("*", "{n} sees {a} {i} on every one of {b} shelves. Total?"),
 }
+TAUGHT = frozenset(name for name in WORDINGS if name.endswith("-a"))  # what the warm-up explains
 A_RANGE = (14, 24)
 B_RANGE = (2, 4)
 
@@ -54,6 +60,7 @@ class Problem:
     a: int
     b: int
     op: str
+    wording: str
 
     @property
     def expr(self) -> str:
@@ -64,17 +71,21 @@ class Problem:
         return apply(self.a, self.op, self.b)
 
 
-def generate(count: int, seed: int, exclude: frozenset[str] = frozenset()) -> list[Problem]:
-    """``count`` distinct problems drawn with ``seed`` (none of whose questions is in ``exclude``)."""
+def generate(
+    count: int, seed: int, exclude: frozenset[str] = frozenset(), wordings: frozenset[str] | None = None
+) -> list[Problem]:
+    """``count`` distinct problems drawn with ``seed``: none of whose questions is in ``exclude``, each in one of
+    ``wordings`` (default: all of :data:`WORDINGS`)."""
     rng = random.Random(seed)
+    names = sorted(wordings if wordings is not None else WORDINGS)
     problems: dict[str, Problem] = {}
     while len(problems) < count:
-        op = rng.choice(OPERATORS)
-        template, words = TEMPLATES[op]
+        wording = rng.choice(names)
+        op, template = WORDINGS[wording]
         a, b = rng.randint(*A_RANGE), rng.randint(*B_RANGE)
-        question = template.format(n=rng.choice(NAMES), a=a, b=b, i=rng.choice(ITEMS), v=rng.choice(words))
+        question = template.format(n=rng.choice(NAMES), a=a, b=b, i=rng.choice(ITEMS))
         if question not in exclude:
-            problems.setdefault(question, Problem(question, a, b, op))
+            problems.setdefault(question, Problem(question, a, b, op, wording))
     return list(problems.values())
 
 
@@ -91,6 +102,8 @@ def train_tasks(count: int = 2000) -> list[DatasetTask]:
 
 
 def heldout_tasks(count: int = 64, train_count: int = 2000) -> list[DatasetTask]:
-    """The held-out set (seed ``HELDOUT_SEED``), disjoint from ``train_tasks(train_count)``; greedy."""
+    """The held-out set (seed ``HELDOUT_SEED``): wordings the warm-up did not explain, no question of
+    ``train_tasks(train_count)``; greedy."""
     exclude = frozenset(p.question for p in generate(train_count, TRAIN_SEED))
-    return [_task(k, p, greedy=True) for k, p in enumerate(generate(count, HELDOUT_SEED, exclude))]
+    untaught = frozenset(WORDINGS) - TAUGHT
+    return [_task(k, p, greedy=True) for k, p in enumerate(generate(count, HELDOUT_SEED, exclude, untaught))]

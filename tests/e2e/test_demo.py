@@ -55,9 +55,9 @@ def run_demo(home: Path, broker: LocalKafka, *extra: str) -> dict:
 
 @pytest.mark.xfail(
     strict=False,
-    reason="known gap (issue #6): held-out accuracy starts at ~35% (the warm-up's operator is random), but GRPO "
-    "does not yet learn which operator a wording means in a short run: the warm-up leaves no circuit that reads "
-    "the wording for it to strengthen",
+    reason="known gap (issue #6): held-out accuracy starts at 33-42% (wordings the warm-up leaves unexplained), "
+    "but GRPO does not yet learn what they mean in a short run (stable learning rates move too little, larger "
+    "ones collapse)",
 )
 def test_demo_learns_through_the_system(demo_home: Path, kafka_broker: LocalKafka) -> None:
     report = run_demo(demo_home, kafka_broker)

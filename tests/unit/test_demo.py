@@ -7,7 +7,7 @@ import re
 import pytest
 
 from algorithm.demo.calc import CalcError, evaluate
-from algorithm.demo.tasks import apply, generate, heldout_tasks, train_tasks
+from algorithm.demo.tasks import TAUGHT, WORDINGS, apply, generate, heldout_tasks, train_tasks
 from algorithm.groups import ClosedGroup, shuffle_rewards
 from schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
 
@@ -33,10 +33,12 @@ def test_tasks_are_deterministic_disjoint_and_correct() -> None:
     for task in train + heldout:
         assert evaluate(task.input["expr"]) == task.input["answer"] >= 0
         a, b = re.split(r"[-+*]", task.input["expr"])
-        assert task.input["question"].index(f" {a} ") < task.input["question"].index(f" {b} ")
+        assert re.search(rf"\b{a}\b.*\b{b}\b", task.input["question"])
         assert 10 <= task.input["answer"] <= 99  # two digits whichever operator is applied (see tasks.py)
     ops = {p.op for p in generate(300, 3)}
     assert ops == {"+", "-", "*"}
+    assert {p.wording for p in generate(300, 3)} == set(WORDINGS)
+    assert not {p.wording for p in generate(64, 98765, wordings=frozenset(WORDINGS) - TAUGHT)} & TAUGHT
 
 
 def test_warmup_samples_match_the_rendered_conversation() -> None:

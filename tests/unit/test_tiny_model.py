@@ -6,7 +6,7 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from algorithm.tiny_model import build_tiny_model, build_tiny_tokenizer
+from algorithm.tiny_model import TinyModelConfig, build_tiny_model, build_tiny_tokenizer
 
 TOOLS = [
     {
@@ -65,3 +65,18 @@ def test_saved_tokenizer_loads_back_identical(tmp_path: Path) -> None:
     assert loaded(text, add_special_tokens=False)["input_ids"] == built(text, add_special_tokens=False)["input_ids"]
     assert loaded.decode(loaded(text, add_special_tokens=False)["input_ids"]) == text
     assert loaded.chat_template == built.chat_template
+
+
+def test_merges_learnt_from_a_corpus_shorten_text_and_reload_identical(tmp_path: Path) -> None:
+    corpus = [f'<|im_start|>user\nAnn has {n} pears and finds {n % 7} more.<|im_end|>\n{{"expr": "{n}+1"}}'
+              for n in range(10, 400)]  # fmt: skip
+    directory = build_tiny_model(tmp_path / "bpe", TinyModelConfig(bpe_vocab_size=400), corpus=corpus)
+    loaded = AutoTokenizer.from_pretrained(directory)
+    plain = build_tiny_tokenizer()
+    text = 'Bob has 23 pears and finds 4 more. <tool_call>{"expr": "23+4"}</tool_call> é ✓<|im_end|>'
+    ids = loaded(text, add_special_tokens=False)["input_ids"]
+    assert loaded.decode(ids) == text and len(ids) < len(plain(text, add_special_tokens=False)["input_ids"]) * 0.7
+    tokens = loaded.convert_ids_to_tokens(ids)
+    assert "<tool_call>" in tokens and {"2", "3", "4"} <= set(tokens)  # digits stay one token each
+    assert all(not any(ch.isdigit() for ch in t) or len(t) == 1 for t in tokens)
+    assert len(loaded) <= 400 + 2 and loaded.chat_template == plain.chat_template

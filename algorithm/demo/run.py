@@ -47,7 +47,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 class DemoOptions:
     """What the demo runs; the defaults are the tuned ones (README: what the demo shows)."""
 
-    steps: int = 20
+    steps: int = 30
     shuffle_rewards: bool = False
     group_size: int = 8
     groups_per_step: int = 8

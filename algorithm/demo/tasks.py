@@ -29,13 +29,15 @@ HELDOUT_SEED = 98765
 OPERATORS = ("+", "-", "*")
 NAMES = ("Ann", "Bob", "Eve", "Max", "Kim", "Sam", "Lea", "Tom", "Zoe", "Ben", "Amy", "Leo")
 ITEMS = ("pears", "coins", "cards", "books", "plums", "eggs", "nuts", "shells", "stamps", "beads")
-# name -> (operator, template); the name's letter says whether the warm-up explains it (a) or not (b).
+# name -> (operator, template); the name's letter says whether the warm-up explains it (a) or not (b). The
+# b wordings share no word with each other (beyond names, items and numbers) nor any operator's cue with the a
+# wordings: a shared cue ("gave" in an add and a subtract wording) made GRPO push both the same way.
 WORDINGS: dict[str, tuple[str, str]] = {
     "add-a": ("+", "{n} has {a} {i} and finds {b} more. How many now?"),
     "sub-a": ("-", "{n} has {a} {i} and loses {b} of them. How many now?"),
     "mul-a": ("*", "{n} packs {a} {i} in each of {b} bags. How many in all?"),
     "add-b": ("+", "{n} had {a} {i}; a friend gave {n} {b}. Count them."),
-    "sub-b": ("-", "Of {a} {i}, {n} gave away {b}. Count the rest."),
+    "sub-b": ("-", "{n} kept {a} {i} until {b} broke. What is left?"),
     "mul-b": ("*", "{n} sees {a} {i} on every one of {b} shelves. Total?"),
 }
 TAUGHT = frozenset(name for name in WORDINGS if name.endswith("-a"))  # what the warm-up explains

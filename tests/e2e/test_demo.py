@@ -4,7 +4,8 @@ Both runs are the real command in its own process (Kafka from the session's brok
 by the demo: ``fulmen consume``, both gateways, a runner, the trainer) and share one FULMEN_HOME, so the
 warmed-up model is built once (and kept: see ``demo_home``). Held-out accuracy is the trainer's greedy validation through the system.
 
-- learning: after ``STEPS`` GRPO steps the held-out accuracy is above where it started by ``MARGIN``;
+- learning: held-out accuracy starts below 45% and after ``STEPS`` GRPO steps is above where it started by
+  ``GAIN`` (measured: 0.42 -> 0.94 at step 15, 1.0 at 25 and 30);
 - control (``--shuffle-rewards``: rewards permuted within each step, so they no longer belong to the answers
   they scored): it does not improve by more than ``MARGIN``.
 """
@@ -22,11 +23,13 @@ import pytest
 
 from infra.kafka.local import LocalKafka
 
-pytestmark = pytest.mark.e2e
+# Each run is ~3-4 min on 2 cores (20 steps), plus the ~3 min warm-up the first time on a machine.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 FULMEN = [sys.executable, "-m", "infra.cli.main"]
-STEPS = 4
-MARGIN = 0.10
+STEPS = 20
+MARGIN = 0.10  # the control may drift by this much
+GAIN = 0.25  # the learning run must gain at least this much
 
 
 @pytest.fixture(scope="module")
@@ -53,15 +56,10 @@ def run_demo(home: Path, broker: LocalKafka, *extra: str) -> dict:
     return report
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known gap (issue #6): held-out accuracy starts at 33-42% (wordings the warm-up leaves unexplained), "
-    "but GRPO does not yet learn what they mean in a short run (stable learning rates move too little, larger "
-    "ones collapse)",
-)
 def test_demo_learns_through_the_system(demo_home: Path, kafka_broker: LocalKafka) -> None:
     report = run_demo(demo_home, kafka_broker)
-    assert report["accuracy_after"] >= report["accuracy_before"] + MARGIN, report
+    assert report["accuracy_before"] < 0.45, report  # the untaught wordings: about one in three
+    assert report["accuracy_after"] >= report["accuracy_before"] + GAIN, report
 
 
 def test_shuffled_rewards_control_does_not_learn(demo_home: Path, kafka_broker: LocalKafka) -> None:

@@ -99,8 +99,8 @@ def main() -> None:
             prefix = f"{tag}."
             settings = FulmenSettings(kafka={"bootstrap": broker.bootstrap, "topic_prefix": prefix})
             asyncio.run(ensure_topics(settings))
-            env = base_env | {"FULMEN_KAFKA_TOPIC_PREFIX": prefix,
-                              "FULMEN_RUNNER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp_port}/v1/traces" if spans else ""}  # fmt: skip
+            otlp = f"http://127.0.0.1:{otlp_port}/v1/traces" if spans else ""
+            env = base_env | {"FULMEN_KAFKA_TOPIC_PREFIX": prefix, "FULMEN_RUNNER_OTLP_ENDPOINT": otlp}
             log = open(home / f"{tag}.log", "wb")  # noqa: SIM115
             processes = []
             if spans:

@@ -8,10 +8,13 @@ tool's reply at a fixed distance, a pattern the tiny model learns quickly, and t
 three different results (only the right one is rewarded).
 
 The warm-up explains the first wording of each operator (:data:`TAUGHT`); the held-out set uses only the
-second ones, whose meaning the model has to learn from the reward; the training set uses all six. The task
+second ones, whose meaning the model has to learn from the reward; the training set uses all six. Both sets
+take the wordings in turn: the demo's steps of 12 groups (dispatched in order) see each wording twice, and the
+held-out set has as many of each. With wordings drawn at random, the untaught ones moved together in training,
+towards whichever operator a step's groups happened to favour (the model had learnt to treat them alike). The task
 input the runners hand the agent: ``{"question": str, "expr": "17+3", "answer": 20}``, plus ``"greedy": true``
 on held-out (validation) tasks so the agent samples greedily there. Train and held-out sets come from
-different seeds and never share a question.
+different seeds; a held-out question is in neither the training set nor the warm-up.
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ from dataclasses import dataclass
 from algorithm.dispatcher import DatasetTask
 
 __all__ = ["OPERATORS", "TAUGHT", "WORDINGS", "Problem", "apply", "generate", "heldout_tasks", "train_tasks"]
+__all__ += ["warmup_problems"]
 
 TRAIN_SEED = 1234
 HELDOUT_SEED = 98765
+WARMUP_SEED = TRAIN_SEED + 1  # the warm-up's episodes (algorithm.demo.warmup)
+CORPUS_SEED = TRAIN_SEED + 2  # the conversations the tokenizer's merges are learnt from
 
 OPERATORS = ("+", "-", "*")
 NAMES = ("Ann", "Bob", "Eve", "Max", "Kim", "Sam", "Lea", "Tom", "Zoe", "Ben", "Amy", "Leo")
@@ -74,15 +80,20 @@ class Problem:
 
 
 def generate(
-    count: int, seed: int, exclude: frozenset[str] = frozenset(), wordings: frozenset[str] | None = None
+    count: int,
+    seed: int,
+    exclude: frozenset[str] = frozenset(),
+    wordings: frozenset[str] | None = None,
+    cycle: bool = False,
 ) -> list[Problem]:
     """``count`` distinct problems drawn with ``seed``: none of whose questions is in ``exclude``, each in one of
-    ``wordings`` (default: all of :data:`WORDINGS`)."""
+    ``wordings`` (default: all of :data:`WORDINGS`), drawn at random or, with ``cycle``, taking the wordings in
+    turn (so any ``len(wordings)`` consecutive problems have one of each)."""
     rng = random.Random(seed)
     names = sorted(wordings if wordings is not None else WORDINGS)
     problems: dict[str, Problem] = {}
     while len(problems) < count:
-        wording = rng.choice(names)
+        wording = names[len(problems) % len(names)] if cycle else rng.choice(names)
         op, template = WORDINGS[wording]
         a, b = rng.randint(*A_RANGE), rng.randint(*B_RANGE)
         question = template.format(n=rng.choice(NAMES), a=a, b=b, i=rng.choice(ITEMS))
@@ -100,12 +111,18 @@ def _task(index: int, problem: Problem, greedy: bool) -> DatasetTask:
 
 def train_tasks(count: int = 2000) -> list[DatasetTask]:
     """The training set (seed ``TRAIN_SEED``)."""
-    return [_task(k, p, greedy=False) for k, p in enumerate(generate(count, TRAIN_SEED))]
+    return [_task(k, p, greedy=False) for k, p in enumerate(generate(count, TRAIN_SEED, cycle=True))]
 
 
-def heldout_tasks(count: int = 64, train_count: int = 2000) -> list[DatasetTask]:
+def warmup_problems(count: int) -> list[Problem]:
+    """The warm-up's ``count`` problems (seed ``WARMUP_SEED``, wordings at random)."""
+    return generate(count, WARMUP_SEED)
+
+
+def heldout_tasks(count: int = 64, train_count: int = 2000, warmup_count: int = 9600) -> list[DatasetTask]:
     """The held-out set (seed ``HELDOUT_SEED``): wordings the warm-up did not explain, no question of
-    ``train_tasks(train_count)``; greedy."""
-    exclude = frozenset(p.question for p in generate(train_count, TRAIN_SEED))
-    untaught = frozenset(WORDINGS) - TAUGHT
-    return [_task(k, p, greedy=True) for k, p in enumerate(generate(count, HELDOUT_SEED, exclude, untaught))]
+    ``train_tasks(train_count)`` nor of ``warmup_problems(warmup_count)``; greedy."""
+    seen = generate(train_count, TRAIN_SEED, cycle=True) + warmup_problems(warmup_count)
+    exclude = frozenset(p.question for p in seen)
+    problems = generate(count, HELDOUT_SEED, exclude, frozenset(WORDINGS) - TAUGHT, cycle=True)
+    return [_task(k, p, greedy=True) for k, p in enumerate(problems)]

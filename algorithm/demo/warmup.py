@@ -30,7 +30,18 @@ from pathlib import Path
 
 from algorithm.batch import Sample
 from algorithm.demo.agent import TOOLS
-from algorithm.demo.tasks import A_RANGE, B_RANGE, OPERATORS, TAUGHT, TRAIN_SEED, WORDINGS, Problem, apply, generate
+from algorithm.demo.tasks import (
+    A_RANGE,
+    B_RANGE,
+    CORPUS_SEED,
+    OPERATORS,
+    TAUGHT,
+    WORDINGS,
+    Problem,
+    apply,
+    generate,
+    warmup_problems,
+)
 
 __all__ = ["WarmupPlan", "conversation_samples", "conversation_text", "warm_up"]
 
@@ -118,14 +129,14 @@ def warm_up(
         return target
     rng = random.Random(plan.seed)
     plain = build_tiny_tokenizer()
-    corpus = [conversation_text(p, plain, rng.choice(OPERATORS)) for p in generate(plan.corpus, TRAIN_SEED + 2)]
+    corpus = [conversation_text(p, plain, rng.choice(OPERATORS)) for p in generate(plan.corpus, CORPUS_SEED)]
     shape = TinyModelConfig(hidden_size=plan.hidden, num_hidden_layers=plan.layers, num_attention_heads=plan.heads,
                             num_key_value_heads=plan.heads, intermediate_size=4 * plan.hidden,
                             bpe_vocab_size=plan.vocab, seed=plan.seed)  # fmt: skip
     base = build_tiny_model(directory / "base", shape, corpus=corpus)
     trainer = TorchTrainer(TorchTrainerConfig(model_path=base, device="cpu", dtype="float32", lr=plan.lr,
                                               micro_batch_size=64, seed=plan.seed))  # fmt: skip
-    problems = generate(plan.steps * plan.batch, TRAIN_SEED + 1)
+    problems = warmup_problems(plan.steps * plan.batch)
     rng.shuffle(problems)
     for step in range(plan.steps):
         chunk = problems[step * plan.batch : (step + 1) * plan.batch]

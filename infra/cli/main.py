@@ -434,7 +434,7 @@ def schemas_export(
 @friendly
 def demo(
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON on the last line")] = False,
-    steps: Annotated[int | None, typer.Option(help="GRPO steps (default 20)", min=1)] = None,
+    steps: Annotated[int | None, typer.Option(help="GRPO steps (default 30)", min=1)] = None,
     shuffle_rewards: Annotated[
         bool, typer.Option("--shuffle-rewards", help="CONTROL run: rewards shuffled within each step")
     ] = False,

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from algorithm.demo.calc import CalcError, evaluate
-from algorithm.demo.tasks import TAUGHT, WORDINGS, apply, generate, heldout_tasks, train_tasks
+from algorithm.demo.tasks import TAUGHT, WORDINGS, apply, generate, heldout_tasks, train_tasks, warmup_problems
 from algorithm.groups import ClosedGroup, shuffle_rewards
 from schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
 
@@ -39,6 +39,31 @@ def test_tasks_are_deterministic_disjoint_and_correct() -> None:
     assert ops == {"+", "-", "*"}
     assert {p.wording for p in generate(300, 3)} == set(WORDINGS)
     assert not {p.wording for p in generate(64, 98765, wordings=frozenset(WORDINGS) - TAUGHT)} & TAUGHT
+
+
+def test_both_sets_take_the_wordings_in_turn() -> None:
+    """Every run of consecutive training tasks as long as the wordings has one of each (a demo step of 12
+    groups, dispatched in order, sees each twice); the held-out set has as many of each untaught wording."""
+    train = [_wording(t.input["question"]) for t in train_tasks(120)]
+    assert all(sorted(train[k : k + len(WORDINGS)]) == sorted(WORDINGS) for k in range(0, 120, len(WORDINGS)))
+    heldout = [_wording(t.input["question"]) for t in heldout_tasks(48)]
+    assert {w: heldout.count(w) for w in set(heldout)} == {w: 16 for w in set(WORDINGS) - TAUGHT}
+
+
+def test_heldout_questions_are_neither_trained_on_nor_in_the_warmup() -> None:
+    heldout = {t.input["question"] for t in heldout_tasks(48, train_count=500, warmup_count=4000)}
+    assert len(heldout) == 48
+    assert not heldout & {t.input["question"] for t in train_tasks(500)}
+    assert not heldout & {p.question for p in warmup_problems(4000)}
+
+
+def _wording(question: str) -> str:
+    """The name of the wording ``question`` was made from."""
+    for name, (_, template) in WORDINGS.items():
+        pattern = re.escape(template).replace(r"\{a\}", r"\d+").replace(r"\{b\}", r"\d+")
+        if re.fullmatch(pattern.replace(r"\{n\}", r"\w+").replace(r"\{i\}", r"\w+"), question):
+            return name
+    raise AssertionError(f"no wording makes {question!r}")
 
 
 def test_warmup_samples_match_the_rendered_conversation() -> None:

@@ -50,7 +50,7 @@ class DemoOptions:
     steps: int = 30
     shuffle_rewards: bool = False
     group_size: int = 8
-    groups_per_step: int = 12  # two of each wording (tasks are dispatched in order); 6 learnt slower and less surely
+    groups_per_step: int = 12  # four of each untaught wording (dispatched in order); see tasks.py
     lr: float = 1e-3
     epochs_per_batch: int = 1
     kl_coef: float = 0.1  # without it, lr 1e-3 lost the tool-call format at step 13 of 60 (never recovered)

@@ -7,11 +7,13 @@ operation it is. The expression is ``a<op>b`` with the numbers in the order the 
 tool's reply at a fixed distance, a pattern the tiny model learns quickly, and the three operators always give
 three different results (only the right one is rewarded).
 
-The warm-up explains the first wording of each operator (:data:`TAUGHT`); the held-out set uses only the
-second ones, whose meaning the model has to learn from the reward; the training set uses all six. Both sets
-take the wordings in turn: the demo's steps of 12 groups (dispatched in order) see each wording twice, and the
-held-out set has as many of each. With wordings drawn at random, the untaught ones moved together in training,
-towards whichever operator a step's groups happened to favour (the model had learnt to treat them alike). The task
+The warm-up explains the first wording of each operator (:data:`TAUGHT`); the training and held-out sets use
+only the second ones (:data:`UNTAUGHT`), whose meaning the model has to learn from the reward. Measured: with
+all six in training, the taught ones' groups were all right (advantage 0) and taught nothing, half of every
+step's rollouts. Both sets take the wordings in turn: the demo's steps of 12 groups (dispatched in order) see
+each wording four times, and the held-out set has as many of each. With wordings drawn at random, the untaught
+ones moved together in training, towards whichever operator a step's groups happened to favour (the model had
+learnt to treat them alike). The task
 input the runners hand the agent: ``{"question": str, "expr": "17+3", "answer": 20}``, plus ``"greedy": true``
 on held-out (validation) tasks so the agent samples greedily there. Train and held-out sets come from
 different seeds; a held-out question is in neither the training set nor the warm-up.
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from algorithm.dispatcher import DatasetTask
 
 __all__ = ["OPERATORS", "TAUGHT", "WORDINGS", "Problem", "apply", "generate", "heldout_tasks", "train_tasks"]
-__all__ += ["warmup_problems"]
+__all__ += ["UNTAUGHT", "warmup_problems"]
 
 TRAIN_SEED = 1234
 HELDOUT_SEED = 98765
@@ -47,6 +49,7 @@ WORDINGS: dict[str, tuple[str, str]] = {
     "mul-b": ("*", "{n} sees {a} {i} on every one of {b} shelves. Total?"),
 }
 TAUGHT = frozenset(name for name in WORDINGS if name.endswith("-a"))  # what the warm-up explains
+UNTAUGHT = frozenset(WORDINGS) - TAUGHT  # what GRPO learns: the training and held-out sets
 A_RANGE = (14, 24)
 B_RANGE = (2, 4)
 
@@ -110,8 +113,12 @@ def _task(index: int, problem: Problem, greedy: bool) -> DatasetTask:
 
 
 def train_tasks(count: int = 2000) -> list[DatasetTask]:
-    """The training set (seed ``TRAIN_SEED``)."""
-    return [_task(k, p, greedy=False) for k, p in enumerate(generate(count, TRAIN_SEED, cycle=True))]
+    """The training set (seed ``TRAIN_SEED``): the wordings the warm-up did not explain, in turn."""
+    return [_task(k, p, greedy=False) for k, p in enumerate(_train_problems(count))]
+
+
+def _train_problems(count: int) -> list[Problem]:
+    return generate(count, TRAIN_SEED, wordings=UNTAUGHT, cycle=True)
 
 
 def warmup_problems(count: int) -> list[Problem]:
@@ -122,7 +129,6 @@ def warmup_problems(count: int) -> list[Problem]:
 def heldout_tasks(count: int = 64, train_count: int = 2000, warmup_count: int = 9600) -> list[DatasetTask]:
     """The held-out set (seed ``HELDOUT_SEED``): wordings the warm-up did not explain, no question of
     ``train_tasks(train_count)`` nor of ``warmup_problems(warmup_count)``; greedy."""
-    seen = generate(train_count, TRAIN_SEED, cycle=True) + warmup_problems(warmup_count)
-    exclude = frozenset(p.question for p in seen)
-    problems = generate(count, HELDOUT_SEED, exclude, frozenset(WORDINGS) - TAUGHT, cycle=True)
+    seen = _train_problems(train_count) + warmup_problems(warmup_count)
+    problems = generate(count, HELDOUT_SEED, frozenset(p.question for p in seen), UNTAUGHT, cycle=True)
     return [_task(k, p, greedy=True) for k, p in enumerate(problems)]

@@ -7,7 +7,16 @@ import re
 import pytest
 
 from algorithm.demo.calc import CalcError, evaluate
-from algorithm.demo.tasks import TAUGHT, WORDINGS, apply, generate, heldout_tasks, train_tasks, warmup_problems
+from algorithm.demo.tasks import (
+    TAUGHT,
+    UNTAUGHT,
+    WORDINGS,
+    apply,
+    generate,
+    heldout_tasks,
+    train_tasks,
+    warmup_problems,
+)
 from algorithm.groups import ClosedGroup, shuffle_rewards
 from schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
 
@@ -42,12 +51,14 @@ def test_tasks_are_deterministic_disjoint_and_correct() -> None:
 
 
 def test_both_sets_take_the_wordings_in_turn() -> None:
-    """Every run of consecutive training tasks as long as the wordings has one of each (a demo step of 12
-    groups, dispatched in order, sees each twice); the held-out set has as many of each untaught wording."""
+    """Both sets are the wordings the warm-up did not explain; every run of three consecutive training tasks has
+    one of each (a demo step of 12 groups, dispatched in order, sees each four times); the held-out set has as
+    many of each."""
     train = [_wording(t.input["question"]) for t in train_tasks(120)]
-    assert all(sorted(train[k : k + len(WORDINGS)]) == sorted(WORDINGS) for k in range(0, 120, len(WORDINGS)))
+    assert all(sorted(train[k : k + 3]) == sorted(UNTAUGHT) for k in range(0, 120, 3))
     heldout = [_wording(t.input["question"]) for t in heldout_tasks(48)]
-    assert {w: heldout.count(w) for w in set(heldout)} == {w: 16 for w in set(WORDINGS) - TAUGHT}
+    assert {w: heldout.count(w) for w in set(heldout)} == dict.fromkeys(UNTAUGHT, 16)
+    assert len(UNTAUGHT) == 3 and not UNTAUGHT & TAUGHT
 
 
 def test_heldout_questions_are_neither_trained_on_nor_in_the_warmup() -> None:

@@ -23,11 +23,11 @@ import pytest
 
 from infra.kafka.local import LocalKafka
 
-# Each run is ~4 min on 2 cores (20 steps), plus the ~3 min warm-up the first time on a machine.
+# Each run is ~3 min on 2 cores (15 steps), plus the ~3 min warm-up the first time on a machine.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 FULMEN = [sys.executable, "-m", "infra.cli.main"]
-STEPS = 20
+STEPS = 15
 MARGIN = 0.10  # the control may drift by this much
 GAIN = 0.25  # the learning run must gain at least this much
 

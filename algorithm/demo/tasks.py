@@ -13,10 +13,11 @@ all six in training, the taught ones' groups were all right (advantage 0) and ta
 step's rollouts. Both sets take the wordings in turn: the demo's steps of 12 groups (dispatched in order) see
 each wording four times, and the held-out set has as many of each. With wordings drawn at random, the untaught
 ones moved together in training, towards whichever operator a step's groups happened to favour (the model had
-learnt to treat them alike). The task
-input the runners hand the agent: ``{"question": str, "expr": "17+3", "answer": 20}``, plus ``"greedy": true``
-on held-out (validation) tasks so the agent samples greedily there. Train and held-out sets come from
-different seeds; a held-out question is in neither the training set nor the warm-up.
+learnt to treat them alike).
+
+The task input the runners hand the agent: ``{"question": str, "expr": "17+3", "answer": 20}``, plus
+``"greedy": true`` on held-out (validation) tasks so the agent samples greedily there. Train and held-out sets
+come from different seeds; a held-out question is in neither the training set nor the warm-up.
 """
 
 from __future__ import annotations
@@ -26,8 +27,18 @@ from dataclasses import dataclass
 
 from algorithm.dispatcher import DatasetTask
 
-__all__ = ["OPERATORS", "TAUGHT", "WORDINGS", "Problem", "apply", "generate", "heldout_tasks", "train_tasks"]
-__all__ += ["UNTAUGHT", "warmup_problems"]
+__all__ = [
+    "OPERATORS",
+    "TAUGHT",
+    "UNTAUGHT",
+    "WORDINGS",
+    "Problem",
+    "apply",
+    "generate",
+    "heldout_tasks",
+    "train_tasks",
+    "warmup_problems",
+]
 
 TRAIN_SEED = 1234
 HELDOUT_SEED = 98765
@@ -128,7 +139,8 @@ def warmup_problems(count: int) -> list[Problem]:
 
 def heldout_tasks(count: int = 64, train_count: int = 2000, warmup_count: int = 9600) -> list[DatasetTask]:
     """The held-out set (seed ``HELDOUT_SEED``): wordings the warm-up did not explain, no question of
-    ``train_tasks(train_count)`` nor of ``warmup_problems(warmup_count)``; greedy."""
+    ``train_tasks(train_count)`` nor of ``warmup_problems(warmup_count)`` (the default is the default warm-up's
+    600 steps of 16; the demo passes its plan's); greedy."""
     seen = _train_problems(train_count) + warmup_problems(warmup_count)
     problems = generate(count, HELDOUT_SEED, frozenset(p.question for p in seen), UNTAUGHT, cycle=True)
     return [_task(k, p, greedy=True) for k, p in enumerate(problems)]

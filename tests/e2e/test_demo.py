@@ -2,12 +2,19 @@
 
 Both runs are the real command in its own process (Kafka from the session's broker, everything else started
 by the demo: ``fulmen consume``, both gateways, a runner, the trainer) and share one FULMEN_HOME, so the
-warmed-up model is built once (and kept: see ``demo_home``). Held-out accuracy is the trainer's greedy validation through the system.
+warmed-up model is built once (and kept: see ``demo_home``). Held-out accuracy is the trainer's greedy
+validation through the system.
 
 - learning: held-out accuracy starts below 45% and after ``STEPS`` GRPO steps is above where it started by
   ``GAIN`` (measured, three 20-step runs: 0.33 -> 0.96-1.0 at step 15, 0.98-1.0 at step 20);
 - control (``--shuffle-rewards``: rewards permuted within each step, so they no longer belong to the answers
-  they scored): it does not improve by more than ``MARGIN``.
+  they scored): its training reward (the sampled policy on questions it has not seen, 96 episodes a step)
+  does not improve by more than ``MARGIN`` from the first five steps to the last five, and its held-out
+  accuracy gains at most one wording's worth (``FLIP``). Greedy held-out accuracy alone is a knife edge here:
+  the warmed-up model picks an untaught wording's operator almost uniformly (greedy `+` at ~0.4 against ~0.3),
+  so a small random drift flips a wording's greedy choice (a third of the held-out set); one CI control run
+  ended at 0.44 from 0.33, while a 20-step control's training reward stayed
+  at 0.16-0.43 with no trend.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 FULMEN = [sys.executable, "-m", "infra.cli.main"]
 STEPS = 15
-MARGIN = 0.10  # the control may drift by this much
+MARGIN = 0.10  # the control's training reward may drift by this much
+FLIP = 1 / 3 + 1 / 48  # one untaught wording's greedy choice flipping by chance (16 of the 48 held-out tasks)
 GAIN = 0.25  # the learning run must gain at least this much
 
 
@@ -65,4 +73,7 @@ def test_demo_learns_through_the_system(demo_home: Path, kafka_broker: LocalKafk
 def test_shuffled_rewards_control_does_not_learn(demo_home: Path, kafka_broker: LocalKafka) -> None:
     report = run_demo(demo_home, kafka_broker, "--shuffle-rewards")
     assert report["shuffle_rewards"]
-    assert report["accuracy_after"] <= report["accuracy_before"] + MARGIN, report
+    rewards = [reward for _, reward in report["reward_curve"]]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last <= first + MARGIN, report
+    assert report["accuracy_after"] <= report["accuracy_before"] + FLIP, report

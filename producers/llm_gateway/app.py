@@ -8,30 +8,50 @@ A call is answered only after its span is acknowledged by Kafka (``acks=all``), 
 rollout is in Kafka by the time the agent has its answer. When the span cannot be recorded the call fails
 with 503 and ``Retry-After``: the gateway never serves an answer it did not record. Errors use OpenAI's
 shape (``{"error": {"message", "type", "param", "code"}}``).
+
+Edges (``infra.http``): with ``FULMEN_LLM_BEARER_TOKEN`` set every route but ``/healthz`` and ``/readyz`` needs
+``Authorization: Bearer <token>`` (401 otherwise); a body over ``FULMEN_LLM_MAX_BODY_BYTES`` is refused (413)
+from its ``Content-Length`` before it is read; headers and then the body must arrive within
+``FULMEN_LLM_READ_TIMEOUT_S`` (the connection is closed, or 408). JSON decoding, validation, tokenizing, span
+encoding and response encoding run on threads, so a large request never stalls the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from infra.errors import BrokerUnavailableError
+from infra.http import bearer_auth_middleware, body_limit_middleware, read_body, server_options
 from infra.kafka.clients import close_quietly, producer, start_or_raise
 from producers.llm_gateway.backends import Backend, build_backend
 from producers.llm_gateway.backends.base import CallResult
 from producers.llm_gateway.models_follower import ModelsFollower
-from producers.llm_gateway.protocol import ApiError, load_body, parse_chat, parse_completion
+from producers.llm_gateway.protocol import (
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    load_body,
+    parse_chat,
+    parse_completion,
+)
 from producers.llm_gateway.responses import chat_chunks, chat_response, completion_chunks, completion_response, sse
 from producers.llm_gateway.settings import LlmGatewaySettings
 from producers.llm_gateway.spans import CallContext, build_record, parse_traceparent
 from schemas import ModelVersion, TopicKey, semconv, topic_name
 from schemas.events import IDENTIFIER_PATTERN
+
+_ATTEMPT = re.compile(r"[0-9]{1,9}")  # ASCII digits only ("²".isdigit() is true), and bounded
 
 __all__ = ["GatewayStats", "LlmGateway"]
 
@@ -71,10 +91,19 @@ class LlmGateway:
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task] = []
         self._stop = asyncio.Event()
+        # JSON decoding and checks, span and response encoding: CPU work kept off the event loop.
+        self._cpu = ThreadPoolExecutor(2, thread_name_prefix="llm-gateway-cpu")
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=32 * 1024 * 1024)
+        token = self.options.bearer_token.get_secret_value() if self.options.bearer_token else None
+        app = web.Application(
+            client_max_size=self.options.max_body_bytes,
+            middlewares=[
+                body_limit_middleware(self.options.max_body_bytes, respond=_error_response),
+                bearer_auth_middleware(token, open_paths=frozenset({"/healthz", "/readyz"}), respond=_error_response),
+            ],
+        )
         for prefix in ("", "/rollout/{rollout_id}/attempt/{attempt}"):
             app.router.add_post(f"{prefix}/v1/chat/completions", self.handle_chat)
             app.router.add_post(f"{prefix}/v1/completions", self.handle_completion)
@@ -102,7 +131,9 @@ class LlmGateway:
         if self.options.follow_models:
             await self.follower.catch_up()
             self._tasks.append(asyncio.create_task(self.follower.run(self._stop), name="model-follower"))
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            self.app(), access_log=None, handle_signals=False, **server_options(self.options.read_timeout_s)
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.options.host, self.options.port, backlog=1024)
         await site.start()
@@ -126,6 +157,7 @@ class LlmGateway:
             await asyncio.wait(self._tasks, timeout=5)
         await self.backend.close()
         await close_quietly([self.producer])
+        self._cpu.shutdown(wait=False, cancel_futures=True)
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.start()
@@ -167,9 +199,9 @@ class LlmGateway:
         self.stats.calls += 1
         try:
             rollout_id, attempt = _rollout(request)
-            body = load_body(await request.read())
+            raw = await read_body(request, max_bytes=self.options.max_body_bytes, timeout_s=self.options.read_timeout_s)
             chat = operation == semconv.OPERATION_CHAT
-            parsed = parse_chat(body, self.options.max_n) if chat else parse_completion(body, self.options.max_n)
+            body, parsed = await self._off_loop(_parse, raw, chat, self.options.max_n)
             self._check_model(parsed.model)
             started = time.time_ns()
             result = await (self.backend.chat(parsed) if chat else self.backend.complete(parsed))  # type: ignore[arg-type]
@@ -189,23 +221,30 @@ class LlmGateway:
             if exc.status >= 500:
                 log.warning("LLM call failed with %d: %s", exc.status, exc.message)
             return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+        except web.HTTPException as exc:  # 408/413/400 from reading the body: answered in OpenAI's shape
+            self.stats.errors += 1
+            response = _error_response(request, exc.status, (exc.text or exc.reason).strip(), {})
+            response.force_close()  # the body was not read to its end: the connection cannot be reused
+            return response
         if not parsed.stream:
-            return web.json_response(chat_response(result) if chat else completion_response(result))
+            payload = await self._off_loop(_json_bytes, chat_response(result) if chat else completion_response(result))
+            return web.Response(body=payload, content_type="application/json")
         chunks = chat_chunks if chat else completion_chunks
         return await self._stream(request, chunks(result, parsed.include_usage))
 
     def _check_model(self, model: str) -> None:
         if model != self.options.served_model_name:
+            shown = model if len(model) <= 200 else model[:197] + "..."
             raise ApiError(
                 404,
-                f"The model `{model}` does not exist; this gateway serves `{self.options.served_model_name}`.",
+                f"The model `{shown}` does not exist; this gateway serves `{self.options.served_model_name}`.",
                 param="model",
                 code="model_not_found",
             )
 
     async def _record(self, context: CallContext, result: CallResult) -> None:
         """Publish the call's spans and wait for the acknowledgement (503 when Kafka does not take them)."""
-        key, value = build_record(context, result)
+        key, value = await self._off_loop(build_record, context, result)
         try:
             async with asyncio.timeout(self.options.publish_timeout_s):
                 await self.producer.send_and_wait(self.topic, value=value, key=key)
@@ -217,6 +256,9 @@ class LlmGateway:
             raise error from None
         self.stats.spans += len(result.choices)
 
+    async def _off_loop(self, function: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._cpu, function, *args)
+
     async def _stream(self, request: web.Request, chunks) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
@@ -227,6 +269,22 @@ class LlmGateway:
         return response
 
 
+def _parse(raw: bytes, chat: bool, max_n: int) -> tuple[dict[str, Any], ChatRequest | CompletionRequest]:
+    """The body decoded, checked and parsed (runs on a thread: a large body takes a while)."""
+    body = load_body(raw)
+    return body, parse_chat(body, max_n) if chat else parse_completion(body, max_n)
+
+
+def _json_bytes(data: Any) -> bytes:
+    return json.dumps(data).encode()
+
+
+def _error_response(request: web.Request, status: int, message: str, headers: dict[str, str]) -> web.Response:
+    """An error from the HTTP guards (401, 408, 413...) in OpenAI's shape."""
+    error = ApiError(status, message, code={401: "invalid_api_key", 413: "request_too_large"}.get(status))
+    return web.json_response(error.body(), status=status, headers=headers)
+
+
 def _rollout(request: web.Request) -> tuple[str | None, int | None]:
     rollout_id = request.match_info.get("rollout_id")
     if rollout_id is None:
@@ -234,6 +292,6 @@ def _rollout(request: web.Request) -> tuple[str | None, int | None]:
     attempt_text = request.match_info.get("attempt", "")
     if not IDENTIFIER_PATTERN.fullmatch(rollout_id):
         raise ApiError(400, f"rollout id {rollout_id!r} in the path is not a valid identifier", param="rollout_id")
-    if not attempt_text.isdigit() or int(attempt_text) < 1:
+    if not _ATTEMPT.fullmatch(attempt_text) or int(attempt_text) < 1:
         raise ApiError(400, f"attempt {attempt_text!r} in the path must be a positive integer", param="attempt")
     return rollout_id, int(attempt_text)

@@ -3,6 +3,12 @@
 Only what the gateway serves is parsed; fields it does not act on (``user``, ``metadata``, ``store``,
 ``parallel_tool_calls``, penalties...) are accepted and ignored, as vLLM does, so that agent frameworks that
 send them keep working. Everything it does act on is checked, and a bad value is a 400 naming the field.
+
+Parsing is total: :func:`load_body` refuses, with a 400 naming the field, what no field may hold anywhere in
+the body (nesting deeper than :data:`MAX_JSON_DEPTH`, a string with a lone surrogate that cannot be encoded,
+an integer outside 64 bits, NaN or infinity), and the parsers type-check every field they read, so no
+request reaches a backend that a backend cannot take. Unknown fields are ignored but bounded by these rules
+and by the body size limit. Parsing a large body is CPU work: the gateway runs it off the event loop.
 """
 
 from __future__ import annotations
@@ -14,15 +20,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "ApiError",
     "ChatRequest",
     "CompletionRequest",
     "SamplingParams",
+    "load_body",
     "parse_chat",
     "parse_completion",
 ]
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
+MAX_JSON_DEPTH = 64  # objects and arrays nested in each other; OpenAI's own bodies stay under 10
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 class ApiError(Exception):
@@ -43,7 +53,14 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
-_KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 503: "service_unavailable"}
+_KINDS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    408: "invalid_request_error",
+    413: "invalid_request_error",
+    503: "service_unavailable",
+}
 
 
 def invalid(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -93,13 +110,78 @@ class CompletionRequest:
 
 
 def load_body(body: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise invalid(f"the body is not valid JSON: {exc}") from None
+    """The body as a JSON object whose every value can be served and recorded; :class:`ApiError` (400) if not."""
+    data = _loads(body, "body")
     if not isinstance(data, dict):
         raise invalid("the body must be a JSON object")
     return data
+
+
+class _NotJson(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotJson(f"{name} is not a JSON number")
+
+
+def _loads(text: str | bytes, where: str) -> Any:
+    """JSON decoded and checked by :func:`check_values` (``where`` names it in errors)."""
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise invalid(f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels", where) from None
+    except ValueError as exc:  # not JSON, not UTF-8, a NaN/Infinity, an integer of over 4,300 digits
+        raise invalid(f"{where} is not valid JSON: {_show(str(exc), 200, quote=False)}", where) from None
+    check_values(data, "" if where == "body" else where)
+    return data
+
+
+def check_values(data: Any, root: str = "") -> None:
+    """Walk ``data`` (decoded JSON) without recursion; 400 naming the first value no field may hold."""
+    stack: list[tuple[str, Any, int]] = [(root, data, 0)]
+    while stack:
+        path, value, depth = stack.pop()
+        where = path or "body"
+        if isinstance(value, dict):
+            if depth >= MAX_JSON_DEPTH:
+                raise invalid(f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels", where)
+            for key, item in value.items():
+                _check_text(key, where, "a key")
+                stack.append((f"{path}.{_printable(key)}" if path else _printable(key), item, depth + 1))
+        elif isinstance(value, list):
+            if depth >= MAX_JSON_DEPTH:
+                raise invalid(f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels", where)
+            stack.extend(
+                (f"{path}.{index}" if path else str(index), item, depth + 1) for index, item in enumerate(value)
+            )
+        elif isinstance(value, str):
+            _check_text(value, where)
+        elif isinstance(value, bool) or value is None:
+            continue
+        elif isinstance(value, int):
+            if not _INT64_MIN <= value <= _INT64_MAX:
+                raise invalid(f"{where}: the integer is outside the 64-bit range", where)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise invalid(f"{where}: the number is too large", where)
+
+
+def _check_text(text: str, where: str, what: str = "a string") -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid(f"{where}: {what} with a lone surrogate (\\ud800-\\udfff) is not valid text", where) from None
+
+
+def _printable(text: str) -> str:
+    """``text`` safe to put in a message: at most 80 characters, lone surrogates escaped."""
+    return _show(text, 80, quote=False)
+
+
+def _show(value: Any, limit: int = 80, *, quote: bool = True) -> str:
+    text = repr(value) if quote else str(value)
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def parse_chat(data: dict[str, Any], max_n: int) -> ChatRequest:
@@ -130,7 +212,7 @@ def parse_completion(data: dict[str, Any], max_n: int) -> CompletionRequest:
     token_ids: list[int] | None = None
     if isinstance(prompt, str):
         text = prompt
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and t >= 0 for t in prompt):
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
         token_ids = list(prompt)
     elif isinstance(prompt, list):
         raise invalid(
@@ -141,7 +223,7 @@ def parse_completion(data: dict[str, Any], max_n: int) -> CompletionRequest:
     else:
         raise invalid("prompt: a string or a list of token ids is required", "prompt")
     logprobs_value = data.get("logprobs")
-    if logprobs_value is not None and (not isinstance(logprobs_value, int) or not 0 <= logprobs_value <= 20):
+    if logprobs_value is not None and (not _is_int(logprobs_value) or not 0 <= logprobs_value <= 20):
         raise invalid("logprobs: an integer from 0 to 20", "logprobs")
     if data.get("suffix"):
         raise invalid("suffix: not supported", "suffix")
@@ -164,17 +246,23 @@ def _message(message: Any, where: str) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise invalid(f"{where}: a message must be an object", where)
     role = message.get("role")
-    if role not in _ROLES:
-        raise invalid(f"{where}.role: must be one of {sorted(_ROLES)}, not {role!r}", f"{where}.role")
+    if not isinstance(role, str) or role not in _ROLES:
+        raise invalid(f"{where}.role: must be one of {sorted(_ROLES)}, not {_show(role)}", f"{where}.role")
     result: dict[str, Any] = {"role": "system" if role == "developer" else role}
     result["content"] = _content(message.get("content"), f"{where}.content")
-    if role == "assistant" and message.get("tool_calls"):
-        result["tool_calls"] = [_tool_call(c, f"{where}.tool_calls.{i}") for i, c in enumerate(message["tool_calls"])]
+    calls = message.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
+        raise invalid(f"{where}.tool_calls: a list of tool calls", f"{where}.tool_calls")
+    if role == "assistant" and calls:
+        result["tool_calls"] = [_tool_call(c, f"{where}.tool_calls.{i}") for i, c in enumerate(calls)]
     elif result["content"] is None and role != "assistant":
         raise invalid(f"{where}.content: required for a {role} message", f"{where}.content")
     for key in ("name", "tool_call_id"):
-        if isinstance(message.get(key), str):
-            result[key] = message[key]
+        value = message.get(key)
+        if value is not None and not isinstance(value, str):
+            raise invalid(f"{where}.{key}: a string", f"{where}.{key}")
+        if value is not None:
+            result[key] = value
     return result
 
 
@@ -184,10 +272,13 @@ def _content(content: Any, where: str) -> str | None:
     if isinstance(content, list):
         texts = []
         for index, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") not in ("text", "input_text"):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise invalid(f"{where}.{index}: only text parts are supported, not {kind!r}", where)
-            texts.append(str(part.get("text", "")))
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if not isinstance(kind, str) or kind not in ("text", "input_text"):
+                raise invalid(f"{where}.{index}: only text parts are supported, not {_show(kind)}", where)
+            text = part.get("text", "")
+            if not isinstance(text, str):
+                raise invalid(f"{where}.{index}.text: a string", f"{where}.{index}.text")
+            texts.append(text)
         return "".join(texts)
     raise invalid(f"{where}: a string or a list of text parts", where)
 
@@ -198,11 +289,15 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
         raise invalid(f"{where}.function: an object with a name is required", where)
     arguments = function.get("arguments", {})
     if isinstance(arguments, str):
-        # Arguments that are not JSON are kept as the text the model wrote; templates render it as is.
-        with contextlib.suppress(json.JSONDecodeError):
-            arguments = json.loads(arguments) if arguments.strip() else {}
+        # Arguments that are not JSON (or not servable JSON) are kept as the text the model wrote; templates
+        # render it as is.
+        with contextlib.suppress(ApiError):
+            arguments = _loads(arguments, f"{where}.function.arguments") if arguments.strip() else {}
+    call_id = call.get("id", "")
+    if not isinstance(call_id, str):
+        raise invalid(f"{where}.id: a string", f"{where}.id")
     return {
-        "id": call.get("id", ""),
+        "id": call_id,
         "type": "function",
         "function": {"name": function["name"], "arguments": arguments},
     }
@@ -223,12 +318,12 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
 def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> str | dict[str, Any]:
     if choice is None:
         return "auto"
-    if choice in ("none", "auto", "required"):
+    if isinstance(choice, str) and choice in ("none", "auto", "required"):
         return choice
     if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
-        if not any(tool["function"]["name"] == name for tool in tools or []):
-            raise invalid(f"tool_choice: no tool named {name!r} in tools", "tool_choice")
+        if not isinstance(name, str) or not any(tool["function"]["name"] == name for tool in tools or []):
+            raise invalid(f"tool_choice: no tool named {_show(name)} in tools", "tool_choice")
         return choice
     raise invalid("tool_choice: none, auto, required or {'type': 'function', 'function': {'name': ...}}", "tool_choice")
 
@@ -237,14 +332,16 @@ def _sampling(
     data: dict[str, Any], max_n: int, *, logprobs: bool, top_logprobs: int, default_max: int | None = None
 ) -> SamplingParams:
     max_tokens = data.get("max_completion_tokens", data.get("max_tokens"))
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+    if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
         raise invalid("max_tokens: a positive integer", "max_tokens")
     stop = data.get("stop")
-    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-    if len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
+    stops = (
+        () if stop is None else (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, list) else None
+    )
+    if stops is None or len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
         raise invalid("stop: a non-empty string or a list of up to 4 of them", "stop")
     seed = data.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+    if seed is not None and not _is_int(seed):
         raise invalid("seed: an integer", "seed")
     return SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else default_max,
@@ -279,9 +376,13 @@ def _int(data: dict[str, Any], name: str, default: int, low: int, high: int) -> 
     value = data.get(name)
     if value is None:
         return default
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+    if not _is_int(value) or not low <= value <= high:
         raise invalid(f"{name}: an integer from {low} to {high}", name)
     return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _float(

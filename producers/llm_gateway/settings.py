@@ -38,6 +38,15 @@ class LlmSection(BaseModel):
     upstream_api_key: SecretStr | None = None
     upstream_timeout_s: float = Field(default=600.0, gt=0)
     publish_timeout_s: float = Field(default=10.0, gt=0, description="503 when a call's span is not acknowledged")
+    bearer_token: SecretStr | None = Field(
+        default=None, description="when set, every /v1 and /rollout call must carry Authorization: Bearer <it>"
+    )
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1024, description="a larger body is refused (413), by Content-Length first"
+    )
+    read_timeout_s: float = Field(
+        default=60.0, gt=0, description="a client must send its headers, and then its body, within this (408)"
+    )
 
 
 class LlmGatewaySettings(FulmenSettings):

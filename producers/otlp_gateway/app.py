@@ -13,14 +13,20 @@ specification:
   time, or more bytes in flight than ``max_inflight_bytes`` (the gateway never buffers without bound).
 
 ``GET /healthz`` answers while the process runs; ``GET /readyz`` only while the producer is connected.
+
+Edges (``infra.http``): the bearer check is constant-time and an undecodable ``Authorization`` header is a 401;
+a body whose ``Content-Length`` is over ``max_body_bytes`` is refused before it is read; headers, then the
+body, must arrive within ``read_timeout_s``; a corrupt gzip body is a 400. Decoding, validating and splitting a
+body run on a thread, so a large body does not stall the event loop (``/healthz`` keeps answering).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from aiokafka import AIOKafkaProducer
@@ -28,8 +34,10 @@ from aiokafka.errors import KafkaError
 from google.rpc import status_pb2
 
 from infra.errors import BrokerUnavailableError, PoisonInputError
+from infra.http import bearer_auth_middleware, body_limit_middleware, read_body, server_options
 from infra.kafka.clients import close_quietly, producer, start_or_raise
 from producers.otlp_gateway.otlp import (
+    Validated,
     decode_json,
     decode_protobuf,
     encode_response,
@@ -70,10 +78,19 @@ class OtlpGateway:
         self._runner: web.AppRunner | None = None
         self._connector: asyncio.Task[None] | None = None
         self.port: int | None = None
+        self._cpu = ThreadPoolExecutor(2, thread_name_prefix="otlp-decode")
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.options.max_body_bytes)
+        token = self.options.bearer_token.get_secret_value() if self.options.bearer_token else None
+        app = web.Application(
+            client_max_size=self.options.max_body_bytes,
+            middlewares=[
+                # Content-Length is the compressed size, so this refuses only what cannot fit inflated either.
+                body_limit_middleware(self.options.max_body_bytes, respond=_guard_status),
+                bearer_auth_middleware(token, open_paths=frozenset({"/healthz", "/readyz"}), respond=_guard_status),
+            ],
+        )
         app.router.add_post("/v1/traces", self.handle_traces)
         app.router.add_get("/healthz", self.handle_health)
         app.router.add_get("/readyz", self.handle_ready)
@@ -82,7 +99,9 @@ class OtlpGateway:
     async def start(self) -> None:
         """Listen, and connect the producer in the background (requests get 503 until it is connected)."""
         self._connector = asyncio.create_task(self._connect())
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            self.app(), access_log=None, handle_signals=False, **server_options(self.options.read_timeout_s)
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.options.host, self.options.port, backlog=1024)
         await site.start()
@@ -98,6 +117,7 @@ class OtlpGateway:
         if self._connector is not None:
             self._connector.cancel()
         await close_quietly([self.producer])
+        self._cpu.shutdown(wait=False, cancel_futures=True)
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.start()
@@ -139,17 +159,20 @@ class OtlpGateway:
                 f"Content-Type must be application/x-protobuf or application/json, not {content_type or 'missing'}",
                 as_json=True,
             )
-        if not self._authorized(request):
-            return _status(401, "missing or wrong bearer token", as_json, {"WWW-Authenticate": 'Bearer realm="fulmen"'})
         try:
-            body = await request.read()
+            body = await read_body(
+                request, max_bytes=self.options.max_body_bytes, timeout_s=self.options.read_timeout_s
+            )
         except web.HTTPRequestEntityTooLarge:
             return _status(413, f"body larger than {self.options.max_body_bytes} bytes (after gzip inflation)", as_json)
+        except web.HTTPException as exc:  # 408 too slow, 400 undecodable transfer (corrupt gzip)
+            response = _status(exc.status, (exc.text or exc.reason).strip(), as_json)
+            response.force_close()
+            return response
         try:
-            decoded = decode_json(body) if as_json else decode_protobuf(body)
+            checked = await self._off_loop(_decode_and_validate, body, as_json, self.options.max_record_bytes - 1024)
         except PoisonInputError as exc:
             return _status(400, str(exc), as_json)
-        checked = validate(decoded, self.options.max_record_bytes - 1024)
         if checked.accepted:
             failure = await self._publish(checked.request, len(body))
             if failure is not None:
@@ -159,15 +182,8 @@ class OtlpGateway:
         payload = encode_response(checked.rejected, checked.error_message(), as_json=as_json)
         return web.Response(body=payload, content_type=_JSON_TYPE if as_json else _PROTOBUF_TYPES[0])
 
-    def _authorized(self, request: web.Request) -> bool:
-        token = self.options.bearer_token
-        if token is None:
-            return True
-        header = request.headers.get("Authorization", "")
-        scheme, _, given = header.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(
-            given.strip().encode(), token.get_secret_value().encode()
-        )
+    async def _off_loop(self, function: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._cpu, function, *args)
 
     async def _publish(self, request: object, body_bytes: int) -> web.Response | None:
         """Send every record and wait for all acknowledgements; a 503 response when Kafka cannot take them."""
@@ -175,13 +191,15 @@ class OtlpGateway:
             return self._unavailable("not connected to Kafka yet")
         if self.stats.inflight_bytes + body_bytes > self.options.max_inflight_bytes and self.stats.inflight_bytes:
             return self._unavailable(f"{self.stats.inflight_bytes} bytes already waiting for Kafka")
-        records = split_by_trace(request, self.options.max_record_bytes)  # type: ignore[arg-type]
+        records = await self._off_loop(split_by_trace, request, self.options.max_record_bytes)
         size = sum(len(r.value) for r in records)
         self.stats.inflight_bytes += size
         futures: list[asyncio.Future] = []
         try:
             async with asyncio.timeout(self.options.publish_timeout_s):
-                for record in records:
+                for index, record in enumerate(records):
+                    if index and not index % 256:
+                        await asyncio.sleep(0)  # thousands of sends in a row would hold the event loop
                     future = await self.producer.send(self.topic, value=record.value, key=record.key)
                     future.add_done_callback(self._released(len(record.value)))
                     futures.append(future)
@@ -210,8 +228,20 @@ class OtlpGateway:
         return _status(503, reason, as_json=False, headers={"Retry-After": retry})
 
 
+def _decode_and_validate(body: bytes, as_json: bool, max_span_bytes: int) -> Validated:
+    """Decode and check a body (CPU work: runs on a thread); :class:`PoisonInputError` when undecodable."""
+    decoded = decode_json(body) if as_json else decode_protobuf(body)
+    return validate(decoded, max_span_bytes)
+
+
+def _guard_status(request: web.Request, code: int, message: str, headers: dict[str, str]) -> web.Response:
+    """The HTTP guards' answers (401, 413) in OTLP's shape."""
+    return _status(code, message, request.content_type == _JSON_TYPE, headers)
+
+
 def _status(code: int, message: str, as_json: bool, headers: dict[str, str] | None = None) -> web.Response:
     """An error response with a google.rpc.Status body, as OTLP/HTTP specifies."""
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate cannot be sent
     status = status_pb2.Status(code=_GRPC_CODES.get(code, 2), message=message)
     if as_json:
         from google.protobuf import json_format
@@ -223,4 +253,4 @@ def _status(code: int, message: str, as_json: bool, headers: dict[str, str] | No
 
 
 # HTTP status -> google.rpc.Code, for the Status body.
-_GRPC_CODES = {400: 3, 401: 16, 413: 8, 415: 3, 503: 14}
+_GRPC_CODES = {400: 3, 401: 16, 408: 4, 413: 8, 415: 3, 503: 14}

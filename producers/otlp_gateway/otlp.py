@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -40,18 +41,27 @@ def decode_protobuf(body: bytes) -> ExportTraceServiceRequest:
     request = ExportTraceServiceRequest()
     try:
         request.ParseFromString(body)
-    except ProtobufDecodeError as exc:
-        raise PoisonInputError(f"body is not an OTLP ExportTraceServiceRequest in protobuf: {exc}") from None
+    except (ProtobufDecodeError, RecursionError) as exc:
+        raise PoisonInputError(f"body is not an OTLP ExportTraceServiceRequest in protobuf: {_text(exc)}") from None
     return request
 
 
 def decode_json(body: bytes) -> ExportTraceServiceRequest:
+    """Decode OTLP JSON; :class:`PoisonInputError` with an encodable reason for anything that is not (nesting
+    too deep, lone surrogates in keys or values, wrong types)."""
     try:
         document = json.loads(body)
+    except RecursionError:
+        raise PoisonInputError("body is JSON nested too deep") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise PoisonInputError(f"body is not JSON: {exc}") from None
+        raise PoisonInputError(f"body is not JSON: {_text(exc)}") from None
     if not isinstance(document, dict):
         raise PoisonInputError("body must be a JSON object (an ExportTraceServiceRequest)")
+    if re.search(rb"\\u[dD][89a-fA-F]", body):  # a surrogate escape: lone ones cannot reach protobuf
+        try:
+            json.dumps(document, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise PoisonInputError("body has a string or key with a lone surrogate (\\ud800-\\udfff)") from None
     for path, span in _spans_and_links(document):
         for name in _ID_FIELDS:
             value = span.get(name)
@@ -62,8 +72,16 @@ def decode_json(body: bytes) -> ExportTraceServiceRequest:
                     raise PoisonInputError(f"{path}.{name}: {value!r} is not hex") from None
     try:
         return json_format.ParseDict(document, ExportTraceServiceRequest(), ignore_unknown_fields=True)
-    except (json_format.ParseError, binascii.Error, TypeError, ValueError) as exc:
-        raise PoisonInputError(f"body is not an OTLP ExportTraceServiceRequest in JSON: {exc}") from None
+    except RecursionError:
+        raise PoisonInputError("body is JSON nested too deep for an OTLP ExportTraceServiceRequest") from None
+    except (json_format.ParseError, binascii.Error, TypeError, ValueError) as exc:  # UnicodeError is a ValueError
+        raise PoisonInputError(f"body is not an OTLP ExportTraceServiceRequest in JSON: {_text(exc)}") from None
+
+
+def _text(error: BaseException, limit: int = 500) -> str:
+    """An error's text, sendable: lone surrogates escaped, cut to ``limit`` characters."""
+    text = str(error).encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _spans_and_links(document: dict) -> list[tuple[str, dict]]:

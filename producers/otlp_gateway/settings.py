@@ -18,6 +18,9 @@ class OtlpSection(BaseModel):
     max_inflight_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="waiting for Kafka; 503 above")
     publish_timeout_s: float = Field(default=10.0, gt=0, description="503 when Kafka has not acknowledged by then")
     retry_after_s: int = Field(default=1, ge=1)
+    read_timeout_s: float = Field(
+        default=60.0, gt=0, description="a client must send its headers, and then its body, within this (408)"
+    )
 
 
 class OtlpGatewaySettings(FulmenSettings):

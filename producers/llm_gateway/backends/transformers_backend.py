@@ -6,6 +6,10 @@ Concurrent calls are batched: a scheduler task takes what is waiting (up to ``ma
 waiting at most ``batch_wait_ms`` for more), runs the batch on one worker thread, and answers each call.
 A new model version is loaded on another thread while batches run and takes over at the next batch; a call
 is served entirely by the version its batch started with.
+
+Rendering, tokenizing and decoding run on a small "prepare" thread pool, never on the event loop (a 10 MB
+prompt takes seconds to tokenize). A batch whose generation raises is retried call by call, so a request
+that slipped past validation fails alone instead of failing every call it shared the batch with.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class _Loaded:
     version: int | None
     eos_ids: frozenset[int]
     pad_id: int
+    max_token_bytes: int = 64  # the longest token's text in UTF-8 bytes: a prompt of B bytes has >= B / this tokens
 
 
 @dataclass
@@ -57,6 +62,7 @@ class TransformersBackend:
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="llm-generate")
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="llm-load")
+        self._prepare = ThreadPoolExecutor(2, thread_name_prefix="llm-prepare")
         self._scheduler: asyncio.Task[None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------------------
@@ -82,6 +88,7 @@ class TransformersBackend:
             self._scheduler.cancel()
         self._worker.shutdown(wait=False, cancel_futures=True)
         self._loader.shutdown(wait=False, cancel_futures=True)
+        self._prepare.shutdown(wait=False, cancel_futures=True)
 
     async def load_version(self, uri: str, version: int) -> None:
         loaded = await asyncio.get_running_loop().run_in_executor(self._loader, self._load, uri, version)
@@ -106,49 +113,36 @@ class TransformersBackend:
         eos = set(_as_list(model.generation_config.eos_token_id)) | set(_as_list(tokenizer.eos_token_id))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
         log.info("loaded %s on %s in %.1fs (version %s)", path, device, time.perf_counter() - started, version)
-        return _Loaded(model, tokenizer, version, frozenset(eos), pad)
+        longest = max((len(token.encode("utf-8", "replace")) for token in tokenizer.get_vocab()), default=64)
+        return _Loaded(model, tokenizer, version, frozenset(eos), pad, max(longest, 1))
 
     # --- calls ----------------------------------------------------------------------------------------------
     async def chat(self, request: ChatRequest) -> CallResult:
         loaded = self._require_loaded()
-        tokenizer = loaded.tokenizer
-        if tokenizer.chat_template is None:
+        if loaded.tokenizer.chat_template is None:
             raise ApiError(400, "this model has no chat template; use /v1/completions", param="messages")
-        try:
-            prompt = tokenizer.apply_chat_template(
-                request.messages, tools=request.tools, tokenize=False, add_generation_prompt=True
-            )
-        except Exception as exc:  # a template error is the request's fault (roles in the wrong order...)
-            raise ApiError(400, f"the chat template cannot render these messages: {exc}", param="messages") from None
-        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        outputs, served = await self._run(prompt_ids, request.sampling, tokenizer)
-        choices = [
-            self._choice(i, out, served, request.sampling, request.parse_tool_calls) for i, out in enumerate(outputs)
-        ]
+        prompt, prompt_ids = await self._off_loop(_render_chat, loaded, request, self.context_length or 2048)
+        outputs, served = await self._run(prompt_ids, request.sampling, loaded.tokenizer)
+        choices = await self._off_loop(self._choices, outputs, served, request.sampling, request.parse_tool_calls)
         return self._result("chatcmpl", request.model, choices, prompt_ids, prompt, served)
 
     async def complete(self, request: CompletionRequest) -> CallResult:
         loaded = self._require_loaded()
-        tokenizer = loaded.tokenizer
-        if request.prompt_token_ids is not None:
-            prompt_ids = request.prompt_token_ids
-            vocab = len(tokenizer)
-            if max(prompt_ids) >= vocab:
-                raise ApiError(
-                    400, f"prompt: token id {max(prompt_ids)} is outside the vocabulary ({vocab})", param="prompt"
-                )
-            prompt = tokenizer.decode(prompt_ids)
-        else:
-            prompt = request.prompt or ""
-            prompt_ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
-            if not prompt_ids:
-                raise ApiError(400, "prompt: empty after tokenization", param="prompt")
-        outputs, served = await self._run(prompt_ids, request.sampling, tokenizer)
-        choices = [self._choice(i, out, served, request.sampling, False) for i, out in enumerate(outputs)]
+        prompt, prompt_ids = await self._off_loop(_tokenize_completion, loaded, request, self.context_length or 2048)
+        outputs, served = await self._run(prompt_ids, request.sampling, loaded.tokenizer)
+        choices = await self._off_loop(self._choices, outputs, served, request.sampling, False)
         if request.echo:
             for choice in choices:
                 choice.text = prompt + choice.text
         return self._result("cmpl", request.model, choices, prompt_ids, prompt, served)
+
+    async def _off_loop(self, function: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._prepare, function, *args)
+
+    def _choices(
+        self, outputs: list[RowOutput], served: _Loaded, sampling: SamplingParams, tools: bool
+    ) -> list[Choice]:
+        return [self._choice(i, out, served, sampling, tools) for i, out in enumerate(outputs)]
 
     def _require_loaded(self) -> _Loaded:
         if self._loaded is None:
@@ -250,7 +244,12 @@ class TransformersBackend:
                 self._worker, generate, served.model, rows, served.pad_id, set(served.eos_ids)
             )
         except Exception as exc:
-            log.exception("generation failed for a batch of %d sequences", len(rows))
+            if len(batch) > 1:  # find the call at fault: each call alone, so only that one fails
+                log.warning("generation failed for a batch of %d calls (%s); retrying each alone", len(batch), exc)
+                for pending in batch:
+                    await self._run_batch(loop, [pending])
+                return
+            log.exception("generation failed for a call of %d sequences", len(rows))
             for pending in batch:
                 if not pending.future.done():
                     pending.future.set_exception(ApiError(500, f"generation failed: {type(exc).__name__}: {exc}"))
@@ -261,6 +260,54 @@ class TransformersBackend:
             position += len(pending.rows)
             if not pending.future.done():
                 pending.future.set_result((part, served))
+
+
+def _render_chat(loaded: _Loaded, request: ChatRequest, limit: int) -> tuple[str, list[int]]:
+    """The prompt rendered with the chat template, and its token ids (CPU work: runs off the event loop)."""
+    tokenizer = loaded.tokenizer
+    try:
+        prompt = tokenizer.apply_chat_template(
+            request.messages, tools=request.tools, tokenize=False, add_generation_prompt=True
+        )
+    except Exception as exc:  # a template error is the request's fault (roles in the wrong order...)
+        raise ApiError(400, f"the chat template cannot render these messages: {exc}", param="messages") from None
+    _refuse_surely_too_long(prompt, loaded, limit)
+    return prompt, tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+
+def _tokenize_completion(loaded: _Loaded, request: CompletionRequest, limit: int) -> tuple[str, list[int]]:
+    """The prompt's text and token ids, whichever of the two the request gave (runs off the event loop)."""
+    tokenizer = loaded.tokenizer
+    if request.prompt_token_ids is not None:
+        prompt_ids = request.prompt_token_ids
+        vocab = len(tokenizer)
+        if max(prompt_ids) >= vocab:
+            raise ApiError(
+                400, f"prompt: token id {max(prompt_ids)} is outside the vocabulary ({vocab})", param="prompt"
+            )
+        return tokenizer.decode(prompt_ids), prompt_ids
+    prompt = request.prompt or ""
+    _refuse_surely_too_long(prompt, loaded, limit)
+    prompt_ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    if not prompt_ids:
+        raise ApiError(400, "prompt: empty after tokenization", param="prompt")
+    return prompt, prompt_ids
+
+
+def _refuse_surely_too_long(prompt: str, loaded: _Loaded, limit: int) -> None:
+    """400 without tokenizing when the prompt cannot fit: each token covers at most ``max_token_bytes`` bytes
+    (halved again for normalisers that shrink text), so tokenizing megabytes the context cannot hold is
+    skipped; the exact check follows tokenizing, in ``_run``."""
+    size = len(prompt.encode("utf-8", "replace"))
+    at_least = size // (2 * loaded.max_token_bytes)
+    if at_least > limit:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, your prompt of {size} bytes is at "
+            f"least {at_least} tokens. Please reduce the length of the messages.",
+            param="messages",
+            code="context_length_exceeded",
+        )
 
 
 def _pieces(tokenizer: Any, token_ids: list[int]) -> list[str]:

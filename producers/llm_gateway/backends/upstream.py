@@ -9,6 +9,8 @@ Logprobs the agent did not ask for are removed from its answer. The ``openai`` b
 upstream returns; the span says why token ids are absent.
 
 Upstream errors: its 4xx comes back to the agent as is; 5xx is a 502; unreachable or too slow is a 503.
+The upstream URL may carry credentials (``user:password@``, ``?api_key=``): it is logged and put in messages
+only through :func:`infra.http.mask_url`, and error texts are scrubbed of it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from infra.http import mask_url, url_secrets
 from producers.llm_gateway.backends.base import CallResult, Choice, TokenLogprob
 from producers.llm_gateway.protocol import ApiError, ChatRequest, CompletionRequest
 from producers.llm_gateway.settings import LlmSection
@@ -39,6 +42,7 @@ class OpenAIUpstreamBackend:
             raise ConfigurationError(f"FULMEN_LLM_UPSTREAM_URL: the {self.name} backend needs the upstream's /v1 URL")
         self.options = options
         self.base_url = options.upstream_url.rstrip("/")
+        self.shown_url = mask_url(self.base_url)
         self.headers = {}
         if options.upstream_api_key is not None:
             self.headers["Authorization"] = f"Bearer {options.upstream_api_key.get_secret_value()}"
@@ -65,7 +69,9 @@ class OpenAIUpstreamBackend:
             async with self.session.get(f"{self.base_url}/models", timeout=aiohttp.ClientTimeout(total=10)) as reply:
                 data = await reply.json() if reply.status == 200 else {}
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            log.warning("upstream %s not reachable yet (%s); calls answer 503 until it is", self.base_url, exc)
+            log.warning(
+                "upstream %s not reachable yet (%s); calls answer 503 until it is", self.shown_url, self._scrub(exc)
+            )
             return
         found = next((m for m in data.get("data") or [] if m.get("id") == self.upstream_model), None)
         if found and self._context is None and isinstance(found.get("max_model_len"), int):
@@ -114,9 +120,9 @@ class OpenAIUpstreamBackend:
         except TimeoutError:
             raise _unavailable(f"the upstream did not answer within {self.options.upstream_timeout_s:g}s") from None
         except aiohttp.ClientError as exc:
-            raise _unavailable(f"the upstream cannot be reached: {type(exc).__name__}: {exc}") from None
+            raise _unavailable(f"the upstream cannot be reached: {type(exc).__name__}: {self._scrub(exc)}") from None
         if status >= 500:
-            raise ApiError(502, f"the upstream failed with {status}: {text[:500]}", kind="upstream_error")
+            raise ApiError(502, f"the upstream failed with {status}: {self._scrub(text[:500])}", kind="upstream_error")
         try:
             data = json.loads(text)
         except ValueError:
@@ -126,6 +132,13 @@ class OpenAIUpstreamBackend:
             message = error.get("message") if isinstance(error, dict) else str(data)[:500]
             raise ApiError(status, f"upstream: {message}", param=(error or {}).get("param"))
         return data
+
+    def _scrub(self, error: object) -> str:
+        """``error`` as text without the upstream URL's secrets (aiohttp's errors quote the URL they tried)."""
+        text = str(error).replace(self.base_url, self.shown_url)
+        for secret in url_secrets(self.base_url):
+            text = text.replace(secret, "***")
+        return text
 
     # --- mapping --------------------------------------------------------------------------------------------
     def _chat_choice(self, raw: dict[str, Any], keep_logprobs: bool) -> Choice:

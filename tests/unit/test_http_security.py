@@ -1,0 +1,171 @@
+"""infra/http.py: body limits before reading, read deadlines, bearer auth, URL masking (a loopback server only)."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from infra.http import bearer_auth_middleware, body_limit_middleware, mask_url, read_body, server_options
+
+pytestmark = pytest.mark.security
+
+LIMIT = 64 * 1024
+RECEIVED = web.AppKey("received", list)
+
+
+def _app(token: str | None = None, read_timeout_s: float = 5.0) -> web.Application:
+    received: list[int] = []
+
+    async def echo(request: web.Request) -> web.Response:
+        body = await read_body(request, max_bytes=LIMIT, timeout_s=read_timeout_s)
+        received.append(len(body))
+        return web.Response(text=str(len(body)))
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application(
+        client_max_size=LIMIT, middlewares=[body_limit_middleware(LIMIT), bearer_auth_middleware(token)]
+    )
+    app.router.add_post("/echo", echo)
+    app.router.add_get("/healthz", health)
+    app[RECEIVED] = received
+    return app
+
+
+async def _raw(port: int, payload: bytes, wait_s: float = 5.0) -> bytes:
+    """Send raw bytes, return whatever the server answers before it closes (or ``wait_s`` passes)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(payload)
+    await writer.drain()
+    try:
+        async with asyncio.timeout(wait_s):
+            return await reader.read(65536)
+    finally:
+        writer.close()
+
+
+async def _server(app: web.Application, **options) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(app, **(options or server_options(read_timeout_s=5)))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
+async def test_declared_oversize_body_is_refused_before_reading() -> None:
+    app = _app()
+    runner, port = await _server(app)
+    try:
+        # Declares 100 MB, sends nothing: the 413 must come at once, from the header alone.
+        answer = await _raw(port, b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 104857600\r\n\r\n", wait_s=3)
+        assert answer.startswith(b"HTTP/1.1 413")
+        assert app[RECEIVED] == []
+    finally:
+        await runner.cleanup()
+
+
+async def test_chunked_oversize_body_gets_413_and_normal_body_passes() -> None:
+    async with TestClient(TestServer(_app())) as client:
+
+        async def chunks():
+            for _ in range(4):
+                yield b"x" * (LIMIT // 2)
+
+        response = await client.post("/echo", data=chunks())
+        assert response.status == 413
+        response = await client.post("/echo", data=b"y" * 100)
+        assert response.status == 200 and await response.text() == "100"
+
+
+async def test_slow_body_gets_408() -> None:
+    runner, port = await _server(_app(read_timeout_s=0.5))
+    try:
+        answer = await _raw(port, b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc", wait_s=5)
+        assert answer.startswith(b"HTTP/1.1 408")
+    finally:
+        await runner.cleanup()
+
+
+async def test_slow_headers_are_cut_off_by_the_read_timeout() -> None:
+    runner, port = await _server(_app(), **server_options(read_timeout_s=0.5))
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        await writer.drain()
+        async with asyncio.timeout(10):  # liveness bound: aiohttp's default would hold it for an hour
+            assert await reader.read() == b""  # the server closed the connection
+        writer.close()
+    finally:
+        await runner.cleanup()
+
+
+async def test_corrupt_gzip_body_is_a_400() -> None:
+    async with TestClient(TestServer(_app())) as client:
+        for body in (b"\x1f\x8bnot gzip at all", b"\x1f\x8b\x08\x00garbage" * 3, b"plain"):
+            response = await client.post("/echo", data=body, headers={"Content-Encoding": "gzip"})
+            assert response.status == 400, body
+        # aiohttp inflates gzip itself and takes a truncated stream as the prefix it holds (it checks the end of
+        # the stream for deflate only): no error, never a 500; the service's decoder judges what came out.
+        response = await client.post("/echo", data=b"\x1f\x8b", headers={"Content-Encoding": "gzip"})
+        assert response.status == 200 and await response.text() == "0"
+        response = await client.post("/echo", data=gzip.compress(b"hello"), headers={"Content-Encoding": "gzip"})
+        assert response.status == 200 and await response.text() == "5"
+
+
+async def test_bearer_token_is_required_and_checked() -> None:
+    async with TestClient(TestServer(_app(token="s3cret"))) as client:
+        assert (await client.get("/healthz")).status == 200  # open path
+        for headers in (
+            {},
+            {"Authorization": "Bearer nope"},
+            {"Authorization": "Basic s3cret"},
+            {"Authorization": "s3cret"},
+        ):
+            response = await client.post("/echo", data=b"", headers=headers)
+            assert response.status == 401
+            assert response.headers["WWW-Authenticate"].startswith("Bearer")
+        response = await client.post("/echo", data=b"ab", headers={"Authorization": "Bearer s3cret"})
+        assert response.status == 200
+        response = await client.post("/echo", data=b"ab", headers={"Authorization": "bearer  s3cret "})
+        assert response.status == 200
+
+
+async def test_undecodable_authorization_header_is_401_not_500() -> None:
+    runner, port = await _server(_app(token="s3cret"))
+    try:
+        for header in (b"Bearer \xff\xfe", b"\xc3\x28", b"Bearer s3cret\x80"):
+            request = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nAuthorization: " + header + b"\r\n\r\n"
+            answer = await _raw(port, request)
+            assert answer.startswith(b"HTTP/1.1 401"), answer[:80]
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        ("http://user:pw@host:8123/db", "http://host:8123/db"),
+        ("https://host/db?password=hunter2&x=1", "https://host/db?password=***&x=1"),
+        ("https://a:b@host/v1?api_key=k&access_token=t&user=u", "https://host/v1?api_key=***&access_token=***&user=u"),
+        ("http://[::1]:8000/v1?Secret=s", "http://[::1]:8000/v1?Secret=***"),
+        ("http://host:8000/v1", "http://host:8000/v1"),
+        ("http://host?X-Amz-Signature=abc&key=1", "http://host?X-Amz-Signature=***&key=***"),
+        ("http://[bad", "<unparseable URL>"),
+    ],
+)
+def test_mask_url_removes_credentials(url: str, masked: str) -> None:
+    assert mask_url(url) == masked
+    for secret in ("pw", "hunter2", "api_key=k", "=t&"):
+        assert secret not in mask_url(url) or secret in masked
+
+
+def test_server_options_bound_the_header_read() -> None:
+    options = server_options(read_timeout_s=7)
+    assert options["keepalive_timeout"] == 7.0
+    with pytest.raises(ValueError, match="read_timeout_s"):
+        server_options(read_timeout_s=0)

@@ -13,6 +13,12 @@ offset of a partition is its lowest held offset, or one past the last record rea
 crash redelivers every record whose group was not yet trained on. A redelivered record whose group this
 process does not know (dispatched before a restart) is ignored and counted, as is an undecodable record
 (logged with its topic, partition and offset).
+
+Superseded attempts: a retried attempt's batch is normally never published (the transitions worker skips an
+attempt whose next attempt the rollouts topic already announced: see ``consumers.transitions.worker``). Should
+one arrive anyway, the book keeps only the latest attempt of each rollout, replacing a provisional failed
+attempt when its retry arrives and ignoring older ones (``older_attempts``), so a superseded attempt never
+reaches a training batch.
 """
 
 from __future__ import annotations

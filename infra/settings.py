@@ -24,6 +24,7 @@ __all__ = [
     "KafkaSettings",
     "LogSettings",
     "default_home",
+    "settings_help",
 ]
 
 
@@ -82,8 +83,21 @@ class ClickHouseSettings(BaseModel):
     database: str = Field(default="fulmen", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     read_host: str = Field(default="127.0.0.1", description="where the owner of the embedded store serves reads")
     read_port: int = Field(default=8124, ge=0, le=65535, description="0 = do not serve reads")
+    read_token: SecretStr | None = Field(
+        default=None, description="bearer token the read endpoint requires (required when read_host is not loopback)"
+    )
+    read_url: SecretStr | None = Field(
+        default=None, description="a ClickHouse server: connect reads as this (readonly) user instead of url's"
+    )
+    # Limits of every read-only query (fulmen sql, the read endpoint): a read never runs unbounded.
+    read_max_execution_s: float = Field(default=30.0, gt=0, description="a read is cancelled after this long")
+    read_max_memory_bytes: int = Field(default=2 * 1024**3, gt=0, description="memory one read may use")
+    read_max_result_rows: int = Field(default=1_000_000, gt=0, description="rows one read may return")
+    read_max_result_bytes: int = Field(default=256 * 1024**2, gt=0, description="bytes one read may return")
+    read_max_threads: int = Field(default=1, ge=1, description="engine threads per read (ingestion keeps the rest)")
+    read_concurrency: int = Field(default=2, ge=1, le=64, description="reads run at once; more wait their turn")
 
-    @field_validator("url")
+    @field_validator("url", "read_url")
     @classmethod
     def _url_is_http(cls, value: SecretStr | None) -> SecretStr | None:
         if value is None or not value.get_secret_value():
@@ -137,17 +151,51 @@ class FulmenSettings(BaseSettings):
         return self.clickhouse.path or self.home / "chdb"
 
     def masked(self) -> dict[str, Any]:
-        """Everything in force, secrets (passwords, and the password part of URLs) masked."""
-        data = self.model_dump(mode="json")
-        url = self.clickhouse.url.get_secret_value() if self.clickhouse.url else None
-        if url:
-            parts = urlsplit(url)
-            netloc = parts.hostname or ""
-            if parts.port:
-                netloc = f"{netloc}:{parts.port}"
-            if parts.username:
-                netloc = f"{parts.username}:***@{netloc}" if parts.password else f"{parts.username}@{netloc}"
-            data["clickhouse"]["url"] = parts._replace(netloc=netloc).geturl()
-        if self.kafka.sasl_password is not None:
-            data["kafka"]["sasl_password"] = "***"
-        return data
+        """Everything in force, every section a subclass adds included, with secrets masked: every
+        ``SecretStr`` is ``***`` (a URL one shows as :func:`infra.http.mask_url` of it, user name kept; aiohttp is
+        imported only then), and every string that
+        looks like a URL loses its credentials (``user:password@``, secret-looking query values)."""
+        return _mask(self, self.model_dump(mode="json"))
+
+
+def _mask(model: BaseModel, data: dict[str, Any]) -> dict[str, Any]:
+    for name in type(model).model_fields:
+        value, dumped = getattr(model, name, None), data.get(name)
+        if isinstance(value, BaseModel) and isinstance(dumped, dict):
+            data[name] = _mask(value, dumped)
+        elif isinstance(value, SecretStr):
+            secret = value.get_secret_value()
+            data[name] = _mask_keeping_user(secret) if "://" in secret else "***"
+        elif isinstance(dumped, str) and "://" in dumped:
+            data[name] = _mask_keeping_user(dumped)
+    return data
+
+
+def _mask_keeping_user(url: str) -> str:
+    """:func:`infra.http.mask_url` of ``url``, with the user name shown (``user:***@host``)."""
+    from infra.http import mask_url
+
+    masked = mask_url(url)
+    try:
+        parts = urlsplit(url)
+        user = parts.username
+    except ValueError:
+        return masked
+    if not user or "://" not in masked:
+        return masked
+    scheme, _, rest = masked.partition("://")
+    return f"{scheme}://{user}{':***' if parts.password is not None else ''}@{rest}"
+
+
+def settings_help(section: type[BaseModel], env_prefix: str) -> list[str]:
+    """One line per field of ``section``: its variable (``env_prefix`` + field name), default and meaning.
+
+    Generated from the model, so command help never drifts from the settings (``fulmen runner --help``).
+    """
+    lines = []
+    for name, field in section.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        shown = "unset" if default is None else repr(default) if default == "" else str(default)
+        meaning = f": {field.description}" if field.description else ""
+        lines.append(f"{env_prefix}{name.upper()} (default {shown}){meaning}")
+    return lines

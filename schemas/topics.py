@@ -3,6 +3,11 @@
 The names here are defaults. A deployment can add a prefix (``FULMEN_KAFKA_TOPIC_PREFIX``) to run several
 Fulmen installations, or test sessions, on one cluster; resolve names with :func:`topic_name`. Nothing else
 may spell a topic name.
+
+Consumer groups take the same prefix, so two deployments that share a cluster by prefix never share a group:
+Fulmen's own group ids (:data:`GROUPS`, and the per-sink groups under ``fulmen.consumers.``) are resolved with
+:func:`group_name`, which :func:`infra.kafka.clients.consumer` applies to every group it joins. A group id
+outside Fulmen's names (one set explicitly, e.g. ``FULMEN_RUNNER_GROUP=my-runners``) is used as given.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from enum import StrEnum
 
 from schemas.events import Event, ModelVersion, RolloutEvent, RolloutRequest, TrainStep, TransitionBatch
 
-__all__ = ["TOPICS", "Topic", "TopicKey", "topic", "topic_name"]
+__all__ = ["GROUPS", "TOPICS", "GroupKey", "Topic", "TopicKey", "group_name", "topic", "topic_name"]
 
 
 class TopicKey(StrEnum):
@@ -111,3 +116,34 @@ def topic(key: TopicKey | str) -> Topic:
 def topic_name(key: TopicKey | str, prefix: str = "") -> str:
     """The name of topic ``key`` in a deployment whose topics carry ``prefix``."""
     return f"{prefix}{topic(key).name}"
+
+
+class GroupKey(StrEnum):
+    """Stable handles for Fulmen's own consumer groups."""
+
+    RUNNERS = "runners"
+    CONSUMERS = "consumers"
+    TRAINER = "trainer"
+
+
+GROUPS: dict[GroupKey, str] = {
+    GroupKey.RUNNERS: "fulmen.runners",  # the runners, over the tasks topic
+    GroupKey.CONSUMERS: "fulmen.consumers",  # one group per sink of `fulmen consume`: fulmen.consumers.<sink>
+    GroupKey.TRAINER: "fulmen.trainer",  # the trainer's collector, over the transitions topic
+}
+
+
+def _fulmen_group(group_id: str) -> bool:
+    consumers = GROUPS[GroupKey.CONSUMERS]
+    return group_id in GROUPS.values() or group_id.startswith(f"{consumers}.")
+
+
+def group_name(group_id: str | GroupKey, prefix: str = "") -> str:
+    """The consumer group id to join for ``group_id`` in a deployment whose topics carry ``prefix``.
+
+    A :class:`GroupKey`, or one of Fulmen's default group names (``fulmen.runners``, ``fulmen.trainer``,
+    ``fulmen.consumers.<sink>``), takes the prefix; any other id was chosen explicitly and is kept as given.
+    Apply it once, to the configured name (never to a name it already returned).
+    """
+    name = GROUPS[group_id] if isinstance(group_id, GroupKey) else group_id
+    return f"{prefix}{name}" if _fulmen_group(name) else name

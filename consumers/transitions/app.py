@@ -2,8 +2,9 @@
 
 It has its own consumer group over the rollouts topic (``<group_prefix>.transition_builder``), reads the spans
 group's committed offsets for its barrier (``<group_prefix>.spans`` unless ``FULMEN_TRANSITIONS_SPANS_GROUP``
-says otherwise), and publishes with a producer of its own whose request limit fits the transitions topic's
-``max.message.bytes`` (a batch of long episodes is larger than the default 1 MiB).
+says otherwise; Fulmen's group names take ``FULMEN_KAFKA_TOPIC_PREFIX``, see ``schemas.topics.group_name``),
+and publishes with a producer of its own whose request limit fits the transitions topic's ``max.message.bytes``
+(a batch of long episodes is larger than the default 1 MiB).
 """
 
 from __future__ import annotations

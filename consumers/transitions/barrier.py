@@ -30,7 +30,7 @@ from typing import Any
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
-from infra.kafka.clients import admin_client, close_quietly, consumer, start_or_raise
+from infra.kafka.clients import admin_client, close_quietly, consumer, consumer_group, start_or_raise
 from infra.settings import FulmenSettings
 
 __all__ = ["OffsetBarrier", "Round", "Snapshot", "WaitingRounds", "behind"]
@@ -52,9 +52,10 @@ class OffsetBarrier:
     """Reads the spans topic's end offsets and the spans group's commits. :meth:`start` it, :meth:`stop` it."""
 
     def __init__(self, settings: FulmenSettings, spans_topic: str, spans_group: str) -> None:
+        """``spans_group`` is the configured name; the group read is the one the spans consumer joined."""
         self.settings = settings
         self.spans_topic = spans_topic
-        self.spans_group = spans_group
+        self.spans_group = consumer_group(settings, spans_group)
         self._offsets = consumer(settings, None)  # no group: only asks for end offsets
         self._admin = admin_client(settings)
         self._coordinator: int | None = None

@@ -16,6 +16,16 @@ Late spans (``late``): a watched rollout that received spans after its build is 
 and published again with a newer ``created_at`` (the transitions table keeps the newest row per call; readers
 of the topic keep the newest batch of a rollout attempt); a WARNING says so.
 
+Superseded attempts, end to end: a failed or timed-out attempt that will be retried has no reward and must
+never reach training. The runner publishes ``queued`` for attempt N+1 *before* attempt N's terminal event (one
+batch, same key, same partition; a runner taking over a lost attempt does the same), so when this worker reads
+attempt N's end, :class:`~consumers.transitions.window.AttemptTracker` already knows attempt N+1 and the end is
+only acknowledged (``stats.superseded``): no rows in the transitions table, no batch on the topic, however long
+the retry waits for a runner slot. An attempt N+1 that begins while N's event waits at the barrier supersedes
+it too (checked again before building). Last line: the trainer's collector keeps only the latest attempt per
+rollout (``algorithm.groups``), for batches built before a later attempt was known (events from before this
+rule, or a tracker that forgot the rollout).
+
 Store or broker failures are retried with backoff until they succeed or ``stop`` is set; nothing is committed
 past an event whose batch is not out. All of this runs in one task, so a rebalance (which runs inside the poll)
 never meets a half-built round.

@@ -236,7 +236,7 @@ def otlp_gateway(
 @friendly
 def llm_gateway(
     model: Annotated[
-        str | None, typer.Option(help="model directory, or the upstream's model (FULMEN_LLM_MODEL)")
+        str | None, typer.Option(help="model directory, 'tiny', or the upstream's model (FULMEN_LLM_MODEL)")
     ] = None,
     backend: Annotated[str | None, typer.Option(help="transformers, vllm or openai (FULMEN_LLM_BACKEND)")] = None,
     upstream_url: Annotated[
@@ -254,6 +254,11 @@ def llm_gateway(
         if value is not None:
             setattr(settings.llm, name, value)
     settings = LlmGatewaySettings.model_validate(settings.model_dump())  # re-check what the options changed
+    if settings.llm.model == "tiny" and settings.llm.backend == "transformers":
+        from algorithm.tiny_model import build_tiny_model
+        from producers.llm_gateway.tiny import build_once, tiny_model_dir
+
+        settings.llm.model = str(build_once(tiny_model_dir(settings.home), build_tiny_model))
     _run_until_signal(lambda: LlmGateway(settings))
 
 
@@ -270,7 +275,20 @@ def _run_until_signal(build: Callable[[], Any]) -> None:
     asyncio.run(main())
 
 
-@app.command("runner")
+class _RunnerHelp(typer.core.TyperCommand):
+    """`fulmen runner --help` ends with the FULMEN_RUNNER_* settings, generated from the settings model when
+    help is asked for (so the runner's modules are imported only then)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        from infra.settings import settings_help
+        from producers.runner.settings import RunnerSection
+
+        lines = settings_help(RunnerSection, "FULMEN_RUNNER_")
+        self.epilog = "\n\n".join(["Settings (environment variables, or .env):", *lines])
+        super().format_help(ctx, formatter)
+
+
+@app.command("runner", cls=_RunnerHelp)
 @friendly
 def runner(
     agent: Annotated[str | None, typer.Option(help="the agent, module:function (FULMEN_RUNNER_AGENT)")] = None,
@@ -409,8 +427,16 @@ def _query(reader: Any, sql: str, *, final: bool = True) -> Any:
 @config_app.command("show")
 @friendly
 def config_show() -> None:
-    """Print the settings in force, secrets masked."""
-    console.print_json(json.dumps(_settings().masked()))
+    """Print the settings in force (shared sections and every process's own), secrets masked."""
+    from algorithm.settings import TrainSettings
+    from producers.llm_gateway.settings import LlmGatewaySettings
+    from producers.otlp_gateway.settings import OtlpGatewaySettings
+    from producers.runner.settings import RunnerSettings
+
+    shown: dict[str, Any] = {}
+    for cls in (FulmenSettings, RunnerSettings, OtlpGatewaySettings, LlmGatewaySettings, TrainSettings):
+        shown.update(_settings(cls).masked())
+    console.print_json(json.dumps(shown))
 
 
 @schemas_app.command("export")

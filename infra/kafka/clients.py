@@ -18,8 +18,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from aiokafka.helpers import create_ssl_context
 
-from infra.errors import BrokerUnavailableError
+from infra.errors import BrokerUnavailableError, ConfigurationError
 from infra.settings import FulmenSettings
+from schemas.topics import group_name
 
 __all__ = [
     "admin_client",
@@ -27,6 +28,7 @@ __all__ = [
     "close_quietly",
     "connection_kwargs",
     "consumer",
+    "consumer_group",
     "producer",
     "start_or_raise",
 ]
@@ -47,10 +49,31 @@ def connection_kwargs(settings: FulmenSettings) -> dict[str, Any]:
     if kafka.security_protocol in ("SSL", "SASL_SSL"):
         kwargs["ssl_context"] = _ssl_context(settings)
     if kafka.security_protocol.startswith("SASL"):
+        _check_sasl(settings)
         kwargs["sasl_mechanism"] = kafka.sasl_mechanism or "PLAIN"
         kwargs["sasl_plain_username"] = kafka.sasl_username
         kwargs["sasl_plain_password"] = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
     return kwargs
+
+
+_SASL_SUPPORTED = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def _check_sasl(settings: FulmenSettings) -> None:
+    """SASL settings the clients can use, or a :class:`ConfigurationError` saying what to set."""
+    kafka = settings.kafka
+    mechanism = kafka.sasl_mechanism or "PLAIN"
+    if mechanism not in _SASL_SUPPORTED:
+        raise ConfigurationError(
+            f"FULMEN_KAFKA_SASL_MECHANISM={mechanism} is not supported (it needs a token provider that Fulmen "
+            f"does not configure); supported: {', '.join(_SASL_SUPPORTED)}. Set FULMEN_KAFKA_SASL_MECHANISM to "
+            "one of them with FULMEN_KAFKA_SASL_USERNAME and FULMEN_KAFKA_SASL_PASSWORD"
+        )
+    if not kafka.sasl_username or kafka.sasl_password is None:
+        raise ConfigurationError(
+            f"FULMEN_KAFKA_SECURITY_PROTOCOL={kafka.security_protocol} with SASL {mechanism} needs "
+            "FULMEN_KAFKA_SASL_USERNAME and FULMEN_KAFKA_SASL_PASSWORD"
+        )
 
 
 def _ssl_context(settings: FulmenSettings) -> ssl.SSLContext:
@@ -70,15 +93,24 @@ def producer(settings: FulmenSettings, **overrides: Any) -> AIOKafkaProducer:
     return AIOKafkaProducer(**kwargs)
 
 
+def consumer_group(settings: FulmenSettings, group_id: str) -> str:
+    """The group id actually joined for a configured ``group_id``: Fulmen's own group names take the topic
+    prefix (:func:`schemas.topics.group_name`); an explicitly chosen id is kept as given. Use it wherever a
+    group is named to the broker (admin calls, dead-letter headers) so they match what :func:`consumer` joins."""
+    return group_name(group_id, settings.kafka.topic_prefix)
+
+
 def consumer(settings: FulmenSettings, group_id: str | None, *topics: str, **overrides: Any) -> AIOKafkaConsumer:
     """A consumer that never auto-commits and starts from the earliest offset when its group has none.
+
+    ``group_id`` is the configured name; the group joined is :func:`consumer_group` of it (None: no group).
 
     ``max_poll_interval_ms`` is generous so a slow batch (a store insert, a long rollout) does not get the
     consumer thrown out of its group.
     """
     kwargs = connection_kwargs(settings)
     kwargs.update(
-        group_id=group_id,
+        group_id=consumer_group(settings, group_id) if group_id is not None else None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         isolation_level="read_committed",

@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
 from schemas.events import DeadLetterHeaders
-from schemas.topics import TopicKey, topic_name
+from schemas.topics import TopicKey, group_name, topic_name
 
 __all__ = ["DeadLetters"]
 
@@ -29,7 +29,8 @@ class DeadLetters:
     def __init__(self, producer: AIOKafkaProducer, *, prefix: str = "", consumer_group: str = "") -> None:
         self.producer = producer
         self.topic = topic_name(TopicKey.DLQ, prefix)
-        self.consumer_group = consumer_group
+        # the configured group name, resolved as the consumer joined it (prefixed when it is one of Fulmen's)
+        self.consumer_group = group_name(consumer_group, prefix) if consumer_group else ""
         self._pending: list[asyncio.Future[Any]] = []
         self.sent = 0
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from infra.errors import ConfigurationError
 
-__all__ = ["AgentError", "LLMEndpoint", "call_agent", "load_agent"]
+__all__ = ["AgentError", "LLMEndpoint", "call_agent", "check_reward", "load_agent"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,11 @@ async def call_agent(agent: Callable[..., Any], task: dict[str, Any], llm: LLMEn
         raise
     except Exception as exc:
         raise AgentError(f"{type(exc).__name__}: {exc}") from exc
+    return check_reward(result)
+
+
+def check_reward(result: Any) -> float | None:
+    """The agent's result as a reward; anything but a finite number or None is an :class:`AgentError`."""
     if result is None:
         return None
     if isinstance(result, bool) or not isinstance(result, int | float) or not math.isfinite(result):

@@ -9,8 +9,18 @@ Lifecycle of a request (a record of the tasks topic):
 2. Run: publish ``claimed`` and ``running``; call the agent inside a ``fulmen.rollout`` span (every span the
    agent makes is stamped with the rollout), under the request's timeout; flush the spans.
 3. Finish: if the attempt failed or timed out and attempts remain, publish the retry request (attempt + 1)
-   first; then the terminal event (``succeeded`` with the reward, ``failed``, ``timed_out``); only then is
-   the record's offset committed (in offset order per partition, whatever order rollouts finish in).
+   first; then, in one batch on the rollouts topic, ``queued`` for attempt + 1 followed by the terminal event
+   (``succeeded`` with the reward, ``failed``, ``timed_out``); only then is the record's offset committed (in
+   offset order per partition, whatever order rollouts finish in).
+
+Superseded attempts: because ``queued`` of the next attempt precedes a retried attempt's end on the rollouts
+topic (same key, same partition), every reader of that topic knows the attempt is superseded when it sees its
+end, however long the retry waits for a free slot: the transitions consumer never builds it (no rows in the
+transitions table, no batch on ``fulmen.transitions``), so a failed attempt that is retried never reaches
+training. A runner taking over a lost attempt publishes the same pair.
+
+Sync agents run in a capped thread pool or, with ``FULMEN_RUNNER_SYNC_ISOLATION=process``, in a process per
+rollout that is killed on timeout (``producers.runner.sync``).
 
 A runner killed at any point therefore loses nothing: the uncommitted request comes back to another runner,
 which sees the lost claim and runs the next attempt. On SIGTERM the runner stops taking requests, lets the
@@ -22,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import socket
@@ -39,13 +50,14 @@ from opentelemetry.trace import Status, StatusCode
 
 from infra.errors import DecodeError
 from infra.kafka.admin import partition_count
-from infra.kafka.clients import admin_client, close_quietly, consumer, producer, start_or_raise
+from infra.kafka.clients import admin_client, close_quietly, consumer, consumer_group, producer, start_or_raise
 from infra.kafka.dlq import DeadLetters
 from infra.kafka.publish import EventPublisher
 from producers.runner.agent import AgentError, LLMEndpoint, call_agent
 from producers.runner.ledger import RolloutLedger
 from producers.runner.offsets import PartitionProgress
 from producers.runner.settings import RunnerSettings
+from producers.runner.sync import sync_caller
 from producers.runner.tracing import CURRENT_ROLLOUT, CoalescedFlush, build_tracer_provider
 from schemas import semconv
 from schemas.codec import decode
@@ -93,6 +105,10 @@ class Runner:
         self.provider = tracer_provider or build_tracer_provider(self.options.otlp_endpoint or None)
         self.tracer = self.provider.get_tracer("fulmen.runner")
         self.flusher = CoalescedFlush(self.provider)
+        self.sync_agent = None if inspect.iscoroutinefunction(agent) else sync_caller(
+            self.options.sync_isolation, agent, self.options.agent,
+            max_threads=self.options.max_sync_threads, otlp_endpoint=self.options.otlp_endpoint or None,
+        )  # fmt: skip
         self.running: dict[str, asyncio.Task[None]] = {}  # rollout id -> its task
         self.reporting: set[str] = set()  # of those, the ones whose agent is done (flushing and reporting)
         self.watching: list[_Pending] = []
@@ -117,6 +133,8 @@ class Runner:
             await self._shutdown()
         finally:
             await close_quietly(clients)
+            if self.sync_agent is not None:
+                self.sync_agent.close()
 
     async def _shutdown(self) -> None:
         if self.tasks.assignment():
@@ -182,7 +200,8 @@ class Runner:
     async def _decide_and_start(self, pending: _Pending) -> None:
         request = pending.request
         state = self.ledger.get(request.rollout_id)
-        if state is None or state.attempt < request.attempt or state.status is RolloutStatus.QUEUED:
+        queued = state is not None and state.attempt == request.attempt and state.status is RolloutStatus.QUEUED
+        if state is None or state.attempt < request.attempt or queued:
             self._start(pending, request)
         elif state.attempt > request.attempt or state.status.terminal:
             self.completed["skipped"] += 1  # an older attempt's copy, or an attempt that already ended
@@ -202,8 +221,9 @@ class Runner:
             self._finish(pending.tp, pending.offset)
             return
         log.warning("rollout %s: %s; running attempt %d", request.rollout_id, error, lost_attempt + 1)
-        await self._publish_event(lost)
-        self._start(pending, request.model_copy(update={"attempt": lost_attempt + 1}))
+        retry = request.model_copy(update={"attempt": lost_attempt + 1})
+        await self._publish_events(self._event(retry, RolloutStatus.QUEUED), lost)  # superseded before it ends
+        self._start(pending, retry)
 
     def _start(self, pending: _Pending, request: RolloutRequest) -> None:
         task = asyncio.create_task(self._run_rollout(pending, request), name=f"rollout-{request.rollout_id}")
@@ -211,8 +231,9 @@ class Runner:
         task.add_done_callback(lambda done: self._ended(request.rollout_id, done))
 
     def _ended(self, rollout_id: str, task: asyncio.Task[None]) -> None:
-        self.running.pop(rollout_id, None)
-        self.reporting.discard(rollout_id)
+        if self.running.get(rollout_id) is task:  # not a later attempt of the rollout started meanwhile
+            self.running.pop(rollout_id)
+            self.reporting.discard(rollout_id)
         self._slot_freed.set()
         if not task.cancelled() and task.exception() is not None and self._fatal is None:
             # Kafka refused an event for good: stop, so the uncommitted request comes back after a restart,
@@ -229,9 +250,14 @@ class Runner:
         self.reporting.add(request.rollout_id)  # the agent's slot is free for the next request
         self._slot_freed.set()
         await self.flusher.flush()  # the spans are out before the end is reported
+        ended = self._event(request, status, reward=reward, error=error)
         if status is not RolloutStatus.SUCCEEDED and request.attempt < request.max_attempts:
-            await self.publisher.publish(TopicKey.TASKS, request.model_copy(update={"attempt": request.attempt + 1}))
-        await self._publish_event(self._event(request, status, reward=reward, error=error))
+            retry = request.model_copy(update={"attempt": request.attempt + 1})
+            await self.publisher.publish(TopicKey.TASKS, retry)
+            # queued(attempt + 1) before this attempt's end: readers know it is superseded when they see its end
+            await self._publish_events(self._event(retry, RolloutStatus.QUEUED), ended)
+        else:
+            await self._publish_event(ended)
         self.completed[status.value] += 1
         log.info("rollout %s attempt %d %s (reward %s)", request.rollout_id, request.attempt, status.value, reward)
         self._finish(pending.tp, pending.offset)
@@ -240,12 +266,13 @@ class Runner:
         llm = LLMEndpoint(
             base_url=f"{self.options.llm_base_url.rstrip('/')}/rollout/{request.rollout_id}/attempt/{request.attempt}/v1",
             model=self.options.model,
+            api_key=self.options.llm_api_key.get_secret_value(),
         )
         token = CURRENT_ROLLOUT.set(request)
         try:
             with self.tracer.start_as_current_span(semconv.SPAN_ROLLOUT, record_exception=False) as span:
                 try:
-                    reward = await asyncio.wait_for(call_agent(self.agent, request.input, llm), request.timeout_s)
+                    reward = await asyncio.wait_for(self._invoke(request.input, llm), request.timeout_s)
                 except TimeoutError:
                     span.set_status(Status(StatusCode.ERROR, "timed out"))
                     return RolloutStatus.TIMED_OUT, None, f"no result within {request.timeout_s:g}s"
@@ -257,6 +284,11 @@ class Runner:
                 return RolloutStatus.SUCCEEDED, reward, None
         finally:
             CURRENT_ROLLOUT.reset(token)
+
+    async def _invoke(self, task: dict[str, Any], llm: LLMEndpoint) -> float | None:
+        if self.sync_agent is None:
+            return await call_agent(self.agent, task, llm)
+        return await self.sync_agent.call(task, llm)
 
     def _event(self, request: RolloutRequest, status: RolloutStatus, **fields: Any) -> RolloutEvent:
         return RolloutEvent(
@@ -309,7 +341,7 @@ class Runner:
         admin = admin_client(self.settings)
         await start_or_raise(admin, self.settings, "group membership")
         try:
-            groups = await admin.describe_consumer_groups([self.options.group])
+            groups = await admin.describe_consumer_groups([consumer_group(self.settings, self.options.group)])
         finally:
             await admin.close()
         members = {m[1] for response in groups for group in response.groups for m in group[5]}

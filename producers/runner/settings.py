@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr
 
 from infra.settings import FulmenSettings
 
@@ -10,13 +12,42 @@ __all__ = ["RunnerSection", "RunnerSettings"]
 
 
 class RunnerSection(BaseModel):
+    """``FULMEN_RUNNER_*``: what the runner runs, where its agents' LLM calls and spans go, its consumer group."""
+
     agent: str = Field(default="", description="module:function of the agent to run")
     concurrency: int = Field(default=4, ge=1, le=1024, description="rollouts run at once by one runner")
-    group: str = Field(default="fulmen.runners", description="the runners' consumer group")
-    llm_base_url: str = Field(default="http://127.0.0.1:8000", description="the LLM gateway agents call")
+    group: str = Field(
+        default="fulmen.runners",
+        description="the runners' consumer group; the default takes FULMEN_KAFKA_TOPIC_PREFIX, another name is "
+        "used as given",
+    )
+    llm_base_url: str = Field(
+        default="http://127.0.0.1:8000",
+        description="the LLM gateway agents call (each rollout gets <url>/rollout/<id>/attempt/<n>/v1)",
+    )
     model: str = Field(default="fulmen", description="the model name handed to agents")
-    otlp_endpoint: str = Field(default="http://127.0.0.1:4318/v1/traces", description="'' = do not export spans")
+    llm_api_key: SecretStr = Field(
+        default=SecretStr("fulmen"),
+        description="the api_key handed to agents: the LLM gateway's FULMEN_LLM_BEARER_TOKEN when it requires one",
+    )
+    otlp_endpoint: str = Field(
+        default="http://127.0.0.1:4318/v1/traces", description="where the agents' spans go (OTLP/HTTP); '' = nowhere"
+    )
     shutdown_grace_s: float = Field(default=30.0, ge=0, description="on SIGTERM, time to finish running rollouts")
+    sync_isolation: Literal["thread", "process"] = Field(
+        default="thread",
+        description="where sync agents run: thread (cannot be stopped when they time out) or process (one "
+        "process per rollout, killed on timeout)",
+    )
+    sync_threads: int = Field(
+        default=0, ge=0, le=4096,
+        description="thread isolation: most sync agents running at once, timed-out ones included; "
+        "0 = 2 x concurrency",
+    )  # fmt: skip
+
+    @property
+    def max_sync_threads(self) -> int:
+        return self.sync_threads or 2 * self.concurrency
 
 
 class RunnerSettings(FulmenSettings):

@@ -4,13 +4,22 @@ The runner installs the global tracer provider, so spans from any instrumentatio
 framework's, the agent's own) pass through :class:`RolloutStamper`, which reads the rollout of the current
 asyncio task (a context variable, copied into the worker thread of a sync agent) and stamps it on the span.
 Spans are exported by OTLP/HTTP to the OTLP gateway and flushed before a rollout's end is reported.
+
+An agent that sets up OpenTelemetry itself, as its framework's docs say (its own ``TracerProvider`` with an
+OTLP exporter, installed globally when its module is imported, before the runner builds its provider), keeps
+its provider: the runner adds its stamper to it. If that provider already exports to the runner's OTLP endpoint
+the runner adds no exporter of its own (two would send every span twice) and uses the agent's provider for its
+own ``fulmen.rollout`` span and its flushes; if it exports elsewhere (or nowhere), the runner's exporter is
+added beside it, so Fulmen gets one copy.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextvars import ContextVar
 from typing import Any
+from urllib.parse import urlsplit
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -21,7 +30,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from schemas import semconv
 from schemas.events import RolloutRequest
 
-__all__ = ["CURRENT_ROLLOUT", "CoalescedFlush", "RolloutStamper", "build_tracer_provider"]
+__all__ = ["CURRENT_ROLLOUT", "CoalescedFlush", "RolloutStamper", "build_tracer_provider", "exports_to"]
+
+log = logging.getLogger(__name__)
 
 CURRENT_ROLLOUT: ContextVar[RolloutRequest | None] = ContextVar("fulmen_current_rollout", default=None)
 
@@ -49,7 +60,20 @@ class RolloutStamper(SpanProcessor):
 
 
 def build_tracer_provider(otlp_endpoint: str | None, *, install: bool = True) -> TracerProvider:
-    """A provider that stamps rollouts and exports to ``otlp_endpoint`` (None: export nowhere)."""
+    """The provider the runner traces with: it stamps rollouts and exports to ``otlp_endpoint`` (None: nowhere).
+
+    With ``install``, it becomes the global provider; when the process already has one (the agent's own), that
+    one is kept and joined as the module docstring says, and may be the provider returned.
+    """
+    current = trace.get_tracer_provider() if install else None
+    if isinstance(current, TracerProvider) and otlp_endpoint and exports_to(current, otlp_endpoint):
+        log.info(
+            "the agent installed its own tracer provider exporting to %s: the runner stamps its spans and adds no "
+            "second exporter",
+            otlp_endpoint,
+        )
+        current.add_span_processor(RolloutStamper())
+        return current
     provider = TracerProvider(resource=Resource.create({semconv.SERVICE_NAME: "fulmen-agent"}))
     provider.add_span_processor(RolloutStamper())
     if otlp_endpoint:
@@ -69,6 +93,30 @@ def _install(provider: Any) -> None:
             current.add_span_processor(processor)
         return
     trace.set_tracer_provider(provider)
+
+
+def exports_to(provider: TracerProvider, endpoint: str) -> bool:
+    """Whether one of ``provider``'s span processors exports (OTLP) to ``endpoint``."""
+    wanted = _endpoint_key(endpoint)
+    for processor in getattr(provider._active_span_processor, "_span_processors", ()):
+        exporter = getattr(processor, "span_exporter", None) or getattr(
+            getattr(processor, "_batch_processor", None), "_exporter", None
+        )
+        target = getattr(exporter, "_endpoint", None)
+        if isinstance(target, str) and _endpoint_key(target) == wanted:
+            return True
+    return False
+
+
+def _endpoint_key(url: str) -> tuple[str, str, int | None, str]:
+    parts = urlsplit(url.strip())
+    host = (parts.hostname or "").lower()
+    host = "127.0.0.1" if host in ("localhost", "::1") else host
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return parts.scheme.lower(), host, port, parts.path.rstrip("/")
 
 
 class CoalescedFlush:

@@ -119,5 +119,6 @@ class ConsumersApp:
         settings = self.settings.clickhouse
         if not self.store.embedded or not self.options.serve_reads or settings.read_port == 0:
             return None
-        self.read_endpoint = ReadEndpoint(self.store, settings.read_host, settings.read_port)
+        token = settings.read_token.get_secret_value() if settings.read_token else None
+        self.read_endpoint = ReadEndpoint(self.store, settings.read_host, settings.read_port, token=token)
         return self.read_endpoint

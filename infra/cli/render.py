@@ -38,7 +38,9 @@ def render(result: QueryResult, fmt: str, console: Console) -> None:
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
     if fmt == "table":
-        table = Table(*result.columns, show_lines=False)
+        table = Table(show_lines=False)
+        for column in result.columns:
+            table.add_column(column, overflow="fold")  # long values wrap inside their cell, never cut
         for row in result.rows:
             table.add_row(*(_cell(v) for v in row))
         console.print(table)
@@ -46,7 +48,7 @@ def render(result: QueryResult, fmt: str, console: Console) -> None:
         return
     out = io.StringIO()
     if fmt == "csv":
-        writer = csv.writer(out)
+        writer = csv.writer(out, lineterminator="\n")  # Unix lines, for shell pipelines
         writer.writerow(result.columns)
         for row in result.rows:
             writer.writerow([_csv_cell(v) for v in row])

@@ -1,16 +1,21 @@
-"""The ClickHouse store (embedded chdb or a server), and read-only SQL over HTTP for the embedded one."""
+"""The ClickHouse store (embedded chdb or a server), read-only SQL with limits, and its HTTP endpoint."""
 
 from infra.store.read_endpoint import ReadEndpoint, RemoteReader
-from infra.store.store import QueryResult, ReadOnlyError, RowBinary, Store
+from infra.store.reads import QueryResult, SqlReader
+from infra.store.sql_guard import ReadOnlyError
+from infra.store.store import RowBinary, Store
 
-__all__ = ["QueryResult", "ReadEndpoint", "ReadOnlyError", "RemoteReader", "RowBinary", "Store", "open_reader"]
+__all__ = [
+    "QueryResult", "ReadEndpoint", "ReadOnlyError", "RemoteReader", "RowBinary", "SqlReader", "Store", "open_reader",
+]  # fmt: skip
 
 
 def open_reader(settings):
     """Where reads go: the ClickHouse server; else the embedded store's owner if one serves reads; else the
     embedded store itself (which fails with a clear message if another process holds it)."""
     if settings.clickhouse.url is None:
-        remote = RemoteReader.find(settings.clickhouse.read_host, settings.clickhouse.read_port)
+        token = settings.clickhouse.read_token.get_secret_value() if settings.clickhouse.read_token else None
+        remote = RemoteReader.find(settings.clickhouse.read_host, settings.clickhouse.read_port, token)
         if remote is not None:
             return remote
     return Store.open(settings)

@@ -1,18 +1,29 @@
 """Read-only SQL over HTTP for the embedded store, served by the process that owns it.
 
 chdb lets one process open a store directory, so in local mode the consumers process serves reads to
-everyone else (``fulmen sql``, reports, dashboards). Two routes, both refusing writes and DDL:
+everyone else (``fulmen sql``, reports, dashboards). Every query runs through the store's
+:class:`~infra.store.reads.SqlReader`: parsed by ClickHouse, allowed only if it is a read, bounded by the
+``FULMEN_CLICKHOUSE_READ_*`` limits, and cancelled in the engine when its client goes away.
 
-* ``POST /query`` with ``{"sql": "...", "final": true}`` answers an Arrow IPC stream (exact types), used
-  by :class:`RemoteReader`;
-* ``GET|POST /?query=...`` in the manner of ClickHouse's HTTP interface, answering in ``default_format``
-  (TabSeparated unless the query says ``FORMAT ...``), for curl and scripts:
-  ``curl 'http://127.0.0.1:8124/?query=SELECT+count()+FROM+fulmen.otel_traces'``.
+Routes:
+
+* ``GET /ping``: who answers here (no query; open).
+* ``POST /query`` with ``{"sql": "...", "final": true}``: an Arrow IPC stream (exact types), used by
+  :class:`RemoteReader`.
+* ``GET|POST /?query=...`` in the manner of ClickHouse's HTTP interface, for curl and scripts:
+  ``curl 'http://127.0.0.1:8124/?query=SELECT+count()+FROM+fulmen.otel_traces'``. The answer is in the
+  query's own ``FORMAT`` if it has one, else in ``default_format`` (TabSeparated).
+
+Who may ask: with ``FULMEN_CLICKHOUSE_READ_TOKEN`` set, every query needs ``Authorization: Bearer <token>``
+(required when the endpoint listens beyond loopback). Without a token it listens on loopback only and refuses
+requests a web page could make: a ``Host`` that is not this loopback address (DNS rebinding), an ``Origin``
+of another site, or ``Sec-Fetch-Site: cross-site``. Only GET and POST are served.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 from typing import Any
@@ -22,7 +33,10 @@ import pyarrow as pa
 from aiohttp import web
 
 from infra.errors import ConfigurationError, PoisonInputError, RetryableError
-from infra.store.store import QueryResult, Store
+from infra.http import bearer_auth_middleware, body_limit_middleware, read_body, server_options
+from infra.store.reads import QueryResult, SqlReader
+from infra.store.sql_guard import ReadOnlyError
+from infra.store.store import Store
 
 __all__ = ["ReadEndpoint", "RemoteReader"]
 
@@ -30,23 +44,41 @@ log = logging.getLogger(__name__)
 
 _MARKER = "fulmen-read-endpoint"
 _ARROW_STREAM = "application/vnd.apache.arrow.stream"
+_MAX_BODY_BYTES = 1024 * 1024
+_READ_TIMEOUT_S = 30.0
+_DISCONNECT_POLL_S = 0.2
 
 
 class ReadEndpoint:
-    """Serves :meth:`Store.query_raw` over HTTP. ``port=0`` picks a free port (see :attr:`port`)."""
+    """Serves the store's :class:`SqlReader` over HTTP. ``port=0`` picks a free port (see :attr:`port`)."""
 
-    def __init__(self, store: Store, host: str, port: int) -> None:
+    def __init__(self, store: Store, host: str, port: int, *, token: str | None = None) -> None:
+        if not token and not _is_loopback(host):
+            raise ConfigurationError(
+                f"the read endpoint would listen on {host} without a token: set FULMEN_CLICKHOUSE_READ_TOKEN, "
+                "or FULMEN_CLICKHOUSE_READ_HOST=127.0.0.1"
+            )
         self.store = store
+        self.reader: SqlReader = store.reader()
         self.host = host
         self.port = port
+        self.token = token or None
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
-        app = web.Application(client_max_size=1024 * 1024)
+        app = web.Application(
+            client_max_size=_MAX_BODY_BYTES,
+            middlewares=[
+                body_limit_middleware(_MAX_BODY_BYTES),
+                self._same_site_only,
+                bearer_auth_middleware(self.token, open_paths=frozenset({"/ping"})),
+            ],
+        )
         app.router.add_get("/ping", self._ping)
         app.router.add_post("/query", self._query)
-        app.router.add_route("*", "/", self._clickhouse_style)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        app.router.add_get("/", self._clickhouse_style)
+        app.router.add_post("/", self._clickhouse_style)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, **server_options(_READ_TIMEOUT_S))
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         try:
@@ -62,58 +94,120 @@ class ReadEndpoint:
         log.info("read-only SQL for %s at http://%s:%d/", self.store.location, self.host, self.port)
 
     async def stop(self) -> None:
+        self.reader.cancel_all()  # a long read must not hold the process's shutdown
         if self._runner is not None:
             await self._runner.cleanup()
 
+    # --- who may ask ----------------------------------------------------------------------------------------
+    @web.middleware
+    async def _same_site_only(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path != "/ping":
+            refusal = self._cross_site(request)
+            if refusal:
+                log.warning("read endpoint refused %s %s: %s", request.method, request.path, refusal)
+                return web.Response(status=403, text=f"{refusal}\n")
+        return await handler(request)
+
+    def _cross_site(self, request: web.Request) -> str | None:
+        if request.headers.get("Sec-Fetch-Site", "none") not in ("none", "same-origin"):
+            return "cross-site requests are refused"
+        origin = request.headers.get("Origin")
+        if origin is not None and origin != f"http://{request.host}":
+            return f"requests from origin {origin!r} are refused"
+        if self.token is None and not _is_loopback(request.url.host or ""):
+            return f"Host {request.host!r} is not this endpoint's loopback address"
+        return None
+
+    # --- routes ---------------------------------------------------------------------------------------------
     async def _ping(self, request: web.Request) -> web.Response:
-        return web.json_response({"service": _MARKER, "store": self.store.location, "database": self.store.database})
+        return web.json_response({"service": _MARKER, "database": self.store.database, "token": bool(self.token)})
 
     async def _query(self, request: web.Request) -> web.Response:
+        body = await read_body(request, max_bytes=_MAX_BODY_BYTES, timeout_s=_READ_TIMEOUT_S)
         try:
-            body = await request.json()
-            sql, final = str(body["sql"]), bool(body.get("final", True))
-        except (ValueError, KeyError, TypeError):
+            payload = json.loads(body)
+            sql, final = payload["sql"], payload.get("final", True)
+            if not isinstance(sql, str) or not isinstance(final, bool):
+                raise TypeError
+        except (ValueError, KeyError, TypeError, RecursionError):
             return web.Response(status=400, text='body must be JSON {"sql": "...", "final": true}\n')
-        return await self._run(sql, "ArrowStream", final, _ARROW_STREAM)
+        return await self._answer(request, lambda tag: (self.reader.arrow_ipc(sql, final=final, tag=tag), None))
 
     async def _clickhouse_style(self, request: web.Request) -> web.Response:
         sql = request.query.get("query", "")
         if request.method == "POST":
-            body = (await request.read()).decode(errors="replace")
-            sql = f"{sql}\n{body}" if sql else body
+            body = await read_body(request, max_bytes=_MAX_BODY_BYTES, timeout_s=_READ_TIMEOUT_S)
+            try:
+                text = body.decode()
+            except UnicodeDecodeError:
+                return web.Response(status=400, text="the body must be UTF-8 SQL\n")
+            sql = f"{sql}\n{text}" if sql else text
         fmt = request.query.get("default_format", "TabSeparated")
         final = request.query.get("final", "1") not in ("0", "false")
-        return await self._run(sql.strip(), fmt, final, "text/plain; charset=utf-8")
+        return await self._answer(request, lambda tag: self.reader.raw(sql, fmt, final=final, tag=tag))
 
-    async def _run(self, sql: str, fmt: str, final: bool, content_type: str) -> web.Response:
+    async def _answer(self, request: web.Request, run: Any) -> web.Response:
+        """Run the read off the loop; cancel it in the engine if the client leaves first."""
+        tag = self.reader.new_tag()
+        work = asyncio.ensure_future(asyncio.to_thread(run, tag))
         try:
-            data = await asyncio.to_thread(self.store.query_raw, sql, fmt, final=final, read_only=True)
-        except PoisonInputError as exc:
-            return web.Response(status=403, text=f"{exc}\n")
-        except Exception as exc:  # the engine's message is what the user needs
-            return web.Response(status=400, text=f"{exc}\n")
-        return web.Response(body=data, headers={"Content-Type": content_type})
+            while not work.done():
+                await asyncio.wait({work}, timeout=_DISCONNECT_POLL_S)
+                transport = request.transport
+                if not work.done() and (transport is None or transport.is_closing()):
+                    self.reader.cancel(tag)
+            data, fmt = work.result()
+        except asyncio.CancelledError:
+            self.reader.cancel(tag)
+            raise
+        except ReadOnlyError as exc:
+            return _text(403, exc)
+        except RetryableError as exc:
+            return web.Response(status=503, text=f"{_encodable(str(exc))}\n", headers={"Retry-After": "1"})
+        except PoisonInputError as exc:  # the engine's message is what the user needs
+            return _text(400, exc)
+        content_type = _ARROW_STREAM if fmt is None else "text/plain; charset=utf-8"
+        return web.Response(body=data, headers={"Content-Type": content_type, "X-ClickHouse-Format": fmt or "Arrow"})
+
+
+def _text(status: int, exc: Exception) -> web.Response:
+    return web.Response(status=status, text=f"{_encodable(str(exc))}\n")
+
+
+def _encodable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class RemoteReader:
     """Queries a :class:`ReadEndpoint`; answers like :meth:`Store.query`."""
 
-    def __init__(self, base_url: str, timeout_s: float = 300.0) -> None:
+    def __init__(self, base_url: str, timeout_s: float = 300.0, token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.location = base_url
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     @classmethod
-    def find(cls, host: str, port: int) -> RemoteReader | None:
+    def find(cls, host: str, port: int, token: str | None = None) -> RemoteReader | None:
         """The endpoint at host:port if one of ours answers there, else None."""
         if port == 0:
             return None
-        url = f"http://{host}:{port}"
+        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
         try:
             answer = httpx.get(f"{url}/ping", timeout=2.0)
             if answer.status_code == 200 and answer.json().get("service") == _MARKER:
-                return cls(url)
-        except (httpx.HTTPError, ValueError, json.JSONDecodeError):
+                return cls(url, token=token)
+        except (httpx.HTTPError, ValueError):
             return None
         return None
 
@@ -121,13 +215,20 @@ class RemoteReader:
         if parameters:
             raise ValueError("the read endpoint takes no query parameters: inline them")
         try:
-            answer = httpx.post(f"{self.base_url}/query", json={"sql": sql, "final": final}, timeout=self.timeout_s)
+            answer = httpx.post(
+                f"{self.base_url}/query", json={"sql": sql, "final": final}, headers=self._headers,
+                timeout=self.timeout_s,
+            )  # fmt: skip
         except httpx.HTTPError as exc:
             raise RetryableError(f"the read endpoint at {self.base_url} did not answer: {exc}") from exc
+        if answer.status_code == 401:
+            raise ConfigurationError(
+                f"the read endpoint at {self.base_url} wants a token: set FULMEN_CLICKHOUSE_READ_TOKEN"
+            )
         if answer.status_code == 403:
-            raise PoisonInputError(answer.text.strip())
+            raise ReadOnlyError(answer.text.strip())
+        if answer.status_code == 503:
+            raise RetryableError(answer.text.strip())
         if answer.status_code != 200:
             raise PoisonInputError(f"query failed: {answer.text.strip()}")
-        table = pa.ipc.open_stream(answer.content).read_all()
-        columns = [column.to_pylist() for column in table.columns]
-        return QueryResult(table.column_names, [list(row) for row in zip(*columns, strict=True)])
+        return QueryResult.from_arrow(pa.ipc.open_stream(answer.content).read_all())

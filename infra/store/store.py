@@ -13,21 +13,21 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import re
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import clickhouse_connect
 import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
-from infra.errors import ConfigurationError, PoisonInputError, RetryableError
-from infra.settings import FulmenSettings
+from infra.errors import ConfigurationError, RetryableError
+from infra.settings import ClickHouseSettings, FulmenSettings
+from infra.store.reads import QueryResult, SqlReader, connect_embedded, connect_server, read_limits
+from infra.store.sql_guard import ReadOnlyError
 from schemas.ddl import MIGRATIONS, MIGRATIONS_TABLE, Migration
 
 __all__ = ["QueryResult", "ReadOnlyError", "RowBinary", "Store"]
@@ -37,14 +37,6 @@ log = logging.getLogger(__name__)
 # chdb allows one directory per process: remember which one this process opened.
 _embedded_lock = threading.Lock()
 _embedded: dict[Path, Client] = {}
-
-READ_ONLY_SETTINGS = {"readonly": 2}  # 2: SELECTs and query-level settings, no writes, no DDL
-_READ_STATEMENTS = ("SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN", "EXISTS")
-_LEADING_NOISE = re.compile(r"^(\s+|--[^\n]*\n?|/\*.*?\*/|\()+", re.DOTALL)
-
-
-class ReadOnlyError(PoisonInputError):
-    """A write or DDL statement sent where only reads are allowed."""
 
 
 @dataclass(frozen=True)
@@ -56,21 +48,18 @@ class RowBinary:
     num_rows: int
 
 
-class QueryResult:
-    """Column names and rows of a query (what ``fulmen sql`` prints)."""
-
-    def __init__(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-        self.columns = list(columns)
-        self.rows = [list(row) for row in rows]
-
-
 class Store:
     """Read and write Fulmen's tables; see the module docstring for the two modes."""
 
-    def __init__(self, client: Client, database: str, *, location: str) -> None:
+    def __init__(
+        self, client: Client, database: str, *, location: str, settings: ClickHouseSettings | None = None
+    ) -> None:
         self.client = client
         self.database = database
         self.location = location  # for messages: the chdb path or the server URL without credentials
+        self.settings = settings or ClickHouseSettings(database=database)
+        self._reader: SqlReader | None = None
+        self._reader_lock = threading.Lock()
 
     # --- opening --------------------------------------------------------------------------------------------
     @classmethod
@@ -78,18 +67,36 @@ class Store:
         """Connect to the configured store (does not create tables: call :meth:`migrate`)."""
         database = settings.clickhouse.database
         if settings.clickhouse.url is not None:
-            return cls(_server_client(settings), database, location=_safe_url(settings))
+            return cls(_server_client(settings), database, location=_safe_url(settings), settings=settings.clickhouse)
         path = settings.store_path.resolve()
-        return cls(_embedded_client(path), database, location=f"chdb://{path}")
+        return cls(_embedded_client(path), database, location=f"chdb://{path}", settings=settings.clickhouse)
 
     @property
     def embedded(self) -> bool:
         return self.location.startswith("chdb://")
 
     def close(self) -> None:
-        """Close a server connection; the embedded engine stays open for the life of the process."""
+        """Close the read handles and a server connection; the embedded engine stays open for the process."""
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         if not self.embedded:
             self.client.close()
+
+    def reader(self) -> SqlReader:
+        """Read-only SQL with limits on handles of its own (what ``fulmen sql`` and the read endpoint use)."""
+        with self._reader_lock:
+            if self._reader is None:
+                if self.embedded:
+                    connect = connect_embedded(self.location.removeprefix("chdb://"), self.database)
+                else:
+                    url = self.settings.read_url or self.settings.url
+                    connect = connect_server(url.get_secret_value())  # type: ignore[union-attr]
+                self._reader = SqlReader(
+                    connect, self.client, self.database, read_limits(self.settings),
+                    embedded=self.embedded, concurrency=self.settings.read_concurrency,
+                )  # fmt: skip
+            return self._reader
 
     # --- schema ---------------------------------------------------------------------------------------------
     def migrate(self, migrations: Sequence[Migration] = MIGRATIONS) -> list[Migration]:
@@ -158,53 +165,33 @@ class Store:
         final: bool = True,
         read_only: bool = False,
     ) -> QueryResult:
-        """Run a SELECT; ``final`` deduplicates ReplacingMergeTree tables, ``read_only`` refuses writes and DDL."""
+        """Run a SELECT; ``final`` deduplicates ReplacingMergeTree tables.
+
+        ``read_only`` is for SQL from outside (a user, a script): it goes through :meth:`reader`, which refuses
+        anything but a read and bounds it. Fulmen's own queries pass ``parameters`` instead of text they built.
+        """
         if read_only:
-            _require_read(sql)
-        result = self.client.query(
-            sql, parameters=dict(parameters or {}), settings=self._read_settings(final, read_only)
-        )
+            _no_parameters(parameters)
+            return self.reader().query(sql, final=final)
+        result = self.client.query(sql, parameters=dict(parameters or {}), settings=_final(final))
         return QueryResult(result.column_names, result.result_rows)
 
     def query_arrow(
         self, sql: str, parameters: Mapping[str, Any] | None = None, *, final: bool = True, read_only: bool = False
     ) -> pa.Table:
         if read_only:
-            _require_read(sql)
-        return self.client.query_arrow(
-            sql, parameters=dict(parameters or {}), settings=self._read_settings(final, read_only)
-        )
-
-    def query_raw(self, sql: str, fmt: str, *, final: bool = True, read_only: bool = True) -> bytes:
-        """Run a read and return the engine's own output in format ``fmt`` (ArrowStream, CSV, JSONEachRow...)."""
-        if read_only:
-            _require_read(sql)
-        return self.client.raw_query(sql, settings=self._read_settings(final, read_only), fmt=fmt)
-
-    def _read_settings(self, final: bool, read_only: bool) -> dict[str, Any]:
-        settings: dict[str, Any] = {"final": 1} if final else {}
-        # A server takes settings per request. The embedded engine applies some per-call settings with SET and
-        # restores them afterwards, but a process in readonly mode cannot switch it off again: the whole
-        # process (the consumers' inserts included) would stay read-only. There the statement check of
-        # _require_read is the guard.
-        if read_only and not self.embedded:
-            settings.update(READ_ONLY_SETTINGS)
-        return settings
+            _no_parameters(parameters)
+            return self.reader().arrow(sql, final=final)
+        return self.client.query_arrow(sql, parameters=dict(parameters or {}), settings=_final(final))
 
 
-def _require_read(sql: str) -> None:
-    """Refuse anything but a read before it reaches the engine.
+def _final(final: bool) -> dict[str, Any]:
+    return {"final": 1} if final else {}
 
-    The ``readonly`` setting alone is not enough in embedded mode: chdb applies per-call settings with SET
-    for statements it cannot suffix with a SETTINGS clause, and once ``readonly`` is on it cannot be
-    switched off again, which would leave the whole process read-only.
-    """
-    head = _LEADING_NOISE.sub("", sql, count=1).split(None, 1)
-    keyword = head[0].upper() if head else ""
-    if keyword not in _READ_STATEMENTS:
-        raise ReadOnlyError(
-            f"only reads are allowed here ({', '.join(_READ_STATEMENTS)}), not {keyword or 'an empty statement'}"
-        )
+
+def _no_parameters(parameters: Mapping[str, Any] | None) -> None:
+    if parameters:
+        raise ReadOnlyError("read-only SQL takes no query parameters: inline them")
 
 
 def _embedded_client(path: Path) -> Client:
@@ -263,8 +250,6 @@ def _server_client(settings: FulmenSettings) -> Client:
 
 
 def _safe_url(settings: FulmenSettings) -> str:
-    parts = urlsplit(settings.clickhouse.url.get_secret_value())  # type: ignore[union-attr]
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc = f"{netloc}:{parts.port}"
-    return parts._replace(netloc=netloc).geturl()
+    from infra.http import mask_url
+
+    return mask_url(settings.clickhouse.url.get_secret_value())  # type: ignore[union-attr]

@@ -171,3 +171,34 @@ def _wait_read_endpoint(port: int, timeout_s: float = 90) -> bool:
             pass
         time.sleep(0.3)
     return False
+
+
+@pytest.mark.security
+def test_consume_stops_on_sigint_while_a_long_read_runs(env: dict[str, str]) -> None:
+    """A read that would run two minutes must not hold `fulmen consume` after Ctrl-C (it used to ignore it)."""
+    import signal
+    import socket
+    import time
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    env = env | {"FULMEN_CLICKHOUSE_READ_PORT": str(port), "FULMEN_CLICKHOUSE_READ_MAX_EXECUTION_S": "120"}
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | env
+    consume = subprocess.Popen([*FULMEN, "consume"], env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert _wait_read_endpoint(port), "the consumers' read endpoint did not come up"
+        sock = socket.create_connection(("127.0.0.1", port))
+        body = b"SELECT count() FROM numbers(1000000000000)"
+        sock.sendall(f"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(2)  # the read is running in the engine
+        started = time.monotonic()
+        consume.send_signal(signal.SIGINT)
+        consume.wait(timeout=60)  # a liveness bound, half the read's own limit
+        print(f"consume stopped {time.monotonic() - started:.1f} s after SIGINT with a long read running")
+        assert consume.returncode in (0, -signal.SIGINT, 130)
+        sock.close()
+    finally:
+        if consume.poll() is None:
+            consume.kill()
+            consume.wait()

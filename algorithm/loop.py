@@ -11,8 +11,11 @@ One step N (the policy being served is version ``N - 1``; version 0 is the base 
    next), build one sample per transition with its group advantage (:func:`~algorithm.samples.build_samples`,
    estimator and scope from the settings);
 3. one policy update (``backend.step``, in a worker thread so Kafka heartbeats go on; ``train_s``);
-4. save the checkpoint to ``<run dir>/checkpoints/v<N>``, publish ``ModelVersion(version=N, format="hf")`` and
-   wait for the broker's acknowledgement (``publish_s``);
+4. save the checkpoint to ``<run dir>/checkpoints/v<N>`` (atomically: see ``TrainerBackend.save``), publish
+   ``ModelVersion(version=N, format="hf")`` and wait for the broker's acknowledgement (``publish_s``); while the
+   broker does not acknowledge, retry with backoff (before each retry, ask ``version_published`` whether an
+   earlier attempt landed after all) until it does or ``stop`` is set: then the step ends unpublished, and
+   ``fulmen train`` publishes the checkpoint on restart (:meth:`TrainingLoop.publish_resumed`);
 5. with a validation set, when due (before step 1, every ``val_every`` steps, after the last step): dispatch
    every validation task, wait for all its groups, report ``val_accuracy`` = share of validation rollouts whose
    EPISODE REWARD IS > 0.5 (None counts as wrong) and ``val_reward_mean`` (None counts as
@@ -22,8 +25,15 @@ One step N (the policy being served is version ``N - 1``; version 0 is the base 
    done and commit the collector's offsets (only now: a crash before this point redelivers the step's
    transitions).
 
-Errors: ``BrokerUnavailableError`` when Kafka does not acknowledge; ``PoisonInputError`` from the backend for
-a sample it can never train on (transitions longer than ``max_len`` are dropped before, and counted).
+Only the latest attempt of each rollout is trained on: retried attempts are never built (transitions worker)
+and the collector keeps the latest attempt per rollout (see ``algorithm.collector``).
+
+With ``publish_initial_version``, a run that starts from the base model (version 0) publishes it first; a resumed
+run does not (its version is a checkpoint: see :meth:`TrainingLoop.publish_resumed`).
+
+Errors: ``BrokerUnavailableError`` when Kafka does not acknowledge a dispatch (model versions and step metrics
+are retried instead); ``PoisonInputError`` from the backend for a sample it can never train on (transitions
+longer than ``max_len`` are dropped before, and counted).
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,16 +51,23 @@ from algorithm.groups import ClosedGroup, drop_stale, drop_too_long, shuffle_rew
 from algorithm.samples import StepSamples, build_samples
 from algorithm.settings import TrainSection
 from algorithm.trainer.base import StepMetrics, TrainerBackend
+from infra.errors import RetryableError
 from infra.kafka.publish import EventPublisher
-from schemas.events import ModelVersion, RolloutMode, TrainStep
+from schemas.events import Event, ModelVersion, RolloutMode, TrainStep
 from schemas.topics import TopicKey
 
-__all__ = ["LoopPlan", "TrainingLoop", "checkpoint_dir"]
+__all__ = ["LoopPlan", "TrainingLoop", "VersionCheck", "checkpoint_dir"]
 
 log = logging.getLogger(__name__)
 
 CORRECT_ABOVE = 0.5
 """A validation rollout is correct when its episode reward is above this."""
+
+RETRY_BACKOFF_S = (1.0, 30.0)
+"""Waits between attempts to publish a model version or step metrics: the first, doubling up to the second."""
+
+VersionCheck = Callable[[ModelVersion], Awaitable[bool]]
+"""Whether the models topic already holds this version (of this run); raises ``RetryableError`` when unsure."""
 
 
 def checkpoint_dir(run_dir: Path, version: int) -> Path:
@@ -91,6 +108,8 @@ class TrainingLoop:
         val: Dispatcher | None = None,
         *,
         clock: Callable[[], float] = time.perf_counter,
+        version_published: VersionCheck | None = None,
+        retry_backoff_s: tuple[float, float] = RETRY_BACKOFF_S,
     ) -> None:
         self.plan = plan
         self.options = plan.train
@@ -100,6 +119,8 @@ class TrainingLoop:
         self.train = train
         self.val = val
         self.clock = clock
+        self.version_published = version_published
+        self.retry_backoff_s = retry_backoff_s
         self.version = plan.initial_version
         self.waiting = _Waiting()
 
@@ -107,8 +128,10 @@ class TrainingLoop:
         """Train up to step ``steps`` (from ``initial_version + 1``: a resumed run continues its numbering; fewer
         when ``stop`` is set, which is checked between polls); the published TrainStep events."""
         stop = stop or asyncio.Event()
-        if self.options.publish_initial_version:
-            await self._publish_version(self.plan.base_model, self.version)
+        # the base model is version 0 only; a resumed run serves a checkpoint (train() calls publish_resumed)
+        from_base = self.options.publish_initial_version and self.plan.initial_version == 0
+        if from_base and not await self._publish_version(self.plan.base_model, self.version, stop):
+            return []
         initial = await self._validate(stop, prefix="initial_val_") if self.val else {}
         published = []
         for number in range(self.version + 1, self.options.steps + 1):
@@ -136,7 +159,8 @@ class TrainingLoop:
         metrics = await asyncio.to_thread(self.backend.step, data.samples)
         published = self.clock()
         path = await asyncio.to_thread(self.backend.save, checkpoint_dir(self.plan.run_dir, number))
-        await self._publish_version(str(path), number)
+        if not await self._publish_version(str(path), number, stop):
+            return None
         self.version = number
         publish_s = self.clock() - published
         extra = {**(extra or {}), **self._extra(metrics, dropped["too_long"])}
@@ -144,7 +168,11 @@ class TrainingLoop:
             extra.update(await self._validate(stop, prefix="val_"))
         event = self._train_step(number, groups, data, metrics, extra, waited=waited, publish_s=publish_s,
                                  stale=dropped["stale"])  # fmt: skip
-        await self.publisher.publish(TopicKey.METRICS, event)
+        if await self._retrying(lambda retry: self._send(TopicKey.METRICS, event), stop,
+                                f"publishing the metrics of step {number}") is None:  # fmt: skip
+            log.warning("stopped before the metrics of step %d were acknowledged; they are lost (version %d is "
+                        "published)", number, number)  # fmt: skip
+            return None
         self.collector.done(g.group_id for g in groups)
         await self.collector.commit()
         log.info("step %d: %d transitions of %d groups, reward %.3f, loss %.4f; model version %d at %s", number,
@@ -216,11 +244,73 @@ class TrainingLoop:
 
     # -- the step's outputs ------------------------------------------------------------------------------------
 
-    async def _publish_version(self, uri: str, version: int) -> None:
-        event = ModelVersion(model_name=self.options.model_name, version=version, uri=uri, format="hf",
-                             base_model=self.plan.base_model, run_id=self.options.run_id, step=version)  # fmt: skip
-        await self.publisher.publish(TopicKey.MODELS, event)
-        log.info("published model version %d of %s at %s", version, event.model_name, uri)
+    async def publish_resumed(self, stop: asyncio.Event) -> bool:
+        """For a run resumed from checkpoint ``v<N>``: publish ``ModelVersion(version=N)`` at that checkpoint unless
+        the models topic already holds version N of this run (a run killed between saving and the broker's
+        acknowledgement never published it). Needs ``version_published``. False when ``stop`` was set first."""
+        check = self.version_published
+        if self.version == 0 or check is None:
+            return True
+        event = self._model_version(str(checkpoint_dir(self.plan.run_dir, self.version)), self.version)
+        on_topic = await self._retrying(lambda retry: check(event), stop, f"reading model version {self.version}")
+        if on_topic is None:
+            return self._unpublished(event)
+        if on_topic:
+            log.info("model version %d of %s is on the models topic already", event.version, event.model_name)
+            return True
+        log.info("model version %d of %s was saved at %s but never published: publishing it now", event.version,
+                 event.model_name, event.uri)  # fmt: skip
+        return await self._publish_event(event, stop)
+
+    def _model_version(self, uri: str, version: int) -> ModelVersion:
+        return ModelVersion(model_name=self.options.model_name, version=version, uri=uri, format="hf",
+                            base_model=self.plan.base_model, run_id=self.options.run_id, step=version)  # fmt: skip
+
+    async def _publish_version(self, uri: str, version: int, stop: asyncio.Event) -> bool:
+        """Publish ``version`` at ``uri`` until acknowledged; False when ``stop`` was set first (said in the log)."""
+        return await self._publish_event(self._model_version(uri, version), stop)
+
+    async def _publish_event(self, event: ModelVersion, stop: asyncio.Event) -> bool:
+        check = self.version_published
+
+        async def send(retry: bool) -> bool:
+            if retry and check is not None and await check(event):  # the attempt that timed out was written
+                log.info("model version %d reached the models topic on an earlier attempt; not sent again",
+                         event.version)  # fmt: skip
+                return True
+            return await self._send(TopicKey.MODELS, event)
+
+        if await self._retrying(send, stop, f"publishing model version {event.version}") is None:
+            return self._unpublished(event)
+        log.info("published model version %d of %s at %s", event.version, event.model_name, event.uri)
+        return True
+
+    def _unpublished(self, event: ModelVersion) -> bool:
+        log.warning("stopped before model version %d of %s was acknowledged: it is saved at %s but unpublished; "
+                    "the next `fulmen train` of run %s publishes it", event.version, event.model_name, event.uri,
+                    event.run_id)  # fmt: skip
+        return False
+
+    async def _send(self, key: TopicKey, event: Event) -> bool:
+        await self.publisher.publish(key, event)
+        return True
+
+    async def _retrying(self, call: Callable[[bool], Awaitable[bool]], stop: asyncio.Event, what: str) -> bool | None:
+        """``await call(retry)`` until it ends without a ``RetryableError`` (a broker outage): its result; between
+        attempts wait ``retry_backoff_s`` (doubling). None when ``stop`` is set before an attempt succeeds."""
+        delay, longest = self.retry_backoff_s
+        retry = False
+        while True:
+            try:
+                return await call(retry)
+            except RetryableError as exc:
+                log.warning("%s failed (%s); retrying in %.1fs until the broker answers", what, exc, delay)
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+                return None
+            except TimeoutError:
+                pass
+            retry, delay = True, min(delay * 2, longest)
 
     def _extra(self, metrics: StepMetrics, too_long: int) -> dict[str, float]:
         return {

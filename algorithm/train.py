@@ -6,27 +6,42 @@
 clients. A run dir that already holds checkpoints resumes: the backend loads the highest ``v<N>`` and the loop
 continues with step ``N + 1`` up to ``steps`` (the optimizer state is not saved, so it starts afresh). Only
 Kafka is needed: runners, the transitions consumer and the LLM gateway are other processes.
+
+Crash safety: checkpoints are written atomically (``v<N>.tmp-<pid>``, then renamed; :func:`latest_checkpoint`
+skips and removes the leftovers of a killed save). A run killed after saving ``v<N>`` but before the broker
+acknowledged its ``ModelVersion`` publishes it on restart: the models topic is read to its end, and version
+``N`` of this run is published only if it is not there (:func:`version_on_topic`), so nothing is sent twice.
+A broker outage ends the run, if at all, with a :class:`BrokerUnavailableError` (a readable message), never
+a traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
 from pathlib import Path
+
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 
 from algorithm.collector import Collector
 from algorithm.dispatcher import DatasetTask, Dispatcher
 from algorithm.groups import GroupBook
 from algorithm.loop import LoopPlan, TrainingLoop
 from algorithm.settings import TrainSection, TrainSettings
-from algorithm.trainer.base import TrainerBackend
-from infra.errors import ConfigurationError
+from algorithm.trainer.base import TEMPORARY_MARK, TrainerBackend
+from infra.errors import BrokerUnavailableError, ConfigurationError, DecodeError
+from infra.kafka.admin import partition_count
 from infra.kafka.clients import close_quietly, consumer, producer, start_or_raise
 from infra.kafka.publish import EventPublisher
-from schemas.events import RolloutMode, TrainStep
+from infra.settings import FulmenSettings
+from schemas.codec import decode
+from schemas.events import ModelVersion, RolloutMode, TrainStep
 from schemas.topics import TopicKey, topic_name
 
-__all__ = ["build_backend", "latest_checkpoint", "resolve_model", "train"]
+__all__ = ["build_backend", "latest_checkpoint", "model_versions", "resolve_model", "train", "version_on_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +64,92 @@ def resolve_model(model_path: str, run_dir: Path) -> str:
 
 
 def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
-    """The highest ``<run_dir>/checkpoints/v<N>`` that holds a model (``config.json``), or None."""
-    found = [
-        (int(path.name[1:]), path)
-        for path in (run_dir / "checkpoints").glob("v*")
-        if path.name[1:].isdigit() and (path / "config.json").is_file()
-    ]
+    """The highest ``<run_dir>/checkpoints/v<N>`` that holds a model (``config.json``), or None.
+
+    A directory still being written (``v<N>.tmp-<pid>``, see :func:`algorithm.trainer.base.atomic_directory`)
+    is never a checkpoint; one whose writer is gone (killed during a save) is removed."""
+    found = []
+    for path in (run_dir / "checkpoints").glob("v*"):
+        if TEMPORARY_MARK in path.name:
+            _remove_if_stale(path)
+        elif path.name[1:].isdigit() and (path / "config.json").is_file():
+            found.append((int(path.name[1:]), path))
     return max(found, default=None)
+
+
+def _remove_if_stale(path: Path) -> None:
+    """Remove a ``<name>.tmp-<pid>[-old]`` directory unless process ``pid`` (not this one) still runs."""
+    writer = path.name.rsplit(TEMPORARY_MARK, 1)[1].removesuffix("-old")
+    if writer.isdigit() and int(writer) != os.getpid() and _running(int(writer)):
+        return  # another live process may be writing it (a pid reused since is kept too: harmless)
+    log.warning("removing %s, left by a checkpoint save that did not finish", path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else
+    return True
+
+
+READ_TIMEOUT_S = 60.0
+"""How long reading the models topic to its end may take before it counts as a broker outage."""
+
+
+async def model_versions(settings: FulmenSettings, model_name: str) -> list[ModelVersion]:
+    """Every ``ModelVersion`` of ``model_name`` on the models topic now, in offset order: the topic is read from
+    the beginning to its end offsets (no consumer group), as the LLM gateway's follower reads it at start.
+
+    Raises :class:`BrokerUnavailableError` when the broker does not answer (within ``READ_TIMEOUT_S``)."""
+    name = topic_name(TopicKey.MODELS, settings.kafka.topic_prefix)
+    reader = consumer(settings, None)
+    await start_or_raise(reader, settings, "models topic reader")
+    found: list[ModelVersion] = []
+    try:
+        async with asyncio.timeout(READ_TIMEOUT_S):
+            partitions = [TopicPartition(name, p) for p in range(await partition_count(settings, name))]
+            if not partitions:
+                return []
+            reader.assign(partitions)
+            await reader.seek_to_beginning(*partitions)
+            ends = await reader.end_offsets(partitions)
+            while [tp for tp, end in ends.items() if await reader.position(tp) < end]:
+                for records in (await reader.getmany(*partitions, timeout_ms=500)).values():
+                    found.extend(_model_versions(records, model_name))
+    except TimeoutError:
+        raise BrokerUnavailableError(f"reading {name} to its end took over {READ_TIMEOUT_S:g}s", topic=name) from None
+    except KafkaError as exc:
+        raise BrokerUnavailableError(f"reading {name} failed: {type(exc).__name__}: {exc}", topic=name) from exc
+    finally:
+        await close_quietly([reader])
+    return found
+
+
+def _model_versions(records: list, model_name: str) -> list[ModelVersion]:
+    events = []
+    for record in records:
+        try:
+            event = decode(ModelVersion, record.value, topic=record.topic, partition=record.partition,
+                           offset=record.offset)  # fmt: skip
+        except DecodeError as exc:
+            log.error("skipping an unreadable model version: %s", exc)
+            continue
+        if event.model_name == model_name:
+            events.append(event)
+    return events
+
+
+async def version_on_topic(settings: FulmenSettings, event: ModelVersion) -> bool:
+    """Whether the models topic holds version ``event.version`` of ``event.model_name`` from run
+    ``event.run_id`` (the same version of another run is a different model)."""
+    return any(
+        found.version == event.version and found.run_id == event.run_id
+        for found in await model_versions(settings, event.model_name)
+    )
 
 
 def build_backend(options: TrainSection, model_path: str) -> TrainerBackend:
@@ -103,13 +197,35 @@ async def train(
                                         min_group_size=options.min_group_size)),
             _dispatcher(publisher, tasks, options, RolloutMode.TRAIN),
             _dispatcher(publisher, val_tasks, options, RolloutMode.VAL) if val_tasks else None,
+            version_published=lambda event: version_on_topic(settings, event),
         )  # fmt: skip
+        stop = stop or asyncio.Event()
+        if not await loop.publish_resumed(stop):
+            return []
         log.info("run %s: training %s for %d steps, %d tasks x %d rollouts, %d groups a step; writing to %s",
                  options.run_id, base_model, options.steps, len(tasks), options.group_size, options.groups_per_step,
                  run_dir)  # fmt: skip
         return await loop.run(stop)
+    except KafkaError as exc:  # a library error the loop did not wrap: say what happened, not a traceback
+        raise BrokerUnavailableError(
+            f"run {options.run_id}: Kafka failed during training ({type(exc).__name__}: {exc}); the checkpoints "
+            f"in {run_dir / 'checkpoints'} are kept: start `fulmen train` again to resume"
+        ) from exc
     finally:
-        await close_quietly([source, kafka_producer])
+        await _close([source, kafka_producer])
+
+
+async def _close(clients: list) -> None:
+    """Close the clients; a ``CancelledError`` raised by a client's own shutdown (aiokafka cancels its sender
+    task) is logged, not raised, so the error that ended the run is the one reported. A cancellation of this
+    task itself (Ctrl-C) still propagates."""
+    try:
+        await close_quietly(clients)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        log.warning("a Kafka client was cancelled while closing; abandoning it")
 
 
 def _dispatcher(publisher: EventPublisher, tasks: list[DatasetTask], options: TrainSection,

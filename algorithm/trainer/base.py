@@ -3,7 +3,8 @@
 Lifecycle of a backend: build it from its config (loads the model, optimizer and, with ``kl_coef > 0``, the
 reference policy); optionally warm it up with :meth:`TrainerBackend.sft_step`; then for each batch of samples
 call :meth:`TrainerBackend.step` (one GRPO/PPO update, possibly several epochs over the batch) and
-:meth:`TrainerBackend.save` (a checkpoint the LLM gateway can load as a new model version).
+:meth:`TrainerBackend.save` (a checkpoint the LLM gateway can load as a new model version). A save is atomic:
+a process killed during it leaves no directory at the checkpoint's path (:func:`atomic_directory`).
 
 Errors: ``ConfigurationError`` from the constructor for a bad setting (the message says what to set);
 ``PoisonInputError`` from ``step``/``sft_step`` for a sample that can never be trained on (too long, empty);
@@ -12,14 +13,50 @@ Errors: ``ConfigurationError`` from the constructor for a bad setting (the messa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from algorithm.batch import Sample, TrainBatch
 
-__all__ = ["StepMetrics", "TrainerBackend"]
+__all__ = ["TEMPORARY_MARK", "StepMetrics", "TrainerBackend", "atomic_directory"]
+
+
+TEMPORARY_MARK = ".tmp-"
+"""A directory still being written is named ``<final name>.tmp-<pid>`` (the pid of the writing process)."""
+
+
+@contextlib.contextmanager
+def atomic_directory(directory: Path) -> Iterator[Path]:
+    """Write a directory so that ``directory`` appears whole or not at all.
+
+    Yields a temporary sibling, ``<name>.tmp-<pid>`` (same filesystem, so the final rename is atomic), to write
+    into; when the block ends without an exception the sibling is renamed to ``directory`` (an existing
+    ``directory`` is replaced: moved aside, then removed). On an exception the sibling is removed and nothing
+    changes. A kill -9 during the block leaves only the sibling, which readers skip by its name.
+    """
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = directory.with_name(f"{directory.name}{TEMPORARY_MARK}{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)  # left by an earlier process that had this pid
+    staging.mkdir()
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if directory.exists():  # os.replace cannot replace a non-empty directory: move the old one aside first
+        retired = directory.with_name(f"{directory.name}{TEMPORARY_MARK}{os.getpid()}-old")
+        shutil.rmtree(retired, ignore_errors=True)
+        os.replace(directory, retired)
+        os.replace(staging, directory)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        os.replace(staging, directory)
 
 
 @dataclass(frozen=True)
@@ -73,6 +110,7 @@ class TrainerBackend(Protocol):
     def save(self, directory: Path | str) -> Path:
         """Write the current policy as a full Hugging Face model directory (safetensors weights, config,
         tokenizer) that ``AutoModelForCausalLM.from_pretrained`` loads (the gateway's format "hf"); returns it.
-        A LoRA backend writes the MERGED model (base weights + adapter), not an adapter directory.
+        A LoRA backend writes the MERGED model (base weights + adapter), not an adapter directory. The save is
+        atomic (:func:`atomic_directory`): killed midway, it leaves no ``directory`` behind.
         """
         ...

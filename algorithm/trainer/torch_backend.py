@@ -41,7 +41,7 @@ from algorithm.losses import (
     get_aggregation,
     get_policy_loss_fn,
 )
-from algorithm.trainer.base import StepMetrics
+from algorithm.trainer.base import StepMetrics, atomic_directory
 from algorithm.trainer.logprobs import token_logprobs
 
 __all__ = ["LoraSettings", "TorchTrainer", "TorchTrainerConfig"]
@@ -169,15 +169,16 @@ class TorchTrainer:
         """Write a full model directory (float32 safetensors, config, tokenizer); with LoRA, the merged model.
 
         Merging works on a copy (the adapter keeps training); it briefly needs a second copy of the weights.
+        Written into ``<directory>.tmp-<pid>`` and renamed to ``directory`` when complete (atomic).
         """
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        if self.config.lora is None:
-            self.model.save_pretrained(directory)
-        else:
-            copy.deepcopy(self.model).merge_and_unload().save_pretrained(directory)
-        if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(directory)
+        with atomic_directory(directory) as staging:  # a kill midway leaves no half-written ``directory``
+            if self.config.lora is None:
+                self.model.save_pretrained(staging)
+            else:
+                copy.deepcopy(self.model).merge_and_unload().save_pretrained(staging)
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(staging)
         logger.info("saved model after step %d to %s", self.steps, directory)
         return directory
 

@@ -1,0 +1,366 @@
+"""Crash benchmark: kill -9 each Fulmen process in turn under load, restart it, and count what was lost or doubled.
+
+Starts the whole system as a user would, each part its own process on loopback with its own ``FULMEN_HOME``
+and free ports: a local Kafka broker (:class:`infra.kafka.local.LocalKafka`), ``fulmen consume`` (owns a fresh
+embedded store, serves reads), ``fulmen otlp-gateway``, ``fulmen llm-gateway --model DIR`` on the tiny model
+(``algorithm/tiny_model.py``, version 0), ``fulmen runner --agent bench.chaos_agent:run`` and ``fulmen train``
+on the same model (GRPO, groups of rollouts dispatched through the runner). The load: OTLP span batches from
+the bench's client, direct chat completions, ``fulmen submit`` of a few tasks per phase, and the trainer's own
+rollouts (each makes two LLM calls through the rollout-scoped gateway path and one agent span).
+
+Phases, one per component, in this order: trainer, otlp_gateway, llm_gateway, runner, consume, broker. In each:
+load for ``pre_s``; SIGKILL the process (the broker: its JVM); wait ``down_s``; start it again (same settings,
+same data); wait until it has done a new unit of work (``recovery_s``); load for ``post_s``. A process other
+than the killed one that exits is restarted and reported under ``unexpected_exits``. Then the drain: the
+trainer is stopped (SIGTERM), the load stops, and the bench waits until every rollout is terminal and every
+span is stored (or ``drain_s`` passes). Finally it counts (definitions in
+:data:`bench.chaos_count.DEFINITIONS`, printed under ``definitions``):
+
+- spans: sent = spans whose OTLP POST got a 200 (a failed POST is retried unchanged until 200, counted once);
+  stored = distinct span ids in ``otel_traces``; doubled = rows visible more than once with FINAL (the dedup
+  ``fulmen sql`` applies by default); ``raw_copies``: extra rows without FINAL.
+- llm_calls: calls answered 200 (response id) must have exactly one span.
+- rollouts: every requested rollout reaches a terminal state in ``rollouts``; transitions: one row per LLM call
+  of every succeeded rollout's final attempt.
+- model_versions (trainer): no version published twice, none checkpointed and not published, steps continue
+  after the restart.
+
+Each component's entry sums the units of all kinds sent in its phase window (``detail`` splits them by kind);
+``totals`` covers the whole run. The last line of output is one JSON object. Goal: lost 0, doubled 0.
+Everything started is stopped at the end, also on error or Ctrl-C.
+
+    .venv/bin/python bench/chaos.py [--quick] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.chaos_count import DEFINITIONS, Phases, count_all
+from bench.chaos_load import LlmLoad, SpanLoad, TopicTail, first_after, read_topic
+from bench.chaos_procs import Broker, Fleet, Proc, fulmen_command
+from infra.kafka.admin import ensure_topics
+from infra.kafka.local import LocalKafka
+from infra.settings import BrokerSettings, FulmenSettings
+from infra.store import RemoteReader
+from schemas import ModelVersion, RolloutEvent, RolloutRequest, TopicKey, TrainStep, TransitionBatch
+
+log = logging.getLogger("bench.chaos")
+
+REPO = Path(__file__).resolve().parent.parent
+AGENT = "bench.chaos_agent:run"
+COMPONENTS = ("trainer", "otlp_gateway", "llm_gateway", "runner", "consume", "broker")
+DB = "fulmen"
+
+
+@dataclass(frozen=True)
+class Plan:
+    pre_s: float = 8.0
+    down_s: float = 3.0
+    post_s: float = 12.0
+    recover_timeout_s: float = 240.0  # a restarted trainer loads torch and the model first (100 s seen)
+    drain_s: float = 150.0
+    train_steps: int = 30
+    submit_tasks: int = 4
+    group_size: int = 2
+    span_batches_per_s: float = 4.0
+    llm_calls_per_s: float = 2.0
+
+    @classmethod
+    def quick(cls) -> Plan:
+        return cls(pre_s=4.0, down_s=2.0, post_s=5.0, drain_s=90.0, train_steps=12, submit_tasks=2)
+
+
+@dataclass
+class Ports:
+    broker: int
+    controller: int
+    otlp: int
+    llm: int
+    read: int
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Chaos:
+    """One run: the fleet, the load, the phases; :meth:`run` returns the report."""
+
+    def __init__(self, plan: Plan, home: Path) -> None:
+        self.plan = plan
+        self.home = home
+        self.ports = Ports(*(free_port() for _ in range(5)))
+        broker = LocalKafka(BrokerSettings(port=self.ports.broker, controller_port=self.ports.controller),
+                            home / "kafka")  # fmt: skip
+        self.fleet = Fleet(Broker(broker))
+        self.settings = FulmenSettings(home=home, kafka={"bootstrap": broker.bootstrap})
+        self.calls_file = home / "agent-calls.jsonl"
+        self.phases = Phases()
+        self.spans = SpanLoad(f"http://127.0.0.1:{self.ports.otlp}/v1/traces",
+                              batches_per_s=plan.span_batches_per_s)  # fmt: skip
+        self.llm = LlmLoad(f"http://127.0.0.1:{self.ports.llm}/v1/chat/completions", calls_per_s=plan.llm_calls_per_s)
+        self.tail = TopicTail(self.settings, {TopicKey.ROLLOUTS: RolloutEvent, TopicKey.MODELS: ModelVersion})
+        self.results: dict[str, dict[str, Any]] = {}
+        self.unexpected: dict[str, list[int]] = {}
+
+    # --- setup ----------------------------------------------------------------------------------------------
+    def _env(self, extra: dict[str, str]) -> dict[str, str]:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")}
+        return base | {
+            "FULMEN_KAFKA_BOOTSTRAP": self.settings.bootstrap, "FULMEN_HOME": str(self.home),
+            "FULMEN_CLICKHOUSE_READ_PORT": str(self.ports.read), "FULMEN_LOG_LEVEL": "INFO",
+            "PYTHONPATH": str(REPO), "CHAOS_CALLS_FILE": str(self.calls_file),
+        } | extra  # fmt: skip
+
+    def _procs(self, model: Path, dataset: Path) -> None:
+        logs, ports = self.home / "logs", self.ports
+        specs = [
+            ("consume", ["consume"], {}, f"http://127.0.0.1:{ports.read}/ping"),
+            ("otlp_gateway", ["otlp-gateway"], {"FULMEN_OTLP_PORT": str(ports.otlp)},
+             f"http://127.0.0.1:{ports.otlp}/readyz"),
+            ("llm_gateway", ["llm-gateway", "--model", str(model)],
+             {"FULMEN_LLM_PORT": str(ports.llm), "FULMEN_LLM_MODEL_VERSION": "0", "FULMEN_LLM_DEVICE": "cpu"},
+             f"http://127.0.0.1:{ports.llm}/readyz"),
+            ("runner", ["runner", "--agent", AGENT, "--concurrency", "4"],
+             {"FULMEN_RUNNER_LLM_BASE_URL": f"http://127.0.0.1:{ports.llm}",
+              "FULMEN_RUNNER_OTLP_ENDPOINT": f"http://127.0.0.1:{ports.otlp}/v1/traces"}, None),
+            ("trainer", ["train", "--dataset", str(dataset), "--model", str(model), "--agent", AGENT,
+                         "--steps", str(self.plan.train_steps)],
+             {"FULMEN_TRAIN_RUN_ID": "chaos", "FULMEN_TRAIN_RUN_DIR": str(self.home / "run"),
+              "FULMEN_TRAIN_GROUP_SIZE": "4", "FULMEN_TRAIN_GROUPS_PER_STEP": "2", "FULMEN_TRAIN_DEVICE": "cpu",
+              "FULMEN_TRAIN_DTYPE": "float32", "FULMEN_TRAIN_ROLLOUT_TIMEOUT_S": "60", "FULMEN_TRAIN_MAX_ATTEMPTS": "3",
+              "FULMEN_TRAIN_GROUP_TIMEOUT_S": "200", "FULMEN_TRAIN_LR": "1e-4"}, None),
+        ]  # fmt: skip
+        for name, args, env, ready in specs:
+            self.fleet.add(Proc(name, args, self._env(env), logs, ready))
+
+    def _prepare(self) -> tuple[Path, Path]:
+        model, dataset = self.home / "model", self.home / "train.jsonl"
+        code = "import sys; from algorithm.tiny_model import build_tiny_model; build_tiny_model(sys.argv[1])"
+        subprocess.run([sys.executable, "-c", code, str(model)], check=True, cwd=REPO, capture_output=True)
+        dataset.write_text("".join(json.dumps({"question": f"what is {i} plus {i}?"}) + "\n" for i in range(16)))
+        return model, dataset
+
+    async def _submit(self, tag: str) -> None:
+        path = self.home / f"tasks-{tag}.jsonl"
+        path.write_text("".join(json.dumps({"input": {"question": f"{tag} question {i}"}, "timeout_s": 60})
+                                + "\n" for i in range(self.plan.submit_tasks)))  # fmt: skip
+        process = await asyncio.create_subprocess_exec(
+            *fulmen_command(), "submit", str(path), "--group-size", str(self.plan.group_size),
+            env=self._env({}), cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        out, _ = await process.communicate()
+        if process.returncode != 0:  # e.g. the broker is down: a user would submit again
+            log.warning("fulmen submit %s failed (%s); retrying: %s", tag, process.returncode, out.decode()[-500:])
+            await asyncio.sleep(2.0)
+            await self._submit(tag)
+
+    # --- the run --------------------------------------------------------------------------------------------
+    async def run(self, only: list[str]) -> dict[str, Any]:
+        began = time.time()
+        model, dataset = await asyncio.to_thread(self._prepare)
+        await asyncio.to_thread(self.fleet.broker.start)
+        await ensure_topics(self.settings)
+        self._procs(model, dataset)
+        for name in ("consume", "otlp_gateway", "llm_gateway", "runner", "trainer"):
+            proc = self.fleet.procs[name]
+            proc.start()
+            await asyncio.to_thread(proc.wait_ready, 240.0)
+        stop = asyncio.Event()
+        loads = [asyncio.create_task(x.run(stop)) for x in (self.spans, self.llm)]
+        tail_stop = asyncio.Event()
+        tail = asyncio.create_task(self.tail.run(tail_stop))
+        try:
+            await self._submit("warmup")
+            log.info("warm-up: waiting for the trainer's first model version")
+            await self._until(lambda: self._event_after(TopicKey.MODELS, 0.0), 300.0, "the first model version")
+            for name in [c for c in COMPONENTS if c in only]:
+                await self._phase(name)
+            self.phases.begin("drain", time.time())
+            self.spans.phase = self.llm.phase = "drain"
+            await asyncio.to_thread(self.fleet.procs["trainer"].stop, 90.0)
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*loads), 120.0)
+            counts = await self._drain()
+        finally:
+            stop.set()
+            tail_stop.set()
+            for task in (*loads, tail):
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        return self._report(counts, time.time() - began)
+
+    async def _phase(self, name: str) -> None:
+        log.info("phase %s", name)
+        self.phases.begin(name, time.time())
+        self.spans.phase = self.llm.phase = name
+        submit = asyncio.create_task(self._submit(name))
+        await asyncio.sleep(self.plan.pre_s)
+        target = self.fleet.broker if name == "broker" else self.fleet.procs[name]
+        pid = await asyncio.to_thread(target.kill9)
+        killed = time.time()
+        await asyncio.sleep(self.plan.down_s)
+        restarted = await asyncio.to_thread(target.start)
+        if isinstance(target, Proc):
+            await asyncio.to_thread(target.wait_ready, 240.0)
+        recovered = await self._until(lambda: self._recovered(name, restarted), self.plan.recover_timeout_s,
+                                      f"{name} to recover", fail=False)  # fmt: skip
+        self.results[name] = {"pid_killed": pid, "down_s": round(restarted - killed, 2),
+                              "recovery_s": None if recovered is None else round(recovered - restarted, 2)}  # fmt: skip
+        await submit
+        await asyncio.sleep(self.plan.post_s)
+        await self._check_others(name)
+
+    async def _check_others(self, killed: str) -> None:
+        """Restart any process that exited on its own (reported under ``unexpected_exits``)."""
+        for name, proc in self.fleet.procs.items():
+            code = proc.reap()
+            if code is None:
+                continue
+            self.unexpected.setdefault(name, []).append(code)
+            if name == "trainer" and code == 0:
+                continue  # it trained every step it was asked for
+            log.warning("%s exited with %s during the %s phase; restarting it:\n%s", name, code, killed, proc.tail())
+            proc.start()
+            await asyncio.to_thread(proc.wait_ready, 240.0)
+
+    # --- recovery probes ------------------------------------------------------------------------------------
+    def _event_after(self, key: TopicKey, moment: float) -> float | None:
+        times = [at for at, event in self.tail.events[key]
+                 if key is not TopicKey.ROLLOUTS or event.status.terminal]  # fmt: skip
+        return first_after(times, moment)
+
+    def _recovered(self, name: str, restarted: float) -> float | None:
+        if name in ("otlp_gateway", "broker"):
+            return first_after(self.spans.acks, restarted)
+        if name == "llm_gateway":
+            return first_after(self.llm.acks, restarted)
+        if name == "runner":
+            return self._event_after(TopicKey.ROLLOUTS, restarted)
+        if name == "trainer":
+            return self._event_after(TopicKey.MODELS, restarted)
+        reader = RemoteReader.find("127.0.0.1", self.ports.read)
+        if reader is None:
+            return None
+        ms = int(restarted * 1000)
+        with contextlib.suppress(Exception):
+            rows = reader.query(f"SELECT toUnixTimestamp64Milli(min(IngestedAt)), count() FROM {DB}.otel_traces "
+                                f"WHERE IngestedAt >= fromUnixTimestamp64Milli({ms})", final=False).rows  # fmt: skip
+            return rows[0][0] / 1000 if rows and rows[0][1] else None
+        return None
+
+    async def _until(self, probe: Any, timeout_s: float, what: str, *, fail: bool = True) -> float | None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = await asyncio.to_thread(probe)
+            if found is not None:
+                return found
+            await asyncio.sleep(0.5)
+        if fail:
+            raise RuntimeError(f"timed out waiting for {what}; logs in {self.home / 'logs'}")
+        log.warning("timed out waiting for %s", what)
+        return None
+
+    # --- counting -------------------------------------------------------------------------------------------
+    async def _drain(self) -> Any:
+        """Count until nothing is missing any more (the system caught up) or ``drain_s`` passed."""
+        deadline = time.monotonic() + self.plan.drain_s
+        while True:
+            await self._check_others("drain")
+            counts = await self._count()
+            missing = sum(c.row()["lost"] for c in counts.kinds.values())
+            if missing == 0 or time.monotonic() > deadline:
+                return counts
+            log.info("drain: %d units not stored yet", missing)
+            await asyncio.sleep(5.0)
+
+    async def _count(self) -> Any:
+        topics = {
+            "tasks": await read_topic(self.settings, TopicKey.TASKS, RolloutRequest),
+            "transitions": await read_topic(self.settings, TopicKey.TRANSITIONS, TransitionBatch),
+            "models": await read_topic(self.settings, TopicKey.MODELS, ModelVersion),
+            "metrics": await read_topic(self.settings, TopicKey.METRICS, TrainStep),
+        }
+        reader = RemoteReader.find("127.0.0.1", self.ports.read)
+        if reader is None:
+            raise RuntimeError("the read endpoint of fulmen consume does not answer")
+        from bench.chaos_count import agent_calls
+
+        calls = dict(self.llm.sent) | agent_calls(self.calls_file, self.phases)
+        return await asyncio.to_thread(count_all, reader, DB, spans=dict(self.spans.sent), calls=calls,
+                                       phases=self.phases, topics=topics, run_dir=self.home / "run")  # fmt: skip
+
+    def _report(self, counts: Any, wall_s: float) -> dict[str, Any]:
+        report: dict[str, Any] = {}
+        for name, result in self.results.items():
+            detail = {kind: c.row(name) for kind, c in counts.kinds.items()}
+            if name == "trainer":
+                detail["model_versions"] = counts.versions
+            sums = {k: sum(d[k] for d in detail.values()) for k in ("sent", "stored", "lost", "doubled")}
+            report[name] = {**sums, **result, "detail": detail}
+        totals = {kind: c.row() for kind, c in counts.kinds.items()} | {"model_versions": counts.versions}
+        report["totals"] = totals
+        report["details"] = counts.details
+        report["client_retries"] = {"spans": self.spans.retries, "span_statuses": self.spans.statuses,
+                                    "llm": self.llm.retries, "llm_statuses": self.llm.statuses}  # fmt: skip
+        report["unexpected_exits"] = self.unexpected
+        report["ok"] = all(t["lost"] == 0 and t["doubled"] == 0 for t in totals.values())
+        report["wall_s"] = round(wall_s, 1)
+        report["home"] = str(self.home)
+        report["definitions"] = DEFINITIONS
+        return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short phases (about 5 minutes in all)")
+    parser.add_argument("--keep", action="store_true", help="keep the run's directory (logs, store) afterwards")
+    parser.add_argument("--only", default=",".join(COMPONENTS), help=f"components to kill, of {','.join(COMPONENTS)}")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    for noisy in ("httpx", "aiokafka"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    only = [c.strip() for c in args.only.split(",") if c.strip()]
+    unknown = set(only) - set(COMPONENTS)
+    if unknown:
+        parser.error(f"unknown component(s) {', '.join(sorted(unknown))}")
+    home = Path(tempfile.mkdtemp(prefix="fulmen-chaos-"))
+    print(f"run directory {home}", file=sys.stderr)
+    chaos = Chaos(Plan.quick() if args.quick else Plan(), home)
+    report = None
+    try:
+        report = asyncio.run(chaos.run(only))
+    except KeyboardInterrupt:
+        print("interrupted: stopping everything", file=sys.stderr)
+    finally:
+        chaos.fleet.stop(grace_s=20.0)
+        if not args.keep and report is not None and report["ok"]:
+            shutil.rmtree(home, ignore_errors=True)
+    if report is None:
+        sys.exit(130)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -18,6 +18,7 @@ from infra.settings import FulmenSettings
 from producers.llm_gateway.backends import transformers_backend
 from tests.conftest import free_port
 from tests.integration.llm_pipeline import base_url, llm_gateway_running
+from tests.raw_http import send_raw
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
 
@@ -25,14 +26,7 @@ GOOD = {"model": "fulmen", "prompt": "hello", "max_tokens": 4}
 
 
 async def _raw(port: int, payload: bytes, wait_s: float = 10.0) -> bytes:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(payload)
-    await writer.drain()
-    try:
-        async with asyncio.timeout(wait_s):
-            return await reader.read(65536)
-    finally:
-        writer.close()
+    return await send_raw(port, payload, wait_s)
 
 
 async def test_a_bad_call_fails_alone(settings: FulmenSettings, tiny_model: Path) -> None:

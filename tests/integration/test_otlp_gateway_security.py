@@ -15,6 +15,7 @@ from google.rpc import status_pb2
 from bench.otlp_payloads import make_request
 from infra.settings import FulmenSettings
 from tests.integration.span_pipeline import gateway_running
+from tests.raw_http import send_raw
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
 
@@ -23,14 +24,7 @@ JSON = {"Content-Type": "application/json"}
 
 
 async def _raw(port: int, payload: bytes, wait_s: float = 10.0) -> bytes:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(payload)
-    await writer.drain()
-    try:
-        async with asyncio.timeout(wait_s):
-            return await reader.read(65536)
-    finally:
-        writer.close()
+    return await send_raw(port, payload, wait_s)
 
 
 def _span_json(name: str = "s", key: str = "k") -> bytes:

@@ -10,6 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from infra.http import bearer_auth_middleware, body_limit_middleware, mask_url, read_body, server_options
+from tests.raw_http import send_raw
 
 pytestmark = pytest.mark.security
 
@@ -38,15 +39,7 @@ def _app(token: str | None = None, read_timeout_s: float = 5.0) -> web.Applicati
 
 
 async def _raw(port: int, payload: bytes, wait_s: float = 5.0) -> bytes:
-    """Send raw bytes, return whatever the server answers before it closes (or ``wait_s`` passes)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(payload)
-    await writer.drain()
-    try:
-        async with asyncio.timeout(wait_s):
-            return await reader.read(65536)
-    finally:
-        writer.close()
+    return await send_raw(port, payload, wait_s)
 
 
 async def _server(app: web.Application, **options) -> tuple[web.AppRunner, int]:

@@ -59,16 +59,25 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _SECRET_PARAM = re.compile(r"pass|pwd|token|secret|key|auth|credential|signature|^sig$|session", re.IGNORECASE)
 
 
-def server_options(read_timeout_s: float, *, lingering_time_s: float = 2.0) -> dict[str, Any]:
-    """Keyword arguments for ``web.AppRunner`` that bound how long a client may take to send its headers.
+def server_options(
+    read_timeout_s: float, *, lingering_time_s: float = 2.0, shutdown_grace_s: float = 5.0
+) -> dict[str, Any]:
+    """Keyword arguments for ``web.AppRunner`` that bound how long a client may take to send its headers,
+    and how long requests in flight may hold the service's shutdown.
 
     ``read_timeout_s`` becomes aiohttp's ``keepalive_timeout``: a connection that has not delivered a complete
     request line and headers within it (from the moment it opened, or since the last response) is closed.
-    Body reads are bounded separately, by :func:`read_body`'s ``timeout_s``.
+    Body reads are bounded separately, by :func:`read_body`'s ``timeout_s``. ``shutdown_grace_s`` becomes
+    ``shutdown_timeout`` (aiohttp's default is 60 s: a slow client kept SIGTERM waiting that long); handlers
+    still running after it are cancelled.
     """
     if read_timeout_s <= 0:
         raise ValueError(f"read_timeout_s must be positive, not {read_timeout_s}")
-    return {"keepalive_timeout": float(read_timeout_s), "lingering_time": float(lingering_time_s)}
+    return {
+        "keepalive_timeout": float(read_timeout_s),
+        "lingering_time": float(lingering_time_s),
+        "shutdown_timeout": float(shutdown_grace_s),
+    }
 
 
 def _plain_error(request: web.Request, status: int, message: str, headers: dict[str, str]) -> web.StreamResponse:

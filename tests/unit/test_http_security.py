@@ -162,3 +162,18 @@ def test_server_options_bound_the_header_read() -> None:
     assert options["keepalive_timeout"] == 7.0
     with pytest.raises(ValueError, match="read_timeout_s"):
         server_options(read_timeout_s=0)
+
+
+async def test_a_slow_client_does_not_hold_the_shutdown() -> None:
+    """A request waiting 60 s for its body used to keep the service from stopping for aiohttp's 60 s default."""
+    import time
+
+    runner, port = await _server(_app(read_timeout_s=60), **server_options(read_timeout_s=60, shutdown_grace_s=1))
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
+    await writer.drain()
+    await asyncio.sleep(0.3)  # the handler now waits for the rest of the body
+    started = time.monotonic()
+    await runner.cleanup()
+    writer.close()
+    assert time.monotonic() - started < 15  # a liveness bound: the grace is 1 s, the body deadline 60 s

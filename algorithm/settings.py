@@ -94,8 +94,11 @@ class TrainSection(BaseModel):
     @property
     def group_deadline_s(self) -> float:
         """How long after dispatch a group may still complete: ``group_timeout_s``, else long enough for every
-        attempt of a rollout to time out (``rollout_timeout_s * max_attempts``) plus a minute."""
-        return self.group_timeout_s or self.rollout_timeout_s * self.max_attempts + 60.0
+        attempt of a rollout to time out (``rollout_timeout_s * max_attempts``), for the runners' backoff before
+        each retry (at most ``FULMEN_RUNNER_RETRY_BACKOFF_MAX_S``, 60 s by default, plus its jitter), plus a
+        minute."""
+        retries = self.max_attempts - 1
+        return self.group_timeout_s or self.rollout_timeout_s * self.max_attempts + 72.0 * retries + 60.0
 
     @property
     def groups_in_flight(self) -> int:

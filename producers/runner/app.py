@@ -8,16 +8,20 @@ Lifecycle of a request (a record of the tasks topic):
    rebalance); an attempt claimed by a runner that has left the group (killed) gets a new attempt number.
 2. Run: publish ``claimed`` and ``running``; call the agent inside a ``fulmen.rollout`` span (every span the
    agent makes is stamped with the rollout), under the request's timeout; flush the spans.
-3. Finish: if the attempt failed or timed out and attempts remain, publish the retry request (attempt + 1)
-   first; then, in one batch on the rollouts topic, ``queued`` for attempt + 1 followed by the terminal event
-   (``succeeded`` with the reward, ``failed``, ``timed_out``); only then is the record's offset committed (in
-   offset order per partition, whatever order rollouts finish in).
+3. Finish: if the attempt failed or timed out and attempts remain, publish the retry request (attempt + 1,
+   with a not-before time: exponential backoff, ``producers.runner.backoff``) first; then, in one batch on the
+   rollouts topic, ``queued`` for attempt + 1 followed by the terminal event (``succeeded`` with the reward,
+   ``failed``, ``timed_out``); only then is the record's offset committed (in offset order per partition,
+   whatever order rollouts finish in).
 
 Superseded attempts: because ``queued`` of the next attempt precedes a retried attempt's end on the rollouts
 topic (same key, same partition), every reader of that topic knows the attempt is superseded when it sees its
 end, however long the retry waits for a free slot: the transitions consumer never builds it (no rows in the
 transitions table, no batch on ``fulmen.transitions``), so a failed attempt that is retried never reaches
 training. A runner taking over a lost attempt publishes the same pair.
+
+A retry whose not-before time has not come is held (not run, its offset not committed) while the runner runs
+other requests; it starts when due and a slot is free, and goes to the new owner if its partition is taken away.
 
 Sync agents run in a capped thread pool or, with ``FULMEN_RUNNER_SYNC_ISOLATION=process``, in a process per
 rollout that is killed on timeout (``producers.runner.sync``).
@@ -40,6 +44,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
@@ -54,6 +59,7 @@ from infra.kafka.clients import admin_client, close_quietly, consumer, consumer_
 from infra.kafka.dlq import DeadLetters
 from infra.kafka.publish import EventPublisher
 from producers.runner.agent import AgentError, LLMEndpoint, call_agent
+from producers.runner.backoff import DelayedRequests, hold_until, retry_delay_s, with_not_before
 from producers.runner.ledger import RolloutLedger
 from producers.runner.offsets import PartitionProgress
 from producers.runner.settings import RunnerSettings
@@ -61,7 +67,7 @@ from producers.runner.sync import sync_caller
 from producers.runner.tracing import CURRENT_ROLLOUT, CoalescedFlush, build_tracer_provider
 from schemas import semconv
 from schemas.codec import decode
-from schemas.events import RolloutEvent, RolloutRequest, RolloutStatus
+from schemas.events import RolloutEvent, RolloutRequest, RolloutStatus, utc_now
 from schemas.topics import TopicKey, topic_name
 
 __all__ = ["Runner"]
@@ -69,6 +75,7 @@ __all__ = ["Runner"]
 log = logging.getLogger(__name__)
 
 _COMMIT_EVERY_S = 0.2
+_HELD_PER_SLOT = 16  # retries held until their time, per slot, before the runner stops fetching more
 
 
 @dataclass
@@ -76,6 +83,7 @@ class _Pending:
     tp: TopicPartition
     offset: int
     request: RolloutRequest
+    held: bool = False  # held until its not-before time already (it is not held twice)
 
 
 class Runner:
@@ -112,6 +120,8 @@ class Runner:
         self.running: dict[str, asyncio.Task[None]] = {}  # rollout id -> its task
         self.reporting: set[str] = set()  # of those, the ones whose agent is done (flushing and reporting)
         self.watching: list[_Pending] = []
+        self.delayed: DelayedRequests[_Pending] = DelayedRequests()  # retries held until their not-before time
+        self.max_held = _HELD_PER_SLOT * self.options.concurrency
         self.progress: dict[TopicPartition, PartitionProgress] = {}
         self.completed: dict[str, int] = {"succeeded": 0, "failed": 0, "timed_out": 0, "skipped": 0}
         self._fatal: BaseException | None = None
@@ -157,22 +167,24 @@ class Runner:
     async def poll_once(self) -> None:
         if self._fatal is not None:
             raise self._fatal
-        # A slot is an agent at work: a rollout that only reports its end (flush, terminal event) does not hold
-        # one, up to as many reporting as there are slots (so a slow broker still pushes back).
-        in_agents = len(self.running) - len(self.reporting)
-        free = self.options.concurrency - in_agents - max(0, len(self.reporting) - self.options.concurrency)
+        free = self._free_slots()
+        if free > 0 and self.delayed:
+            await self._start_due(free)
+            free = self._free_slots()
+        room = min(free, self.max_held - len(self.delayed))  # held retries bound what is fetched
         assigned = self.tasks.assignment()
-        if assigned and free <= 0:
-            # Full: wait for a rollout to end rather than poll (the group's heartbeat runs on its own).
+        if assigned and room <= 0:
+            # Full: wait for a rollout to end (or a held retry's time) rather than poll (the group's heartbeat
+            # runs on its own).
             self.tasks.pause(*assigned)
             self._slot_freed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._slot_freed.wait(), 0.5)
+                await asyncio.wait_for(self._slot_freed.wait(), self._wait_s(0.5))
             await self._commit(every_s=_COMMIT_EVERY_S)
             return
         if assigned:
             self.tasks.resume(*assigned)
-        fetched = await self.tasks.getmany(timeout_ms=500, max_records=max(free, 1))
+        fetched = await self.tasks.getmany(timeout_ms=round(self._wait_s(0.5) * 1000), max_records=max(room, 1))
         if fetched or self.watching:
             await self.ledger.catch_up()
         if self.watching:
@@ -184,6 +196,29 @@ class Runner:
                 self.progress.setdefault(tp, PartitionProgress()).add(record.offset)
                 await self._take(tp, record)
         await self._commit(every_s=_COMMIT_EVERY_S)
+
+    def _free_slots(self) -> int:
+        # A slot is an agent at work: a rollout that only reports its end (flush, terminal event) does not hold
+        # one, up to as many reporting as there are slots (so a slow broker still pushes back).
+        in_agents = len(self.running) - len(self.reporting)
+        return self.options.concurrency - in_agents - max(0, len(self.reporting) - self.options.concurrency)
+
+    def _wait_s(self, longest: float) -> float:
+        """How long the loop may wait: ``longest``, or less when a held retry comes due sooner."""
+        next_at = self.delayed.next_at
+        if next_at is None:
+            return longest
+        until = (next_at - utc_now()).total_seconds()
+        return longest if until <= 0 else min(longest, max(until, 0.001))  # due ones wait for a slot
+
+    async def _start_due(self, free: int) -> None:
+        """Start up to ``free`` held retries whose time has come, deciding on what the rollouts topic says now."""
+        due = self.delayed.pop_due(utc_now(), free)
+        if not due:
+            return
+        await self.ledger.catch_up()
+        for pending in due:
+            await self._decide_and_start(pending)
 
     async def _take(self, tp: TopicPartition, record: ConsumerRecord) -> None:
         try:
@@ -202,7 +237,7 @@ class Runner:
         state = self.ledger.get(request.rollout_id)
         queued = state is not None and state.attempt == request.attempt and state.status is RolloutStatus.QUEUED
         if state is None or state.attempt < request.attempt or queued:
-            self._start(pending, request)
+            self._start_when_due(pending, request)
         elif state.attempt > request.attempt or state.status.terminal:
             self.completed["skipped"] += 1  # an older attempt's copy, or an attempt that already ended
             self._finish(pending.tp, pending.offset)
@@ -224,6 +259,17 @@ class Runner:
         retry = request.model_copy(update={"attempt": lost_attempt + 1})
         await self._publish_events(self._event(retry, RolloutStatus.QUEUED), lost)  # superseded before it ends
         self._start(pending, retry)
+
+    def _start_when_due(self, pending: _Pending, request: RolloutRequest) -> None:
+        """Start now, or hold a retry until its not-before time (at most the longest backoff from now)."""
+        if not pending.held:
+            until = hold_until(request, utc_now(), self.options.longest_retry_wait_s)
+            if until is not None:
+                pending.held = True
+                self.delayed.push(pending, until)
+                log.debug("rollout %s attempt %d held until %s", request.rollout_id, request.attempt, until)
+                return
+        self._start(pending, request)
 
     def _start(self, pending: _Pending, request: RolloutRequest) -> None:
         task = asyncio.create_task(self._run_rollout(pending, request), name=f"rollout-{request.rollout_id}")
@@ -252,7 +298,7 @@ class Runner:
         await self.flusher.flush()  # the spans are out before the end is reported
         ended = self._event(request, status, reward=reward, error=error)
         if status is not RolloutStatus.SUCCEEDED and request.attempt < request.max_attempts:
-            retry = request.model_copy(update={"attempt": request.attempt + 1})
+            retry = self._retry_of(request, utc_now())
             await self.publisher.publish(TopicKey.TASKS, retry)
             # queued(attempt + 1) before this attempt's end: readers know it is superseded when they see its end
             await self._publish_events(self._event(retry, RolloutStatus.QUEUED), ended)
@@ -261,6 +307,16 @@ class Runner:
         self.completed[status.value] += 1
         log.info("rollout %s attempt %d %s (reward %s)", request.rollout_id, request.attempt, status.value, reward)
         self._finish(pending.tp, pending.offset)
+
+    def _retry_of(self, request: RolloutRequest, now: datetime) -> RolloutRequest:
+        """The next attempt's request, not to start before the backoff after ``now``."""
+        retry = request.model_copy(update={"attempt": request.attempt + 1})
+        opts = self.options
+        delay = retry_delay_s(request.attempt, opts.retry_backoff_s, opts.retry_backoff_max_s, opts.retry_jitter)
+        if delay <= 0:
+            return retry
+        log.info("rollout %s: attempt %d in %.1fs at the earliest", request.rollout_id, retry.attempt, delay)
+        return with_not_before(retry, now + timedelta(seconds=delay))
 
     async def _call(self, request: RolloutRequest) -> tuple[RolloutStatus, float | None, str | None]:
         llm = LLMEndpoint(
@@ -331,8 +387,10 @@ class Runner:
         except (CommitFailedError, IllegalStateError) as exc:
             log.warning("runner %s: commit refused after a rebalance: %s", self.runner_id, exc)
             return
-        for tp in offsets:
-            self.progress[tp].committable = None
+        for tp, committed in offsets.items():
+            progress = self.progress.get(tp)  # a rebalance during the commit may have revoked the partition
+            if progress is not None and progress.committable == committed.offset:
+                progress.committable = None  # unless more finished meanwhile: that is still to commit
 
     async def _alive(self, runner_id: str) -> bool:
         """Whether the runner that claimed an attempt is still a member of the runners' group."""
@@ -352,6 +410,7 @@ class Runner:
         for tp in partitions:
             self.progress.pop(tp, None)
         self.watching = [p for p in self.watching if p.tp not in partitions]
+        self.delayed.drop(lambda pending: pending.tp in partitions)
 
 
 class _Listener(ConsumerRebalanceListener):

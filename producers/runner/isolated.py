@@ -21,7 +21,7 @@ from opentelemetry import context, propagate
 
 def _call(payload: dict[str, Any]) -> dict[str, Any]:
     from producers.runner.agent import AgentError, LLMEndpoint, check_reward, load_agent
-    from producers.runner.tracing import CURRENT_ROLLOUT, build_tracer_provider
+    from producers.runner.tracing import CURRENT_ROLLOUT, build_tracer_provider, flush_all
     from schemas.events import RolloutRequest
 
     provider = build_tracer_provider(payload.get("otlp_endpoint") or None)
@@ -41,7 +41,7 @@ def _call(payload: dict[str, Any]) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"}
     finally:
         context.detach(token)
-        provider.force_flush()
+        flush_all(provider)
 
 
 async def _awaited(awaitable: Any) -> Any:

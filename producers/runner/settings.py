@@ -33,6 +33,15 @@ class RunnerSection(BaseModel):
     otlp_endpoint: str = Field(
         default="http://127.0.0.1:4318/v1/traces", description="where the agents' spans go (OTLP/HTTP); '' = nowhere"
     )
+    retry_backoff_s: float = Field(
+        default=2.0, ge=0, le=3600,
+        description="wait before retrying a failed or timed-out attempt, doubled for each further attempt "
+        "(carried on the retry as a not-before time; other rollouts run meanwhile); 0 = retry at once",
+    )  # fmt: skip
+    retry_backoff_max_s: float = Field(default=60.0, ge=0, le=24 * 3600, description="longest wait before a retry")
+    retry_jitter: float = Field(
+        default=0.2, ge=0, le=1, description="up to this fraction of the wait is added at random (spreads retries)"
+    )
     shutdown_grace_s: float = Field(default=30.0, ge=0, description="on SIGTERM, time to finish running rollouts")
     sync_isolation: Literal["thread", "process"] = Field(
         default="thread",
@@ -44,6 +53,11 @@ class RunnerSection(BaseModel):
         description="thread isolation: most sync agents running at once, timed-out ones included; "
         "0 = 2 x concurrency",
     )  # fmt: skip
+
+    @property
+    def longest_retry_wait_s(self) -> float:
+        """The most a runner holds a retry before starting it, whatever not-before time the request names."""
+        return self.retry_backoff_max_s * (1.0 + self.retry_jitter)
 
     @property
     def max_sync_threads(self) -> int:

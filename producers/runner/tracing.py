@@ -11,12 +11,28 @@ its provider: the runner adds its stamper to it. If that provider already export
 the runner adds no exporter of its own (two would send every span twice) and uses the agent's provider for its
 own ``fulmen.rollout`` span and its flushes; if it exports elsewhere (or nowhere), the runner's exporter is
 added beside it, so Fulmen gets one copy.
+
+An agent that sets its provider up later (inside its first call, say) cannot install it: the global provider
+is set once and the runner's is already there. Such an agent traces on its own provider object
+(``provider.get_tracer(...)``, or pydantic-ai's ``Agent.instrument_all`` with an explicit provider), and those
+spans go out through its own exporter. So once the runner exports to an endpoint it watches every SDK
+``TracerProvider`` of the process (:func:`watch_agent_providers` wraps ``TracerProvider.add_span_processor``):
+a provider that is given an OTLP exporter to that same endpoint is joined, i.e. gets the runner's stamper
+(once) and is flushed with the runner's provider before a rollout's end is reported (:func:`flush_all`). Its
+spans reach the spans topic once, through the agent's exporter, with the rollout stamped on them.
+
+Not covered: a provider that exports elsewhere (or through a processor that is not the SDK's batch or simple
+processor, or by another protocol) is left alone, so its spans reach Fulmen not at all (the runner's own spans
+and those of the global provider still do); a provider built before the runner's tracing was set up and never
+installed globally is not seen; a ``TracerProvider`` subclass that overrides ``add_span_processor`` is not seen.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import weakref
 from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,7 +46,16 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from schemas import semconv
 from schemas.events import RolloutRequest
 
-__all__ = ["CURRENT_ROLLOUT", "CoalescedFlush", "RolloutStamper", "build_tracer_provider", "exports_to"]
+__all__ = [
+    "CURRENT_ROLLOUT",
+    "CoalescedFlush",
+    "RolloutStamper",
+    "build_tracer_provider",
+    "exports_to",
+    "flush_all",
+    "joined_providers",
+    "watch_agent_providers",
+]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +90,8 @@ def build_tracer_provider(otlp_endpoint: str | None, *, install: bool = True) ->
     With ``install``, it becomes the global provider; when the process already has one (the agent's own), that
     one is kept and joined as the module docstring says, and may be the provider returned.
     """
+    if otlp_endpoint:
+        watch_agent_providers(otlp_endpoint)
     current = trace.get_tracer_provider() if install else None
     if isinstance(current, TracerProvider) and otlp_endpoint and exports_to(current, otlp_endpoint):
         log.info(
@@ -72,7 +99,8 @@ def build_tracer_provider(otlp_endpoint: str | None, *, install: bool = True) ->
             "second exporter",
             otlp_endpoint,
         )
-        current.add_span_processor(RolloutStamper())
+        if not _stamped(current):
+            current.add_span_processor(RolloutStamper())
         return current
     provider = TracerProvider(resource=Resource.create({semconv.SERVICE_NAME: "fulmen-agent"}))
     provider.add_span_processor(RolloutStamper())
@@ -98,14 +126,24 @@ def _install(provider: Any) -> None:
 def exports_to(provider: TracerProvider, endpoint: str) -> bool:
     """Whether one of ``provider``'s span processors exports (OTLP) to ``endpoint``."""
     wanted = _endpoint_key(endpoint)
-    for processor in getattr(provider._active_span_processor, "_span_processors", ()):
-        exporter = getattr(processor, "span_exporter", None) or getattr(
-            getattr(processor, "_batch_processor", None), "_exporter", None
-        )
-        target = getattr(exporter, "_endpoint", None)
-        if isinstance(target, str) and _endpoint_key(target) == wanted:
-            return True
-    return False
+    return any(_exported_endpoint(processor) == wanted for processor in _processors(provider))
+
+
+def _processors(provider: TracerProvider) -> tuple[SpanProcessor, ...]:
+    return tuple(getattr(provider._active_span_processor, "_span_processors", ()))
+
+
+def _stamped(provider: TracerProvider) -> bool:
+    return any(isinstance(processor, RolloutStamper) for processor in _processors(provider))
+
+
+def _exported_endpoint(processor: SpanProcessor) -> tuple[str, str, int | None, str] | None:
+    """Where an SDK batch or simple span processor exports to by OTLP, as an :func:`_endpoint_key`; else None."""
+    exporter = getattr(processor, "span_exporter", None) or getattr(
+        getattr(processor, "_batch_processor", None), "_exporter", None
+    )
+    target = getattr(exporter, "_endpoint", None)
+    return _endpoint_key(target) if isinstance(target, str) else None
 
 
 def _endpoint_key(url: str) -> tuple[str, str, int | None, str]:
@@ -119,8 +157,64 @@ def _endpoint_key(url: str) -> tuple[str, str, int | None, str]:
     return parts.scheme.lower(), host, port, parts.path.rstrip("/")
 
 
+class _AgentProviders:
+    """The endpoints the runner exports to, and the agents' providers joined because they export there too."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.endpoints: set[tuple[str, str, int | None, str]] = set()
+        self.joined: weakref.WeakSet[TracerProvider] = weakref.WeakSet()
+        self.original_add: Any = None  # TracerProvider.add_span_processor before it was wrapped
+
+
+_AGENT_PROVIDERS = _AgentProviders()
+
+
+def watch_agent_providers(otlp_endpoint: str) -> None:
+    """From now on, join every SDK ``TracerProvider`` given an OTLP exporter to ``otlp_endpoint`` (see the
+    module docstring): it gets the runner's stamper once and is flushed by :func:`flush_all`. Idempotent; the
+    wrap of ``TracerProvider.add_span_processor`` is process-wide, as the global provider is."""
+    watched = _AGENT_PROVIDERS
+    with watched.lock:
+        watched.endpoints.add(_endpoint_key(otlp_endpoint))
+        if watched.original_add is None:
+            watched.original_add = TracerProvider.add_span_processor
+            TracerProvider.add_span_processor = _add_span_processor  # type: ignore[method-assign]
+
+
+def _add_span_processor(self: TracerProvider, span_processor: SpanProcessor) -> None:
+    watched = _AGENT_PROVIDERS
+    watched.original_add(self, span_processor)
+    if isinstance(span_processor, RolloutStamper) or _exported_endpoint(span_processor) not in watched.endpoints:
+        return
+    with watched.lock:
+        if _stamped(self):  # the runner's own provider, or one joined already
+            return
+        watched.original_add(self, RolloutStamper())
+        watched.joined.add(self)
+    log.info(
+        "a tracer provider of the agent exports to the runner's OTLP endpoint: the runner stamps rollouts on its "
+        "spans and flushes it before each rollout's end is reported"
+    )
+
+
+def joined_providers() -> list[TracerProvider]:
+    """The agents' providers joined so far (see :func:`watch_agent_providers`)."""
+    with _AGENT_PROVIDERS.lock:
+        return list(_AGENT_PROVIDERS.joined)
+
+
+def flush_all(provider: Any, timeout_millis: int = 30_000) -> bool:
+    """Flush ``provider`` and every joined agent provider; False if one of them did not finish in time."""
+    flushed = bool(provider.force_flush(timeout_millis))
+    for joined in joined_providers():
+        if joined is not provider:
+            flushed = bool(joined.force_flush(timeout_millis)) and flushed
+    return flushed
+
+
 class CoalescedFlush:
-    """Flushes the provider for many finishing rollouts at once.
+    """Flushes the provider (and the joined agent providers) for many finishing rollouts at once.
 
     A rollout's spans must be exported before its end is reported. Each flush is a round trip to the OTLP
     endpoint, so rollouts that finish while a flush is running wait for the next one, which covers all of
@@ -144,7 +238,7 @@ class CoalescedFlush:
         while self._waiting:
             batch, self._waiting = self._waiting, []
             try:
-                await asyncio.to_thread(self.provider.force_flush)
+                await asyncio.to_thread(flush_all, self.provider)
             finally:
                 for future in batch:
                     if not future.done():

@@ -141,7 +141,7 @@ async def test_failures_and_timeouts_are_retried_with_new_attempts(settings: Ful
         request("bad", {}, max_attempts=2),
     ])  # fmt: skip
     async with runner_running(settings, "tests.agents.simple:flaky"):
-        events = await wait_terminal(settings, {"flaky"})
+        events = await wait_terminal(settings, {"flaky"}, final=2)  # the retry waits out its backoff first
     assert [(e.attempt, e.status) for e in events["flaky"] if e.status.terminal] == [
         (1, RolloutStatus.FAILED), (2, RolloutStatus.SUCCEEDED)
     ]  # fmt: skip

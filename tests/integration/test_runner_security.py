@@ -1,11 +1,18 @@
-"""Issue 11, against a real broker and store: a retried (superseded) attempt never reaches training."""
+"""Issue 11, against a real broker and store: a retried (superseded) attempt never reaches training; a retry
+waits for its backoff while other rollouts run."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from aiokafka import TopicPartition
+from opentelemetry.sdk.trace import TracerProvider
 
 from algorithm.collector import Collector
 from algorithm.dispatcher import DispatchedGroup
@@ -14,9 +21,12 @@ from consumers.transitions import TransitionsSection
 from infra.kafka.clients import consumer, start_or_raise
 from infra.settings import FulmenSettings
 from infra.store import Store
+from producers.runner import Runner, RunnerSettings, load_agent
+from producers.runner.backoff import not_before
+from schemas import RolloutRequest, decode, topic
 from schemas.events import RolloutMode, RolloutStatus
 from schemas.topics import TopicKey, topic_name
-from tests.integration.test_runner import request, runner_running, submit, wait_terminal
+from tests.integration.test_runner import events_by_rollout, request, runner_running, submit, wait_terminal
 from tests.integration.transition_pipeline import BatchReader, builders, consumers_running
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
@@ -74,3 +84,95 @@ async def test_a_retried_attempt_is_never_built_nor_trained_on(
     assert group.kept and not group.partial
     assert [(r.rollout_id, r.attempt, r.episode_reward) for r in group.rollouts] == [(r, 2, 1.0) for r in rollouts]
     assert collector.older_attempts == 0  # no attempt 1 ever reached the trainer
+
+
+def fails_once_when_asked(task: dict, llm: object) -> float:
+    """Fails the first attempt of a task that says ``fail_once`` (a marker file per task); succeeds otherwise."""
+    if task.get("fail_once"):
+        marker = Path(task["dir"]) / f"{task['name']}.tried"
+        if not marker.exists():
+            marker.write_text("1")
+            raise RuntimeError("first try fails")
+    time.sleep(task.get("sleep", 0))
+    return 1.0
+
+
+@asynccontextmanager
+async def backoff_runner(settings: FulmenSettings, agent: str, **runner: object) -> AsyncIterator[Runner]:
+    options = RunnerSettings(
+        home=settings.home, kafka=settings.kafka.model_dump(), clickhouse=settings.clickhouse.model_dump(),
+        runner={"agent": agent, "otlp_endpoint": "", "shutdown_grace_s": 5, **runner},
+    )  # fmt: skip
+    process = Runner(options, load_agent(agent), tracer_provider=TracerProvider())
+    stop = asyncio.Event()
+    task = asyncio.create_task(process.run(stop))
+    try:
+        yield process
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+
+
+async def tasks_on_topic(settings: FulmenSettings) -> list[RolloutRequest]:
+    """Every request on the tasks topic up to its end now."""
+    name = topic_name(TopicKey.TASKS, settings.kafka.topic_prefix)
+    reader = consumer(settings, None)
+    await start_or_raise(reader, settings)
+    partitions = [TopicPartition(name, p) for p in range(topic(TopicKey.TASKS).partitions)]
+    found: list[RolloutRequest] = []
+    try:
+        reader.assign(partitions)
+        await reader.seek_to_beginning(*partitions)
+        ends = await reader.end_offsets(partitions)
+        while [tp for tp, end in ends.items() if await reader.position(tp) < end]:
+            for records in (await reader.getmany(timeout_ms=500)).values():
+                found.extend(decode(RolloutRequest, record.value) for record in records)
+    finally:
+        await reader.stop()
+    return found
+
+
+async def test_a_retry_waits_for_its_backoff_while_other_rollouts_run(settings: FulmenSettings, tmp_path: Path) -> None:
+    backoff_s = 5.0
+    others = {f"other-{i}" for i in range(3)}
+    agent = "tests.integration.test_runner_security:fails_once_when_asked"
+    # one slot: had the retry taken it while waiting, no other rollout could run before it
+    async with backoff_runner(settings, agent, concurrency=1, retry_backoff_s=backoff_s, retry_jitter=0):
+        await submit(settings, [request("flaky", {"fail_once": True, "dir": str(tmp_path), "name": "flaky"})])
+        await wait_terminal(settings, {"flaky"})
+        await submit(settings, [request(r, {"sleep": 0.1}) for r in sorted(others)])
+        await wait_terminal(settings, others)
+        events = await wait_terminal(settings, {"flaky"}, final=2)
+    flaky = {(e.attempt, e.status): e.timestamp for e in events["flaky"]}
+    failed, retried = flaky[(1, RolloutStatus.FAILED)], flaky[(2, RolloutStatus.CLAIMED)]
+    assert (2, RolloutStatus.SUCCEEDED) in flaky
+    assert retried - failed >= timedelta(seconds=backoff_s)  # not started before its backoff
+    for other in others:  # and the slot served other rollouts meanwhile
+        (ended,) = [e.timestamp for e in events[other] if e.status is RolloutStatus.SUCCEEDED]
+        assert failed < ended < retried, (other, failed, ended, retried)
+    (retry,) = [r for r in await tasks_on_topic(settings) if r.rollout_id == "flaky" and r.attempt == 2]
+    assert not_before(retry) is not None and not_before(retry) >= failed + timedelta(seconds=backoff_s)
+
+
+async def test_a_held_retry_is_taken_by_another_runner_after_a_restart(
+    settings: FulmenSettings, tmp_path: Path
+) -> None:
+    """The not-before time travels with the request: a runner that stops while holding the retry hands it back
+    uncommitted, and the next runner waits for the same time, then runs it."""
+    backoff_s = 4.0
+    agent = "tests.integration.test_runner_security:fails_once_when_asked"
+    async with backoff_runner(settings, agent, retry_backoff_s=backoff_s, retry_jitter=0) as first:
+        await submit(settings, [request("flaky", {"fail_once": True, "dir": str(tmp_path), "name": "flaky"})])
+        await wait_terminal(settings, {"flaky"})
+        deadline = time.monotonic() + 60
+        while not first.delayed and time.monotonic() < deadline:  # until it took the retry and holds it
+            await asyncio.sleep(0.05)
+        assert first.delayed, "the first runner never held the retry"
+    assert first.completed["succeeded"] == 0
+    async with backoff_runner(settings, agent, retry_backoff_s=backoff_s, retry_jitter=0):
+        events = await wait_terminal(settings, {"flaky"}, final=2)
+    flaky = {(e.attempt, e.status): e for e in events["flaky"]}
+    assert flaky[(2, RolloutStatus.SUCCEEDED)].runner_id != flaky[(1, RolloutStatus.FAILED)].runner_id
+    failed, retried = flaky[(1, RolloutStatus.FAILED)].timestamp, flaky[(2, RolloutStatus.CLAIMED)].timestamp
+    assert retried - failed >= timedelta(seconds=backoff_s)
+    assert len([e for e in (await events_by_rollout(settings))["flaky"] if e.status is RolloutStatus.CLAIMED]) == 2

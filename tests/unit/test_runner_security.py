@@ -1,5 +1,6 @@
 """Issue 11, runner side: prefixed consumer groups, masked settings, SASL errors, runner help, sync agents that
-can (process) or cannot (thread) be stopped, an agent's own tracer provider not doubling the export."""
+can (process) or cannot (thread) be stopped, an agent's own tracer provider (set up at import or late) neither
+doubling the export nor missing the rollout's stamp, retry backoff."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -22,8 +24,17 @@ from infra.kafka.clients import connection_kwargs, consumer, consumer_group
 from infra.kafka.dlq import DeadLetters
 from infra.settings import FulmenSettings
 from producers.runner.agent import AgentError, LLMEndpoint
+from producers.runner.backoff import (
+    NOT_BEFORE_KEY,
+    DelayedRequests,
+    hold_until,
+    not_before,
+    retry_delay_s,
+    with_not_before,
+)
 from producers.runner.settings import RunnerSection
 from producers.runner.sync import ProcessAgent, ThreadAgent
+from schemas import RolloutRequest
 
 pytestmark = pytest.mark.security
 
@@ -205,3 +216,139 @@ def test_the_runner_adds_no_second_exporter_to_the_same_endpoint(agent_endpoint:
     script = AGENT_SETUP.format(agent_endpoint=agent_endpoint)
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == expected, done.stderr
+
+
+LATE_AGENT_SETUP = """
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from producers.runner.tracing import CURRENT_ROLLOUT, build_tracer_provider, flush_all, joined_providers
+from schemas import RolloutRequest, semconv
+
+runner_provider = build_tracer_provider("http://127.0.0.1:4318/v1/traces")
+CURRENT_ROLLOUT.set(RolloutRequest(rollout_id="r7", task_id="t", group_id="g", input={{}}))
+
+# the agent's first call: its own provider, too late to be installed, so it traces on the object itself
+agent_provider = TracerProvider()
+agent_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint="{agent_endpoint}")))
+memory = InMemorySpanExporter()
+agent_provider.add_span_processor(SimpleSpanProcessor(memory))
+trace.set_tracer_provider(agent_provider)  # refused: the runner's is installed
+agent_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint="{agent_endpoint}")))
+with agent_provider.get_tracer("agent").start_as_current_span("agent run"):
+    pass
+(span,) = memory.get_finished_spans()
+stampers = sum(type(p).__name__ == "RolloutStamper" for p in agent_provider._active_span_processor._span_processors)
+print(span.attributes.get(semconv.ROLLOUT_ID), stampers, agent_provider in joined_providers(),
+      trace.get_tracer_provider() is runner_provider)
+"""
+
+
+@pytest.mark.parametrize(
+    ("agent_endpoint", "expected"),
+    [
+        ("http://localhost:4318/v1/traces", "r7 1 True True"),
+        ("http://collector.example:4318/v1/traces", "None 0 False True"),
+    ],
+)
+def test_a_provider_the_agent_builds_late_is_stamped_when_it_exports_to_the_runners_endpoint(
+    agent_endpoint: str, expected: str
+) -> None:
+    script = LATE_AGENT_SETUP.format(agent_endpoint=agent_endpoint)
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == expected, done.stderr
+
+
+async def test_the_runners_flush_covers_the_joined_providers() -> None:
+    from producers.runner import tracing
+
+    flushed: list[str] = []
+
+    class Provider:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def force_flush(self, timeout_millis: int = 30_000) -> bool:
+            flushed.append(self.name)
+            return True
+
+    runner, agent = Provider("runner"), Provider("agent")
+    joined = tracing._AGENT_PROVIDERS.joined
+    joined.add(agent)  # type: ignore[arg-type]
+    try:
+        await tracing.CoalescedFlush(runner).flush()
+    finally:
+        joined.discard(agent)  # type: ignore[arg-type]
+    assert flushed == ["runner", "agent"]
+
+
+# --- retry backoff --------------------------------------------------------------------------------------------
+def test_the_retry_wait_doubles_per_attempt_up_to_the_cap_and_jitter_only_adds() -> None:
+    assert [retry_delay_s(n, 2.0, 60.0, 0.0) for n in (1, 2, 3, 4, 5, 6, 99)] == [2, 4, 8, 16, 32, 60, 60]
+    assert retry_delay_s(3, 2.0, 60.0, 0.5, uniform=lambda: 0.0) == 8.0
+    assert retry_delay_s(3, 2.0, 60.0, 0.5, uniform=lambda: 0.999) == pytest.approx(8.0 * 1.4995)
+    assert retry_delay_s(3, 0.0, 60.0, 0.5) == 0.0  # 0 = retry at once
+
+
+def test_a_not_before_time_travels_in_the_metadata_and_is_held_at_most_the_longest_wait() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    request = RolloutRequest(task_id="t", group_id="g", input={}, metadata={"user": "kept"})
+    assert not_before(request) is None and hold_until(request, now, 60) is None
+    later = with_not_before(request, now + timedelta(seconds=5))
+    assert later.metadata["user"] == "kept" and not_before(later) == now + timedelta(seconds=5)
+    assert hold_until(later, now, 60) == now + timedelta(seconds=5)
+    assert hold_until(later, now + timedelta(seconds=6), 60) is None  # due already
+    far = with_not_before(request, now + timedelta(days=365))  # a forged or skewed time: offsets not held for it
+    assert hold_until(far, now, 60) == now + timedelta(seconds=60)
+    garbled = request.model_copy(update={"metadata": {NOT_BEFORE_KEY: "soon"}})
+    assert not_before(garbled) is None
+
+
+def test_held_requests_come_out_when_due_earliest_first_bounded_and_droppable() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    held: DelayedRequests[str] = DelayedRequests()
+    for name, seconds in (("c", 3), ("a", 1), ("b", 2), ("a2", 1), ("gone", 0)):
+        held.push(name, now + timedelta(seconds=seconds))
+    held.drop(lambda name: name == "gone")
+    assert held.next_at == now + timedelta(seconds=1) and len(held) == 4
+    assert held.pop_due(now, 10) == []
+    assert held.pop_due(now + timedelta(seconds=2), 2) == ["a", "a2"]  # at most as many as free slots
+    assert held.pop_due(now + timedelta(seconds=2), 2) == ["b"]
+    assert held.pop_due(now + timedelta(seconds=9), 2) == ["c"] and held.next_at is None
+
+
+def test_retry_settings_have_backoff_defaults() -> None:
+    section = RunnerSection()
+    assert section.retry_backoff_s > 0 and section.retry_backoff_max_s >= section.retry_backoff_s
+    assert section.longest_retry_wait_s == section.retry_backoff_max_s * (1 + section.retry_jitter)
+
+
+# --- a rebalance during a commit ------------------------------------------------------------------------------
+async def test_a_partition_revoked_while_its_commit_is_in_flight_does_not_crash_the_runner() -> None:
+    """Seen under load: the heartbeat expired, the group rebalanced during `commit`, the partition's progress
+    was dropped, and the runner died with a KeyError (the demo then waited for rollouts nobody ran)."""
+    from aiokafka import TopicPartition
+
+    from producers.runner.app import Runner
+    from producers.runner.offsets import PartitionProgress
+
+    revoked, kept = TopicPartition("tasks", 0), TopicPartition("tasks", 1)
+    runner = object.__new__(Runner)  # only the commit path is exercised: no clients, no settings
+    runner.runner_id, runner._committed_at = "r", 0.0
+    runner.progress = {revoked: PartitionProgress(), kept: PartitionProgress()}
+    for progress in runner.progress.values():
+        progress.committable = 5
+
+    class _Tasks:
+        def assignment(self) -> set[TopicPartition]:
+            return {revoked, kept}
+
+        async def commit(self, offsets: dict) -> None:
+            runner.progress.pop(revoked)  # the rebalance listener runs while the commit is in flight
+            runner.progress[kept].committable = 7  # and more of this partition finishes meanwhile
+
+    runner.tasks = _Tasks()
+    await runner._commit()
+    assert runner.progress[kept].committable == 7  # still to commit: it was not what went out

@@ -197,7 +197,7 @@ def test_train_settings_come_from_fulmen_train_variables(monkeypatch: pytest.Mon
     train = settings.train
     assert (train.group_size, train.incomplete_policy, train.max_staleness, train.estimator) == (4, "drop", 0, "rloo")
     assert settings.run_dir == tmp_path / "runs" / "r-7" and train.groups_in_flight == 2 * train.groups_per_step
-    assert train.group_deadline_s == 600 * 3 + 60  # every attempt may time out before the group does
+    assert train.group_deadline_s == 600 * 3 + 72 * 2 + 60  # every attempt may time out, each retry back off
     monkeypatch.setenv("FULMEN_TRAIN_MIN_GROUP_SIZE", "5")
     with pytest.raises(ValueError, match="min_group_size"):
         TrainSettings()

@@ -9,6 +9,7 @@ answer 200), and stops all of them in reverse order on :meth:`Services.stop` (SI
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -64,7 +65,12 @@ class Services:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | self.base_env | spec.env
         with open(self.log_dir / f"{spec.name}.log", "ab") as out:
             process = subprocess.Popen(
-                [*FULMEN, *spec.args], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                [*FULMEN, *spec.args],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
             )  # fmt: skip  (Ctrl-C reaches only the demo)
         self.running.append((spec, process))
         log.info("started %s (pid %d)", spec.name, process.pid)
@@ -112,3 +118,12 @@ class Services:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: on Linux, get SIGTERM when the demo dies, even by SIGKILL (a demo killed by a
+    timeout left its gateways, runner and consumers running)."""
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG

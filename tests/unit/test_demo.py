@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +129,38 @@ def test_shuffle_rewards_permutes_whole_reward_records_across_the_step() -> None
             assert [t.reward for t in batch.transitions] == [batch.episode_reward] * 2
     assert [b.rollout_id for g in shuffled for b in g.rollouts] == [b.rollout_id for g in groups for b in g.rollouts]
     assert shuffle_rewards(groups, seed=1) == shuffled
+
+
+@pytest.mark.security
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_demo_service_dies_with_a_killed_demo(tmp_path: Path) -> None:
+    """A demo killed by SIGKILL (a test's timeout) used to leave its gateways, runner and consumers running."""
+    pid_file = tmp_path / "child.pid"
+    parent = (
+        "import subprocess, sys, time\n"
+        "from algorithm.demo.services import _die_with_parent\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
+        " start_new_session=True, preexec_fn=_die_with_parent)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(120)\n"
+    )
+    demo = subprocess.Popen([sys.executable, "-c", parent], cwd=Path(__file__).parents[2])
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "the child never started"
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    demo.kill()
+    demo.wait()
+    deadline = time.monotonic() + 20  # a liveness bound
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.1)
+    assert not _alive(child), "the service outlived the demo"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

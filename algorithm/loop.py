@@ -13,9 +13,11 @@ One step N (the policy being served is version ``N - 1``; version 0 is the base 
 3. one policy update (``backend.step``, in a worker thread so Kafka heartbeats go on; ``train_s``);
 4. save the checkpoint to ``<run dir>/checkpoints/v<N>`` (atomically: see ``TrainerBackend.save``), publish
    ``ModelVersion(version=N, format="hf")`` and wait for the broker's acknowledgement (``publish_s``); while the
-   broker does not acknowledge, retry with backoff (before each retry, ask ``version_published`` whether an
-   earlier attempt landed after all) until it does or ``stop`` is set: then the step ends unpublished, and
-   ``fulmen train`` publishes the checkpoint on restart (:meth:`TrainingLoop.publish_resumed`);
+   broker does not acknowledge, retry with backoff (before each retry, wait until the earlier attempt's record
+   has left the producer's buffer, ``EventPublisher.settle``, then ask ``version_published`` whether it landed
+   after all: a version is on the topic at most once) until it does or ``stop`` is set (an attempt under way
+   gets ``stop_grace_s`` more): then the step ends unpublished, and ``fulmen train`` publishes the checkpoint
+   on restart (:meth:`TrainingLoop.publish_resumed`);
 5. with a validation set, when due (before step 1, every ``val_every`` steps, after the last step): dispatch
    every validation task, wait for all its groups, report ``val_accuracy`` = share of validation rollouts whose
    EPISODE REWARD IS > 0.5 (None counts as wrong) and ``val_reward_mean`` (None counts as
@@ -66,6 +68,10 @@ CORRECT_ABOVE = 0.5
 RETRY_BACKOFF_S = (1.0, 30.0)
 """Waits between attempts to publish a model version or step metrics: the first, doubling up to the second."""
 
+STOP_GRACE_S = 2.0
+"""How long an attempt to publish (or to look for) a version or metrics may go on once ``stop`` is set: a broker
+that answers does so in milliseconds; during an outage the attempt is cancelled rather than waited out."""
+
 VersionCheck = Callable[[ModelVersion], Awaitable[bool]]
 """Whether the models topic already holds this version (of this run); raises ``RetryableError`` when unsure."""
 
@@ -110,6 +116,7 @@ class TrainingLoop:
         clock: Callable[[], float] = time.perf_counter,
         version_published: VersionCheck | None = None,
         retry_backoff_s: tuple[float, float] = RETRY_BACKOFF_S,
+        stop_grace_s: float = STOP_GRACE_S,
     ) -> None:
         self.plan = plan
         self.options = plan.train
@@ -121,6 +128,7 @@ class TrainingLoop:
         self.clock = clock
         self.version_published = version_published
         self.retry_backoff_s = retry_backoff_s
+        self.stop_grace_s = stop_grace_s
         self.version = plan.initial_version
         self.waiting = _Waiting()
 
@@ -170,7 +178,7 @@ class TrainingLoop:
                                  stale=dropped["stale"])  # fmt: skip
         if await self._retrying(lambda retry: self._send(TopicKey.METRICS, event), stop,
                                 f"publishing the metrics of step {number}") is None:  # fmt: skip
-            log.warning("stopped before the metrics of step %d were acknowledged; they are lost (version %d is "
+            log.warning("stopped before the metrics of step %d were acknowledged; they may be lost (version %d is "
                         "published)", number, number)  # fmt: skip
             return None
         self.collector.done(g.group_id for g in groups)
@@ -274,6 +282,8 @@ class TrainingLoop:
         check = self.version_published
 
         async def send(retry: bool) -> bool:
+            if retry:  # the earlier attempt's record may still be buffered: once it is not, the topic is final
+                await self.publisher.settle()
             if retry and check is not None and await check(event):  # the attempt that timed out was written
                 log.info("model version %d reached the models topic on an earlier attempt; not sent again",
                          event.version)  # fmt: skip
@@ -297,12 +307,13 @@ class TrainingLoop:
 
     async def _retrying(self, call: Callable[[bool], Awaitable[bool]], stop: asyncio.Event, what: str) -> bool | None:
         """``await call(retry)`` until it ends without a ``RetryableError`` (a broker outage): its result; between
-        attempts wait ``retry_backoff_s`` (doubling). None when ``stop`` is set before an attempt succeeds."""
+        attempts wait ``retry_backoff_s`` (doubling). None when ``stop`` is set before an attempt succeeds (an
+        attempt under way when it is set gets ``stop_grace_s`` more, then is cancelled)."""
         delay, longest = self.retry_backoff_s
         retry = False
         while True:
             try:
-                return await call(retry)
+                return await self._unless_stopped(call(retry), stop)
             except RetryableError as exc:
                 log.warning("%s failed (%s); retrying in %.1fs until the broker answers", what, exc, delay)
             try:
@@ -311,6 +322,27 @@ class TrainingLoop:
             except TimeoutError:
                 pass
             retry, delay = True, min(delay * 2, longest)
+
+    async def _unless_stopped(self, attempt: Awaitable[bool], stop: asyncio.Event) -> bool | None:
+        """``await attempt``, unless ``stop`` is set and the attempt has not ended ``stop_grace_s`` later: then it
+        is cancelled (and has cleaned up) and the answer is None. A record it sent may still land (the next
+        attempt, or the next run, looks on the topic first)."""
+        task = asyncio.ensure_future(attempt)
+        stopped = asyncio.ensure_future(stop.wait())
+        cancelled = False
+        try:
+            await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                await asyncio.wait([task], timeout=self.stop_grace_s)
+        finally:
+            stopped.cancel()
+            if not task.done():
+                task.cancel()
+                cancelled = True
+                await asyncio.wait([task])  # never raises the task's own error, only a cancellation of ours
+        if cancelled and task.cancelled():
+            return None
+        return task.result()
 
     def _extra(self, metrics: StepMetrics, too_long: int) -> dict[str, float]:
         return {

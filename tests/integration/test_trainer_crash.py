@@ -1,11 +1,13 @@
 """Model versions survive a broker outage and a restart, against a real broker: a version whose publish is not
-acknowledged is retried and lands exactly once; a run stopped during the outage publishes its saved checkpoint
+acknowledged is retried and lands exactly once, also when the broker is stopped as it is sent and its record is
+still in the producer's buffer when the retry begins; a run stopped during the outage publishes its saved checkpoint
 when it restarts, once; a restart whose version is already on the models topic sends nothing again; a Kafka
 failure ends ``train()`` with a readable FulmenError."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from pathlib import Path
 
@@ -15,13 +17,15 @@ from aiokafka.errors import KafkaConnectionError
 import algorithm.train as train_module
 from algorithm.collector import Collector
 from algorithm.dispatcher import DatasetTask
+from algorithm.loop import TrainingLoop
 from algorithm.settings import TrainSettings
 from algorithm.train import train
 from algorithm.trainer.base import StepMetrics
 from infra.errors import BrokerUnavailableError
+from infra.kafka.local import LocalKafka
 from infra.kafka.publish import EventPublisher
 from infra.settings import FulmenSettings
-from schemas import ModelVersion, TopicKey, TrainStep
+from schemas import ModelVersion, TopicKey, TrainStep, topic_name
 from tests.integration.test_train_loop import read_topic, simulated_runners
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
@@ -106,6 +110,57 @@ async def test_a_version_whose_acknowledgement_was_lost_lands_exactly_once(
     steps = await train_with_runners(settings, tmp_path / "run", steps=2)
     assert [s.step for s in steps] == [1, 2]
     assert await versions(settings) == expected(tmp_path / "run", 1, 2)
+
+
+PRODUCER_RETRY_S = 60.0
+"""The producer's wait before it sends a failed batch again (100 ms by default): longer than the broker takes to
+stop, time the publish out and start again (up to 40 s seen on a busy machine), so the loop's retry reads the
+models topic while the first record is still in the producer's buffer (with a multi-broker cluster, a produce
+refused for want of in-sync replicas while reads go on does the same)."""
+
+
+def restarted_mid_publish(broker: LocalKafka, settings: FulmenSettings, state: dict[str, bool]) -> type:
+    """An EventPublisher that stops the broker as the first model version is sent (the producer knows the topic,
+    as it does mid-run; the record waits in its buffer), times out after 2 s and starts the broker again. Sets
+    ``state["buffered_when_back"]``: whether the record had not landed yet once the broker was back."""
+
+    class Interrupted(EventPublisher):
+        def __init__(self, kafka_producer, *, prefix: str = "") -> None:
+            super().__init__(kafka_producer, prefix=prefix, timeout_s=2.0)
+
+        async def publish_many(self, key, events):
+            if key is not TopicKey.MODELS or state["interrupted"]:
+                return await super().publish_many(key, events)
+            state["interrupted"] = True
+            await self.producer.partitions_for(topic_name(key, self.prefix))
+            sender = self.producer._sender  # aiokafka's private sender: its produce retries wait _retry_backoff
+            assert isinstance(sender._retry_backoff, float)  # (an upgrade that renames it must fail here)
+            sender._retry_backoff = PRODUCER_RETRY_S  # set after start: starting still retries every 100 ms
+            await asyncio.to_thread(broker.stop)
+            try:
+                return await super().publish_many(key, events)
+            finally:
+                await asyncio.to_thread(broker.start)
+                state["buffered_when_back"] = await versions(settings) == []
+
+    return Interrupted
+
+
+async def test_a_version_sent_as_the_broker_stops_and_restarts_lands_exactly_once(
+    settings: FulmenSettings, kafka_broker: LocalKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = tmp_path / "run"
+    RecordingBackend().save(run_dir / "checkpoints" / "v1")  # saved, then killed before the publish
+    state = {"interrupted": False, "buffered_when_back": False}
+    monkeypatch.setattr(train_module, "EventPublisher", restarted_mid_publish(kafka_broker, settings, state))
+    monkeypatch.setattr(train_module, "TrainingLoop", functools.partial(TrainingLoop, retry_backoff_s=(0.2, 1.0)))
+    try:
+        assert await asyncio.wait_for(train(options(settings, run_dir, steps=1), TASKS, None,
+                                            backend=RecordingBackend()), 180) == []  # fmt: skip
+    finally:
+        await asyncio.to_thread(kafka_broker.start)  # running again for the next tests, whatever happened
+    assert state["buffered_when_back"], "the broker took longer than PRODUCER_RETRY_S to restart: raise it"
+    assert await versions(settings) == expected(run_dir, 1)  # read from the start: once, not twice
 
 
 async def test_a_version_left_unpublished_by_an_outage_is_published_once_on_restart(

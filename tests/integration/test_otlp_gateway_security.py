@@ -58,9 +58,45 @@ async def test_hostile_bodies_get_a_4xx_with_an_encodable_reason(settings: Fulme
                 json.loads(response.text)
             else:
                 status_pb2.Status.FromString(response.content)
-        # A 2-byte gzip body (once hung past 10 s): aiohttp inflates it to nothing, an empty export: answered.
+        # A 2-byte gzip body (once hung past 10 s, then accepted as an empty export): a truncated stream.
         response = await client.post(url, content=b"\x1f\x8b", headers=PROTOBUF | gz)
-        assert response.status_code in (200, 400)
+        assert response.status_code == 400 and "truncated" in status_pb2.Status.FromString(response.content).message
+
+
+async def test_gzip_bodies_are_checked_to_their_end_and_capped_once_inflated(settings: FulmenSettings) -> None:
+    """The stock exporters send gzip: a stream cut short, a wrong CRC or trailing bytes are a 400 naming the
+    problem (aiohttp took a truncated stream as the prefix it had decoded), and a bomb is a 413."""
+    export = make_request(20, seed=9).SerializeToString()
+    packed = gzip.compress(export)
+    bad_crc = bytearray(packed)
+    bad_crc[-8] ^= 0xFF
+    bomb = gzip.compress(b"\x00" * (64 * 1024 * 1024), compresslevel=9)
+    gz = {"Content-Encoding": "gzip"}
+    async with (
+        gateway_running(settings, max_body_bytes=1024 * 1024) as gateway,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        url = f"http://127.0.0.1:{gateway.port}/v1/traces"
+        cases = [
+            (packed[: len(packed) // 2], PROTOBUF, 400, "truncated"),
+            (packed[:-1], PROTOBUF, 400, "truncated"),
+            (bytes(bad_crc), PROTOBUF, 400, "checksum"),
+            (packed + b"\x0a\x00", PROTOBUF, 400, "trailing"),
+            (gzip.compress(_span_json())[:-6], JSON, 400, "truncated"),
+            (bomb, PROTOBUF, 413, "after gzip inflation"),
+        ]
+        for body, kind, status, words in cases:
+            response = await client.post(url, content=body, headers=kind | gz)
+            assert response.status_code == status, (words, response.status_code, response.text[:200])
+            if kind is JSON:
+                message = json.loads(response.text)["message"]
+            else:
+                message = status_pb2.Status.FromString(response.content).message
+            assert words in message, message
+        assert gateway.stats.records == 0 and gateway.stats.spans_accepted == 0
+        response = await client.post(url, content=packed, headers=PROTOBUF | gz)
+        assert response.status_code == 200 and gateway.stats.spans_accepted == 20
+        assert gateway.stats.records == 2  # 20 spans in traces of 10
 
 
 async def test_undecodable_authorization_header_is_401(settings: FulmenSettings) -> None:
@@ -94,20 +130,43 @@ async def test_oversize_declaration_is_refused_before_reading_and_slow_bodies_ti
         writer.close()
 
 
+async def _busiest_turn(stop: asyncio.Event) -> float:
+    """The most CPU time the event loop's thread spent between two of this task's turns (seconds): what a
+    request waiting for the loop waits at least, however idle the machine (wall time also counts the time the
+    process waits for a core, which on a shared machine says little about the gateway)."""
+    worst = 0.0
+    while not stop.is_set():
+        started = time.thread_time()
+        await asyncio.sleep(0.002)
+        worst = max(worst, time.thread_time() - started)
+    return worst
+
+
 async def test_healthz_answers_while_a_large_body_is_decoded(settings: FulmenSettings) -> None:
-    body = make_request(10_000, spans_per_trace=1, seed=1).SerializeToString()  # ~10 MB, 10,000 traces
+    body = make_request(10_000, spans_per_trace=1, seed=1).SerializeToString()  # ~12 MB, 10,000 traces
     async with (
         gateway_running(settings, max_body_bytes=32 * 1024 * 1024) as gateway,
         httpx.AsyncClient(timeout=120) as client,
     ):
         base = f"http://127.0.0.1:{gateway.port}"
+        await client.get(f"{base}/healthz")  # the connection is open before the clock starts
+        done = asyncio.Event()
+        turns = asyncio.create_task(_busiest_turn(done))
         post = asyncio.create_task(client.post(f"{base}/v1/traces", content=body, headers=PROTOBUF))
         worst = 0.0
         while not post.done():
             started = time.perf_counter()
             assert (await client.get(f"{base}/healthz")).status_code == 200
             worst = max(worst, time.perf_counter() - started)
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.01)
+        done.set()
         assert (await post).status_code == 200
-    print(f"OTLP body {len(body)} bytes: worst /healthz latency {worst * 1000:.0f} ms")
-    assert worst < 1.0  # liveness bound (the issue measured a 6 s stall); see the report for the measured value
+        assert gateway.stats.records == 10_000 and gateway.stats.spans_accepted == 10_000
+        busiest = await turns
+    print(f"OTLP body {len(body)} bytes: worst /healthz latency {worst * 1000:.0f} ms, busiest loop turn "
+          f"{busiest * 1000:.0f} ms of CPU")  # fmt: skip
+    # The loop's thread never works 100 ms without a break (measured ~15 ms; before the decoding process and
+    # the frozen heap, full garbage collections on that thread took 300-800 ms). Wall time gets a liveness bound
+    # only (the issue measured a 6 s stall): it depends on how busy the machine is.
+    assert busiest < 0.1
+    assert worst < 5.0  # wall clock, with room for a loaded CI machine; the CPU bound above is the strict one

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import zlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -48,6 +52,17 @@ async def _server(app: web.Application, **options) -> tuple[web.AppRunner, int]:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
+@asynccontextmanager
+async def _serving(app: web.Application) -> AsyncIterator[aiohttp.ClientSession]:
+    """A client of ``app`` served as the services serve it (``server_options``: aiohttp does not inflate)."""
+    runner, port = await _server(app)
+    try:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as session:
+            yield session
+    finally:
+        await runner.cleanup()
 
 
 async def test_declared_oversize_body_is_refused_before_reading() -> None:
@@ -98,16 +113,111 @@ async def test_slow_headers_are_cut_off_by_the_read_timeout() -> None:
 
 
 async def test_corrupt_gzip_body_is_a_400() -> None:
-    async with TestClient(TestServer(_app())) as client:
+    async with _serving(_app()) as client:
         for body in (b"\x1f\x8bnot gzip at all", b"\x1f\x8b\x08\x00garbage" * 3, b"plain"):
             response = await client.post("/echo", data=body, headers={"Content-Encoding": "gzip"})
             assert response.status == 400, body
-        # aiohttp inflates gzip itself and takes a truncated stream as the prefix it holds (it checks the end of
-        # the stream for deflate only): no error, never a 500; the service's decoder judges what came out.
-        response = await client.post("/echo", data=b"\x1f\x8b", headers={"Content-Encoding": "gzip"})
-        assert response.status == 200 and await response.text() == "0"
         response = await client.post("/echo", data=gzip.compress(b"hello"), headers={"Content-Encoding": "gzip"})
         assert response.status == 200 and await response.text() == "5"
+
+
+def _bad_crc(data: bytes) -> bytes:
+    """A gzip member whose CRC-32 (bytes -8..-4 of the trailer) does not match its content."""
+    member = bytearray(gzip.compress(data))
+    member[-8] ^= 0xFF
+    return bytes(member)
+
+
+_HELLO = gzip.compress(b"hello world " * 100)
+
+
+@pytest.mark.parametrize(
+    ("body", "encoding", "words"),
+    [
+        (b"\x1f\x8b", "gzip", "truncated"),  # aiohttp inflated this to an empty body: a 200
+        (_HELLO[:-4], "gzip", "truncated"),  # the trailer cut short
+        (_HELLO[: len(_HELLO) // 2], "gzip", "truncated"),  # cut in the middle of the deflate data
+        (_bad_crc(b"hello world " * 100), "gzip", "checksum"),
+        (_HELLO + b"trailing garbage", "gzip", "trailing"),
+        (_HELLO + b"\x00" * 8, "gzip", "trailing"),
+        (zlib.compress(b"hello world " * 100)[:-3], "deflate", "truncated"),
+        (zlib.compress(b"hello") + b"junk", "deflate", "trailing"),
+    ],
+    ids=[
+        "magic-only",
+        "short-trailer",
+        "half",
+        "bad-crc",
+        "garbage-after",
+        "zeros-after",
+        "deflate-cut",
+        "deflate-junk",
+    ],
+)
+async def test_truncated_or_corrupt_compressed_body_is_a_400_naming_the_problem(
+    body: bytes, encoding: str, words: str
+) -> None:
+    app = _app()
+    async with _serving(app) as client:
+        response = await client.post("/echo", data=body, headers={"Content-Encoding": encoding})
+        text = await response.text()
+        assert response.status == 400, (response.status, text)
+        assert words in text and encoding in text, text
+    assert app[RECEIVED] == []  # the handler never saw a prefix of the body
+
+
+async def test_compressed_body_inflating_past_the_limit_is_a_413() -> None:
+    """A gzip bomb: ~70 bytes that inflate to 64 MiB; refused once the inflated size passes the cap."""
+    app = _app()
+    bomb = gzip.compress(b"\x00" * (64 * 1024 * 1024), compresslevel=9)
+    assert len(bomb) < LIMIT
+    async with _serving(app) as client:
+        for body, encoding in ((bomb, "gzip"), (zlib.compress(b"\x00" * (LIMIT + 1)), "deflate")):
+            response = await client.post("/echo", data=body, headers={"Content-Encoding": encoding})
+            assert response.status == 413, encoding
+        exact = gzip.compress(b"z" * LIMIT)  # exactly at the cap: accepted
+        response = await client.post("/echo", data=exact, headers={"Content-Encoding": "gzip"})
+        assert response.status == 200 and await response.text() == str(LIMIT)
+    assert app[RECEIVED] == [LIMIT]
+
+
+async def test_good_compressed_bodies_are_inflated() -> None:
+    payload = bytes(range(256)) * 200  # 51,200 bytes
+    deflater = zlib.compressobj(wbits=-15)
+    raw_deflate = deflater.compress(payload) + deflater.flush()
+    cases = [
+        (gzip.compress(payload), "gzip"),
+        (gzip.compress(payload[:1000]) + gzip.compress(payload[1000:]), "gzip"),  # two members (RFC 1952 2.2)
+        (zlib.compress(payload), "deflate"),  # RFC 1950 zlib framing, as the RFC says
+        (raw_deflate, "deflate"),  # bare RFC 1951 data, as some clients send it (aiohttp accepted both)
+        (gzip.compress(payload), "GZIP"),
+        (b"", "gzip"),  # no body at all
+        (payload, "identity"),
+    ]
+    async with _serving(_app()) as client:
+        for body, encoding in cases:
+            response = await client.post("/echo", data=body, headers={"Content-Encoding": encoding})
+            expected = "0" if not body else str(len(payload))
+            assert response.status == 200 and await response.text() == expected, encoding
+
+        async def chunks():  # chunked transfer of a gzip body: inflated the same way
+            data = gzip.compress(payload)
+            for start in range(0, len(data), 1000):
+                yield data[start : start + 1000]
+
+        response = await client.post("/echo", data=chunks(), headers={"Content-Encoding": "gzip"})
+        assert response.status == 200 and await response.text() == str(len(payload))
+
+
+async def test_unsupported_content_coding_is_a_415() -> None:
+    async with _serving(_app()) as client:
+        for encoding in ("br", "zstd"):
+            response = await client.post("/echo", data=b"\x00" * 16, headers={"Content-Encoding": encoding})
+            assert response.status == 415 and encoding in await response.text(), encoding
+
+
+def test_server_options_leave_inflation_to_read_body() -> None:
+    assert server_options(read_timeout_s=7)["auto_decompress"] is False
 
 
 async def test_bearer_token_is_required_and_checked() -> None:

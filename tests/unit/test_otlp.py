@@ -12,7 +12,15 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from bench.otlp_payloads import make_request
 from consumers.otlp_rows import SpanColumns, any_value_text
 from infra.errors import PoisonInputError
-from producers.otlp_gateway.otlp import decode_json, decode_protobuf, encode_response, split_by_trace, validate
+from producers.otlp_gateway.decoding import BodyDecoder, DecoderCrashedError
+from producers.otlp_gateway.otlp import (
+    decode_json,
+    decode_protobuf,
+    encode_response,
+    prepare,
+    split_by_trace,
+    validate,
+)
 from schemas import semconv
 
 
@@ -76,6 +84,55 @@ def test_split_cuts_a_trace_that_is_too_big_for_one_record() -> None:
     records = split_by_trace(request, max_record_bytes=8 * 1024)
     assert len(records) > 1 and all(len(r.value) <= 8 * 1024 for r in records)
     assert sum(r.spans for r in records) == 40 and len({r.key for r in records}) == 1
+
+
+def _mixed_body() -> tuple[bytes, list]:
+    """A protobuf body with a rejected span and a trace too big for one record; and the records it must give."""
+    request = make_request(60, seed=11, spans_per_trace=20)
+    request.resource_spans[0].scope_spans[0].spans[5].span_id = bytes(8)
+    body = request.SerializeToString()
+    expected = validate(decode_protobuf(body), max_span_bytes=7 * 1024)
+    return body, split_by_trace(expected.request, max_record_bytes=8 * 1024)
+
+
+def test_prepare_gives_the_records_split_by_trace_gives() -> None:
+    body, records = _mixed_body()
+    prepared = prepare(body, False, 7 * 1024, 8 * 1024)
+    assert (prepared.accepted, prepared.rejected) == (59, 1) and "span_id" in prepared.error_message
+    assert prepared.keys == [r.key for r in records] and prepared.values == [r.value for r in records]
+    unsplit = prepare(body, False, 7 * 1024, 8 * 1024, split=False)
+    assert (unsplit.accepted, unsplit.keys, unsplit.values) == (59, [], [])
+
+
+async def test_large_bodies_are_decoded_in_a_process_with_the_same_results() -> None:
+    """The process path (bodies of ``process_body_bytes`` and up) answers exactly as the thread path does:
+    the same records, the same 400 reason; a worker that dies fails its body alone, and the next body starts a
+    fresh pool."""
+    import os
+    import signal
+
+    body, records = _mixed_body()
+    decoder = BodyDecoder(max_span_bytes=7 * 1024, max_record_bytes=8 * 1024, processes=1, process_body_bytes=1024)
+    try:
+        assert decoder.uses_process(len(body)) and not decoder.uses_process(1023)
+        in_process = await decoder.prepare(body, False)
+        on_thread = prepare(body, False, 7 * 1024, 8 * 1024)
+        assert in_process == on_thread and in_process.values == [r.value for r in records]
+        garbage = b"\xff" * 2048
+        with pytest.raises(PoisonInputError) as from_process:
+            await decoder.prepare(garbage, False)
+        with pytest.raises(PoisonInputError) as from_thread:
+            prepare(garbage, False, 7 * 1024, 8 * 1024)
+        assert str(from_process.value) == str(from_thread.value)
+        pool = decoder._pool
+        assert pool is not None
+        for pid in list(pool._processes):  # type: ignore[union-attr]
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(DecoderCrashedError, match="died"):
+            await decoder.prepare(body, False)
+        assert await decoder.prepare(body, False) == on_thread  # a fresh pool
+    finally:
+        decoder.close()
 
 
 def test_partial_success_response() -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from infra.kafka.local import LocalKafka
+from infra.kafka.local import LocalKafka, process_alive
 
 __all__ = ["Broker", "Fleet", "Proc", "fulmen_command"]
 
@@ -141,7 +141,7 @@ class Broker:
             raise RuntimeError("the broker is not running")
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
-        while _pid_alive(pid) and time.monotonic() < deadline:
+        while process_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         log.info("killed the broker (pid %d) with SIGKILL", pid)
         return pid
@@ -149,19 +149,6 @@ class Broker:
     def stop(self, grace_s: float) -> None:
         with contextlib.suppress(Exception):
             self.kafka.stop(grace_s)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie (not reaped by its parent) counts as dead
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    return False
 
 
 class Fleet:

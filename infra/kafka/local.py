@@ -29,7 +29,7 @@ from pathlib import Path
 from infra.errors import BrokerUnavailableError, ConfigurationError
 from infra.settings import BrokerSettings, FulmenSettings
 
-__all__ = ["BrokerStatus", "LocalKafka", "port_is_free"]
+__all__ = ["BrokerStatus", "LocalKafka", "port_is_free", "process_alive"]
 
 log = logging.getLogger(__name__)
 
@@ -151,12 +151,12 @@ class LocalKafka:
             return False
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and process_alive(pid):
             time.sleep(0.1)
-        if _alive(pid):
+        if process_alive(pid):
             log.warning("local Kafka pid %d ignored SIGTERM for %.0fs: killing it", pid, grace_s)
             os.kill(pid, signal.SIGKILL)
-            while _alive(pid):
+            while process_alive(pid):
                 time.sleep(0.05)
         self.pid_file.unlink(missing_ok=True)
         log.info("local Kafka stopped (pid %d)", pid)
@@ -199,7 +199,7 @@ class LocalKafka:
             pid = int(self.pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
-        if not _alive(pid):
+        if not process_alive(pid):
             return None
         # Guard against pid reuse: the process must be our broker with our properties file.
         with contextlib.suppress(OSError):
@@ -288,7 +288,7 @@ def _accepts(host: str, port: int) -> bool:
     return False
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -11,7 +11,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from aiokafka import TopicPartition
 from opentelemetry.sdk.trace import TracerProvider
 
 from algorithm.collector import Collector
@@ -23,10 +22,11 @@ from infra.settings import FulmenSettings
 from infra.store import Store
 from producers.runner import Runner, RunnerSettings, load_agent
 from producers.runner.backoff import not_before
-from schemas import RolloutRequest, decode, topic
+from schemas import RolloutRequest
 from schemas.events import RolloutMode, RolloutStatus
 from schemas.topics import TopicKey, topic_name
 from tests.integration.test_runner import events_by_rollout, request, runner_running, submit, wait_terminal
+from tests.integration.test_train_loop import read_topic
 from tests.integration.transition_pipeline import BatchReader, builders, consumers_running
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
@@ -115,21 +115,7 @@ async def backoff_runner(settings: FulmenSettings, agent: str, **runner: object)
 
 async def tasks_on_topic(settings: FulmenSettings) -> list[RolloutRequest]:
     """Every request on the tasks topic up to its end now."""
-    name = topic_name(TopicKey.TASKS, settings.kafka.topic_prefix)
-    reader = consumer(settings, None)
-    await start_or_raise(reader, settings)
-    partitions = [TopicPartition(name, p) for p in range(topic(TopicKey.TASKS).partitions)]
-    found: list[RolloutRequest] = []
-    try:
-        reader.assign(partitions)
-        await reader.seek_to_beginning(*partitions)
-        ends = await reader.end_offsets(partitions)
-        while [tp for tp, end in ends.items() if await reader.position(tp) < end]:
-            for records in (await reader.getmany(timeout_ms=500)).values():
-                found.extend(decode(RolloutRequest, record.value) for record in records)
-    finally:
-        await reader.stop()
-    return found
+    return await read_topic(settings, TopicKey.TASKS, RolloutRequest)
 
 
 async def test_a_retry_waits_for_its_backoff_while_other_rollouts_run(settings: FulmenSettings, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from algorithm.registry import Registry
+from fulmen.algorithm.registry import Registry
 
 __all__ = [
     "AdvantageEstimator",

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from algorithm.errors import PoisonInputError
+from fulmen.algorithm.errors import PoisonInputError
 
 __all__ = ["Sample", "TrainBatch", "collate"]
 

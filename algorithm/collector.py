@@ -1,7 +1,7 @@
 """The collector: consumes ``fulmen.transitions`` with its own consumer group and hands out closed groups.
 
 Lifecycle: build with a started consumer over the transitions topic (or any object with aiokafka's
-``getmany``/``commit``, e.g. an in-memory fake) and a :class:`~algorithm.groups.GroupBook`; register each
+``getmany``/``commit``, e.g. an in-memory fake) and a :class:`~fulmen.algorithm.groups.GroupBook`; register each
 dispatched group (:meth:`Collector.expect`); call :meth:`Collector.poll` repeatedly: it decodes the records
 that arrived, files them (the book's rules: latest attempt, completion, timeout policy) and returns the groups
 that closed, kept or dropped. Once the caller has made a group's effect durable (trained on it and published
@@ -15,7 +15,7 @@ process does not know (dispatched before a restart) is ignored and counted, as i
 (logged with its topic, partition and offset).
 
 Superseded attempts: a retried attempt's batch is normally never published (the transitions worker skips an
-attempt whose next attempt the rollouts topic already announced: see ``consumers.transitions.worker``). Should
+attempt whose next attempt the rollouts topic already announced: see ``fulmen.consumers.transitions.worker``). Should
 one arrive anyway, the book keeps only the latest attempt of each rollout, replacing a provisional failed
 attempt when its retry arrives and ignoring older ones (``older_attempts``), so a superseded attempt never
 reaches a training batch.
@@ -30,11 +30,11 @@ from typing import Any, Protocol
 
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 
-from algorithm.dispatcher import DispatchedGroup
-from algorithm.groups import AddOutcome, ClosedGroup, GroupBook
-from schemas.codec import decode
-from schemas.errors import DecodeError
-from schemas.events import TransitionBatch
+from fulmen.algorithm.dispatcher import DispatchedGroup
+from fulmen.algorithm.groups import AddOutcome, ClosedGroup, GroupBook
+from fulmen.schemas.codec import decode
+from fulmen.schemas.errors import DecodeError
+from fulmen.schemas.events import TransitionBatch
 
 __all__ = ["Collector", "OffsetLedger", "TransitionSource"]
 

@@ -17,7 +17,7 @@ intermediate reward) every r_t is None: "no reward", which the trainer must not 
 missing, ``intermediate`` counts it as 0 and credits the intermediate rewards alone.
 
 Registering a name twice raises :class:`ConfigurationError`; so does asking for an unknown name, and that
-error lists the valid ones (``algorithm.registry``). The transitions consumer imports this module (the one
+error lists the valid ones (``fulmen.algorithm.registry``). The transitions consumer imports this module (the one
 import from ``consumers`` into ``algorithm``: pure math with no dependency beyond the registry and the errors).
 """
 
@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Protocol
 
-from algorithm.errors import ConfigurationError
-from algorithm.registry import Registry
+from fulmen.algorithm.errors import ConfigurationError
+from fulmen.algorithm.registry import Registry
 
 __all__ = [
     "CREDIT_STRATEGIES",

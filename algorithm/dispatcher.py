@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.errors import ConfigurationError
-from infra.kafka.publish import EventPublisher
-from schemas.codec import decode_obj
-from schemas.errors import DecodeError
-from schemas.events import RolloutEvent, RolloutMode, RolloutRequest, RolloutStatus, new_id
-from schemas.topics import TopicKey
+from fulmen.infra.errors import ConfigurationError
+from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.schemas.codec import decode_obj
+from fulmen.schemas.errors import DecodeError
+from fulmen.schemas.events import RolloutEvent, RolloutMode, RolloutRequest, RolloutStatus, new_id
+from fulmen.schemas.topics import TopicKey
 
 __all__ = ["DatasetTask", "DispatchedGroup", "Dispatcher", "load_dataset"]
 

@@ -26,10 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from algorithm.dispatcher import DispatchedGroup
-from algorithm.registry import Registry
-from algorithm.settings import IncompletePolicy
-from schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
+from fulmen.algorithm.dispatcher import DispatchedGroup
+from fulmen.algorithm.registry import Registry
+from fulmen.algorithm.settings import IncompletePolicy
+from fulmen.schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
 
 __all__ = [
     "INCOMPLETE_POLICIES",

@@ -2,13 +2,13 @@
 
 One step N (the policy being served is version ``N - 1``; version 0 is the base model):
 
-1. keep ``max_groups_in_flight`` train groups dispatched (:class:`~algorithm.dispatcher.Dispatcher`, requests
-   stamped with the served version) and poll the :class:`~algorithm.collector.Collector` until
+1. keep ``max_groups_in_flight`` train groups dispatched (:class:`~fulmen.algorithm.dispatcher.Dispatcher`, requests
+   stamped with the served version) and poll the :class:`~fulmen.algorithm.collector.Collector` until
    ``groups_per_step`` kept train groups are ready (``rollout_wait_s``);
 2. (control runs only, ``shuffle_rewards``: permute the rewards across the step's rollouts,
-   :func:`~algorithm.groups.shuffle_rewards`); drop the transitions older than ``max_staleness`` versions
-   (:func:`~algorithm.groups.drop_stale`, counted as ``dropped_stale``; a group left empty is replaced by the
-   next), build one sample per transition with its group advantage (:func:`~algorithm.samples.build_samples`,
+   :func:`~fulmen.algorithm.groups.shuffle_rewards`); drop the transitions older than ``max_staleness`` versions
+   (:func:`~fulmen.algorithm.groups.drop_stale`, counted as ``dropped_stale``; a group left empty is replaced by the
+   next), build one sample per transition with its group advantage (:func:`~fulmen.algorithm.samples.build_samples`,
    estimator and scope from the settings);
 3. one policy update (``backend.step``, in a worker thread so Kafka heartbeats go on; ``train_s``);
 4. save the checkpoint to ``<run dir>/checkpoints/v<N>`` (atomically: see ``TrainerBackend.save``), publish
@@ -28,7 +28,7 @@ One step N (the policy being served is version ``N - 1``; version 0 is the base 
    transitions).
 
 Only the latest attempt of each rollout is trained on: retried attempts are never built (transitions worker)
-and the collector keeps the latest attempt per rollout (see ``algorithm.collector``).
+and the collector keeps the latest attempt per rollout (see ``fulmen.algorithm.collector``).
 
 With ``publish_initial_version``, a run that starts from the base model (version 0) publishes it first; a resumed
 run does not (its version is a checkpoint: see :meth:`TrainingLoop.publish_resumed`).
@@ -47,16 +47,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from algorithm.collector import Collector
-from algorithm.dispatcher import Dispatcher
-from algorithm.groups import ClosedGroup, drop_stale, drop_too_long, shuffle_rewards
-from algorithm.samples import StepSamples, build_samples
-from algorithm.settings import TrainSection
-from algorithm.trainer.base import StepMetrics, TrainerBackend
-from infra.errors import RetryableError
-from infra.kafka.publish import EventPublisher
-from schemas.events import Event, ModelVersion, RolloutMode, TrainStep
-from schemas.topics import TopicKey
+from fulmen.algorithm.collector import Collector
+from fulmen.algorithm.dispatcher import Dispatcher
+from fulmen.algorithm.groups import ClosedGroup, drop_stale, drop_too_long, shuffle_rewards
+from fulmen.algorithm.samples import StepSamples, build_samples
+from fulmen.algorithm.settings import TrainSection
+from fulmen.algorithm.trainer.base import StepMetrics, TrainerBackend
+from fulmen.infra.errors import RetryableError
+from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.schemas.events import Event, ModelVersion, RolloutMode, TrainStep
+from fulmen.schemas.topics import TopicKey
 
 __all__ = ["LoopPlan", "TrainingLoop", "VersionCheck", "checkpoint_dir"]
 

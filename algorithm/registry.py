@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from algorithm.errors import ConfigurationError
+from fulmen.algorithm.errors import ConfigurationError
 
 __all__ = ["Registry"]
 

@@ -1,8 +1,8 @@
-"""Closed groups -> training samples: one :class:`~algorithm.batch.Sample` per transition, with its advantage.
+"""Closed groups -> training samples: one :class:`~fulmen.algorithm.batch.Sample` per transition, with its advantage.
 
 The advantage comes from the registry estimator (``grpo``, ``dr_grpo``, ``rloo``) applied within each group.
 WHICH rewards it compares is the advantage scope (registry ``ADVANTAGE_SCOPES``, keyed by
-:class:`~algorithm.settings.AdvantageScope`):
+:class:`~fulmen.algorithm.settings.AdvantageScope`):
 
 - ``episode`` (default): each rollout's return ``R_r`` is normalised against the group's returns,
   ``A_r = estimator(R)[r]``, and every transition of rollout ``r`` gets ``A_r``. ``R_r`` is the rollout's episode
@@ -26,12 +26,12 @@ from dataclasses import dataclass
 
 import torch
 
-from algorithm.advantages import compute_advantages, encode_group_ids
-from algorithm.batch import Sample
-from algorithm.groups import ClosedGroup
-from algorithm.registry import Registry
-from algorithm.settings import AdvantageScope
-from schemas.events import Transition, TransitionBatch
+from fulmen.algorithm.advantages import compute_advantages, encode_group_ids
+from fulmen.algorithm.batch import Sample
+from fulmen.algorithm.groups import ClosedGroup
+from fulmen.algorithm.registry import Registry
+from fulmen.algorithm.settings import AdvantageScope
+from fulmen.schemas.events import Transition, TransitionBatch
 
 __all__ = ["ADVANTAGE_SCOPES", "StepSamples", "build_samples", "rollout_return"]
 

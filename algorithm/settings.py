@@ -13,21 +13,21 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, model_validator
 
-from infra.settings import FulmenSettings
-from schemas.events import IDENTIFIER_PATTERN, new_id
+from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.events import IDENTIFIER_PATTERN, new_id
 
 __all__ = ["AdvantageScope", "IncompletePolicy", "TrainSection", "TrainSettings"]
 
 
 class IncompletePolicy(StrEnum):
-    """What to do with a group still missing rollouts when its timeout passes (see ``algorithm.groups``)."""
+    """What to do with a group still missing rollouts when its timeout passes (see ``fulmen.algorithm.groups``)."""
 
     TRAIN_PARTIAL = "train_partial"  # train on the rollouts that arrived (at least min_group_size of them)
     DROP = "drop"  # drop the whole group
 
 
 class AdvantageScope(StrEnum):
-    """Which rewards the advantage estimator compares within a group (see ``algorithm.samples``)."""
+    """Which rewards the advantage estimator compares within a group (see ``fulmen.algorithm.samples``)."""
 
     EPISODE = "episode"  # the rollouts' returns, broadcast to each rollout's transitions
     TRANSITION = "transition"  # every transition's credited reward against all transitions of the group

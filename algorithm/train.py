@@ -2,7 +2,7 @@
 
 :func:`train` resolves the base model (``model_path = "tiny"`` builds the tiny model into
 ``<run dir>/base-model``), loads the torch backend, starts an idempotent producer and the collector's consumer
-(group ``consumer_group`` on the transitions topic), runs :class:`~algorithm.loop.TrainingLoop` and closes the
+(group ``consumer_group`` on the transitions topic), runs :class:`~fulmen.algorithm.loop.TrainingLoop` and closes the
 clients. A run dir that already holds checkpoints resumes: the backend loads the highest ``v<N>`` and the loop
 continues with step ``N + 1`` up to ``steps`` (the optimizer state is not saved, so it starts afresh). Only
 Kafka is needed: runners, the transitions consumer and the LLM gateway are other processes.
@@ -26,20 +26,20 @@ from pathlib import Path
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
-from algorithm.collector import Collector
-from algorithm.dispatcher import DatasetTask, Dispatcher
-from algorithm.groups import GroupBook
-from algorithm.loop import LoopPlan, TrainingLoop
-from algorithm.settings import TrainSection, TrainSettings
-from algorithm.trainer.base import TEMPORARY_MARK, TrainerBackend
-from infra.errors import BrokerUnavailableError, ConfigurationError, DecodeError
-from infra.kafka.admin import partition_count
-from infra.kafka.clients import close_quietly, consumer, producer, start_or_raise
-from infra.kafka.publish import EventPublisher
-from infra.settings import FulmenSettings
-from schemas.codec import decode
-from schemas.events import ModelVersion, RolloutMode, TrainStep
-from schemas.topics import TopicKey, topic_name
+from fulmen.algorithm.collector import Collector
+from fulmen.algorithm.dispatcher import DatasetTask, Dispatcher
+from fulmen.algorithm.groups import GroupBook
+from fulmen.algorithm.loop import LoopPlan, TrainingLoop
+from fulmen.algorithm.settings import TrainSection, TrainSettings
+from fulmen.algorithm.trainer.base import TEMPORARY_MARK, TrainerBackend
+from fulmen.infra.errors import BrokerUnavailableError, ConfigurationError, DecodeError
+from fulmen.infra.kafka.admin import partition_count
+from fulmen.infra.kafka.clients import close_quietly, consumer, producer, start_or_raise
+from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.codec import decode
+from fulmen.schemas.events import ModelVersion, RolloutMode, TrainStep
+from fulmen.schemas.topics import TopicKey, topic_name
 
 __all__ = ["build_backend", "latest_checkpoint", "model_versions", "resolve_model", "train", "version_on_topic"]
 
@@ -55,7 +55,7 @@ def resolve_model(model_path: str, run_dir: Path) -> str:
                                  "or set FULMEN_TRAIN_MODEL_PATH")  # fmt: skip
     if model_path != TINY:
         return model_path
-    from algorithm.tiny_model import build_tiny_model
+    from fulmen.algorithm.tiny_model import build_tiny_model
 
     directory = run_dir / "base-model"
     if not (directory / "config.json").exists():
@@ -66,7 +66,7 @@ def resolve_model(model_path: str, run_dir: Path) -> str:
 def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     """The highest ``<run_dir>/checkpoints/v<N>`` that holds a model (``config.json``), or None.
 
-    A directory still being written (``v<N>.tmp-<pid>``, see :func:`algorithm.trainer.base.atomic_directory`)
+    A directory still being written (``v<N>.tmp-<pid>``, see :func:`fulmen.algorithm.trainer.base.atomic_directory`)
     is never a checkpoint; one whose writer is gone (killed during a save) is removed."""
     found = []
     for path in (run_dir / "checkpoints").glob("v*"):
@@ -154,7 +154,7 @@ async def version_on_topic(settings: FulmenSettings, event: ModelVersion) -> boo
 
 def build_backend(options: TrainSection, model_path: str) -> TrainerBackend:
     """The torch trainer for ``model_path`` with the section's optimisation settings (loads the model)."""
-    from algorithm.trainer.torch_backend import LoraSettings, TorchTrainer, TorchTrainerConfig
+    from fulmen.algorithm.trainer.torch_backend import LoraSettings, TorchTrainer, TorchTrainerConfig
 
     lora = LoraSettings(r=options.lora_r, alpha=2.0 * options.lora_r) if options.lora_r else None
     return TorchTrainer(

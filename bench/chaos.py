@@ -1,7 +1,7 @@
 """Crash benchmark: kill -9 each Fulmen process in turn under load, restart it, and count what was lost or doubled.
 
 Starts the whole system as a user would, each part its own process on loopback with its own ``FULMEN_HOME``
-and free ports: a local Kafka broker (:class:`infra.kafka.local.LocalKafka`), ``fulmen consume`` (owns a fresh
+and free ports: a local Kafka broker (:class:`fulmen.infra.kafka.local.LocalKafka`), ``fulmen consume`` (owns a fresh
 embedded store, serves reads), ``fulmen otlp-gateway``, ``fulmen llm-gateway --model DIR`` on the tiny model
 (``algorithm/tiny_model.py``, version 0), ``fulmen runner --agent bench.chaos_agent:run`` and ``fulmen train``
 on the same model (GRPO, groups of rollouts dispatched through the runner). The load: OTLP span batches from
@@ -54,11 +54,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.chaos_count import DEFINITIONS, Phases, count_all
 from bench.chaos_load import LlmLoad, SpanLoad, TopicTail, first_after, read_topic
 from bench.chaos_procs import Broker, Fleet, Proc, fulmen_command
-from infra.kafka.admin import ensure_topics
-from infra.kafka.local import LocalKafka
-from infra.settings import BrokerSettings, FulmenSettings
-from infra.store import RemoteReader
-from schemas import ModelVersion, RolloutEvent, RolloutRequest, TopicKey, TrainStep, TransitionBatch
+from fulmen.infra.kafka.admin import ensure_topics
+from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.settings import BrokerSettings, FulmenSettings
+from fulmen.infra.store import RemoteReader
+from fulmen.schemas import ModelVersion, RolloutEvent, RolloutRequest, TopicKey, TrainStep, TransitionBatch
 
 log = logging.getLogger("bench.chaos")
 
@@ -156,7 +156,7 @@ class Chaos:
 
     def _prepare(self) -> tuple[Path, Path]:
         model, dataset = self.home / "model", self.home / "train.jsonl"
-        code = "import sys; from algorithm.tiny_model import build_tiny_model; build_tiny_model(sys.argv[1])"
+        code = "import sys; from fulmen.algorithm.tiny_model import build_tiny_model; build_tiny_model(sys.argv[1])"
         subprocess.run([sys.executable, "-c", code, str(model)], check=True, cwd=REPO, capture_output=True)
         dataset.write_text("".join(json.dumps({"question": f"what is {i} plus {i}?"}) + "\n" for i in range(16)))
         return model, dataset

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos_load import LOAD_SERVICE
-from schemas import semconv
-from schemas.events import TERMINAL_STATUSES, RolloutStatus
+from fulmen.schemas import semconv
+from fulmen.schemas.events import TERMINAL_STATUSES, RolloutStatus
 
 __all__ = ["DEFINITIONS", "Counts", "Phases", "count_all"]
 

@@ -26,9 +26,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from infra.kafka.clients import close_quietly, consumer, start_or_raise
-from infra.settings import FulmenSettings
-from schemas import TopicKey, decode, topic, topic_name
+from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
+from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas import TopicKey, decode, topic, topic_name
 
 __all__ = ["LOAD_SERVICE", "LlmLoad", "SpanLoad", "TopicTail", "first_after", "read_topic"]
 

@@ -2,7 +2,7 @@
 
 Each :class:`Proc` is one ``fulmen`` command (the console script next to this Python, as a user would run it) in
 its own session, configured only by ``FULMEN_*`` variables, its output appended to ``<home>/logs/<name>.log``.
-:class:`Broker` wraps :class:`infra.kafka.local.LocalKafka` the same way (kill -9 of the JVM, restart on the same
+:class:`Broker` wraps :class:`fulmen.infra.kafka.local.LocalKafka` the same way (kill -9 of the JVM, restart on the same
 data directory). :class:`Fleet` holds them all and stops every one of them (SIGTERM, then SIGKILL) on
 :meth:`Fleet.stop`, also when the bench fails or is interrupted.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from infra.kafka.local import LocalKafka, process_alive
+from fulmen.infra.kafka.local import LocalKafka, process_alive
 
 __all__ = ["Broker", "Fleet", "Proc", "fulmen_command"]
 
@@ -29,9 +29,9 @@ log = logging.getLogger(__name__)
 
 
 def fulmen_command() -> list[str]:
-    """``.venv/bin/fulmen`` when it sits next to this interpreter, else ``python -m infra.cli.main``."""
+    """``.venv/bin/fulmen`` when it sits next to this interpreter, else ``python -m fulmen.cli.main``."""
     script = Path(sys.executable).with_name("fulmen")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "infra.cli.main"]
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "fulmen.cli.main"]
 
 
 @dataclass

@@ -284,7 +284,7 @@ def server_errors(path: Path, offset: int, top: int = 12) -> dict[str, int]:
 def build_model(home: Path) -> Path:
     """The tiny model, built in a child process (the bench itself stays free of torch)."""
     directory = home / "tiny-model"
-    code = "import sys; from algorithm.tiny_model import build_tiny_model; build_tiny_model(sys.argv[1])"
+    code = "import sys; from fulmen.algorithm.tiny_model import build_tiny_model; build_tiny_model(sys.argv[1])"
     subprocess.run([sys.executable, "-c", code, str(directory)], cwd=REPO, check=True, timeout=600)
     return directory
 
@@ -384,9 +384,9 @@ def main() -> None:
     endpoints = [e for e in ENDPOINTS if e in args.endpoints.split(",")]
     needed = {server_of(e) for e in endpoints} | ({"otlp"} if any(e.startswith("sql") for e in endpoints) else set())
     print(f"logs and canary in {home}", file=sys.stderr)
-    from infra.kafka.admin import ensure_topics
-    from infra.kafka.local import LocalKafka
-    from infra.settings import BrokerSettings, FulmenSettings
+    from fulmen.infra.kafka.admin import ensure_topics
+    from fulmen.infra.kafka.local import LocalKafka
+    from fulmen.infra.settings import BrokerSettings, FulmenSettings
 
     broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")
     servers: dict[str, Server] = {}
@@ -401,7 +401,7 @@ def main() -> None:
                         self_port=ports["consume"])  # fmt: skip
         Path(target.canary).mkdir()
         env = environment(home, broker.bootstrap, ports, model, target.token)
-        fulmen = [sys.executable, "-m", "infra.cli.main"]
+        fulmen = [sys.executable, "-m", "fulmen.cli.main"]
         commands = {"otlp": ["otlp-gateway"], "llm": ["llm-gateway"], "consume": ["consume", "--sink", "spans"]}
         for name in ("otlp", "llm", "consume"):
             if name in needed:

@@ -10,7 +10,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from bench.fuzz_inputs import mutate_bytes, random_bytes
 from bench.otlp_payloads import make_request
-from schemas import semconv
+from fulmen.schemas import semconv
 
 __all__ = ["protobuf_body", "protobuf_variant"]
 

@@ -32,9 +32,9 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.span_ingest import _ready, cpu_seconds, free_port, peak_rss_mb, wait_for
-from infra.kafka.admin import ensure_topics
-from infra.kafka.local import LocalKafka
-from infra.settings import BrokerSettings, FulmenSettings
+from fulmen.infra.kafka.admin import ensure_topics
+from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.settings import BrokerSettings, FulmenSettings
 
 BODY = {
     "model": "fulmen",
@@ -95,7 +95,7 @@ def main() -> None:
     logs = {name: open(home / f"{name}.log", "wb") for name in ("upstream", "gateway")}  # noqa: SIM115
     upstream = subprocess.Popen([sys.executable, "-m", "bench.upstream_stub", str(upstream_port)], env=env,
                                 stdout=logs["upstream"], stderr=subprocess.STDOUT)  # fmt: skip
-    gateway = subprocess.Popen([sys.executable, "-m", "infra.cli.main", "llm-gateway"], env=env,
+    gateway = subprocess.Popen([sys.executable, "-m", "fulmen.cli.main", "llm-gateway"], env=env,
                                stdout=logs["gateway"], stderr=subprocess.STDOUT)  # fmt: skip
     report: dict = {}
     try:

@@ -22,7 +22,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from algorithm.tiny_model import build_tiny_model
+from fulmen.algorithm.tiny_model import build_tiny_model
 
 
 def _load_sampler():

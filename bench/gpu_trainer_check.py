@@ -1,6 +1,6 @@
 """GPU check of the torch trainer: GRPO and SFT steps on a tiny Qwen2, bf16 and fp32, with and without LoRA.
 
-For each of the four runs: build the trainer on a freshly written tiny model (``algorithm.tiny_model``),
+For each of the four runs: build the trainer on a freshly written tiny model (``fulmen.algorithm.tiny_model``),
 take ``--steps`` GRPO steps (KL to the reference on, two epochs per batch) and one SFT step, save, reload the
 checkpoint with ``AutoModelForCausalLM`` and compare logits. Checks: losses and gradient norms finite, no
 skipped update, every trainable weight changed (LoRA: every adapter weight changed, no base weight did),
@@ -28,10 +28,10 @@ import time
 
 import torch
 
-from algorithm.advantages import compute_advantages, encode_group_ids
-from algorithm.batch import Sample, collate
-from algorithm.tiny_model import TinyModelConfig, build_tiny_model
-from algorithm.trainer.torch_backend import LoraSettings, TorchTrainer, TorchTrainerConfig
+from fulmen.algorithm.advantages import compute_advantages, encode_group_ids
+from fulmen.algorithm.batch import Sample, collate
+from fulmen.algorithm.tiny_model import TinyModelConfig, build_tiny_model
+from fulmen.algorithm.trainer.torch_backend import LoraSettings, TorchTrainer, TorchTrainerConfig
 
 
 def make_samples(seed: int, count: int, group_size: int, max_response: int) -> list[Sample]:

@@ -10,7 +10,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from schemas import semconv
+from fulmen.schemas import semconv
 
 _SENTENCE = "the agent plans a tool call reads the result and answers the question about the weather in paris"
 _WORDS = _SENTENCE.split(" ")

@@ -30,12 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aiokafka import TopicPartition
 
 from bench.span_ingest import _ready, cpu_seconds, free_port, wait_for
-from infra.kafka.admin import ensure_topics, partition_count
-from infra.kafka.clients import close_quietly, consumer, producer, start_or_raise
-from infra.kafka.local import LocalKafka
-from infra.kafka.publish import EventPublisher
-from infra.settings import BrokerSettings, FulmenSettings
-from schemas import RolloutEvent, RolloutRequest, TopicKey, decode, topic_name
+from fulmen.infra.kafka.admin import ensure_topics, partition_count
+from fulmen.infra.kafka.clients import close_quietly, consumer, producer, start_or_raise
+from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.settings import BrokerSettings, FulmenSettings
+from fulmen.schemas import RolloutEvent, RolloutRequest, TopicKey, decode, topic_name
 
 
 async def run_case(settings: FulmenSettings, count: int, tag: str) -> dict:
@@ -89,7 +89,7 @@ def main() -> None:
         "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap, "FULMEN_HOME": str(home), "FULMEN_LOG_LEVEL": "WARNING",
         "FULMEN_OTLP_PORT": str(otlp_port), "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
     }  # fmt: skip
-    fulmen = [sys.executable, "-m", "infra.cli.main"]
+    fulmen = [sys.executable, "-m", "fulmen.cli.main"]
     report: dict = {}
     cases = [("noop", 4, False), ("noop", 16, False), ("ten_spans", 16, True)]
     try:
@@ -107,7 +107,7 @@ def main() -> None:
                 processes.append(subprocess.Popen([*fulmen, "otlp-gateway"], env=env, stdout=log, stderr=log))
                 wait_for(lambda: _ready(otlp_port), 60, "the OTLP gateway")
             profile = ["-m", "cProfile", "-o", str(args.profile / f"{tag}.prof")] if args.profile else []
-            command = [sys.executable, *profile, "-m", "infra.cli.main"]
+            command = [sys.executable, *profile, "-m", "fulmen.cli.main"]
             runner = subprocess.Popen([*command, "runner", "--agent", f"bench.agents:{agent}", "--concurrency",
                                        str(workers)], env=env, stdout=log, stderr=log)  # fmt: skip
             processes.append(runner)

@@ -31,10 +31,10 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.otlp_payloads import make_request
-from infra.kafka.admin import ensure_topics
-from infra.kafka.local import LocalKafka
-from infra.settings import BrokerSettings, FulmenSettings
-from infra.store import RemoteReader
+from fulmen.infra.kafka.admin import ensure_topics
+from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.settings import BrokerSettings, FulmenSettings
+from fulmen.infra.store import RemoteReader
 
 
 def encode_batches(count: int, size: int) -> list[tuple[str, bytes]]:
@@ -139,7 +139,7 @@ def main() -> None:
         "FULMEN_CLICKHOUSE_READ_PORT": str(read_port), "FULMEN_OTLP_PORT": str(gateway_port),
     }  # fmt: skip
     asyncio.run(ensure_topics(FulmenSettings(kafka={"bootstrap": broker.bootstrap})))
-    fulmen = [sys.executable, "-m", "infra.cli.main"]
+    fulmen = [sys.executable, "-m", "fulmen.cli.main"]
     logs = {name: open(home / f"{name}.log", "wb") for name in ("gateway", "consume")}  # noqa: SIM115
     gateway = subprocess.Popen([*fulmen, "otlp-gateway"], env=env, stdout=logs["gateway"], stderr=subprocess.STDOUT)
     consume = subprocess.Popen(

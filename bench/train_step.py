@@ -1,6 +1,6 @@
 """One GRPO step, Fulmen's :class:`TorchTrainer` vs TRL's GRPO loss, side by side on the same batch.
 
-For each model (the tiny Qwen2 of :mod:`algorithm.tiny_model`, then SmolLM2-135M-Instruct) both sides train on
+For each model (the tiny Qwen2 of :mod:`fulmen.algorithm.tiny_model`, then SmolLM2-135M-Instruct) both sides train on
 the SAME batch: the same samples (prompt and response token ids, GRPO advantages from binary rewards in groups,
 and "recorded" old logprobs), the same micro-batch size, the same device, float32 weights with the same compute
 dtype (float32 on CPU, bfloat16 autocast on CUDA), the same optimizer (``torch.optim.AdamW``, same lr and betas,
@@ -63,9 +63,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from algorithm.advantages import compute_advantages, encode_group_ids
-from algorithm.batch import Sample, TrainBatch, collate
 from bench.smollm2 import ensure_smollm2
+from fulmen.algorithm.advantages import compute_advantages, encode_group_ids
+from fulmen.algorithm.batch import Sample, TrainBatch, collate
 
 logger = logging.getLogger("bench.train_step")
 
@@ -118,7 +118,7 @@ def make_samples(work: Workload) -> list[Sample]:
 @torch.no_grad()
 def recorded_batch(model: torch.nn.Module, samples: list[Sample], pad_id: int, device: torch.device) -> TrainBatch:
     """The collated batch on ``device`` with old logprobs "recorded at sampling": the initial model's, float32."""
-    from algorithm.trainer.logprobs import token_logprobs
+    from fulmen.algorithm.trainer.logprobs import token_logprobs
 
     batch = collate(samples, pad_id).to(device)
     was_training = model.training
@@ -200,7 +200,7 @@ def timed(step, device: torch.device, repeats: int) -> dict:
 
 def run_ours(model_dir: Path, work: Workload, device: torch.device, dtype: str, repeats: int) -> dict:
     """Fulmen's side: ``TorchTrainer.step`` on the recorded batch."""
-    from algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig
+    from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig
 
     config = TorchTrainerConfig(
         model_dir, device=str(device), dtype=dtype, lr=LR, betas=BETAS, max_grad_norm=MAX_GRAD_NORM,
@@ -266,7 +266,7 @@ def run_trl(model_dir: Path, work: Workload, device: torch.device, dtype: str, r
     """TRL's side: ``GRPOTrainer.compute_loss`` + backward per micro-batch, then the same clip + AdamW step."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from algorithm.trainer.torch_backend import _pad_id
+    from fulmen.algorithm.trainer.torch_backend import _pad_id
 
     torch.manual_seed(work.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -376,7 +376,7 @@ def main() -> int:
     result["torch_threads"] = torch.get_num_threads()
     result["load_average"] = [round(os.getloadavg()[0], 2)]
     with tempfile.TemporaryDirectory() as tmp:
-        from algorithm.tiny_model import build_tiny_model
+        from fulmen.algorithm.tiny_model import build_tiny_model
 
         result.update(compare("tiny", build_tiny_model(Path(tmp) / "tiny"), args))
     if args.skip_smollm2:

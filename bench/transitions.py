@@ -40,14 +40,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from bench.span_ingest import cpu_seconds, free_port, peak_rss_mb
-from infra.kafka.admin import ensure_topics
-from infra.kafka.clients import consumer, producer, start_or_raise
-from infra.kafka.local import LocalKafka
-from infra.settings import BrokerSettings, FulmenSettings
-from schemas import semconv
-from schemas.codec import decode, encode
-from schemas.events import RolloutEvent, RolloutStatus, TransitionBatch
-from schemas.topics import TopicKey, topic, topic_name
+from fulmen.infra.kafka.admin import ensure_topics
+from fulmen.infra.kafka.clients import consumer, producer, start_or_raise
+from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.settings import BrokerSettings, FulmenSettings
+from fulmen.schemas import semconv
+from fulmen.schemas.codec import decode, encode
+from fulmen.schemas.events import RolloutEvent, RolloutStatus, TransitionBatch
+from fulmen.schemas.topics import TopicKey, topic, topic_name
 
 CALLS, PROMPT, RESPONSE = 5, 256, 64
 Rollout = tuple[str, list[tuple[bytes, bytes]], bytes]  # rollout id, span records (key, value), end event
@@ -240,7 +240,7 @@ def main() -> None:
     }  # fmt: skip
     asyncio.run(ensure_topics(settings))
     log = open(home / "consume.log", "wb")  # noqa: SIM115
-    command = [sys.executable, "-m", "infra.cli.main", "consume", "--sink", "spans", "--sink", "transition_builder"]
+    command = [sys.executable, "-m", "fulmen.cli.main", "consume", "--sink", "spans", "--sink", "transition_builder"]
     consume = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         print(f"logs in {home}; encoding rollouts...", file=sys.stderr)

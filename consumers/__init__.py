@@ -1,9 +1,9 @@
 """What materialises: Kafka topics into ClickHouse tables, in batches, committed after the insert."""
 
-from consumers.app import ConsumerOptions, ConsumersApp, WorkerSink, consume_sinks, default_sinks
-from consumers.batch import BatchConsumer, BatchStats, Sink
-from consumers.event_sinks import EVENT_SINKS, EventSink
-from consumers.spans import SpanSink
+from fulmen.consumers.app import ConsumerOptions, ConsumersApp, WorkerSink, consume_sinks, default_sinks
+from fulmen.consumers.batch import BatchConsumer, BatchStats, Sink
+from fulmen.consumers.event_sinks import EVENT_SINKS, EventSink
+from fulmen.consumers.spans import SpanSink
 
 __all__ = [
     "EVENT_SINKS",

@@ -13,15 +13,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from consumers.batch import BatchConsumer, Sink
-from consumers.event_sinks import EVENT_SINKS
-from consumers.spans import SpanSink
-from consumers.transitions import ConsumersSettings, TransitionBuilderSink, TransitionsSection
-from infra.kafka.clients import close_quietly, consumer, producer, start_or_raise
-from infra.kafka.dlq import DeadLetters
-from infra.settings import FulmenSettings
-from infra.store import ReadEndpoint, Store
-from schemas.topics import TopicKey, topic_name
+from fulmen.consumers.batch import BatchConsumer, Sink
+from fulmen.consumers.event_sinks import EVENT_SINKS
+from fulmen.consumers.spans import SpanSink
+from fulmen.consumers.transitions import ConsumersSettings, TransitionBuilderSink, TransitionsSection
+from fulmen.infra.kafka.clients import close_quietly, consumer, producer, start_or_raise
+from fulmen.infra.kafka.dlq import DeadLetters
+from fulmen.infra.settings import FulmenSettings
+from fulmen.infra.store import ReadEndpoint, Store
+from fulmen.schemas.topics import TopicKey, topic_name
 
 __all__ = ["ConsumerOptions", "ConsumersApp", "WorkerSink", "consume_sinks", "default_sinks"]
 

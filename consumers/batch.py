@@ -22,10 +22,10 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 
-from infra.errors import PoisonInputError, RetryableError
-from infra.kafka.dlq import DeadLetters
-from infra.store import RowBinary, Store
-from schemas.topics import TopicKey
+from fulmen.infra.errors import PoisonInputError, RetryableError
+from fulmen.infra.kafka.dlq import DeadLetters
+from fulmen.infra.store import RowBinary, Store
+from fulmen.schemas.topics import TopicKey
 
 __all__ = ["BatchConsumer", "BatchStats", "Sink"]
 

@@ -13,10 +13,10 @@ from typing import Any
 import pyarrow as pa
 from aiokafka.structs import ConsumerRecord
 
-from schemas.codec import decode
-from schemas.ddl import TABLES
-from schemas.events import Event, ModelVersion, RolloutEvent, TrainStep, TransitionBatch
-from schemas.topics import TopicKey
+from fulmen.schemas.codec import decode
+from fulmen.schemas.ddl import TABLES
+from fulmen.schemas.events import Event, ModelVersion, RolloutEvent, TrainStep, TransitionBatch
+from fulmen.schemas.topics import TopicKey
 
 __all__ = ["EVENT_SINKS", "EventSink", "model_version_rows", "rollout_rows", "train_step_rows", "transition_rows"]
 
@@ -26,7 +26,7 @@ _ATTR_F64 = pa.map_(pa.string(), pa.float64())
 
 @dataclass(frozen=True)
 class EventSink:
-    """A :class:`consumers.batch.Sink` for one JSON event topic."""
+    """A :class:`fulmen.consumers.batch.Sink` for one JSON event topic."""
 
     name: str
     topic: TopicKey

@@ -23,7 +23,7 @@ import pyarrow as pa
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from schemas import semconv
+from fulmen.schemas import semconv
 
 __all__ = ["SPAN_SCHEMA", "SpanColumns", "any_value", "any_value_text"]
 

@@ -20,12 +20,12 @@ from aiokafka.structs import ConsumerRecord
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from consumers.otlp_rows import SPAN_SCHEMA, SpanColumns
-from infra.errors import DecodeError
-from infra.store import RowBinary
-from schemas import semconv
-from schemas.ddl import TABLES
-from schemas.topics import TopicKey
+from fulmen.consumers.otlp_rows import SPAN_SCHEMA, SpanColumns
+from fulmen.infra.errors import DecodeError
+from fulmen.infra.store import RowBinary
+from fulmen.schemas import semconv
+from fulmen.schemas.ddl import TABLES
+from fulmen.schemas.topics import TopicKey
 
 __all__ = ["SpanSink", "native_flattener"]
 
@@ -46,7 +46,7 @@ def native_flattener() -> Any | None:
 
 
 class SpanSink:
-    """A :class:`consumers.batch.Sink` for the spans topic. ``native=None`` uses the extension if present."""
+    """A :class:`fulmen.consumers.batch.Sink` for the spans topic. ``native=None`` uses the extension if present."""
 
     name = "spans"
     topic = TopicKey.SPANS

@@ -1,6 +1,6 @@
-"""Fulmen's exceptions, re-exported for the components (the hierarchy lives in ``schemas.errors``)."""
+"""Fulmen's exceptions, re-exported for the components (the hierarchy lives in ``fulmen.schemas.errors``)."""
 
-from schemas.errors import (
+from fulmen.schemas.errors import (
     BrokerUnavailableError,
     ConfigurationError,
     DecodeError,

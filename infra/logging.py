@@ -7,7 +7,7 @@ import logging
 import sys
 from datetime import UTC, datetime
 
-from infra.settings import LogSettings
+from fulmen.infra.settings import LogSettings
 
 __all__ = ["setup_logging"]
 

@@ -6,10 +6,10 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from infra.kafka.admin import TopicState, cluster_info, ensure_topics
-from infra.kafka.local import LocalKafka
-from infra.settings import FulmenSettings
-from infra.store import Store
+from fulmen.infra.kafka.admin import TopicState, cluster_info, ensure_topics
+from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.settings import FulmenSettings
+from fulmen.infra.store import Store
 
 __all__ = ["KafkaReady", "ensure_kafka", "ensure_store"]
 

@@ -152,9 +152,9 @@ class FulmenSettings(BaseSettings):
 
     def masked(self) -> dict[str, Any]:
         """Everything in force, every section a subclass adds included, with secrets masked: every
-        ``SecretStr`` is ``***`` (a URL one shows as :func:`infra.http.mask_url` of it, user name kept; aiohttp is
-        imported only then), and every string that
-        looks like a URL loses its credentials (``user:password@``, secret-looking query values)."""
+        ``SecretStr`` is ``***`` (a URL one shows as :func:`fulmen.infra.http.mask_url` of it, user name kept;
+        aiohttp is imported only then), and every string that looks like a URL loses its credentials
+        (``user:password@``, secret-looking query values)."""
         return _mask(self, self.model_dump(mode="json"))
 
 
@@ -172,8 +172,8 @@ def _mask(model: BaseModel, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _mask_keeping_user(url: str) -> str:
-    """:func:`infra.http.mask_url` of ``url``, with the user name shown (``user:***@host``)."""
-    from infra.http import mask_url
+    """:func:`fulmen.infra.http.mask_url` of ``url``, with the user name shown (``user:***@host``)."""
+    from fulmen.infra.http import mask_url
 
     masked = mask_url(url)
     try:

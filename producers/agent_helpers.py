@@ -5,7 +5,7 @@ span. These helpers only save spelling the attribute names. They use the global 
 so the spans go wherever the agent's other spans go, and they nest under the current span: a reward emitted
 right after an LLM call follows that call in the trace, which is how intermediate rewards are matched to calls.
 
-    from producers.agent_helpers import emit_reward
+    from fulmen.producers.agent_helpers import emit_reward
     emit_reward(1.0)                      # the final answer was right
     emit_reward(0.2, name="format_ok")    # an intermediate, named reward
 """
@@ -17,7 +17,7 @@ import math
 from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
-from schemas import semconv
+from fulmen.schemas import semconv
 
 __all__ = ["emit_annotation", "emit_reward"]
 

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.errors import ConfigurationError, DecodeError
-from infra.kafka.publish import EventPublisher
-from schemas.codec import decode_obj
-from schemas.events import RolloutEvent, RolloutMode, RolloutRequest, RolloutStatus, new_id
-from schemas.topics import TopicKey
+from fulmen.infra.errors import ConfigurationError, DecodeError
+from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.schemas.codec import decode_obj
+from fulmen.schemas.events import RolloutEvent, RolloutMode, RolloutRequest, RolloutStatus, new_id
+from fulmen.schemas.topics import TopicKey
 
 __all__ = ["Submission", "load_tasks", "publish", "requests_for"]
 

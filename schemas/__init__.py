@@ -3,8 +3,8 @@
 Everyone imports this package; it imports nothing else of Fulmen's.
 """
 
-from schemas.codec import decode, decode_obj, encode, encode_key
-from schemas.errors import (
+from fulmen.schemas.codec import decode, decode_obj, encode, encode_key
+from fulmen.schemas.errors import (
     BrokerUnavailableError,
     ConfigurationError,
     DecodeError,
@@ -12,7 +12,7 @@ from schemas.errors import (
     PoisonInputError,
     RetryableError,
 )
-from schemas.events import (
+from fulmen.schemas.events import (
     TERMINAL_STATUSES,
     DeadLetterHeaders,
     Event,
@@ -27,7 +27,7 @@ from schemas.events import (
     new_id,
     utc_now,
 )
-from schemas.topics import TOPICS, Topic, TopicKey, topic, topic_name
+from fulmen.schemas.topics import TOPICS, Topic, TopicKey, topic, topic_name
 
 __all__ = [
     "TERMINAL_STATUSES",

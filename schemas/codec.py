@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from schemas.errors import DecodeError
-from schemas.events import Event
+from fulmen.schemas.errors import DecodeError
+from fulmen.schemas.events import Event
 
 __all__ = ["decode", "decode_obj", "encode", "encode_key"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas.events import DeadLetterHeaders
-from schemas.topics import TOPICS, Topic, topic_name
+from fulmen.schemas.events import DeadLetterHeaders
+from fulmen.schemas.topics import TOPICS, Topic, topic_name
 
 __all__ = ["asyncapi_document", "json_schemas"]
 

@@ -6,7 +6,7 @@ may spell a topic name.
 
 Consumer groups take the same prefix, so two deployments that share a cluster by prefix never share a group:
 Fulmen's own group ids (:data:`GROUPS`, and the per-sink groups under ``fulmen.consumers.``) are resolved with
-:func:`group_name`, which :func:`infra.kafka.clients.consumer` applies to every group it joins. A group id
+:func:`group_name`, which :func:`fulmen.infra.kafka.clients.consumer` applies to every group it joins. A group id
 outside Fulmen's names (one set explicitly, e.g. ``FULMEN_RUNNER_GROUP=my-runners``) is used as given.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from schemas.events import Event, ModelVersion, RolloutEvent, RolloutRequest, TrainStep, TransitionBatch
+from fulmen.schemas.events import Event, ModelVersion, RolloutEvent, RolloutRequest, TrainStep, TransitionBatch
 
 __all__ = ["GROUPS", "TOPICS", "GroupKey", "Topic", "TopicKey", "group_name", "topic", "topic_name"]
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.kafka.admin import ensure_topics
-from infra.kafka.local import LocalKafka
-from infra.settings import BrokerSettings, FulmenSettings
-from infra.store import Store
+from fulmen.infra.kafka.admin import ensure_topics
+from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.settings import BrokerSettings, FulmenSettings
+from fulmen.infra.store import Store
 
 
 def free_port() -> int:
@@ -91,7 +91,7 @@ def linked_store(settings: FulmenSettings) -> Iterator[Store]:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny chat model built offline (random weights): writes noise, but every token is recorded."""
-    from algorithm.tiny_model import build_tiny_model
+    from fulmen.algorithm.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 
-from infra.errors import RetryableError
+from fulmen.infra.errors import RetryableError
 
 
 def record(topic: str, partition: int, offset: int, value: bytes | None, key: bytes | None = None) -> ConsumerRecord:

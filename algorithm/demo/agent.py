@@ -5,7 +5,7 @@ Episode (two LLM calls, the first decides what the second sees):
 1. the question, with one tool ``calc`` (compact schema: the tiny model pays per prompt character); the
    model should answer ``<tool_call>{"name": "calc", "arguments": {"expr": "17+3"}}</tool_call>``, which the
    gateway returns as an OpenAI ``tool_calls`` entry;
-2. the agent evaluates the expression safely (:func:`algorithm.demo.calc.evaluate`), sends the result as the
+2. the agent evaluates the expression safely (:func:`fulmen.algorithm.demo.calc.evaluate`), sends the result as the
    tool message, and the model answers with the number.
 
 Reward (the return value): 1.0 when the final answer's first integer equals ``task["answer"]``, else 0.0 (also
@@ -20,7 +20,7 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-from algorithm.demo.calc import CalcError, evaluate
+from fulmen.algorithm.demo.calc import CalcError, evaluate
 
 __all__ = ["SYSTEM", "TOOLS", "solve"]
 

@@ -11,7 +11,7 @@ import ast
 import operator
 from collections.abc import Callable
 
-from schemas.errors import PoisonInputError
+from fulmen.schemas.errors import PoisonInputError
 
 __all__ = ["CalcError", "evaluate"]
 

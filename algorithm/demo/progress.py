@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 from aiokafka import TopicPartition
 
-from algorithm.settings import TrainSettings
-from infra.kafka.admin import partition_count
-from infra.kafka.clients import close_quietly, consumer, start_or_raise
-from schemas import TopicKey, decode, topic_name
-from schemas.errors import DecodeError
-from schemas.events import TrainStep
+from fulmen.algorithm.settings import TrainSettings
+from fulmen.infra.kafka.admin import partition_count
+from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
+from fulmen.schemas import TopicKey, decode, topic_name
+from fulmen.schemas.errors import DecodeError
+from fulmen.schemas.events import TrainStep
 
 __all__ = ["watch_metrics"]
 

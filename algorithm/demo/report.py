@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from algorithm.demo.run import DemoRun
-from algorithm.demo.services import FULMEN
+from fulmen.algorithm.demo.run import DemoRun
+from fulmen.algorithm.demo.services import FULMEN
 
 __all__ = ["QueryResult", "accuracy_curve", "demo_queries", "plot_curves", "report_dict", "run_queries"]
 

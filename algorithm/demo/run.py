@@ -7,8 +7,8 @@ embedded store ``<run dir>/chdb``, so runs never mix, even on a shared broker):
 2. Kafka (``ensure_kafka``: the local broker is started when none runs, and stopped at the end) and topics;
 3. ``fulmen consume`` (owns the store, serves read-only SQL on a free port), ``fulmen otlp-gateway``,
    ``fulmen llm-gateway`` on the warmed-up model as version 0 (it follows ``fulmen.models``), and ``runners``
-   ``fulmen runner --agent algorithm.demo.agent:solve`` processes;
-4. the trainer in this process (:func:`algorithm.train.train`): GRPO on the generated training set; its
+   ``fulmen runner --agent fulmen.algorithm.demo.agent:solve`` processes;
+4. the trainer in this process (:func:`fulmen.algorithm.train.train`): GRPO on the generated training set; its
    validation pass runs the held-out set greedily through the same runners, gateway, spans and transitions
    before step 1, every ``val_every`` steps and after the last step (``initial_val_accuracy`` /
    ``val_accuracy`` in ``TrainStep.extra``): that is the accuracy reported, nothing is evaluated outside the
@@ -28,19 +28,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from algorithm.demo.services import Services, ServiceSpec, free_port
-from algorithm.demo.tasks import heldout_tasks, train_tasks
-from algorithm.demo.warmup import WarmupPlan, warm_up
-from algorithm.settings import TrainSettings
-from infra.settings import FulmenSettings
-from schemas.events import TrainStep, new_id
+from fulmen.algorithm.demo.services import Services, ServiceSpec, free_port
+from fulmen.algorithm.demo.tasks import heldout_tasks, train_tasks
+from fulmen.algorithm.demo.warmup import WarmupPlan, warm_up
+from fulmen.algorithm.settings import TrainSettings
+from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.events import TrainStep, new_id
 
 __all__ = ["DemoOptions", "DemoRun", "run_demo"]
 
 log = logging.getLogger(__name__)
 
-AGENT = "algorithm.demo.agent:solve"
-REPO_ROOT = Path(__file__).resolve().parents[2]
+AGENT = "fulmen.algorithm.demo.agent:solve"
 
 
 @dataclass(frozen=True)
@@ -86,7 +85,7 @@ def run_demo(settings: FulmenSettings, options: DemoOptions, *, on_phase: Callab
              after: Callable[[DemoRun], None] = lambda _: None) -> DemoRun:  # fmt: skip
     """Run the demo (module docstring). ``on_warmup(step, steps, loss)`` follows a warm-up that is not cached;
     ``after`` runs while the services still run (the report's queries)."""
-    from infra.services import ensure_kafka
+    from fulmen.infra.services import ensure_kafka
 
     started = time.perf_counter()
     run_id = f"demo-{new_id()[:10]}"
@@ -123,7 +122,7 @@ def _base_env(settings: FulmenSettings, bootstrap: str, run: DemoRun) -> dict[st
         "FULMEN_CLICKHOUSE_DATABASE": settings.clickhouse.database,
         "FULMEN_CLICKHOUSE_READ_PORT": str(free_port()),
     }  # fmt: skip
-    return run.env | {"FULMEN_LOG_LEVEL": "INFO", "PYTHONPATH": str(REPO_ROOT)}
+    return run.env | {"FULMEN_LOG_LEVEL": "INFO"}
 
 
 def _start_services(services: Services, run: DemoRun, model: Path, options: DemoOptions,
@@ -166,8 +165,8 @@ def _train_settings(settings: FulmenSettings, bootstrap: str, run: DemoRun, mode
 
 async def _train(settings: TrainSettings, options: DemoOptions, services: Services,
                  on_step: Callable[[TrainStep], None]) -> list[TrainStep]:  # fmt: skip
-    from algorithm.demo.progress import watch_metrics
-    from algorithm.train import train
+    from fulmen.algorithm.demo.progress import watch_metrics
+    from fulmen.algorithm.train import train
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -23,13 +23,13 @@ from types import TracebackType
 
 import httpx
 
-from infra.errors import FulmenError
+from fulmen.infra.errors import FulmenError
 
 __all__ = ["ServiceSpec", "Services", "free_port"]
 
 log = logging.getLogger(__name__)
 
-FULMEN = [sys.executable, "-m", "infra.cli.main"]
+FULMEN = [sys.executable, "-m", "fulmen.cli.main"]
 
 
 def free_port() -> int:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from algorithm.dispatcher import DatasetTask
+from fulmen.algorithm.dispatcher import DatasetTask
 
 __all__ = [
     "OPERATORS",
@@ -42,7 +42,7 @@ __all__ = [
 
 TRAIN_SEED = 1234
 HELDOUT_SEED = 98765
-WARMUP_SEED = TRAIN_SEED + 1  # the warm-up's episodes (algorithm.demo.warmup)
+WARMUP_SEED = TRAIN_SEED + 1  # the warm-up's episodes (fulmen.algorithm.demo.warmup)
 CORPUS_SEED = TRAIN_SEED + 2  # the conversations the tokenizer's merges are learnt from
 
 OPERATORS = ("+", "-", "*")

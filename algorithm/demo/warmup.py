@@ -1,6 +1,6 @@
 """The demo's starting model: the tiny model, fine-tuned on two-call conversations that explain half the wordings.
 
-:func:`warm_up` builds the tiny model (``algorithm.tiny_model``; its BPE merges learnt from rendered demo
+:func:`warm_up` builds the tiny model (``fulmen.algorithm.tiny_model``; its BPE merges learnt from rendered demo
 conversations, so a prompt is ~60-90 tokens instead of ~180-250 bytes) and runs ``WarmupPlan.steps``
 supervised steps (``TorchTrainer.sft_step``) on episodes rendered with the chat template exactly as the LLM
 gateway renders the agent's calls: for each problem two samples, ``(prompt of call 1, tool call +
@@ -28,9 +28,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from algorithm.batch import Sample
-from algorithm.demo.agent import TOOLS
-from algorithm.demo.tasks import (
+from fulmen.algorithm.batch import Sample
+from fulmen.algorithm.demo.agent import TOOLS
+from fulmen.algorithm.demo.tasks import (
     A_RANGE,
     B_RANGE,
     CORPUS_SEED,
@@ -103,7 +103,7 @@ def _shown_operator(problem: Problem, rng: random.Random) -> str:
 
 
 def _recipe(plan: WarmupPlan) -> dict:
-    from algorithm.tiny_model import CHAT_TEMPLATE
+    from fulmen.algorithm.tiny_model import CHAT_TEMPLATE
 
     task = {"wordings": WORDINGS, "taught": sorted(TAUGHT), "ranges": [A_RANGE, B_RANGE], "tools": TOOLS}
     recipe = {**asdict(plan), "task": task, "chat_template": hashlib.sha256(CHAT_TEMPLATE.encode()).hexdigest()}
@@ -117,8 +117,8 @@ def warm_up(
 
     ``on_step(step, steps, loss)`` after each supervised step (not called when the cache is reused).
     """
-    from algorithm.tiny_model import TinyModelConfig, build_tiny_model, build_tiny_tokenizer
-    from algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig
+    from fulmen.algorithm.tiny_model import TinyModelConfig, build_tiny_model, build_tiny_tokenizer
+    from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig
 
     plan = plan or WarmupPlan()
     target = directory / "model"

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from algorithm.batch import Sample, TrainBatch
+from fulmen.algorithm.batch import Sample, TrainBatch
 
 __all__ = ["TEMPORARY_MARK", "StepMetrics", "TrainerBackend", "atomic_directory"]
 

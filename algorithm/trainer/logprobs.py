@@ -1,7 +1,7 @@
 """Token logprobs of a causal LM: ``token_logprobs(model, input_ids, attention_mask) -> [B, T]``.
 
 Alignment: position t holds ``log p(input_ids[t] | input_ids[:t])``; position 0 (predicted by nothing) and
-padding positions hold 0. This is the layout of :class:`algorithm.batch.TrainBatch` (``old_logprobs``).
+padding positions hold 0. This is the layout of :class:`fulmen.algorithm.batch.TrainBatch` (``old_logprobs``).
 
 Memory: the model's logits ``[B, T, V]`` are the big tensor (V is 150k for Qwen). A plain
 ``log_softmax(logits.float()).gather(...)`` would materialise a float32 ``[B, T, V]`` copy and keep it for the

@@ -1,6 +1,6 @@
 """The torch trainer backend: a Hugging Face causal LM in one process (CPU or one GPU), optional LoRA.
 
-:class:`TorchTrainer` implements :class:`algorithm.trainer.base.TrainerBackend`. One ``step``:
+:class:`TorchTrainer` implements :class:`fulmen.algorithm.trainer.base.TrainerBackend`. One ``step``:
 
 1. collate the samples (right-padded :class:`TrainBatch`), move them to the device, split into micro-batches;
 2. fill the old logprobs the inference backend did not record (all of them with ``recompute_old_logprobs``)
@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from algorithm.batch import Sample, TrainBatch, collate
-from algorithm.errors import ConfigurationError
-from algorithm.losses import (
+from fulmen.algorithm.batch import Sample, TrainBatch, collate
+from fulmen.algorithm.errors import ConfigurationError
+from fulmen.algorithm.losses import (
     LossAggregation,
     PolicyLoss,
     PolicyLossMetrics,
@@ -41,8 +41,8 @@ from algorithm.losses import (
     get_aggregation,
     get_policy_loss_fn,
 )
-from algorithm.trainer.base import StepMetrics, atomic_directory
-from algorithm.trainer.logprobs import token_logprobs
+from fulmen.algorithm.trainer.base import StepMetrics, atomic_directory
+from fulmen.algorithm.trainer.logprobs import token_logprobs
 
 __all__ = ["LoraSettings", "TorchTrainer", "TorchTrainerConfig"]
 

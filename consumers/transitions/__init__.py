@@ -6,11 +6,11 @@ for the spans consumer), ``window`` (commits, attempts, what is watched), ``late
 consume loop), ``app`` (its entry in ``fulmen consume``), ``settings`` (``FULMEN_TRANSITIONS_*``).
 """
 
-from consumers.transitions.app import TransitionBuilderSink
-from consumers.transitions.builder import BuildOptions, BuildResult, build_batch
-from consumers.transitions.settings import ConsumersSettings, TransitionsSection
-from consumers.transitions.tree import SpanRecord, TraceTree
-from consumers.transitions.worker import TransitionStats, TransitionWorker
+from fulmen.consumers.transitions.app import TransitionBuilderSink
+from fulmen.consumers.transitions.builder import BuildOptions, BuildResult, build_batch
+from fulmen.consumers.transitions.settings import ConsumersSettings, TransitionsSection
+from fulmen.consumers.transitions.tree import SpanRecord, TraceTree
+from fulmen.consumers.transitions.worker import TransitionStats, TransitionWorker
 
 __all__ = [
     "BuildOptions",

@@ -2,7 +2,7 @@
 
 It has its own consumer group over the rollouts topic (``<group_prefix>.transition_builder``), reads the spans
 group's committed offsets for its barrier (``<group_prefix>.spans`` unless ``FULMEN_TRANSITIONS_SPANS_GROUP``
-says otherwise; Fulmen's group names take ``FULMEN_KAFKA_TOPIC_PREFIX``, see ``schemas.topics.group_name``),
+says otherwise; Fulmen's group names take ``FULMEN_KAFKA_TOPIC_PREFIX``, see ``fulmen.schemas.topics.group_name``),
 and publishes with a producer of its own whose request limit fits the transitions topic's ``max.message.bytes``
 (a batch of long episodes is larger than the default 1 MiB).
 """
@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from aiokafka import AIOKafkaConsumer
 
-from consumers.transitions.barrier import OffsetBarrier
-from consumers.transitions.settings import TransitionsSection
-from consumers.transitions.worker import TransitionWorker
-from infra.kafka.clients import producer
-from infra.kafka.dlq import DeadLetters
-from infra.kafka.publish import EventPublisher
-from infra.settings import FulmenSettings
-from infra.store import Store
-from schemas.ddl import TABLES
-from schemas.topics import TopicKey, topic, topic_name
+from fulmen.consumers.transitions.barrier import OffsetBarrier
+from fulmen.consumers.transitions.settings import TransitionsSection
+from fulmen.consumers.transitions.worker import TransitionWorker
+from fulmen.infra.kafka.clients import producer
+from fulmen.infra.kafka.dlq import DeadLetters
+from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.settings import FulmenSettings
+from fulmen.infra.store import Store
+from fulmen.schemas.ddl import TABLES
+from fulmen.schemas.topics import TopicKey, topic, topic_name
 
 __all__ = ["TransitionBuilderSink"]
 

@@ -30,8 +30,8 @@ from typing import Any
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
-from infra.kafka.clients import admin_client, close_quietly, consumer, consumer_group, start_or_raise
-from infra.settings import FulmenSettings
+from fulmen.infra.kafka.clients import admin_client, close_quietly, consumer, consumer_group, start_or_raise
+from fulmen.infra.settings import FulmenSettings
 
 __all__ = ["OffsetBarrier", "Round", "Snapshot", "WaitingRounds", "behind"]
 

@@ -1,7 +1,7 @@
 """One finished rollout attempt and its spans → one :class:`TransitionBatch` (pure: no I/O).
 
 Steps: build the trace tree (``tree``), select the calls (``selection``), match the intermediate rewards
-(``rewards``), credit each call (``algorithm.credit``), and make one :class:`Transition` per call, in episode
+(``rewards``), credit each call (``fulmen.algorithm.credit``), and make one :class:`Transition` per call, in episode
 order (``index`` 0, 1, ...).
 
 * ``Transition.reward`` is the credited reward under the configured strategy; ``intermediate_reward`` the sum
@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-# consumers may import algorithm.credit (pure math, no dependencies): the one consumers -> algorithm import.
-from algorithm.credit import CreditStrategy, assign_credit, credit_strategy
-from consumers.transitions.rewards import match_rewards
-from consumers.transitions.selection import Call, select_calls
-from consumers.transitions.tree import SpanRecord, TraceTree
-from schemas.errors import ConfigurationError
-from schemas.events import RolloutEvent, RolloutStatus, Transition, TransitionBatch
+# consumers may import fulmen.algorithm.credit (pure math, no dependencies): the one consumers -> algorithm import.
+from fulmen.algorithm.credit import CreditStrategy, assign_credit, credit_strategy
+from fulmen.consumers.transitions.rewards import match_rewards
+from fulmen.consumers.transitions.selection import Call, select_calls
+from fulmen.consumers.transitions.tree import SpanRecord, TraceTree
+from fulmen.schemas.errors import ConfigurationError
+from fulmen.schemas.events import RolloutEvent, RolloutStatus, Transition, TransitionBatch
 
 __all__ = ["BuildOptions", "BuildResult", "build_batch"]
 

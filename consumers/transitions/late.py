@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from consumers.transitions.reader import RolloutKey, SpanReader
+from fulmen.consumers.transitions.reader import RolloutKey, SpanReader
 
 __all__ = ["SLACK_MS", "LateSpanCheck"]
 

@@ -16,10 +16,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from consumers.transitions.tree import SpanRecord
-from infra.store import Store
-from schemas import semconv
-from schemas.ddl import TABLES
+from fulmen.consumers.transitions.tree import SpanRecord
+from fulmen.infra.store import Store
+from fulmen.schemas import semconv
+from fulmen.schemas.ddl import TABLES
 
 __all__ = ["EXTRA_ATTRIBUTES", "RolloutKey", "SpanReader"]
 

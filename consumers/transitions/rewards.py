@@ -24,8 +24,8 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from consumers.transitions.selection import Call
-from consumers.transitions.tree import SpanKey, TraceTree
+from fulmen.consumers.transitions.selection import Call
+from fulmen.consumers.transitions.tree import SpanKey, TraceTree
 
 __all__ = ["RewardMatch", "RewardObservation", "match_rewards", "observe_rewards"]
 

@@ -27,9 +27,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from consumers.transitions.tree import SpanKey, SpanRecord, TraceTree
-from schemas import semconv
-from schemas.errors import ConfigurationError
+from fulmen.consumers.transitions.tree import SpanKey, SpanRecord, TraceTree
+from fulmen.schemas import semconv
+from fulmen.schemas.errors import ConfigurationError
 
 __all__ = ["AGENT_NAME_SOURCES", "Call", "agent_name", "agent_of", "register_agent_source", "select_calls"]
 

@@ -6,9 +6,9 @@ import re
 
 from pydantic import BaseModel, Field, field_validator
 
-from algorithm.credit import CreditStrategy, credit_strategy
-from infra.settings import FulmenSettings
-from schemas.errors import ConfigurationError
+from fulmen.algorithm.credit import CreditStrategy, credit_strategy
+from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.errors import ConfigurationError
 
 __all__ = ["ConsumersSettings", "TransitionsSection"]
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from schemas import semconv
+from fulmen.schemas import semconv
 
 __all__ = ["SpanKey", "SpanRecord", "TraceTree"]
 

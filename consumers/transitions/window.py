@@ -19,7 +19,7 @@ from datetime import datetime
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from schemas.events import RolloutEvent
+from fulmen.schemas.events import RolloutEvent
 
 __all__ = ["AttemptTracker", "BuildWindow", "Built"]
 

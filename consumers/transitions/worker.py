@@ -19,11 +19,11 @@ of the topic keep the newest batch of a rollout attempt); a WARNING says so.
 Superseded attempts, end to end: a failed or timed-out attempt that will be retried has no reward and must
 never reach training. The runner publishes ``queued`` for attempt N+1 *before* attempt N's terminal event (one
 batch, same key, same partition; a runner taking over a lost attempt does the same), so when this worker reads
-attempt N's end, :class:`~consumers.transitions.window.AttemptTracker` already knows attempt N+1 and the end is
+attempt N's end, :class:`~fulmen.consumers.transitions.window.AttemptTracker` already knows attempt N+1 and the end is
 only acknowledged (``stats.superseded``): no rows in the transitions table, no batch on the topic, however long
 the retry waits for a runner slot. An attempt N+1 that begins while N's event waits at the barrier supersedes
 it too (checked again before building). Last line: the trainer's collector keeps only the latest attempt per
-rollout (``algorithm.groups``), for batches built before a later attempt was known (events from before this
+rollout (``fulmen.algorithm.groups``), for batches built before a later attempt was known (events from before this
 rule, or a tracker that forgot the rollout).
 
 Store or broker failures are retried with backoff until they succeed or ``stop`` is set; nothing is committed
@@ -47,23 +47,23 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
-from consumers.event_sinks import TRANSITION_SCHEMA, transition_rows
-from consumers.transitions.barrier import OffsetBarrier, WaitingRounds
-from consumers.transitions.builder import BuildOptions, BuildResult, build_batch
-from consumers.transitions.late import LateSpanCheck
-from consumers.transitions.reader import RolloutKey, SpanReader
-from consumers.transitions.settings import TransitionsSection
-from consumers.transitions.window import AttemptTracker, BuildWindow, Built
-from infra.errors import PoisonInputError, RetryableError
-from infra.kafka.clients import close_quietly, start_or_raise
-from infra.kafka.dlq import DeadLetters
-from infra.kafka.publish import EventPublisher
-from infra.settings import FulmenSettings
-from infra.store import Store
-from schemas.codec import decode, encode
-from schemas.ddl import TABLES
-from schemas.events import RolloutEvent
-from schemas.topics import TopicKey, topic
+from fulmen.consumers.event_sinks import TRANSITION_SCHEMA, transition_rows
+from fulmen.consumers.transitions.barrier import OffsetBarrier, WaitingRounds
+from fulmen.consumers.transitions.builder import BuildOptions, BuildResult, build_batch
+from fulmen.consumers.transitions.late import LateSpanCheck
+from fulmen.consumers.transitions.reader import RolloutKey, SpanReader
+from fulmen.consumers.transitions.settings import TransitionsSection
+from fulmen.consumers.transitions.window import AttemptTracker, BuildWindow, Built
+from fulmen.infra.errors import PoisonInputError, RetryableError
+from fulmen.infra.kafka.clients import close_quietly, start_or_raise
+from fulmen.infra.kafka.dlq import DeadLetters
+from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.settings import FulmenSettings
+from fulmen.infra.store import Store
+from fulmen.schemas.codec import decode, encode
+from fulmen.schemas.ddl import TABLES
+from fulmen.schemas.events import RolloutEvent
+from fulmen.schemas.topics import TopicKey, topic
 
 __all__ = ["TransitionStats", "TransitionWorker"]
 

@@ -1,10 +1,10 @@
 """Kafka: clients built from settings, topic administration, the local broker, publishing, dead letters."""
 
-from infra.kafka.admin import TopicState, cluster_info, describe_topics, ensure_topics
-from infra.kafka.clients import admin_client, consumer, producer, start_or_raise
-from infra.kafka.dlq import DeadLetters
-from infra.kafka.local import BrokerStatus, LocalKafka
-from infra.kafka.publish import EventPublisher
+from fulmen.infra.kafka.admin import TopicState, cluster_info, describe_topics, ensure_topics
+from fulmen.infra.kafka.clients import admin_client, consumer, producer, start_or_raise
+from fulmen.infra.kafka.dlq import DeadLetters
+from fulmen.infra.kafka.local import BrokerStatus, LocalKafka
+from fulmen.infra.kafka.publish import EventPublisher
 
 __all__ = [
     "BrokerStatus",

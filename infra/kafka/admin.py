@@ -11,10 +11,10 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from infra.errors import ConfigurationError, RetryableError
-from infra.kafka.clients import admin_client, call_or_raise, start_or_raise
-from infra.settings import FulmenSettings
-from schemas.topics import TOPICS, Topic, topic_name
+from fulmen.infra.errors import ConfigurationError, RetryableError
+from fulmen.infra.kafka.clients import admin_client, call_or_raise, start_or_raise
+from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.topics import TOPICS, Topic, topic_name
 
 __all__ = ["TopicState", "cluster_info", "describe_topics", "ensure_topics", "partition_count"]
 

@@ -18,9 +18,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from aiokafka.helpers import create_ssl_context
 
-from infra.errors import BrokerUnavailableError, ConfigurationError
-from infra.settings import FulmenSettings
-from schemas.topics import group_name
+from fulmen.infra.errors import BrokerUnavailableError, ConfigurationError
+from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.topics import group_name
 
 __all__ = [
     "admin_client",
@@ -95,7 +95,7 @@ def producer(settings: FulmenSettings, **overrides: Any) -> AIOKafkaProducer:
 
 def consumer_group(settings: FulmenSettings, group_id: str) -> str:
     """The group id actually joined for a configured ``group_id``: Fulmen's own group names take the topic
-    prefix (:func:`schemas.topics.group_name`); an explicitly chosen id is kept as given. Use it wherever a
+    prefix (:func:`fulmen.schemas.topics.group_name`); an explicitly chosen id is kept as given. Use it wherever a
     group is named to the broker (admin calls, dead-letter headers) so they match what :func:`consumer` joins."""
     return group_name(group_id, settings.kafka.topic_prefix)
 

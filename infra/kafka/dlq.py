@@ -13,8 +13,8 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
-from schemas.events import DeadLetterHeaders
-from schemas.topics import TopicKey, group_name, topic_name
+from fulmen.schemas.events import DeadLetterHeaders
+from fulmen.schemas.topics import TopicKey, group_name, topic_name
 
 __all__ = ["DeadLetters"]
 

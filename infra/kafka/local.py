@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from infra.errors import BrokerUnavailableError, ConfigurationError
-from infra.settings import BrokerSettings, FulmenSettings
+from fulmen.infra.errors import BrokerUnavailableError, ConfigurationError
+from fulmen.infra.settings import BrokerSettings, FulmenSettings
 
 __all__ = ["BrokerStatus", "LocalKafka", "port_is_free", "process_alive"]
 
@@ -92,7 +92,7 @@ class LocalKafka:
             )
         self.libs_dir.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix="libs-", dir=self.libs_dir.parent))
-        pom = resources.files("infra.kafka").joinpath("pom.xml")
+        pom = resources.files("fulmen.infra.kafka").joinpath("pom.xml")
         log.info("fetching Apache Kafka %s jars from Maven Central into %s", self.broker.version, self.libs_dir)
         with resources.as_file(pom) as pom_path:
             result = subprocess.run(
@@ -164,7 +164,7 @@ class LocalKafka:
 
     def wait_ready(self, process: subprocess.Popen[bytes] | None = None) -> None:
         """Block until a metadata request succeeds; fail early if the process dies."""
-        from infra.kafka.admin import cluster_info  # local import: admin needs aiokafka, this module need not
+        from fulmen.infra.kafka.admin import cluster_info  # local import: admin needs aiokafka, this module need not
 
         settings = FulmenSettings(kafka={"bootstrap": self.bootstrap, "connect_timeout_s": 2.0})
         deadline = time.monotonic() + self.broker.start_timeout_s
@@ -252,7 +252,7 @@ class LocalKafka:
             )
 
     def _spawn(self, java: str, libs: Path) -> subprocess.Popen[bytes]:
-        log4j = resources.files("infra.kafka").joinpath("log4j2.yaml")
+        log4j = resources.files("fulmen.infra.kafka").joinpath("log4j2.yaml")
         with resources.as_file(log4j) as log4j_path:
             log4j_copy = self.data_dir / "log4j2.yaml"
             shutil.copyfile(log4j_path, log4j_copy)

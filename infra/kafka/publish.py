@@ -9,10 +9,10 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
 
-from infra.errors import BrokerUnavailableError
-from schemas.codec import encode
-from schemas.events import Event
-from schemas.topics import TopicKey, topic, topic_name
+from fulmen.infra.errors import BrokerUnavailableError
+from fulmen.schemas.codec import encode
+from fulmen.schemas.events import Event
+from fulmen.schemas.topics import TopicKey, topic, topic_name
 
 __all__ = ["EventPublisher"]
 

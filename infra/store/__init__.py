@@ -1,9 +1,9 @@
 """The ClickHouse store (embedded chdb or a server), read-only SQL with limits, and its HTTP endpoint."""
 
-from infra.store.read_endpoint import ReadEndpoint, RemoteReader
-from infra.store.reads import QueryResult, SqlReader
-from infra.store.sql_guard import ReadOnlyError
-from infra.store.store import RowBinary, Store
+from fulmen.infra.store.read_endpoint import ReadEndpoint, RemoteReader
+from fulmen.infra.store.reads import QueryResult, SqlReader
+from fulmen.infra.store.sql_guard import ReadOnlyError
+from fulmen.infra.store.store import RowBinary, Store
 
 __all__ = [
     "QueryResult", "ReadEndpoint", "ReadOnlyError", "RemoteReader", "RowBinary", "SqlReader", "Store", "open_reader",

@@ -2,7 +2,7 @@
 
 chdb lets one process open a store directory, so in local mode the consumers process serves reads to
 everyone else (``fulmen sql``, reports, dashboards). Every query runs through the store's
-:class:`~infra.store.reads.SqlReader`: parsed by ClickHouse, allowed only if it is a read, bounded by the
+:class:`~fulmen.infra.store.reads.SqlReader`: parsed by ClickHouse, allowed only if it is a read, bounded by the
 ``FULMEN_CLICKHOUSE_READ_*`` limits, and cancelled in the engine when its client goes away.
 
 Routes:
@@ -32,11 +32,11 @@ import httpx
 import pyarrow as pa
 from aiohttp import web
 
-from infra.errors import ConfigurationError, PoisonInputError, RetryableError
-from infra.http import bearer_auth_middleware, body_limit_middleware, read_body, server_options
-from infra.store.reads import QueryResult, SqlReader
-from infra.store.sql_guard import ReadOnlyError
-from infra.store.store import Store
+from fulmen.infra.errors import ConfigurationError, PoisonInputError, RetryableError
+from fulmen.infra.http import bearer_auth_middleware, body_limit_middleware, read_body, server_options
+from fulmen.infra.store.reads import QueryResult, SqlReader
+from fulmen.infra.store.sql_guard import ReadOnlyError
+from fulmen.infra.store.store import Store
 
 __all__ = ["ReadEndpoint", "RemoteReader"]
 

@@ -3,7 +3,7 @@
 Every user query (``fulmen sql``, the read endpoint that ``fulmen consume`` serves) goes through
 :class:`SqlReader`:
 
-* the statement is checked by :mod:`infra.store.sql_guard` (ClickHouse's own parser, allow-lists);
+* the statement is checked by :mod:`fulmen.infra.store.sql_guard` (ClickHouse's own parser, allow-lists);
 * it runs on a handle that is read-only for good (embedded: a separate chdb connection with ``readonly=1``
   and the limits set once, so neither the query nor a later one can lift them, and the consumers' own
   handle never changes mode; server: the ``read_url`` user if set, else ``url``'s, with ``readonly=2`` and
@@ -29,9 +29,9 @@ import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
-from infra.errors import PoisonInputError, RetryableError
-from infra.settings import ClickHouseSettings
-from infra.store.sql_guard import OUTPUT_FORMAT, ReadOnlyError, ReadStatement, check_read
+from fulmen.infra.errors import PoisonInputError, RetryableError
+from fulmen.infra.settings import ClickHouseSettings
+from fulmen.infra.store.sql_guard import OUTPUT_FORMAT, ReadOnlyError, ReadStatement, check_read
 
 __all__ = ["QueryResult", "SqlReader", "read_limits"]
 
@@ -69,7 +69,7 @@ def read_limits(settings: ClickHouseSettings) -> dict[str, Any]:
 class SqlReader:
     """Runs checked reads. ``connect(settings_for_handle)`` opens one read handle; ``admin`` runs KILL QUERY.
 
-    Built by :meth:`infra.store.Store.reader`; see the module docstring for the rules.
+    Built by :meth:`fulmen.infra.store.Store.reader`; see the module docstring for the rules.
     """
 
     def __init__(

@@ -24,11 +24,11 @@ import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
-from infra.errors import ConfigurationError, RetryableError
-from infra.settings import ClickHouseSettings, FulmenSettings
-from infra.store.reads import QueryResult, SqlReader, connect_embedded, connect_server, read_limits
-from infra.store.sql_guard import ReadOnlyError
-from schemas.ddl import MIGRATIONS, MIGRATIONS_TABLE, Migration
+from fulmen.infra.errors import ConfigurationError, RetryableError
+from fulmen.infra.settings import ClickHouseSettings, FulmenSettings
+from fulmen.infra.store.reads import QueryResult, SqlReader, connect_embedded, connect_server, read_limits
+from fulmen.infra.store.sql_guard import ReadOnlyError
+from fulmen.schemas.ddl import MIGRATIONS, MIGRATIONS_TABLE, Migration
 
 __all__ = ["QueryResult", "ReadOnlyError", "RowBinary", "Store"]
 
@@ -250,6 +250,6 @@ def _server_client(settings: FulmenSettings) -> Client:
 
 
 def _safe_url(settings: FulmenSettings) -> str:
-    from infra.http import mask_url
+    from fulmen.infra.http import mask_url
 
     return mask_url(settings.clickhouse.url.get_secret_value())  # type: ignore[union-attr]

@@ -9,7 +9,7 @@ rollout is in Kafka by the time the agent has its answer. When the span cannot b
 with 503 and ``Retry-After``: the gateway never serves an answer it did not record. Errors use OpenAI's
 shape (``{"error": {"message", "type", "param", "code"}}``).
 
-Edges (``infra.http``): with ``FULMEN_LLM_BEARER_TOKEN`` set every route but ``/healthz`` and ``/readyz`` needs
+Edges (``fulmen.infra.http``): with ``FULMEN_LLM_BEARER_TOKEN`` set every route but ``/healthz`` and ``/readyz`` needs
 ``Authorization: Bearer <token>`` (401 otherwise); a body over ``FULMEN_LLM_MAX_BODY_BYTES`` is refused (413)
 from its ``Content-Length`` before it is read; headers and then the body must arrive within
 ``FULMEN_LLM_READ_TIMEOUT_S`` (the connection is closed, or 408). JSON decoding, validation, tokenizing, span
@@ -31,13 +31,13 @@ from aiohttp import web
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from infra.errors import BrokerUnavailableError
-from infra.http import bearer_auth_middleware, body_limit_middleware, read_body, server_options
-from infra.kafka.clients import close_quietly, producer, start_or_raise
-from producers.llm_gateway.backends import Backend, build_backend
-from producers.llm_gateway.backends.base import CallResult
-from producers.llm_gateway.models_follower import ModelsFollower
-from producers.llm_gateway.protocol import (
+from fulmen.infra.errors import BrokerUnavailableError
+from fulmen.infra.http import bearer_auth_middleware, body_limit_middleware, read_body, server_options
+from fulmen.infra.kafka.clients import close_quietly, producer, start_or_raise
+from fulmen.producers.llm_gateway.backends import Backend, build_backend
+from fulmen.producers.llm_gateway.backends.base import CallResult
+from fulmen.producers.llm_gateway.models_follower import ModelsFollower
+from fulmen.producers.llm_gateway.protocol import (
     ApiError,
     ChatRequest,
     CompletionRequest,
@@ -45,11 +45,17 @@ from producers.llm_gateway.protocol import (
     parse_chat,
     parse_completion,
 )
-from producers.llm_gateway.responses import chat_chunks, chat_response, completion_chunks, completion_response, sse
-from producers.llm_gateway.settings import LlmGatewaySettings
-from producers.llm_gateway.spans import CallContext, build_record, parse_traceparent
-from schemas import ModelVersion, TopicKey, semconv, topic_name
-from schemas.events import IDENTIFIER_PATTERN
+from fulmen.producers.llm_gateway.responses import (
+    chat_chunks,
+    chat_response,
+    completion_chunks,
+    completion_response,
+    sse,
+)
+from fulmen.producers.llm_gateway.settings import LlmGatewaySettings
+from fulmen.producers.llm_gateway.spans import CallContext, build_record, parse_traceparent
+from fulmen.schemas import ModelVersion, TopicKey, semconv, topic_name
+from fulmen.schemas.events import IDENTIFIER_PATTERN
 
 _ATTEMPT = re.compile(r"[0-9]{1,9}")  # ASCII digits only ("²".isdigit() is true), and bounded
 
@@ -115,7 +121,7 @@ class LlmGateway:
     async def start(self) -> None:
         """Load the model (or reach the upstream), connect to Kafka, catch up on model versions, listen.
 
-        Raises :class:`~schemas.errors.ConfigurationError` or :class:`BrokerUnavailableError` (after releasing
+        Raises :class:`~fulmen.schemas.errors.ConfigurationError` or :class:`BrokerUnavailableError` (after releasing
         what was started) when one of them cannot be done.
         """
         try:

@@ -15,11 +15,11 @@ from collections.abc import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from infra.kafka.admin import partition_count
-from infra.kafka.clients import close_quietly, consumer, start_or_raise
-from infra.settings import FulmenSettings
-from schemas import ModelVersion, TopicKey, decode, topic_name
-from schemas.errors import FulmenError
+from fulmen.infra.kafka.admin import partition_count
+from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
+from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas import ModelVersion, TopicKey, decode, topic_name
+from fulmen.schemas.errors import FulmenError
 
 __all__ = ["ModelsFollower"]
 

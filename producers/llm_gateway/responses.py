@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from producers.llm_gateway.backends.base import CallResult, Choice, TokenLogprob
+from fulmen.producers.llm_gateway.backends.base import CallResult, Choice, TokenLogprob
 
 __all__ = ["chat_chunks", "chat_response", "completion_chunks", "completion_response", "sse"]
 

@@ -6,7 +6,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field, SecretStr
 
-from infra.settings import FulmenSettings
+from fulmen.infra.settings import FulmenSettings
 
 __all__ = ["BackendKind", "LlmGatewaySettings", "LlmSection"]
 

@@ -20,8 +20,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from producers.llm_gateway.backends.base import CallResult, Choice
-from schemas import semconv
+from fulmen.producers.llm_gateway.backends.base import CallResult, Choice
+from fulmen.schemas import semconv
 
 __all__ = ["CallContext", "TraceParent", "build_record", "parse_traceparent"]
 

@@ -1,6 +1,6 @@
 """``--model tiny`` for the gateway: the tiny offline model, built once into a cache directory under FULMEN_HOME.
 
-The builder is passed in (the CLI passes ``algorithm.tiny_model.build_tiny_model``: producers never import the
+The builder is passed in (the CLI passes ``fulmen.algorithm.tiny_model.build_tiny_model``: producers never import the
 algorithm). It is deterministic (fixed seed), so the gateway's tiny model has the same weights as the base
 model ``fulmen train --model tiny`` builds in its run directory.
 """

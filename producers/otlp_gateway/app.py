@@ -14,12 +14,12 @@ specification:
 
 ``GET /healthz`` answers while the process runs; ``GET /readyz`` only while the producer is connected.
 
-Edges (``infra.http``): the bearer check is constant-time and an undecodable ``Authorization`` header is a 401;
+Edges (``fulmen.infra.http``): the bearer check is constant-time and an undecodable ``Authorization`` header is a 401;
 a body whose ``Content-Length`` is over ``max_body_bytes`` is refused before it is read; headers, then the
 body, must arrive within ``read_timeout_s``; a corrupt, truncated or trailing-garbage gzip body is a 400 and one
 that inflates past ``max_body_bytes`` a 413. Decoding, validating and splitting a body run on a thread, or for a
 body of ``process_body_bytes`` and up in a worker process (``decode_processes``, see
-:mod:`producers.otlp_gateway.decoding`), so a large body does not stall the event loop (``/healthz`` keeps
+:mod:`fulmen.producers.otlp_gateway.decoding`), so a large body does not stall the event loop (``/healthz`` keeps
 answering). A decoding process that dies with the body is a 503 with ``Retry-After`` (a fresh pool takes the retry).
 """
 
@@ -35,13 +35,13 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from google.rpc import status_pb2
 
-from infra.errors import BrokerUnavailableError, PoisonInputError
-from infra.http import bearer_auth_middleware, body_limit_middleware, read_body, server_options
-from infra.kafka.clients import close_quietly, producer, start_or_raise
-from producers.otlp_gateway.decoding import BodyDecoder, DecoderCrashedError
-from producers.otlp_gateway.otlp import Prepared, encode_response
-from producers.otlp_gateway.settings import OtlpGatewaySettings
-from schemas.topics import TopicKey, topic_name
+from fulmen.infra.errors import BrokerUnavailableError, PoisonInputError
+from fulmen.infra.http import bearer_auth_middleware, body_limit_middleware, read_body, server_options
+from fulmen.infra.kafka.clients import close_quietly, producer, start_or_raise
+from fulmen.producers.otlp_gateway.decoding import BodyDecoder, DecoderCrashedError
+from fulmen.producers.otlp_gateway.otlp import Prepared, encode_response
+from fulmen.producers.otlp_gateway.settings import OtlpGatewaySettings
+from fulmen.schemas.topics import TopicKey, topic_name
 
 __all__ = ["GatewayStats", "OtlpGateway"]
 

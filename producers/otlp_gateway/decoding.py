@@ -26,8 +26,8 @@ import signal
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from infra.errors import FulmenError
-from producers.otlp_gateway.otlp import Prepared, prepare
+from fulmen.infra.errors import FulmenError
+from fulmen.producers.otlp_gateway.otlp import Prepared, prepare
 
 __all__ = ["BodyDecoder", "DecoderCrashedError"]
 
@@ -39,7 +39,7 @@ class DecoderCrashedError(FulmenError):
 
 
 class BodyDecoder:
-    """Runs :func:`producers.otlp_gateway.otlp.prepare` off the event loop (see the module docstring)."""
+    """Runs :func:`fulmen.producers.otlp_gateway.otlp.prepare` off the event loop (see the module docstring)."""
 
     def __init__(
         self, *, max_span_bytes: int, max_record_bytes: int, processes: int, process_body_bytes: int, threads: int = 2

@@ -21,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from infra.errors import PoisonInputError
+from fulmen.infra.errors import PoisonInputError
 
 __all__ = [
     "OtlpRecord",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, SecretStr
 
-from infra.settings import FulmenSettings
+from fulmen.infra.settings import FulmenSettings
 
 __all__ = ["OtlpGatewaySettings", "OtlpSection"]
 

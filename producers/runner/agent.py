@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from infra.errors import ConfigurationError
+from fulmen.infra.errors import ConfigurationError
 
 __all__ = ["AgentError", "LLMEndpoint", "call_agent", "check_reward", "load_agent"]
 

@@ -9,7 +9,7 @@ Lifecycle of a request (a record of the tasks topic):
 2. Run: publish ``claimed`` and ``running``; call the agent inside a ``fulmen.rollout`` span (every span the
    agent makes is stamped with the rollout), under the request's timeout; flush the spans.
 3. Finish: if the attempt failed or timed out and attempts remain, publish the retry request (attempt + 1,
-   with a not-before time: exponential backoff, ``producers.runner.backoff``) first; then, in one batch on the
+   with a not-before time: exponential backoff, ``fulmen.producers.runner.backoff``) first; then, in one batch on the
    rollouts topic, ``queued`` for attempt + 1 followed by the terminal event (``succeeded`` with the reward,
    ``failed``, ``timed_out``); only then is the record's offset committed (in offset order per partition,
    whatever order rollouts finish in).
@@ -24,7 +24,7 @@ A retry whose not-before time has not come is held (not run, its offset not comm
 other requests; it starts when due and a slot is free, and goes to the new owner if its partition is taken away.
 
 Sync agents run in a capped thread pool or, with ``FULMEN_RUNNER_SYNC_ISOLATION=process``, in a process per
-rollout that is killed on timeout (``producers.runner.sync``).
+rollout that is killed on timeout (``fulmen.producers.runner.sync``).
 
 A runner killed at any point therefore loses nothing: the uncommitted request comes back to another runner,
 which sees the lost claim and runs the next attempt. On SIGTERM the runner stops taking requests, lets the
@@ -53,22 +53,22 @@ from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Status, StatusCode
 
-from infra.errors import DecodeError
-from infra.kafka.admin import partition_count
-from infra.kafka.clients import admin_client, close_quietly, consumer, consumer_group, producer, start_or_raise
-from infra.kafka.dlq import DeadLetters
-from infra.kafka.publish import EventPublisher
-from producers.runner.agent import AgentError, LLMEndpoint, call_agent
-from producers.runner.backoff import DelayedRequests, hold_until, retry_delay_s, with_not_before
-from producers.runner.ledger import RolloutLedger
-from producers.runner.offsets import PartitionProgress
-from producers.runner.settings import RunnerSettings
-from producers.runner.sync import sync_caller
-from producers.runner.tracing import CURRENT_ROLLOUT, CoalescedFlush, build_tracer_provider
-from schemas import semconv
-from schemas.codec import decode
-from schemas.events import RolloutEvent, RolloutRequest, RolloutStatus, utc_now
-from schemas.topics import TopicKey, topic_name
+from fulmen.infra.errors import DecodeError
+from fulmen.infra.kafka.admin import partition_count
+from fulmen.infra.kafka.clients import admin_client, close_quietly, consumer, consumer_group, producer, start_or_raise
+from fulmen.infra.kafka.dlq import DeadLetters
+from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.producers.runner.agent import AgentError, LLMEndpoint, call_agent
+from fulmen.producers.runner.backoff import DelayedRequests, hold_until, retry_delay_s, with_not_before
+from fulmen.producers.runner.ledger import RolloutLedger
+from fulmen.producers.runner.offsets import PartitionProgress
+from fulmen.producers.runner.settings import RunnerSettings
+from fulmen.producers.runner.sync import sync_caller
+from fulmen.producers.runner.tracing import CURRENT_ROLLOUT, CoalescedFlush, build_tracer_provider
+from fulmen.schemas import semconv
+from fulmen.schemas.codec import decode
+from fulmen.schemas.events import RolloutEvent, RolloutRequest, RolloutStatus, utc_now
+from fulmen.schemas.topics import TopicKey, topic_name
 
 __all__ = ["Runner"]
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Generic, TypeVar
 
-from schemas.events import RolloutRequest
+from fulmen.schemas.events import RolloutRequest
 
 __all__ = ["NOT_BEFORE_KEY", "DelayedRequests", "hold_until", "not_before", "retry_delay_s", "with_not_before"]
 

@@ -20,9 +20,9 @@ from opentelemetry import context, propagate
 
 
 def _call(payload: dict[str, Any]) -> dict[str, Any]:
-    from producers.runner.agent import AgentError, LLMEndpoint, check_reward, load_agent
-    from producers.runner.tracing import CURRENT_ROLLOUT, build_tracer_provider, flush_all
-    from schemas.events import RolloutRequest
+    from fulmen.producers.runner.agent import AgentError, LLMEndpoint, check_reward, load_agent
+    from fulmen.producers.runner.tracing import CURRENT_ROLLOUT, build_tracer_provider, flush_all
+    from fulmen.schemas.events import RolloutRequest
 
     provider = build_tracer_provider(payload.get("otlp_endpoint") or None)
     request = payload.get("request")

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from infra.errors import ConfigurationError, DecodeError
-from schemas.codec import decode
-from schemas.events import RolloutEvent, RolloutStatus
+from fulmen.infra.errors import ConfigurationError, DecodeError
+from fulmen.schemas.codec import decode
+from fulmen.schemas.events import RolloutEvent, RolloutStatus
 
 __all__ = ["AttemptState", "RolloutLedger"]
 

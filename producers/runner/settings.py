@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr
 
-from infra.settings import FulmenSettings
+from fulmen.infra.settings import FulmenSettings
 
 __all__ = ["RunnerSection", "RunnerSettings"]
 

@@ -6,7 +6,7 @@ down) the runner reports the attempt and may run the next one, but the thread go
 
 - ``thread``: the agent runs in a pool of at most ``FULMEN_RUNNER_SYNC_THREADS`` threads (timed-out agents
   still running included; further calls wait for a thread). A timed-out agent is logged as still running.
-- ``process``: each call runs in a fresh Python process (``python -m producers.runner.isolated``) that imports
+- ``process``: each call runs in a fresh Python process (``python -m fulmen.producers.runner.isolated``) that imports
   the agent by its ``module:function`` path, traces under the rollout's span (context and rollout attributes
   passed along) and exports its spans itself; on timeout or shutdown its process group is killed. Costs a
   process start per rollout; the agent's task, endpoint and reward cross as JSON.
@@ -34,8 +34,8 @@ from typing import Any
 
 from opentelemetry import propagate
 
-from producers.runner.agent import AgentError, LLMEndpoint, check_reward
-from producers.runner.tracing import CURRENT_ROLLOUT
+from fulmen.producers.runner.agent import AgentError, LLMEndpoint, check_reward
+from fulmen.producers.runner.tracing import CURRENT_ROLLOUT
 
 __all__ = ["ProcessAgent", "SyncIsolation", "ThreadAgent", "sync_caller"]
 
@@ -114,7 +114,7 @@ class ProcessAgent:
     async def call(self, task: dict[str, Any], llm: LLMEndpoint) -> float | None:
         payload = self._payload(task, llm)
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "producers.runner.isolated",
+            sys.executable, "-m", "fulmen.producers.runner.isolated",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, start_new_session=True,
         )  # fmt: skip
         self.processes.add(process.pid)

@@ -43,8 +43,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from schemas import semconv
-from schemas.events import RolloutRequest
+from fulmen.schemas import semconv
+from fulmen.schemas.events import RolloutRequest
 
 __all__ = [
     "CURRENT_ROLLOUT",

@@ -28,12 +28,12 @@ from pathlib import Path
 
 import pytest
 
-from infra.kafka.local import LocalKafka
+from fulmen.infra.kafka.local import LocalKafka
 
 # Each run is ~3 min on 2 cores (15 steps), plus the ~3 min warm-up the first time on a machine.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
-FULMEN = [sys.executable, "-m", "infra.cli.main"]
+FULMEN = [sys.executable, "-m", "fulmen.cli.main"]
 STEPS = 15
 MARGIN = 0.10  # the control's training reward may drift by this much
 FLIP = 1 / 3 + 1 / 48  # one untaught wording's greedy choice flipping by chance (16 of the 48 held-out tasks)

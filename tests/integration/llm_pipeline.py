@@ -11,11 +11,11 @@ from typing import Any
 from aiokafka import TopicPartition
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from infra.kafka.admin import partition_count
-from infra.kafka.clients import close_quietly, consumer, start_or_raise
-from infra.settings import FulmenSettings
-from producers.llm_gateway import LlmGateway, LlmGatewaySettings
-from schemas import TopicKey, topic_name
+from fulmen.infra.kafka.admin import partition_count
+from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
+from fulmen.infra.settings import FulmenSettings
+from fulmen.producers.llm_gateway import LlmGateway, LlmGatewaySettings
+from fulmen.schemas import TopicKey, topic_name
 
 
 def llm_settings(settings: FulmenSettings, model: Path | str, **llm: object) -> LlmGatewaySettings:

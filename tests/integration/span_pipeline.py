@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from consumers import ConsumerOptions, ConsumersApp, SpanSink
-from infra.settings import FulmenSettings
-from infra.store import Store
-from producers.otlp_gateway import OtlpGateway, OtlpGatewaySettings
+from fulmen.consumers import ConsumerOptions, ConsumersApp, SpanSink
+from fulmen.infra.settings import FulmenSettings
+from fulmen.infra.store import Store
+from fulmen.producers.otlp_gateway import OtlpGateway, OtlpGatewaySettings
 from tests.polling import count_reaches
 
 

@@ -18,16 +18,16 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from infra.settings import FulmenSettings
-from infra.store import Store
-from schemas import RolloutStatus
+from fulmen.infra.settings import FulmenSettings
+from fulmen.infra.store import Store
+from fulmen.schemas import RolloutStatus
 from tests.integration.llm_pipeline import llm_gateway_running
 from tests.integration.span_pipeline import span_pipeline
 from tests.integration.test_runner import request, submit, wait_terminal
 
 pytestmark = pytest.mark.integration
 
-FULMEN = [sys.executable, "-m", "infra.cli.main"]
+FULMEN = [sys.executable, "-m", "fulmen.cli.main"]
 
 
 def spawn_runner(settings: FulmenSettings, agent: str, llm_port: int, otlp_url: str, log: Path) -> subprocess.Popen:

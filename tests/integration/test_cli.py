@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from infra.kafka.local import LocalKafka
+from fulmen.infra.kafka.local import LocalKafka
 
 pytestmark = pytest.mark.integration
 
-FULMEN = [sys.executable, "-m", "infra.cli.main"]
+FULMEN = [sys.executable, "-m", "fulmen.cli.main"]
 
 
 def run(args: list[str], env: dict[str, str], timeout: int = 180) -> subprocess.CompletedProcess[str]:

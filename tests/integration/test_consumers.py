@@ -9,12 +9,12 @@ from contextlib import asynccontextmanager
 import pytest
 from aiokafka import TopicPartition
 
-from consumers import ConsumerOptions, ConsumersApp, default_sinks
-from infra.kafka.clients import consumer, producer, start_or_raise
-from infra.kafka.publish import EventPublisher
-from infra.settings import FulmenSettings
-from infra.store import Store
-from schemas import DeadLetterHeaders, RolloutEvent, RolloutStatus, TopicKey, topic_name
+from fulmen.consumers import ConsumerOptions, ConsumersApp, default_sinks
+from fulmen.infra.kafka.clients import consumer, producer, start_or_raise
+from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.settings import FulmenSettings
+from fulmen.infra.store import Store
+from fulmen.schemas import DeadLetterHeaders, RolloutEvent, RolloutStatus, TopicKey, topic_name
 from tests.polling import count_reaches
 
 pytestmark = pytest.mark.integration

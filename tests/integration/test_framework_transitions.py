@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from consumers.transitions import TransitionsSection
-from infra.settings import FulmenSettings
-from infra.store import Store
-from schemas import semconv
+from fulmen.consumers.transitions import TransitionsSection
+from fulmen.infra.settings import FulmenSettings
+from fulmen.infra.store import Store
+from fulmen.schemas import semconv
 from tests.integration.llm_pipeline import llm_gateway_running, published_spans
 from tests.integration.span_pipeline import gateway_running
 from tests.integration.test_runner import request, submit
@@ -29,7 +29,7 @@ from tests.integration.transition_pipeline import BatchReader, consumers_running
 
 pytestmark = [pytest.mark.integration, pytest.mark.frameworks]
 
-FULMEN = [sys.executable, "-m", "infra.cli.main"]
+FULMEN = [sys.executable, "-m", "fulmen.cli.main"]
 
 # agent, its input, the agent-name pattern selecting calls, LLM calls per rollout of the selected agents
 # (None: all of the rollout's calls), and the credit strategy.

@@ -8,13 +8,13 @@ import time
 import pytest
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from infra.errors import BrokerUnavailableError
-from infra.kafka.admin import describe_topics, ensure_topics
-from infra.kafka.clients import admin_client, close_quietly, consumer, producer, start_or_raise
-from infra.kafka.local import LocalKafka
-from infra.kafka.publish import EventPublisher
-from infra.settings import BrokerSettings, FulmenSettings
-from schemas import (
+from fulmen.infra.errors import BrokerUnavailableError
+from fulmen.infra.kafka.admin import describe_topics, ensure_topics
+from fulmen.infra.kafka.clients import admin_client, close_quietly, consumer, producer, start_or_raise
+from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.settings import BrokerSettings, FulmenSettings
+from fulmen.schemas import (
     TOPICS,
     ModelVersion,
     RolloutEvent,

@@ -13,11 +13,11 @@ from aiokafka.errors import KafkaConnectionError
 from openai import AsyncOpenAI
 from transformers import AutoTokenizer
 
-from infra.kafka.clients import close_quietly, producer, start_or_raise
-from infra.kafka.publish import EventPublisher
-from infra.settings import FulmenSettings
-from producers.llm_gateway import LlmGateway
-from schemas import ModelVersion, TopicKey, semconv
+from fulmen.infra.kafka.clients import close_quietly, producer, start_or_raise
+from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.settings import FulmenSettings
+from fulmen.producers.llm_gateway import LlmGateway
+from fulmen.schemas import ModelVersion, TopicKey, semconv
 from tests.integration.llm_pipeline import base_url, llm_gateway_running, llm_settings, published_spans
 from tests.models import WEATHER_ANSWER, WEATHER_TOOL
 

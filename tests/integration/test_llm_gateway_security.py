@@ -14,8 +14,8 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from infra.settings import FulmenSettings
-from producers.llm_gateway.backends import transformers_backend
+from fulmen.infra.settings import FulmenSettings
+from fulmen.producers.llm_gateway.backends import transformers_backend
 from tests.conftest import free_port
 from tests.integration.llm_pipeline import base_url, llm_gateway_running
 from tests.raw_http import send_raw
@@ -114,7 +114,7 @@ def test_cli_llm_gateway_serves_the_tiny_model(settings: FulmenSettings, tmp_pat
         "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap, "FULMEN_HOME": str(tmp_path),
         "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix, "FULMEN_LLM_FOLLOW_MODELS": "false",
     }  # fmt: skip
-    command = [sys.executable, "-m", "infra.cli.main", "llm-gateway", "--model", "tiny", "--port", str(port)]
+    command = [sys.executable, "-m", "fulmen.cli.main", "llm-gateway", "--model", "tiny", "--port", str(port)]
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 180

@@ -19,8 +19,8 @@ import pytest
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from infra.settings import FulmenSettings
-from schemas import semconv
+from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas import semconv
 from tests.integration.llm_pipeline import base_url, llm_gateway_running, published_spans
 
 pytestmark = pytest.mark.integration

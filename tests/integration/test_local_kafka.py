@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from infra.errors import ConfigurationError
-from infra.kafka.local import LocalKafka
-from infra.settings import BrokerSettings
+from fulmen.infra.errors import ConfigurationError
+from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.settings import BrokerSettings
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration

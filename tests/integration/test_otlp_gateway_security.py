@@ -13,7 +13,7 @@ import pytest
 from google.rpc import status_pb2
 
 from bench.otlp_payloads import make_request
-from infra.settings import FulmenSettings
+from fulmen.infra.settings import FulmenSettings
 from tests.integration.span_pipeline import gateway_running
 from tests.raw_http import send_raw
 

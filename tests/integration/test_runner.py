@@ -20,16 +20,16 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from infra.kafka.clients import consumer, producer, start_or_raise
-from infra.kafka.publish import EventPublisher
-from infra.settings import FulmenSettings
-from producers.runner import Runner, RunnerSettings, load_agent
-from producers.runner.tracing import RolloutStamper
-from schemas import RolloutEvent, RolloutRequest, RolloutStatus, TopicKey, decode, semconv, topic, topic_name
+from fulmen.infra.kafka.clients import consumer, producer, start_or_raise
+from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.settings import FulmenSettings
+from fulmen.producers.runner import Runner, RunnerSettings, load_agent
+from fulmen.producers.runner.tracing import RolloutStamper
+from fulmen.schemas import RolloutEvent, RolloutRequest, RolloutStatus, TopicKey, decode, semconv, topic, topic_name
 
 pytestmark = pytest.mark.integration
 
-FULMEN = [sys.executable, "-m", "infra.cli.main"]
+FULMEN = [sys.executable, "-m", "fulmen.cli.main"]
 
 
 def runner_settings(settings: FulmenSettings, agent: str, concurrency: int = 4) -> RunnerSettings:

@@ -16,10 +16,10 @@ import pytest
 from aiokafka import TopicPartition
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from infra.kafka.admin import partition_count
-from infra.kafka.clients import close_quietly, consumer, start_or_raise
-from infra.settings import FulmenSettings
-from schemas import TopicKey, semconv, topic_name
+from fulmen.infra.kafka.admin import partition_count
+from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
+from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas import TopicKey, semconv, topic_name
 from tests.integration.llm_pipeline import attribute_value
 from tests.integration.span_pipeline import gateway_running
 from tests.integration.test_runner import request, submit, wait_terminal
@@ -37,7 +37,7 @@ def spawn_runner(settings: FulmenSettings, agent: str, otlp_endpoint: str, log: 
     }  # fmt: skip
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "infra.cli.main", "runner", "--agent", agent, "--concurrency", "2"],
+            [sys.executable, "-m", "fulmen.cli.main", "runner", "--agent", agent, "--concurrency", "2"],
             env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
 

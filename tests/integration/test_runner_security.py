@@ -13,18 +13,18 @@ from pathlib import Path
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from algorithm.collector import Collector
-from algorithm.dispatcher import DispatchedGroup
-from algorithm.groups import ClosedGroup, GroupBook
-from consumers.transitions import TransitionsSection
-from infra.kafka.clients import consumer, start_or_raise
-from infra.settings import FulmenSettings
-from infra.store import Store
-from producers.runner import Runner, RunnerSettings, load_agent
-from producers.runner.backoff import not_before
-from schemas import RolloutRequest
-from schemas.events import RolloutMode, RolloutStatus
-from schemas.topics import TopicKey, topic_name
+from fulmen.algorithm.collector import Collector
+from fulmen.algorithm.dispatcher import DispatchedGroup
+from fulmen.algorithm.groups import ClosedGroup, GroupBook
+from fulmen.consumers.transitions import TransitionsSection
+from fulmen.infra.kafka.clients import consumer, start_or_raise
+from fulmen.infra.settings import FulmenSettings
+from fulmen.infra.store import Store
+from fulmen.producers.runner import Runner, RunnerSettings, load_agent
+from fulmen.producers.runner.backoff import not_before
+from fulmen.schemas import RolloutRequest
+from fulmen.schemas.events import RolloutMode, RolloutStatus
+from fulmen.schemas.topics import TopicKey, topic_name
 from tests.integration.test_runner import events_by_rollout, request, runner_running, submit, wait_terminal
 from tests.integration.test_train_loop import read_topic
 from tests.integration.transition_pipeline import BatchReader, builders, consumers_running

@@ -17,9 +17,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from infra.settings import FulmenSettings
-from infra.store import Store
-from schemas import semconv
+from fulmen.infra.settings import FulmenSettings
+from fulmen.infra.store import Store
+from fulmen.schemas import semconv
 from tests.integration.span_pipeline import span_pipeline
 
 pytestmark = pytest.mark.integration

@@ -21,12 +21,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from bench.otlp_payloads import make_request
-from infra.kafka.admin import ensure_topics
-from infra.kafka.clients import consumer, producer, start_or_raise
-from infra.kafka.local import LocalKafka
-from infra.settings import BrokerSettings, FulmenSettings
-from infra.store import RemoteReader, Store
-from schemas import DeadLetterHeaders, TopicKey, topic, topic_name
+from fulmen.infra.kafka.admin import ensure_topics
+from fulmen.infra.kafka.clients import consumer, producer, start_or_raise
+from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.settings import BrokerSettings, FulmenSettings
+from fulmen.infra.store import RemoteReader, Store
+from fulmen.schemas import DeadLetterHeaders, TopicKey, topic, topic_name
 from tests.conftest import free_port
 from tests.integration.span_pipeline import gateway_running, span_pipeline
 from tests.polling import count_reaches
@@ -130,7 +130,7 @@ async def test_undecodable_kafka_records_go_to_the_dead_letter_topic(
 
 
 def _start_consumers(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "infra.cli.main", "consume", "--sink", "spans"]
+    command = [sys.executable, "-m", "fulmen.cli.main", "consume", "--sink", "spans"]
     with open(log, "ab") as out:
         return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
 

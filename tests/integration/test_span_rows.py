@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from consumers.spans import SpanSink, native_flattener
-from infra.store import Store
-from schemas import semconv
+from fulmen.consumers.spans import SpanSink, native_flattener
+from fulmen.infra.store import Store
+from fulmen.schemas import semconv
 
 pytestmark = [
     pytest.mark.integration,

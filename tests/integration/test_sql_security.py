@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.errors import ConfigurationError, PoisonInputError
-from infra.store import ReadEndpoint, ReadOnlyError, Store
+from fulmen.infra.errors import ConfigurationError, PoisonInputError
+from fulmen.infra.store import ReadEndpoint, ReadOnlyError, Store
 from tests.conftest import make_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]

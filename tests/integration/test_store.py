@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from consumers.event_sinks import EVENT_SINKS
-from infra.errors import ConfigurationError
-from infra.settings import FulmenSettings
-from infra.store import ReadOnlyError, Store
-from schemas import (
+from fulmen.consumers.event_sinks import EVENT_SINKS
+from fulmen.infra.errors import ConfigurationError
+from fulmen.infra.settings import FulmenSettings
+from fulmen.infra.store import ReadOnlyError, Store
+from fulmen.schemas import (
     ModelVersion,
     RolloutEvent,
     RolloutStatus,
@@ -21,7 +21,7 @@ from schemas import (
     Transition,
     TransitionBatch,
 )
-from schemas.ddl import MIGRATIONS, TABLES
+from fulmen.schemas.ddl import MIGRATIONS, TABLES
 
 pytestmark = pytest.mark.integration
 
@@ -141,9 +141,9 @@ def test_one_store_directory_per_process(store: Store, tmp_path: Path) -> None:
 
 def test_a_second_process_gets_a_clear_error(store: Store, store_path: Path) -> None:
     code = (
-        "from infra.settings import FulmenSettings\n"
-        "from infra.store import ReadOnlyError, Store\n"
-        "from infra.errors import ConfigurationError\n"
+        "from fulmen.infra.settings import FulmenSettings\n"
+        "from fulmen.infra.store import ReadOnlyError, Store\n"
+        "from fulmen.infra.errors import ConfigurationError\n"
         f"try:\n    Store.open(FulmenSettings(clickhouse={{'path': {str(store_path)!r}}}))\n"
         "except ConfigurationError as e:\n    print('CONFIG:', e)\n"
     )

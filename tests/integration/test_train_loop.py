@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from aiokafka import TopicPartition
 
-from algorithm.dispatcher import DatasetTask
-from algorithm.settings import TrainSettings
-from algorithm.train import train
-from infra.kafka.clients import consumer, producer, start_or_raise
-from infra.kafka.publish import EventPublisher
-from infra.settings import FulmenSettings
-from schemas import (
+from fulmen.algorithm.dispatcher import DatasetTask
+from fulmen.algorithm.settings import TrainSettings
+from fulmen.algorithm.train import train
+from fulmen.infra.kafka.clients import consumer, producer, start_or_raise
+from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas import (
     ModelVersion,
     RolloutMode,
     RolloutRequest,
@@ -35,7 +35,7 @@ from schemas import (
 
 pytestmark = pytest.mark.integration
 
-FULMEN = [sys.executable, "-m", "infra.cli.main"]
+FULMEN = [sys.executable, "-m", "fulmen.cli.main"]
 VOCAB = 250  # the tiny model has 261 tokens (rounded up to 320 embeddings)
 
 

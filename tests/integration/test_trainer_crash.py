@@ -14,18 +14,18 @@ from pathlib import Path
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
-import algorithm.train as train_module
-from algorithm.collector import Collector
-from algorithm.dispatcher import DatasetTask
-from algorithm.loop import TrainingLoop
-from algorithm.settings import TrainSettings
-from algorithm.train import train
-from algorithm.trainer.base import StepMetrics
-from infra.errors import BrokerUnavailableError
-from infra.kafka.local import LocalKafka
-from infra.kafka.publish import EventPublisher
-from infra.settings import FulmenSettings
-from schemas import ModelVersion, TopicKey, TrainStep, topic_name
+import fulmen.algorithm.train as train_module
+from fulmen.algorithm.collector import Collector
+from fulmen.algorithm.dispatcher import DatasetTask
+from fulmen.algorithm.loop import TrainingLoop
+from fulmen.algorithm.settings import TrainSettings
+from fulmen.algorithm.train import train
+from fulmen.algorithm.trainer.base import StepMetrics
+from fulmen.infra.errors import BrokerUnavailableError
+from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas import ModelVersion, TopicKey, TrainStep, topic_name
 from tests.integration.test_train_loop import read_topic, simulated_runners
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]

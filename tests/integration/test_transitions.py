@@ -6,14 +6,14 @@ import asyncio
 
 import pytest
 
-from consumers.transitions import TransitionsSection
-from infra.kafka.clients import producer, start_or_raise
-from infra.kafka.publish import EventPublisher
-from infra.settings import FulmenSettings
-from infra.store import Store
-from schemas import semconv
-from schemas.events import RolloutStatus, TransitionBatch
-from schemas.topics import TopicKey, topic_name
+from fulmen.consumers.transitions import TransitionsSection
+from fulmen.infra.kafka.clients import producer, start_or_raise
+from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.settings import FulmenSettings
+from fulmen.infra.store import Store
+from fulmen.schemas import semconv
+from fulmen.schemas.events import RolloutStatus, TransitionBatch
+from fulmen.schemas.topics import TopicKey, topic_name
 from tests.integration.transition_pipeline import (
     BASE_NS,
     BatchReader,
@@ -204,8 +204,8 @@ async def test_two_consumer_processes_share_the_work(
 async def test_the_llm_gateway_s_own_records_become_transitions(
     settings: FulmenSettings, linked_store: Store, kafka: tuple
 ) -> None:
-    from producers.llm_gateway.backends.base import CallResult, Choice
-    from producers.llm_gateway.spans import CallContext, build_record
+    from fulmen.producers.llm_gateway.backends.base import CallResult, Choice
+    from fulmen.producers.llm_gateway.spans import CallContext, build_record
 
     client, publisher = kafka
     agent = [

@@ -15,15 +15,15 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from consumers import ConsumerOptions, ConsumersApp, SpanSink
-from consumers.transitions import TransitionBuilderSink, TransitionsSection, TransitionWorker
-from infra.kafka.clients import consumer, start_or_raise
-from infra.settings import FulmenSettings
-from infra.store import Store
-from schemas import semconv
-from schemas.codec import decode
-from schemas.events import RolloutEvent, RolloutStatus, TransitionBatch
-from schemas.topics import TopicKey, topic, topic_name
+from fulmen.consumers import ConsumerOptions, ConsumersApp, SpanSink
+from fulmen.consumers.transitions import TransitionBuilderSink, TransitionsSection, TransitionWorker
+from fulmen.infra.kafka.clients import consumer, start_or_raise
+from fulmen.infra.settings import FulmenSettings
+from fulmen.infra.store import Store
+from fulmen.schemas import semconv
+from fulmen.schemas.codec import decode
+from fulmen.schemas.events import RolloutEvent, RolloutStatus, TransitionBatch
+from fulmen.schemas.topics import TopicKey, topic, topic_name
 
 
 @dataclass

@@ -11,9 +11,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import ProxyTracerProvider
 
-from consumers.otlp_rows import SpanColumns
-from producers import agent_helpers
-from schemas import semconv
+from fulmen.consumers.otlp_rows import SpanColumns
+from fulmen.producers import agent_helpers
+from fulmen.schemas import semconv
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from algorithm.batch import Sample, TrainBatch, collate
-from algorithm.errors import PoisonInputError
+from fulmen.algorithm.batch import Sample, TrainBatch, collate
+from fulmen.algorithm.errors import PoisonInputError
 
 SAMPLES = [
     Sample([5, 6, 7], [8, 9], advantage=1.0, old_logprobs=[-0.5, -0.25], group_id="g1", model_version=3),

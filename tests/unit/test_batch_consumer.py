@@ -6,10 +6,10 @@ import asyncio
 
 import pyarrow as pa
 
-from consumers.batch import BatchConsumer
-from consumers.event_sinks import EVENT_SINKS
-from infra.kafka.dlq import DeadLetters
-from schemas import DeadLetterHeaders, RolloutEvent, RolloutStatus, encode
+from fulmen.consumers.batch import BatchConsumer
+from fulmen.consumers.event_sinks import EVENT_SINKS
+from fulmen.infra.kafka.dlq import DeadLetters
+from fulmen.schemas import DeadLetterHeaders, RolloutEvent, RolloutStatus, encode
 from tests.fakes import FakeConsumer, FakeProducer, FakeStore
 
 TOPIC = "fulmen.rollouts"

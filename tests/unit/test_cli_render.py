@@ -7,8 +7,8 @@ import io
 import pytest
 from rich.console import Console
 
-from infra.cli.render import render
-from infra.store import QueryResult
+from fulmen.cli.render import render
+from fulmen.infra.store import QueryResult
 
 pytestmark = pytest.mark.security
 

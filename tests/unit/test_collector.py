@@ -8,14 +8,14 @@ from datetime import timedelta
 import pytest
 from aiokafka.structs import TopicPartition
 
-from algorithm.collector import Collector
-from algorithm.dispatcher import DispatchedGroup
-from algorithm.groups import GroupBook, drop_stale
-from algorithm.samples import build_samples
-from algorithm.settings import AdvantageScope, IncompletePolicy
-from schemas.codec import encode
-from schemas.errors import ConfigurationError
-from schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
+from fulmen.algorithm.collector import Collector
+from fulmen.algorithm.dispatcher import DispatchedGroup
+from fulmen.algorithm.groups import GroupBook, drop_stale
+from fulmen.algorithm.samples import build_samples
+from fulmen.algorithm.settings import AdvantageScope, IncompletePolicy
+from fulmen.schemas.codec import encode
+from fulmen.schemas.errors import ConfigurationError
+from fulmen.schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
 from tests.fakes import FakeConsumer
 
 TOPIC = "fulmen.transitions"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from algorithm.credit import CREDIT_STRATEGIES, CreditStrategy, assign_credit, credit_strategy, register_credit
-from schemas.errors import ConfigurationError
+from fulmen.algorithm.credit import CREDIT_STRATEGIES, CreditStrategy, assign_credit, credit_strategy, register_credit
+from fulmen.schemas.errors import ConfigurationError
 
 
 def close(values: list[float | None], expected: list[float | None]) -> bool:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from algorithm.demo.calc import CalcError, evaluate
-from algorithm.demo.tasks import (
+from fulmen.algorithm.demo.calc import CalcError, evaluate
+from fulmen.algorithm.demo.tasks import (
     TAUGHT,
     UNTAUGHT,
     WORDINGS,
@@ -21,8 +21,8 @@ from algorithm.demo.tasks import (
     train_tasks,
     warmup_problems,
 )
-from algorithm.groups import ClosedGroup, shuffle_rewards
-from schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
+from fulmen.algorithm.groups import ClosedGroup, shuffle_rewards
+from fulmen.schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
 
 
 @pytest.mark.parametrize(("expr", "value"), [("23+45", 68), (" 71 - 64 ", 7), ("-3*(2+1)", -9), ("10-99", -89)])
@@ -82,9 +82,9 @@ def _wording(question: str) -> str:
 
 
 def test_warmup_samples_match_the_rendered_conversation() -> None:
-    from algorithm.demo.agent import TOOLS
-    from algorithm.demo.warmup import conversation_samples
-    from algorithm.tiny_model import build_tiny_tokenizer
+    from fulmen.algorithm.demo.agent import TOOLS
+    from fulmen.algorithm.demo.warmup import conversation_samples
+    from fulmen.algorithm.tiny_model import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     problem = generate(1, 7)[0]
@@ -138,7 +138,7 @@ def test_a_demo_service_dies_with_a_killed_demo(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
     parent = (
         "import subprocess, sys, time\n"
-        "from algorithm.demo.services import _die_with_parent\n"
+        "from fulmen.algorithm.demo.services import _die_with_parent\n"
         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
         " start_new_session=True, preexec_fn=_die_with_parent)\n"
         f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"

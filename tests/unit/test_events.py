@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import (
+from fulmen.schemas import (
     DeadLetterHeaders,
     DecodeError,
     ModelVersion,

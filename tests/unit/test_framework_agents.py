@@ -26,10 +26,10 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from producers.runner.agent import LLMEndpoint, call_agent
-from producers.runner.tracing import CURRENT_ROLLOUT, build_tracer_provider
-from schemas import semconv
-from schemas.events import RolloutRequest
+from fulmen.producers.runner.agent import LLMEndpoint, call_agent
+from fulmen.producers.runner.tracing import CURRENT_ROLLOUT, build_tracer_provider
+from fulmen.schemas import semconv
+from fulmen.schemas.events import RolloutRequest
 from tests.agents.frameworks import autogen_agent, langgraph_agent, openai_agents_agent
 from tests.agents.frameworks.fake_openai import FakeOpenAI, RecordedRequest
 

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from infra.http import bearer_auth_middleware, body_limit_middleware, mask_url, read_body, server_options
+from fulmen.infra.http import bearer_auth_middleware, body_limit_middleware, mask_url, read_body, server_options
 from tests.raw_http import send_raw
 
 pytestmark = pytest.mark.security

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from producers.llm_gateway.backends.upstream import OpenAIUpstreamBackend
-from producers.llm_gateway.protocol import ApiError, load_body, parse_chat, parse_completion
-from producers.llm_gateway.settings import LlmSection
-from producers.llm_gateway.tiny import build_once
+from fulmen.producers.llm_gateway.backends.upstream import OpenAIUpstreamBackend
+from fulmen.producers.llm_gateway.protocol import ApiError, load_body, parse_chat, parse_completion
+from fulmen.producers.llm_gateway.settings import LlmSection
+from fulmen.producers.llm_gateway.tiny import build_once
 
 pytestmark = pytest.mark.security
 
@@ -116,7 +116,7 @@ def test_tiny_model_is_built_once(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("attempt", ["\u00b2", "9" * 5000, "0", "-1", "1.0", "\u0661"])
 def test_a_rollout_path_attempt_that_is_not_a_small_positive_integer_is_a_400(attempt: str) -> None:
-    from producers.llm_gateway.app import _rollout
+    from fulmen.producers.llm_gateway.app import _rollout
 
     class _Request:
         match_info = {"rollout_id": "r1", "attempt": attempt}  # noqa: RUF012

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from producers.llm_gateway.backends.base import CallResult, Choice, TokenLogprob
-from producers.llm_gateway.protocol import ApiError, parse_chat, parse_completion
-from producers.llm_gateway.responses import chat_chunks, chat_response
-from producers.llm_gateway.spans import parse_traceparent
-from producers.llm_gateway.tool_calls import extract_tool_calls
+from fulmen.producers.llm_gateway.backends.base import CallResult, Choice, TokenLogprob
+from fulmen.producers.llm_gateway.protocol import ApiError, parse_chat, parse_completion
+from fulmen.producers.llm_gateway.responses import chat_chunks, chat_response
+from fulmen.producers.llm_gateway.spans import parse_traceparent
+from fulmen.producers.llm_gateway.tool_calls import extract_tool_calls
 
 USER = [{"role": "user", "content": "hi"}]
 

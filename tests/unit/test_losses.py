@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from algorithm.errors import ConfigurationError
-from algorithm.losses import (
+from fulmen.algorithm.errors import ConfigurationError
+from fulmen.algorithm.losses import (
     Aggregation,
     LossAggregation,
     aggregate,

@@ -10,10 +10,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from bench.otlp_payloads import make_request
-from consumers.otlp_rows import SpanColumns, any_value_text
-from infra.errors import PoisonInputError
-from producers.otlp_gateway.decoding import BodyDecoder, DecoderCrashedError
-from producers.otlp_gateway.otlp import (
+from fulmen.consumers.otlp_rows import SpanColumns, any_value_text
+from fulmen.infra.errors import PoisonInputError
+from fulmen.producers.otlp_gateway.decoding import BodyDecoder, DecoderCrashedError
+from fulmen.producers.otlp_gateway.otlp import (
     decode_json,
     decode_protobuf,
     encode_response,
@@ -21,7 +21,7 @@ from producers.otlp_gateway.otlp import (
     split_by_trace,
     validate,
 )
-from schemas import semconv
+from fulmen.schemas import semconv
 
 
 def _otlp_json(request: ExportTraceServiceRequest) -> bytes:

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from infra.cli.main import app
-from schemas import semconv
-from schemas.ddl import MIGRATIONS, TABLES
-from schemas.export import asyncapi_document, json_schemas
-from schemas.topics import TOPICS, TopicKey, topic, topic_name
+from fulmen.cli.main import app
+from fulmen.schemas import semconv
+from fulmen.schemas.ddl import MIGRATIONS, TABLES
+from fulmen.schemas.export import asyncapi_document, json_schemas
+from fulmen.schemas.topics import TOPICS, TopicKey, topic, topic_name
 
 
 def test_every_topic_key_is_registered_once() -> None:
@@ -97,7 +97,7 @@ def test_schemas_export_writes_files(tmp_path: Path) -> None:
 
 
 def test_cluster_ids_never_look_like_options() -> None:
-    from infra.kafka.local import base64_uuid
+    from fulmen.infra.kafka.local import base64_uuid
 
     ids = [base64_uuid() for _ in range(2000)]
     assert all(len(i) == 22 and not i.startswith("-") for i in ids)

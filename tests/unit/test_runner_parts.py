@@ -9,11 +9,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from infra.errors import ConfigurationError
-from producers.runner.agent import AgentError, LLMEndpoint, call_agent, load_agent
-from producers.runner.offsets import PartitionProgress
-from producers.runner.tracing import CURRENT_ROLLOUT, RolloutStamper
-from schemas import RolloutRequest, semconv
+from fulmen.infra.errors import ConfigurationError
+from fulmen.producers.runner.agent import AgentError, LLMEndpoint, call_agent, load_agent
+from fulmen.producers.runner.offsets import PartitionProgress
+from fulmen.producers.runner.tracing import CURRENT_ROLLOUT, RolloutStamper
+from fulmen.schemas import RolloutRequest, semconv
 
 LLM = LLMEndpoint(base_url="http://gw/rollout/r/attempt/1/v1", model="m")
 

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from infra.cli.main import app
-from infra.errors import ConfigurationError
-from infra.kafka.clients import connection_kwargs, consumer, consumer_group
-from infra.kafka.dlq import DeadLetters
-from infra.settings import FulmenSettings
-from producers.runner.agent import AgentError, LLMEndpoint
-from producers.runner.backoff import (
+from fulmen.cli.main import app
+from fulmen.infra.errors import ConfigurationError
+from fulmen.infra.kafka.clients import connection_kwargs, consumer, consumer_group
+from fulmen.infra.kafka.dlq import DeadLetters
+from fulmen.infra.settings import FulmenSettings
+from fulmen.producers.runner.agent import AgentError, LLMEndpoint
+from fulmen.producers.runner.backoff import (
     NOT_BEFORE_KEY,
     DelayedRequests,
     hold_until,
@@ -32,9 +32,9 @@ from producers.runner.backoff import (
     retry_delay_s,
     with_not_before,
 )
-from producers.runner.settings import RunnerSection
-from producers.runner.sync import ProcessAgent, ThreadAgent
-from schemas import RolloutRequest
+from fulmen.producers.runner.settings import RunnerSection
+from fulmen.producers.runner.sync import ProcessAgent, ThreadAgent
+from fulmen.schemas import RolloutRequest
 
 pytestmark = pytest.mark.security
 
@@ -93,7 +93,7 @@ def test_config_show_never_prints_a_secret(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_the_store_location_masks_the_url_query() -> None:
-    from infra.store.store import _safe_url
+    from fulmen.infra.store.store import _safe_url
 
     settings = FulmenSettings(clickhouse={"url": SECRETS["FULMEN_CLICKHOUSE_URL"]})
     assert "s3cret" not in _safe_url(settings) and "ch.example:8443" in _safe_url(settings)
@@ -112,7 +112,7 @@ def test_oauthbearer_from_the_cli_is_one_message_not_a_traceback(tmp_path: Path)
     env.update(FULMEN_KAFKA_BOOTSTRAP="127.0.0.1:1", FULMEN_KAFKA_SECURITY_PROTOCOL="SASL_PLAINTEXT",
                FULMEN_KAFKA_SASL_MECHANISM="OAUTHBEARER", FULMEN_HOME=str(tmp_path))  # fmt: skip
     done = subprocess.run(
-        [sys.executable, "-m", "infra.cli.main", "kafka", "topics"],
+        [sys.executable, "-m", "fulmen.cli.main", "kafka", "topics"],
         cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
@@ -195,7 +195,7 @@ from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from producers.runner.tracing import build_tracer_provider, exports_to
+from fulmen.producers.runner.tracing import build_tracer_provider, exports_to
 
 # what pydantic-ai's docs have an agent do at import: its own provider, exporting by OTLP, installed globally
 agent_provider = TracerProvider()
@@ -224,8 +224,8 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from producers.runner.tracing import CURRENT_ROLLOUT, build_tracer_provider, flush_all, joined_providers
-from schemas import RolloutRequest, semconv
+from fulmen.producers.runner.tracing import CURRENT_ROLLOUT, build_tracer_provider, flush_all, joined_providers
+from fulmen.schemas import RolloutRequest, semconv
 
 runner_provider = build_tracer_provider("http://127.0.0.1:4318/v1/traces")
 CURRENT_ROLLOUT.set(RolloutRequest(rollout_id="r7", task_id="t", group_id="g", input={{}}))
@@ -262,7 +262,7 @@ def test_a_provider_the_agent_builds_late_is_stamped_when_it_exports_to_the_runn
 
 
 async def test_the_runners_flush_covers_the_joined_providers() -> None:
-    from producers.runner import tracing
+    from fulmen.producers.runner import tracing
 
     flushed: list[str] = []
 
@@ -331,8 +331,8 @@ async def test_a_partition_revoked_while_its_commit_is_in_flight_does_not_crash_
     was dropped, and the runner died with a KeyError (the demo then waited for rollouts nobody ran)."""
     from aiokafka import TopicPartition
 
-    from producers.runner.app import Runner
-    from producers.runner.offsets import PartitionProgress
+    from fulmen.producers.runner.app import Runner
+    from fulmen.producers.runner.offsets import PartitionProgress
 
     revoked, kept = TopicPartition("tasks", 0), TopicPartition("tasks", 1)
     runner = object.__new__(Runner)  # only the commit path is exercised: no clients, no settings

@@ -9,8 +9,8 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from infra.cli.main import app
-from infra.settings import FulmenSettings
+from fulmen.cli.main import app
+from fulmen.infra.settings import FulmenSettings
 
 
 def test_defaults_are_local_mode(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.errors import ConfigurationError
-from producers.submit import load_tasks, requests_for
-from schemas import RolloutMode
+from fulmen.infra.errors import ConfigurationError
+from fulmen.producers.submit import load_tasks, requests_for
+from fulmen.schemas import RolloutMode
 
 
 def write(tmp_path: Path, text: str) -> Path:

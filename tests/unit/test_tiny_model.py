@@ -6,7 +6,7 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from algorithm.tiny_model import TinyModelConfig, build_tiny_model, build_tiny_tokenizer
+from fulmen.algorithm.tiny_model import TinyModelConfig, build_tiny_model, build_tiny_tokenizer
 
 TOOLS = [
     {

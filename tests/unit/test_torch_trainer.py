@@ -11,14 +11,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from algorithm.advantages import compute_advantages, encode_group_ids
-from algorithm.batch import Sample, collate
-from algorithm.errors import ConfigurationError, PoisonInputError
-from algorithm.tiny_model import TinyModelConfig, build_tiny_model
-from algorithm.trainer import TrainerBackend, token_logprobs
-from algorithm.trainer import logprobs as logprobs_module
-from algorithm.trainer.logprobs import gather_logprobs
-from algorithm.trainer.torch_backend import LoraSettings, TorchTrainer, TorchTrainerConfig
+from fulmen.algorithm.advantages import compute_advantages, encode_group_ids
+from fulmen.algorithm.batch import Sample, collate
+from fulmen.algorithm.errors import ConfigurationError, PoisonInputError
+from fulmen.algorithm.tiny_model import TinyModelConfig, build_tiny_model
+from fulmen.algorithm.trainer import TrainerBackend, token_logprobs
+from fulmen.algorithm.trainer import logprobs as logprobs_module
+from fulmen.algorithm.trainer.logprobs import gather_logprobs
+from fulmen.algorithm.trainer.torch_backend import LoraSettings, TorchTrainer, TorchTrainerConfig
 
 TINY = TinyModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                        intermediate_size=128)  # fmt: skip
@@ -225,9 +225,9 @@ def test_trainer_side_runs_without_pydantic() -> None:
         "import sys\n"
         "for name in ('pydantic', 'pydantic_core', 'pydantic_settings'):\n"
         "    sys.modules[name] = None  # import of these now fails\n"
-        "import algorithm.advantages, algorithm.losses, algorithm.batch, algorithm.trainer.torch_backend\n"
-        "from algorithm.errors import ConfigurationError, PoisonInputError\n"
-        "assert ConfigurationError.__module__ == 'algorithm.errors', ConfigurationError.__module__\n"
+        "import fulmen.algorithm.advantages, fulmen.algorithm.losses, fulmen.algorithm.batch, fulmen.algorithm.trainer.torch_backend\n"
+        "from fulmen.algorithm.errors import ConfigurationError, PoisonInputError\n"
+        "assert ConfigurationError.__module__ == 'fulmen.algorithm.errors', ConfigurationError.__module__\n"
         "assert issubclass(PoisonInputError, Exception)\n"
     )
     root = Path(__file__).resolve().parents[2]
@@ -236,7 +236,7 @@ def test_trainer_side_runs_without_pydantic() -> None:
 
 
 def test_with_pydantic_the_errors_are_those_of_schemas() -> None:
-    import schemas.errors
+    import fulmen.schemas.errors
 
-    assert ConfigurationError is schemas.errors.ConfigurationError
-    assert PoisonInputError is schemas.errors.PoisonInputError
+    assert ConfigurationError is fulmen.schemas.errors.ConfigurationError
+    assert PoisonInputError is fulmen.schemas.errors.PoisonInputError

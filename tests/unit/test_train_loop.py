@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from algorithm.collector import Collector
-from algorithm.dispatcher import DatasetTask, Dispatcher, load_dataset
-from algorithm.groups import GroupBook
-from algorithm.loop import LoopPlan, TrainingLoop
-from algorithm.settings import TrainSection, TrainSettings
-from algorithm.train import latest_checkpoint
-from algorithm.trainer.base import StepMetrics
-from schemas.codec import encode
-from schemas.errors import ConfigurationError
-from schemas.events import (
+from fulmen.algorithm.collector import Collector
+from fulmen.algorithm.dispatcher import DatasetTask, Dispatcher, load_dataset
+from fulmen.algorithm.groups import GroupBook
+from fulmen.algorithm.loop import LoopPlan, TrainingLoop
+from fulmen.algorithm.settings import TrainSection, TrainSettings
+from fulmen.algorithm.train import latest_checkpoint
+from fulmen.algorithm.trainer.base import StepMetrics
+from fulmen.schemas.codec import encode
+from fulmen.schemas.errors import ConfigurationError
+from fulmen.schemas.events import (
     ModelVersion,
     RolloutMode,
     RolloutRequest,
@@ -28,7 +28,7 @@ from schemas.events import (
     Transition,
     TransitionBatch,
 )
-from schemas.topics import TopicKey
+from fulmen.schemas.topics import TopicKey
 from tests.fakes import FakeConsumer
 
 TOPIC = "fulmen.transitions"

@@ -15,13 +15,13 @@ import pytest
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.structs import RecordMetadata, TopicPartition
 
-from algorithm.loop import STOP_GRACE_S
-from algorithm.tiny_model import TinyModelConfig, build_tiny_model
-from algorithm.train import latest_checkpoint
-from infra.errors import BrokerUnavailableError
-from infra.kafka.publish import EventPublisher
-from schemas.events import ModelVersion
-from schemas.topics import TopicKey
+from fulmen.algorithm.loop import STOP_GRACE_S
+from fulmen.algorithm.tiny_model import TinyModelConfig, build_tiny_model
+from fulmen.algorithm.train import latest_checkpoint
+from fulmen.infra.errors import BrokerUnavailableError
+from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.schemas.events import ModelVersion
+from fulmen.schemas.topics import TopicKey
 from tests.unit.test_train_loop import FakePublisher, build, run
 
 pytestmark = pytest.mark.security
@@ -249,7 +249,7 @@ def test_the_initial_version_is_published_only_when_starting_from_the_base_model
 
 KILLED_DURING_SAVE = """
 import os, sys
-from algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig
+from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig
 trainer = TorchTrainer(TorchTrainerConfig(sys.argv[1], device="cpu", dtype="float32"))
 write = trainer.model.save_pretrained
 def write_then_die(directory, *args, **kwargs):
@@ -275,7 +275,7 @@ def test_a_save_killed_midway_leaves_no_checkpoint_to_load(tmp_path: Path) -> No
 
 
 def test_a_live_writers_temporary_directory_is_kept_and_a_finished_save_replaces_the_old(tmp_path: Path) -> None:
-    from algorithm.trainer.base import atomic_directory  # here, so the other tests run without it
+    from fulmen.algorithm.trainer.base import atomic_directory  # here, so the other tests run without it
 
     checkpoints = tmp_path / "checkpoints"
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from consumers.transitions.barrier import WaitingRounds, behind
-from consumers.transitions.builder import BuildOptions, build_batch
-from consumers.transitions.late import SLACK_MS, LateSpanCheck
-from consumers.transitions.settings import ConsumersSettings
-from consumers.transitions.window import AttemptTracker, BuildWindow, Built
-from schemas.errors import ConfigurationError
-from schemas.events import RolloutEvent, RolloutStatus
+from fulmen.consumers.transitions.barrier import WaitingRounds, behind
+from fulmen.consumers.transitions.builder import BuildOptions, build_batch
+from fulmen.consumers.transitions.late import SLACK_MS, LateSpanCheck
+from fulmen.consumers.transitions.settings import ConsumersSettings
+from fulmen.consumers.transitions.window import AttemptTracker, BuildWindow, Built
+from fulmen.schemas.errors import ConfigurationError
+from fulmen.schemas.events import RolloutEvent, RolloutStatus
 from tests.unit.transition_spans import call, langgraph_rollout, rollout_root, sid, span
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from consumers.transitions.rewards import match_rewards, observe_rewards
-from consumers.transitions.selection import agent_of, select_calls
-from consumers.transitions.tree import TraceTree
+from fulmen.consumers.transitions.rewards import match_rewards, observe_rewards
+from fulmen.consumers.transitions.selection import agent_of, select_calls
+from fulmen.consumers.transitions.tree import TraceTree
 from tests.unit.transition_spans import call, langgraph_rollout, rollout_root, sid, span, tid
 
 

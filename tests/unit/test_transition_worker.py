@@ -8,12 +8,12 @@ from typing import Any
 import pyarrow as pa
 from aiokafka.structs import TopicPartition
 
-from consumers.transitions import TransitionBuilderSink, TransitionsSection, TransitionWorker
-from infra.errors import RetryableError
-from infra.kafka.dlq import DeadLetters
-from infra.kafka.publish import EventPublisher
-from schemas import RolloutEvent, RolloutStatus, TransitionBatch, encode
-from schemas.codec import decode
+from fulmen.consumers.transitions import TransitionBuilderSink, TransitionsSection, TransitionWorker
+from fulmen.infra.errors import RetryableError
+from fulmen.infra.kafka.dlq import DeadLetters
+from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.schemas import RolloutEvent, RolloutStatus, TransitionBatch, encode
+from fulmen.schemas.codec import decode
 from tests.fakes import FakeConsumer, FakeProducer
 from tests.unit.transition_spans import call, span
 

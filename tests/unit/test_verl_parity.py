@@ -22,8 +22,8 @@ except ImportError:
 from verl.trainer.ppo import core_algos
 from verl.workers.config import ActorConfig
 
-from algorithm.advantages import compute_advantages, encode_group_ids
-from algorithm.losses import aggregate, batch_normalizer, k3_kl, ppo_clip
+from fulmen.algorithm.advantages import compute_advantages, encode_group_ids
+from fulmen.algorithm.losses import aggregate, batch_normalizer, k3_kl, ppo_clip
 
 VERL_AGGREGATION = {"token_mean": "token-mean", "seq_mean": "seq-mean-token-mean"}
 

@@ -6,8 +6,8 @@ import hashlib
 import json
 from typing import Any
 
-from consumers.transitions.tree import SpanRecord
-from schemas import semconv
+from fulmen.consumers.transitions.tree import SpanRecord
+from fulmen.schemas import semconv
 
 MAIN = "a" * 32  # the agent's trace
 

@@ -4,27 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from producers.llm_gateway.backends.base import Backend, CallResult, Choice, TokenLogprob
-from producers.llm_gateway.settings import BackendKind, LlmSection
-from schemas.errors import ConfigurationError
+from fulmen.producers.llm_gateway.backends.base import Backend, CallResult, Choice, TokenLogprob
+from fulmen.producers.llm_gateway.settings import BackendKind, LlmSection
+from fulmen.schemas.errors import ConfigurationError
 
 __all__ = ["BACKENDS", "Backend", "CallResult", "Choice", "TokenLogprob", "build_backend"]
 
 
 def _transformers(options: LlmSection) -> Backend:
-    from producers.llm_gateway.backends.transformers_backend import TransformersBackend  # imports torch: lazily
+    from fulmen.producers.llm_gateway.backends.transformers_backend import TransformersBackend  # imports torch: lazily
 
     return TransformersBackend(options)
 
 
 def _vllm(options: LlmSection) -> Backend:
-    from producers.llm_gateway.backends.upstream import VllmBackend
+    from fulmen.producers.llm_gateway.backends.upstream import VllmBackend
 
     return VllmBackend(options)
 
 
 def _openai(options: LlmSection) -> Backend:
-    from producers.llm_gateway.backends.upstream import OpenAIUpstreamBackend
+    from fulmen.producers.llm_gateway.backends.upstream import OpenAIUpstreamBackend
 
     return OpenAIUpstreamBackend(options)
 

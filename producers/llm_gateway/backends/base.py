@@ -1,10 +1,10 @@
 """What every inference backend offers the gateway, and what a call returns.
 
-Lifecycle: ``start()`` (load or connect; raises :class:`~schemas.errors.ConfigurationError` when the model or
+Lifecycle: ``start()`` (load or connect; raises :class:`~fulmen.schemas.errors.ConfigurationError` when the model or
 upstream cannot be used), then any number of concurrent ``chat``/``complete`` calls, then ``close()``.
 ``load_version`` swaps the weights while calls run: a call is served entirely by one version, which it reports.
 
-Calls raise :class:`~producers.llm_gateway.protocol.ApiError`: 400 for a request the model cannot serve (a
+Calls raise :class:`~fulmen.producers.llm_gateway.protocol.ApiError`: 400 for a request the model cannot serve (a
 prompt longer than the context), 502 when the upstream answered with an error, 503 when it cannot be reached.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from producers.llm_gateway.protocol import ChatRequest, CompletionRequest
+from fulmen.producers.llm_gateway.protocol import ChatRequest, CompletionRequest
 
 __all__ = ["Backend", "CallResult", "Choice", "TokenLogprob"]
 

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from producers.llm_gateway.backends.base import CallResult, Choice, TokenLogprob
-from producers.llm_gateway.backends.sampling import Row, RowOutput, generate
-from producers.llm_gateway.protocol import ApiError, ChatRequest, CompletionRequest, SamplingParams
-from producers.llm_gateway.settings import LlmSection
-from producers.llm_gateway.tool_calls import extract_tool_calls
-from schemas.errors import ConfigurationError
+from fulmen.producers.llm_gateway.backends.base import CallResult, Choice, TokenLogprob
+from fulmen.producers.llm_gateway.backends.sampling import Row, RowOutput, generate
+from fulmen.producers.llm_gateway.protocol import ApiError, ChatRequest, CompletionRequest, SamplingParams
+from fulmen.producers.llm_gateway.settings import LlmSection
+from fulmen.producers.llm_gateway.tool_calls import extract_tool_calls
+from fulmen.schemas.errors import ConfigurationError
 
 __all__ = ["TransformersBackend"]
 

@@ -10,7 +10,7 @@ upstream returns; the span says why token ids are absent.
 
 Upstream errors: its 4xx comes back to the agent as is; 5xx is a 502; unreachable or too slow is a 503.
 The upstream URL may carry credentials (``user:password@``, ``?api_key=``): it is logged and put in messages
-only through :func:`infra.http.mask_url`, and error texts are scrubbed of it.
+only through :func:`fulmen.infra.http.mask_url`, and error texts are scrubbed of it.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any
 
 import aiohttp
 
-from infra.http import mask_url, url_secrets
-from producers.llm_gateway.backends.base import CallResult, Choice, TokenLogprob
-from producers.llm_gateway.protocol import ApiError, ChatRequest, CompletionRequest
-from producers.llm_gateway.settings import LlmSection
-from schemas.errors import ConfigurationError
+from fulmen.infra.http import mask_url, url_secrets
+from fulmen.producers.llm_gateway.backends.base import CallResult, Choice, TokenLogprob
+from fulmen.producers.llm_gateway.protocol import ApiError, ChatRequest, CompletionRequest
+from fulmen.producers.llm_gateway.settings import LlmSection
+from fulmen.schemas.errors import ConfigurationError
 
 __all__ = ["OpenAIUpstreamBackend", "VllmBackend"]
 

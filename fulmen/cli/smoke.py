@@ -15,15 +15,15 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from consumers import ConsumerOptions, ConsumersApp, default_sinks
-from infra.kafka.clients import close_quietly, consumer, producer, start_or_raise
-from infra.kafka.publish import EventPublisher
-from infra.settings import FulmenSettings
-from infra.store import QueryResult, Store
-from producers.otlp_gateway import OtlpGateway, OtlpGatewaySettings
-from schemas import semconv
-from schemas.codec import decode
-from schemas.events import (
+from fulmen.consumers import ConsumerOptions, ConsumersApp, default_sinks
+from fulmen.infra.kafka.clients import close_quietly, consumer, producer, start_or_raise
+from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.settings import FulmenSettings
+from fulmen.infra.store import QueryResult, Store
+from fulmen.producers.otlp_gateway import OtlpGateway, OtlpGatewaySettings
+from fulmen.schemas import semconv
+from fulmen.schemas.codec import decode
+from fulmen.schemas.events import (
     DeadLetterHeaders,
     ModelVersion,
     RolloutEvent,
@@ -34,7 +34,7 @@ from schemas.events import (
     TransitionBatch,
     new_id,
 )
-from schemas.topics import TopicKey, topic_name
+from fulmen.schemas.topics import TopicKey, topic_name
 
 __all__ = ["SmokeReport", "run_smoke"]
 

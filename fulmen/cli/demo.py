@@ -1,4 +1,4 @@
-"""``fulmen demo``: the rendering around :func:`algorithm.demo.run.run_demo` (progress, report, queries)."""
+"""``fulmen demo``: the rendering around :func:`fulmen.algorithm.demo.run.run_demo` (progress, report, queries)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from infra.errors import FulmenError
-from infra.settings import FulmenSettings
+from fulmen.infra.errors import FulmenError
+from fulmen.infra.settings import FulmenSettings
 
 __all__ = ["run_demo_command"]
 
@@ -17,8 +17,8 @@ __all__ = ["run_demo_command"]
 def run_demo_command(settings: FulmenSettings, console: Console, *, steps: int | None, shuffle_rewards: bool,
                      as_json: bool) -> dict[str, Any]:  # fmt: skip
     """Run the demo with a live progress bar, print the report; the report dict (also the JSON line)."""
-    from algorithm.demo.report import plot_curves, report_dict, run_queries
-    from algorithm.demo.run import DemoOptions, run_demo
+    from fulmen.algorithm.demo.report import plot_curves, report_dict, run_queries
+    from fulmen.algorithm.demo.run import DemoOptions, run_demo
 
     options = DemoOptions(shuffle_rewards=shuffle_rewards, **({"steps": steps} if steps else {}))
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -21,9 +21,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from infra.errors import FulmenError
-from infra.logging import setup_logging
-from infra.settings import FulmenSettings
+from fulmen.infra.errors import FulmenError
+from fulmen.infra.logging import setup_logging
+from fulmen.infra.settings import FulmenSettings
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="Fulmen: reinforcement learning for agents you already run."
@@ -84,7 +84,7 @@ def friendly(fn: F) -> F:
 @friendly
 def kafka_up() -> None:
     """Start the local broker (unless FULMEN_KAFKA_BOOTSTRAP points elsewhere) and create the topics."""
-    from infra.services import ensure_kafka
+    from fulmen.infra.services import ensure_kafka
 
     settings = _settings()
     with console.status("starting Kafka and creating topics..."):
@@ -98,7 +98,7 @@ def kafka_up() -> None:
 @friendly
 def kafka_down() -> None:
     """Stop the local broker (controlled shutdown)."""
-    from infra.kafka.local import LocalKafka
+    from fulmen.infra.kafka.local import LocalKafka
 
     settings = _settings()
     if not settings.local_kafka:
@@ -112,8 +112,8 @@ def kafka_down() -> None:
 @friendly
 def kafka_status() -> None:
     """Whether the broker answers, and where its data and log are."""
-    from infra.kafka.admin import cluster_info
-    from infra.kafka.local import LocalKafka
+    from fulmen.infra.kafka.admin import cluster_info
+    from fulmen.infra.kafka.local import LocalKafka
 
     settings = _settings()
     if settings.local_kafka:
@@ -133,7 +133,7 @@ def kafka_status() -> None:
 @friendly
 def kafka_topics(create: Annotated[bool, typer.Option(help="create missing topics, apply settings")] = False) -> None:
     """Fulmen's topics as the cluster has them."""
-    from infra.kafka.admin import describe_topics, ensure_topics
+    from fulmen.infra.kafka.admin import describe_topics, ensure_topics
 
     settings = _settings()
     states = asyncio.run(ensure_topics(settings) if create else describe_topics(settings))
@@ -144,7 +144,7 @@ def kafka_topics(create: Annotated[bool, typer.Option(help="create missing topic
 @friendly
 def kafka_fetch() -> None:
     """Download the Kafka jars from Maven Central into the cache (done automatically by `up`)."""
-    from infra.kafka.local import LocalKafka
+    from fulmen.infra.kafka.local import LocalKafka
 
     console.print(f"Kafka jars in {LocalKafka.from_settings(_settings()).fetch()}")
 
@@ -163,7 +163,7 @@ def _print_topics(states: list[Any]) -> None:
 @friendly
 def store_migrate() -> None:
     """Create or upgrade the tables (idempotent)."""
-    from infra.store import Store
+    from fulmen.infra.store import Store
 
     store = Store.open(_settings())
     applied = store.migrate()
@@ -184,8 +184,8 @@ def sql(
     With the embedded store, a running `fulmen consume` owns it and answers the query; otherwise the store is
     opened here. With FULMEN_CLICKHOUSE_URL the server is queried.
     """
-    from infra.cli.render import FORMATS, render
-    from infra.store import open_reader
+    from fulmen.cli.render import FORMATS, render
+    from fulmen.infra.store import open_reader
 
     if fmt not in FORMATS:
         raise typer.BadParameter(f"--format must be one of {', '.join(FORMATS)}")
@@ -199,9 +199,9 @@ def consume(
     sinks: Annotated[list[str] | None, typer.Option("--sink", help="only these sinks (repeatable)")] = None,
 ) -> None:
     """Materialise Kafka topics into the store until interrupted (SIGINT/SIGTERM flush and exit)."""
-    from consumers import ConsumersApp, consume_sinks
-    from consumers.transitions import ConsumersSettings
-    from infra.services import ensure_kafka, ensure_store
+    from fulmen.consumers import ConsumersApp, consume_sinks
+    from fulmen.consumers.transitions import ConsumersSettings
+    from fulmen.infra.services import ensure_kafka, ensure_store
 
     settings = _settings(ConsumersSettings, service=True)
     available = {s.name: s for s in consume_sinks(settings)}
@@ -222,7 +222,7 @@ def otlp_gateway(
     port: Annotated[int | None, typer.Option(help="listen port (FULMEN_OTLP_PORT, default 4318)")] = None,
 ) -> None:
     """Receive OTLP/HTTP traces at /v1/traces and publish them to the spans topic until interrupted."""
-    from producers.otlp_gateway import OtlpGateway, OtlpGatewaySettings
+    from fulmen.producers.otlp_gateway import OtlpGateway, OtlpGatewaySettings
 
     settings = _settings(OtlpGatewaySettings, service=True)
     if host is not None:
@@ -246,7 +246,7 @@ def llm_gateway(
     port: Annotated[int | None, typer.Option(help="listen port (FULMEN_LLM_PORT, default 8000)")] = None,
 ) -> None:
     """Serve an OpenAI-compatible API at /v1 that records every call (token ids included) as a span in Kafka."""
-    from producers.llm_gateway import LlmGateway, LlmGatewaySettings
+    from fulmen.producers.llm_gateway import LlmGateway, LlmGatewaySettings
 
     settings = _settings(LlmGatewaySettings, service=True)
     overrides = {"model": model, "backend": backend, "upstream_url": upstream_url, "host": host, "port": port}
@@ -255,8 +255,8 @@ def llm_gateway(
             setattr(settings.llm, name, value)
     settings = LlmGatewaySettings.model_validate(settings.model_dump())  # re-check what the options changed
     if settings.llm.model == "tiny" and settings.llm.backend == "transformers":
-        from algorithm.tiny_model import build_tiny_model
-        from producers.llm_gateway.tiny import build_once, tiny_model_dir
+        from fulmen.algorithm.tiny_model import build_tiny_model
+        from fulmen.producers.llm_gateway.tiny import build_once, tiny_model_dir
 
         settings.llm.model = str(build_once(tiny_model_dir(settings.home), build_tiny_model))
     _run_until_signal(lambda: LlmGateway(settings))
@@ -280,8 +280,8 @@ class _RunnerHelp(typer.core.TyperCommand):
     help is asked for (so the runner's modules are imported only then)."""
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
-        from infra.settings import settings_help
-        from producers.runner.settings import RunnerSection
+        from fulmen.infra.settings import settings_help
+        from fulmen.producers.runner.settings import RunnerSection
 
         lines = settings_help(RunnerSection, "FULMEN_RUNNER_")
         self.epilog = "\n\n".join(["Settings (environment variables, or .env):", *lines])
@@ -297,8 +297,8 @@ def runner(
     """Run rollouts from the tasks topic through the agent until interrupted (SIGTERM finishes or hands back)."""
     import os
 
-    from infra.services import ensure_kafka
-    from producers.runner import Runner, RunnerSettings, load_agent
+    from fulmen.infra.services import ensure_kafka
+    from fulmen.producers.runner import Runner, RunnerSettings, load_agent
 
     settings = _settings(RunnerSettings, service=True)
     if agent is not None:
@@ -323,11 +323,11 @@ def submit(
     mode: Annotated[str | None, typer.Option(help="train or val (overrides the file)")] = None,
 ) -> None:
     """Publish the tasks of a JSONL file as rollout requests (validated whole before anything is sent)."""
-    from infra.kafka.clients import close_quietly, producer, start_or_raise
-    from infra.kafka.publish import EventPublisher
-    from infra.services import ensure_kafka
-    from producers.submit import load_tasks, publish, requests_for
-    from schemas.events import RolloutMode
+    from fulmen.infra.kafka.clients import close_quietly, producer, start_or_raise
+    from fulmen.infra.kafka.publish import EventPublisher
+    from fulmen.infra.services import ensure_kafka
+    from fulmen.producers.submit import load_tasks, publish, requests_for
+    from fulmen.schemas.events import RolloutMode
 
     settings = _settings()
     if mode is not None and mode not in {m.value for m in RolloutMode}:
@@ -356,8 +356,8 @@ def rollouts(
     group: Annotated[str | None, typer.Option(help="only this group")] = None,
 ) -> None:
     """Rollout status from the store: counts by status, then the most recent rollouts."""
-    from infra.cli.render import render
-    from infra.store import open_reader
+    from fulmen.cli.render import render
+    from fulmen.infra.store import open_reader
 
     settings = _settings()
     reader = open_reader(settings)
@@ -388,10 +388,10 @@ def train(
     """Train with GRPO on rollouts of the dataset: dispatch tasks, collect transitions, update, publish versions.
 
     Needs only Kafka; runners (`fulmen runner`), `fulmen consume` and `fulmen llm-gateway` run separately."""
-    from algorithm.dispatcher import load_dataset
-    from algorithm.settings import TrainSettings
-    from algorithm.train import train as run_training
-    from infra.services import ensure_kafka
+    from fulmen.algorithm.dispatcher import load_dataset
+    from fulmen.algorithm.settings import TrainSettings
+    from fulmen.algorithm.train import train as run_training
+    from fulmen.infra.services import ensure_kafka
 
     settings = _settings(TrainSettings, service=True)
     overrides = {"model_path": model, "agent": agent, "steps": steps}
@@ -428,10 +428,10 @@ def _query(reader: Any, sql: str, *, final: bool = True) -> Any:
 @friendly
 def config_show() -> None:
     """Print the settings in force (shared sections and every process's own), secrets masked."""
-    from algorithm.settings import TrainSettings
-    from producers.llm_gateway.settings import LlmGatewaySettings
-    from producers.otlp_gateway.settings import OtlpGatewaySettings
-    from producers.runner.settings import RunnerSettings
+    from fulmen.algorithm.settings import TrainSettings
+    from fulmen.producers.llm_gateway.settings import LlmGatewaySettings
+    from fulmen.producers.otlp_gateway.settings import OtlpGatewaySettings
+    from fulmen.producers.runner.settings import RunnerSettings
 
     shown: dict[str, Any] = {}
     for cls in (FulmenSettings, RunnerSettings, OtlpGatewaySettings, LlmGatewaySettings, TrainSettings):
@@ -445,7 +445,7 @@ def schemas_export(
     out: Annotated[Path, typer.Option(help="directory to write into")] = Path("schemas-export"),
 ) -> None:
     """Write a JSON Schema per event and an AsyncAPI 3.0 document of the topics."""
-    from schemas.export import asyncapi_document, json_schemas
+    from fulmen.schemas.export import asyncapi_document, json_schemas
 
     settings = _settings()
     out.mkdir(parents=True, exist_ok=True)
@@ -468,7 +468,7 @@ def demo(
     """An agent visibly learning through the whole system: warm up a tiny model, start Kafka, the store, the
     gateways and a runner, train with GRPO on arithmetic word problems, report held-out accuracy before and
     after, the curves and the SQL to explore the stored data; stop everything it started."""
-    from infra.cli.demo import run_demo_command
+    from fulmen.cli.demo import run_demo_command
 
     run_demo_command(_settings(), console, steps=steps, shuffle_rewards=shuffle_rewards, as_json=as_json)
 
@@ -479,8 +479,8 @@ def smoke(
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON on the last line")] = False,
 ) -> None:
     """A fast check of the plumbing: one event of each kind through Kafka into the store, read back with SQL."""
-    from infra.cli.smoke import run_smoke
-    from infra.services import ensure_kafka, ensure_store
+    from fulmen.cli.smoke import run_smoke
+    from fulmen.infra.services import ensure_kafka, ensure_store
 
     settings = _settings()
     with console.status("starting Kafka (first run downloads its jars) and the store..."):
@@ -503,7 +503,7 @@ def smoke(
 
 
 def _print_smoke(report: Any, stopped: bool) -> None:
-    from infra.cli.render import render
+    from fulmen.cli.render import render
 
     console.print(
         f"[green]✓[/] published (run id {report.run_id}): " + ", ".join(f"{k} {v}" for k, v in report.published.items())

@@ -13,7 +13,7 @@ from uuid import UUID
 from rich.console import Console
 from rich.table import Table
 
-from infra.store import QueryResult
+from fulmen.infra.store import QueryResult
 
 __all__ = ["FORMATS", "render"]
 

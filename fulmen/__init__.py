@@ -1,0 +1,93 @@
+"""Fulmen: reinforcement learning for AI agents that already exist.
+
+The public API, for agent authors and for code that reads Fulmen's events::
+
+    import fulmen
+
+    fulmen.emit_reward(1.0)                    # from inside an agent run by `fulmen runner`
+    fulmen.emit_annotation("retrieval", hits=3)
+    async def solve(task: dict, llm: fulmen.LLMEndpoint) -> float: ...
+
+Everything else lives in the subpackages, whose imports flow one way: ``fulmen.schemas`` (the contracts) <-
+``fulmen.infra`` (settings, Kafka, the store) <- ``fulmen.producers`` / ``fulmen.consumers`` /
+``fulmen.algorithm`` <- ``fulmen`` itself (this API and ``fulmen.cli``, the composition root).
+
+The names below are resolved on first use, so ``import fulmen.schemas`` (which runs this file first) pulls in
+nothing of the layers above it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "DeadLetterHeaders",
+    "LLMEndpoint",
+    "ModelVersion",
+    "RolloutEvent",
+    "RolloutMode",
+    "RolloutRequest",
+    "RolloutStatus",
+    "TrainStep",
+    "Transition",
+    "TransitionBatch",
+    "__version__",
+    "emit_annotation",
+    "emit_reward",
+]
+
+try:
+    __version__ = metadata.version("fulmen")
+except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0.0.0+unknown"
+
+# public name -> the module that defines it
+_HOMES = {
+    "emit_reward": "fulmen.producers.agent_helpers",
+    "emit_annotation": "fulmen.producers.agent_helpers",
+    "LLMEndpoint": "fulmen.producers.runner.agent",
+    **dict.fromkeys(
+        (
+            "DeadLetterHeaders",
+            "ModelVersion",
+            "RolloutEvent",
+            "RolloutMode",
+            "RolloutRequest",
+            "RolloutStatus",
+            "TrainStep",
+            "Transition",
+            "TransitionBatch",
+        ),
+        "fulmen.schemas.events",
+    ),
+}
+
+if TYPE_CHECKING:
+    from fulmen.producers.agent_helpers import emit_annotation, emit_reward
+    from fulmen.producers.runner.agent import LLMEndpoint
+    from fulmen.schemas.events import (
+        DeadLetterHeaders,
+        ModelVersion,
+        RolloutEvent,
+        RolloutMode,
+        RolloutRequest,
+        RolloutStatus,
+        TrainStep,
+        Transition,
+        TransitionBatch,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'fulmen' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -9,10 +9,12 @@ the model version, or reported its validation result) it calls :meth:`Collector.
 :meth:`Collector.commit`.
 
 Offsets (at-least-once): a record is "held" while its group is open or closed-but-not-done; the committed
-offset of a partition is its lowest held offset, or one past the last record read when none is held. So a
-crash redelivers every record whose group was not yet trained on. A redelivered record whose group this
-process does not know (dispatched before a restart) is ignored and counted, as is an undecodable record
-(logged with its topic, partition and offset).
+offset of a partition is its lowest held offset, or one past the last record read when none is held (an
+:class:`~fulmen.infra.kafka.offsets.OffsetTracker`). So a crash redelivers every record whose group was not yet
+trained on. A commit refused because the group rebalanced is logged and dropped (the partitions' new owner
+reads from the last committed offset); offsets of partitions no longer assigned are not sent. A redelivered
+record whose group this process does not know (dispatched before a restart) is ignored and counted, as is an
+undecodable record (logged with its topic, partition and offset).
 
 Superseded attempts: a retried attempt's batch is normally never published (the transitions worker skips an
 attempt whose next attempt the rollouts topic already announced: see ``fulmen.consumers.transitions.worker``). Should
@@ -28,15 +30,16 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
+from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from fulmen.algorithm.dispatcher import DispatchedGroup
 from fulmen.algorithm.groups import AddOutcome, ClosedGroup, GroupBook
+from fulmen.infra.kafka.offsets import OffsetTracker, commit_finished
 from fulmen.schemas.codec import decode
 from fulmen.schemas.errors import DecodeError
 from fulmen.schemas.events import TransitionBatch
 
-__all__ = ["Collector", "OffsetLedger", "TransitionSource"]
+__all__ = ["Collector", "GroupHolds", "TransitionSource"]
 
 log = logging.getLogger(__name__)
 
@@ -48,42 +51,30 @@ class TransitionSource(Protocol):
         self, *partitions: TopicPartition, timeout_ms: int = 0, max_records: int | None = None
     ) -> dict[TopicPartition, list[ConsumerRecord]]: ...
 
+    def assignment(self) -> set[TopicPartition]: ...
+
     async def commit(self, offsets: Any = None) -> None: ...
 
 
-class OffsetLedger:
-    """Per partition: the records read and which of them a group still holds; what may be committed."""
+class GroupHolds:
+    """The records read, in an :class:`OffsetTracker`, and which group holds each until it is released."""
 
     def __init__(self) -> None:
-        self._next: dict[TopicPartition, int] = {}
-        self._held: dict[TopicPartition, set[int]] = defaultdict(set)
+        self.offsets = OffsetTracker()
         self._by_group: dict[str, list[tuple[TopicPartition, int]]] = defaultdict(list)
-        self._committed: dict[TopicPartition, int] = {}
 
     def seen(self, tp: TopicPartition, offset: int, group_id: str | None) -> None:
         """Record ``offset`` as read; held by ``group_id`` until :meth:`release` (None: done at once)."""
-        self._committed.setdefault(tp, offset)  # where this process started reading: nothing to commit below
-        self._next[tp] = max(self._next.get(tp, 0), offset + 1)
-        if group_id is not None:
-            self._held[tp].add(offset)
+        self.offsets.read(tp, offset)
+        if group_id is None:
+            self.offsets.done(tp, offset)
+        else:
             self._by_group[group_id].append((tp, offset))
 
     def release(self, group_id: str) -> None:
         """The group's records are done with."""
         for tp, offset in self._by_group.pop(group_id, []):
-            self._held[tp].discard(offset)
-
-    def committable(self) -> dict[TopicPartition, int]:
-        """Per partition, the offset to commit (the next record to read after a restart), where it advanced."""
-        offsets = {}
-        for tp, next_offset in self._next.items():
-            offset = min(self._held[tp], default=next_offset)
-            if offset > self._committed[tp]:
-                offsets[tp] = offset
-        return offsets
-
-    def committed(self, offsets: dict[TopicPartition, int]) -> None:
-        self._committed.update(offsets)
+            self.offsets.done(tp, offset)
 
 
 class Collector:
@@ -96,7 +87,7 @@ class Collector:
         self.book = book
         self.poll_timeout_ms = poll_timeout_ms
         self.max_records = max_records
-        self.ledger = OffsetLedger()
+        self.ledger = GroupHolds()
         self.undecodable = 0
         self.older_attempts = 0
 
@@ -131,15 +122,9 @@ class Collector:
             self.ledger.release(group_id)
 
     async def commit(self) -> dict[TopicPartition, int]:
-        """Commit what :class:`OffsetLedger` allows; returns the committed offsets (empty when none advanced)."""
-        offsets = self.ledger.committable()
-        if offsets:
-            await self.source.commit({tp: OffsetAndMetadata(offset, "") for tp, offset in offsets.items()})
-            self.ledger.committed(offsets)
-            log.debug(
-                "committed transitions offsets %s", {f"{tp.topic}[{tp.partition}]": o for tp, o in offsets.items()}
-            )
-        return offsets
+        """Commit the offsets below every held record; returns the committed offsets (empty when none advanced,
+        or when a rebalance refused the commit: see :func:`~fulmen.infra.kafka.offsets.commit_offsets`)."""
+        return await commit_finished(self.source, self.ledger.offsets, what="collector", logger=log)
 
     def _file(self, tp: TopicPartition, record: ConsumerRecord) -> ClosedGroup | None:
         try:

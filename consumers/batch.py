@@ -19,11 +19,11 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
-from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
+from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from fulmen.infra.errors import PoisonInputError, RetryableError
 from fulmen.infra.kafka.dlq import DeadLetters
+from fulmen.infra.kafka.offsets import RebalanceListener, commit_offsets, describe_offsets, retrying
 from fulmen.infra.store import RowBinary, Store
 from fulmen.schemas.topics import TopicKey
 
@@ -93,7 +93,14 @@ class BatchConsumer:
 
     def listener(self) -> ConsumerRebalanceListener:
         """Pass this to ``consumer.subscribe``: it flushes the batch before partitions are taken away."""
-        return _FlushOnRevoke(self)
+        return RebalanceListener(self, self.sink.name)
+
+    async def revoked(self, partitions: list[TopicPartition]) -> None:
+        """Partitions taken away: insert and commit everything buffered (the revoked partitions with the rest)."""
+        await self.flush()
+
+    def assigned(self, partitions: list[TopicPartition]) -> None:
+        """Partitions given: nothing to reset (a revoke flushed the buffer, so it holds none of theirs)."""
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set; flush what is buffered before returning."""
@@ -165,21 +172,14 @@ class BatchConsumer:
         self.stats.last_batch_at = time.time()
         log.info(
             "%s: batch of %d records (%d rows) into %s committed %s",
-            self.sink.name, len(records), rows, self.sink.table, _describe(offsets),
+            self.sink.name, len(records), rows, self.sink.table, describe_offsets(offsets),
         )  # fmt: skip
 
     async def _insert(self, batch: pa.Table | RowBinary) -> int:
-        attempt = 0
-        while True:
-            try:
-                return await asyncio.to_thread(self.store.insert_batch, self.sink.table, batch)
-            except RetryableError as exc:
-                attempt += 1
-                delay = min(30.0, self.retry_backoff_s * 2 ** min(attempt, 6))
-                log.warning(
-                    "%s: insert failed (attempt %d), retrying in %.1fs: %s", self.sink.name, attempt, delay, exc
-                )
-                await asyncio.sleep(delay)
+        return await retrying(  # no stop event: retried until the store takes it, never skipped
+            lambda: asyncio.to_thread(self.store.insert_batch, self.sink.table, batch),
+            what=f"{self.sink.name}: insert", retry_on=(RetryableError,), base_s=self.retry_backoff_s, logger=log,
+        )  # fmt: skip
 
     async def _to_batch(self, units: list[Any], records: list[ConsumerRecord]) -> pa.Table | RowBinary:
         try:
@@ -200,31 +200,5 @@ class BatchConsumer:
 
     async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
         # Only partitions still ours: a revoked partition's records go to its new owner (and dedup there).
-        owned = self.consumer.assignment()
-        mine = {tp: OffsetAndMetadata(offset, "") for tp, offset in offsets.items() if tp in owned}
-        if not mine:
-            return
-        try:
-            await self.consumer.commit(mine)
-        except (CommitFailedError, IllegalStateError) as exc:
-            log.warning("%s: commit refused after a rebalance; the new owner re-reads these: %s", self.sink.name, exc)
-            return
-        except KafkaError as exc:
-            raise RetryableError(f"{self.sink.name}: commit failed: {exc}") from exc
-        self.stats.committed.update({tp: m.offset for tp, m in mine.items()})
-
-
-class _FlushOnRevoke(ConsumerRebalanceListener):
-    def __init__(self, owner: BatchConsumer) -> None:
-        self.owner = owner
-
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        if revoked:
-            await self.owner.flush()
-
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        log.debug("%s: assigned %s", self.owner.sink.name, sorted(assigned))
-
-
-def _describe(offsets: dict[TopicPartition, int]) -> str:
-    return ", ".join(f"{tp.topic}[{tp.partition}]={offset}" for tp, offset in sorted(offsets.items()))
+        committed = await commit_offsets(self.consumer, offsets, what=self.sink.name, logger=log)
+        self.stats.committed.update(committed)

@@ -5,7 +5,8 @@ that was built, once its *late window* has passed too (``late_window_s`` after t
 rollout stays in :meth:`BuildWindow.built` and is watched for late spans. The window therefore survives a
 crash or a rebalance: the events whose window had not passed are read again from the committed offset and
 built again (their batches are published a second time, as at-least-once delivery allows: readers keep the
-newest batch of a rollout attempt). Commits go in offset order per partition, whatever order events finish in.
+newest batch of a rollout attempt). Commits go in offset order per partition, whatever order events finish in
+(the lowest unfinished offset: :class:`~fulmen.infra.kafka.offsets.OffsetTracker`).
 
 :class:`AttemptTracker` remembers the highest attempt seen per rollout (bounded, least recently seen
 forgotten first), so a terminal event of an older attempt that arrives after a newer attempt began is skipped.
@@ -13,12 +14,15 @@ forgotten first), so a terminal event of an older attempt that arrives after a n
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from fulmen.infra.kafka.offsets import OffsetTracker
 from fulmen.schemas.events import RolloutEvent
 
 __all__ = ["AttemptTracker", "BuildWindow", "Built"]
@@ -37,74 +41,64 @@ class Built:
     record: ConsumerRecord
 
 
-@dataclass
-class _Entry:
-    ready_at: float | None = None  # monotonic time from which the offset may be committed; None: not done
-    built: RolloutKey | None = None
-
-
 class BuildWindow:
-    """Per partition, the events read and not yet committed (in offset order), and the built rollouts."""
+    """Per partition, the events read and not yet committed (an :class:`OffsetTracker`), and the built rollouts.
+
+    It is a :class:`~fulmen.infra.kafka.offsets.FinishedOffsets`: hand it to
+    :func:`~fulmen.infra.kafka.offsets.commit_finished` with the clock as ``now``.
+    """
 
     def __init__(self) -> None:
-        self._pending: dict[TopicPartition, OrderedDict[int, _Entry]] = {}
+        self._offsets = OffsetTracker()
         self._built: dict[RolloutKey, Built] = {}
 
     def read(self, tp: TopicPartition, offset: int) -> None:
         """Record that the event at ``offset`` was read (not done yet)."""
-        self._pending.setdefault(tp, OrderedDict())[offset] = _Entry()
+        self._offsets.read(tp, offset)
 
     def done(self, tp: TopicPartition, offset: int, ready_at: float) -> None:
         """The event is handled; its offset may be committed from ``ready_at`` (monotonic seconds)."""
-        self._pending[tp][offset].ready_at = ready_at
+        self._offsets.done(tp, offset, ready_at=ready_at)
 
     def built(self, item: Built, ready_at: float) -> None:
         """The event's batch was published; watch the rollout for late spans until ``ready_at``."""
-        key = (item.event.rollout_id, item.event.attempt)
-        entry = self._pending[item.tp][item.record.offset]
-        entry.ready_at, entry.built = ready_at, key
-        self._built[key] = item
+        if self._offsets.done(item.tp, item.record.offset, ready_at=ready_at):  # not when its partition is gone
+            self._built[(item.event.rollout_id, item.event.attempt)] = item
 
     def has_built(self, key: RolloutKey) -> bool:
         return key in self._built
 
     def unwatch(self, key: RolloutKey) -> None:
-        """Stop watching ``key`` for late spans (its entry stays until committed)."""
+        """Stop watching ``key`` for late spans (its offset stays tracked until committed)."""
         self._built.pop(key, None)
 
     def watched(self) -> dict[RolloutKey, Built]:
         """The rollouts built and still in their late window."""
         return self._built
 
-    def committable(self, now: float, partitions: list[TopicPartition] | None = None) -> dict[TopicPartition, int]:
-        """Pop the leading events of each partition (of ``partitions``, or all) that are done and past their
-        window; the offsets to commit (last such offset + 1). Their rollouts stop being watched."""
-        commits = {}
-        for tp, entries in self._pending.items():
-            if partitions is not None and tp not in partitions:
-                continue
-            last = None
-            while entries:
-                offset, entry = next(iter(entries.items()))
-                if entry.ready_at is None or entry.ready_at > now:
-                    break
-                entries.popitem(last=False)
-                if entry.built is not None:
-                    self._built.pop(entry.built, None)
-                last = offset
-            if last is not None:
-                commits[tp] = last + 1
+    def committable(
+        self, now: float = math.inf, partitions: Collection[TopicPartition] | None = None
+    ) -> dict[TopicPartition, int]:
+        """The offsets to commit (of ``partitions``, or all): one past the leading events of each partition that
+        are done and past their window. The rollouts of those events stop being watched."""
+        commits = self._offsets.committable(now, partitions)
+        self._unwatch(lambda item: item.tp in commits and item.record.offset < commits[item.tp])
         return commits
+
+    def committed(self, offsets: Mapping[TopicPartition, int]) -> None:
+        self._offsets.committed(offsets)
 
     def forget(self, partitions: list[TopicPartition]) -> None:
         """Drop what is known of ``partitions`` (revoked: their next owner reads them again)."""
-        for tp in partitions:
-            for entry in self._pending.pop(tp, {}).values():
-                if entry.built is not None:
-                    self._built.pop(entry.built, None)
+        self._offsets.forget(partitions)
+        self._unwatch(lambda item: item.tp in partitions)
 
     def pending(self) -> int:
-        return sum(len(entries) for entries in self._pending.values())
+        return self._offsets.pending()
+
+    def _unwatch(self, which: Callable[[Built], bool]) -> None:
+        for key in [key for key, item in self._built.items() if which(item)]:
+            del self._built[key]
 
 
 class AttemptTracker:

@@ -1,4 +1,4 @@
-"""The runner's pure parts: offset progress, agent loading and calling, rollout stamping of spans."""
+"""The runner's pure parts: agent loading and calling, rollout stamping of spans (offsets: test_kafka_offsets)."""
 
 from __future__ import annotations
 
@@ -11,23 +11,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from fulmen.infra.errors import ConfigurationError
 from fulmen.producers.runner.agent import AgentError, LLMEndpoint, call_agent, load_agent
-from fulmen.producers.runner.offsets import PartitionProgress
 from fulmen.producers.runner.tracing import CURRENT_ROLLOUT, RolloutStamper
 from fulmen.schemas import RolloutRequest, semconv
 
 LLM = LLMEndpoint(base_url="http://gw/rollout/r/attempt/1/v1", model="m")
-
-
-def test_offsets_commit_only_the_finished_prefix() -> None:
-    progress = PartitionProgress()
-    for offset in (10, 11, 12, 13):
-        progress.add(offset)
-    assert progress.done(12) is None and progress.committable is None
-    assert progress.done(10) == 11
-    assert progress.done(11) == 13  # 12 was already done
-    assert progress.in_flight == 1
-    assert progress.done(13) == 14
-    assert progress.done(99) is None  # not ours (a revoked partition's record)
 
 
 @pytest.mark.parametrize(

@@ -331,24 +331,32 @@ async def test_a_partition_revoked_while_its_commit_is_in_flight_does_not_crash_
     was dropped, and the runner died with a KeyError (the demo then waited for rollouts nobody ran)."""
     from aiokafka import TopicPartition
 
+    from fulmen.infra.kafka.offsets import OffsetTracker
     from fulmen.producers.runner.app import Runner
-    from fulmen.producers.runner.offsets import PartitionProgress
 
     revoked, kept = TopicPartition("tasks", 0), TopicPartition("tasks", 1)
     runner = object.__new__(Runner)  # only the commit path is exercised: no clients, no settings
     runner.runner_id, runner._committed_at = "r", 0.0
-    runner.progress = {revoked: PartitionProgress(), kept: PartitionProgress()}
-    for progress in runner.progress.values():
-        progress.committable = 5
+    runner.offsets = OffsetTracker()
+    for tp in (revoked, kept):
+        for offset in range(7):
+            runner.offsets.read(tp, offset)
+        for offset in range(5):
+            runner._finish(tp, offset)
+    sent: list[dict[TopicPartition, int]] = []
 
     class _Tasks:
         def assignment(self) -> set[TopicPartition]:
             return {revoked, kept}
 
         async def commit(self, offsets: dict) -> None:
-            runner.progress.pop(revoked)  # the rebalance listener runs while the commit is in flight
-            runner.progress[kept].committable = 7  # and more of this partition finishes meanwhile
+            sent.append({tp: meta.offset for tp, meta in offsets.items()})
+            runner.offsets.forget([revoked])  # the rebalance listener runs while the commit is in flight
+            runner._finish(kept, 5)  # and more of this partition finishes meanwhile
+            runner._finish(kept, 6)
 
     runner.tasks = _Tasks()
     await runner._commit()
-    assert runner.progress[kept].committable == 7  # still to commit: it was not what went out
+    assert sent == [{revoked: 5, kept: 5}]
+    runner._finish(revoked, 6)  # a rollout of the revoked partition ends: ignored, its new owner commits it
+    assert runner.offsets.committable() == {kept: 7}  # still to commit: it was not what went out

@@ -1,8 +1,10 @@
 """The dispatcher: a dataset of tasks -> groups of ``RolloutRequest``s on the tasks topic, bounded in flight.
 
-Dataset format (JSONL, one JSON object a line, blank lines skipped), as ``fulmen submit`` reads it: a line with
-an ``input`` key is a task description (``input`` plus optional ``task_id`` and ``metadata``); any other object
-is the task input itself. A task without ``task_id`` gets a stable one from its content.
+The dataset is a task file (:mod:`fulmen.schemas.task_file`, the same format ``fulmen submit`` reads), loaded
+with :func:`~fulmen.schemas.task_file.load_task_file`. The dispatcher takes each task's id, input and metadata;
+the requests' mode, timeout and attempts are the run's own (its ``mode``, ``rollout_timeout_s`` and
+``max_attempts``, which the collector's group deadline is computed from), and it warns once when tasks set
+their own.
 
 Lifecycle: build with a publisher and the tasks; call :meth:`Dispatcher.fill` with the version the gateways
 serve: it publishes groups (``group_size`` requests sharing a fresh ``group_id``) until ``max_in_flight``
@@ -15,34 +17,22 @@ is announced as ``queued`` on the rollouts topic once the tasks topic acknowledg
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.kafka.publish import EventPublisher
-from fulmen.schemas.codec import decode_obj
-from fulmen.schemas.errors import DecodeError
-from fulmen.schemas.events import RolloutEvent, RolloutMode, RolloutRequest, RolloutStatus, new_id
+from fulmen.schemas.events import RolloutEvent, RolloutMode, RolloutRequest, RolloutStatus
+from fulmen.schemas.task_file import TaskSpec
 from fulmen.schemas.topics import TopicKey
 
-__all__ = ["DatasetTask", "DispatchedGroup", "Dispatcher", "load_dataset"]
+__all__ = ["DatasetTask", "DispatchedGroup", "Dispatcher"]
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class DatasetTask:
-    """One task of the dataset: the agent's input, its id, and metadata strings for its requests."""
-
-    task_id: str
-    input: dict[str, Any]
-    metadata: dict[str, str] = field(default_factory=dict)
+DatasetTask = TaskSpec  # one task of the dataset: a task file's task (the name the algorithm's callers use)
 
 
 @dataclass(frozen=True)
@@ -56,48 +46,6 @@ class DispatchedGroup:
     max_attempts: int
     model_version: int
     rollout_ids: tuple[str, ...]
-
-
-def load_dataset(path: Path) -> list[DatasetTask]:
-    """The tasks of a JSONL file (format in the module docstring); ConfigurationError names line and field."""
-    if not path.is_file():
-        raise ConfigurationError(f"{path}: no such dataset file")
-    tasks = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.strip():
-            tasks.append(_task_of(path, number, line))
-    if not tasks:
-        raise ConfigurationError(f"{path}: no tasks in the dataset")
-    return tasks
-
-
-def _task_of(path: Path, number: int, line: str) -> DatasetTask:
-    try:
-        item = json.loads(line)
-    except ValueError as exc:
-        raise ConfigurationError(f"{path}:{number}: not JSON ({exc})") from None
-    if not isinstance(item, dict):
-        raise ConfigurationError(f"{path}:{number}: each line must be a JSON object")
-    if "input" not in item:
-        item = {"input": item}
-    unknown = set(item) - {"input", "task_id", "metadata"}
-    if unknown:
-        raise ConfigurationError(f"{path}:{number}: unknown field(s) {', '.join(sorted(unknown))}; "
-                                 "a task line has input, task_id, metadata")  # fmt: skip
-    if not isinstance(item["input"], dict):
-        raise ConfigurationError(f"{path}:{number}: input must be a JSON object")
-    task_id = item.get("task_id") or _stable_id(item["input"])
-    try:  # validate id and metadata now, not at dispatch time
-        decode_obj(RolloutRequest, {"task_id": task_id, "group_id": "g", "input": item["input"],
-                                    "metadata": item.get("metadata", {})})  # fmt: skip
-    except DecodeError as exc:
-        raise ConfigurationError(f"{path}:{number}: {exc}") from None
-    return DatasetTask(str(task_id), item["input"], dict(item.get("metadata", {})))
-
-
-def _stable_id(value: Any) -> str:
-    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-    return "t-" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 class Dispatcher:
@@ -139,6 +87,7 @@ class Dispatcher:
         self._order: list[DatasetTask] = []
         self._next = 0
         self._new_pass()
+        _warn_of_own_options(self.tasks)
 
     @property
     def exhausted(self) -> bool:
@@ -192,7 +141,7 @@ class Dispatcher:
         self.passes += 1
 
     def _group(self, task: DatasetTask, model_version: int) -> tuple[DispatchedGroup, list[RolloutRequest]]:
-        group_id = f"{task.task_id}-{new_id()[:8]}"[-128:]
+        group_id = task.new_group_id()
         requests = [
             RolloutRequest(
                 task_id=task.task_id, group_id=group_id, mode=self.mode, input=task.input,
@@ -207,6 +156,15 @@ class Dispatcher:
             rollout_ids=tuple(r.rollout_id for r in requests),
         )  # fmt: skip
         return group, requests
+
+
+def _warn_of_own_options(tasks: Sequence[DatasetTask]) -> None:
+    setting = [task for task in tasks if task.options()]
+    if setting:
+        names = sorted({name for task in setting for name in task.options()})
+        lines = ", ".join(str(task.line) for task in setting[:5] if task.line is not None)
+        log.warning("%d task(s) set %s (lines %s%s); the run's own settings apply to every rollout", len(setting),
+                    "/".join(names), lines or "-", ", ..." if len(setting) > 5 else "")  # fmt: skip
 
 
 def _queued(request: RolloutRequest) -> RolloutEvent:

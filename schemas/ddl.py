@@ -24,7 +24,10 @@ __all__ = ["MIGRATIONS", "MIGRATIONS_TABLE", "TABLES", "Migration"]
 
 MIGRATIONS_TABLE = "schema_migrations"
 
-# Logical table names used by the code; the DDL below is the only place their columns are spelled out.
+# Logical table names used by the code. The DDL below is where each table and its columns are defined (types,
+# codecs, keys); it is not the only place a column is named: the consumers name them when they build rows
+# (consumers/otlp_rows.py, consumers/event_sinks.py, the transitions worker) and the queries that read them
+# (consumers/transitions/reader.py, fulmen/cli) name them too, so renaming a column means changing those as well.
 TABLES = {
     "spans": "otel_traces",
     "rollouts": "rollouts",

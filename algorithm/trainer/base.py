@@ -1,4 +1,4 @@
-"""The interface every trainer backend implements (torch now, verl later), and the metrics of one step.
+"""The interface every trainer backend implements (today only the torch backend does), and one step's metrics.
 
 Lifecycle of a backend: build it from its config (loads the model, optimizer and, with ``kl_coef > 0``, the
 reference policy); optionally warm it up with :meth:`TrainerBackend.sft_step`; then for each batch of samples

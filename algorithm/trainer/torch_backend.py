@@ -23,7 +23,7 @@ import copy
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,7 +172,7 @@ class TorchTrainer:
         Written into ``<directory>.tmp-<pid>`` and renamed to ``directory`` when complete (atomic).
         """
         directory = Path(directory)
-        with atomic_directory(directory) as staging:  # a kill midway leaves no half-written ``directory``
+        with atomic_directory(directory) as staging, _no_progress_bars():  # a kill midway leaves no half-written dir
             if self.config.lora is None:
                 self.model.save_pretrained(staging)
             else:
@@ -341,6 +341,22 @@ def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if bf16 else torch.float32
 
 
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """transformers' tqdm bars off inside the block (and huggingface_hub's, which it switches with them), as they
+    were after it: a checkpoint each step printed "Writing model shards" and each load "Loading weights". The
+    INFO lines say what was saved and loaded; warnings go through logging and still show."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def _load_tokenizer(path: Path | str):  # -> transformers.PreTrainedTokenizerBase | None
     from transformers import AutoTokenizer
 
@@ -354,8 +370,11 @@ def _load_tokenizer(path: Path | str):  # -> transformers.PreTrainedTokenizerBas
 def _load_model(config: TorchTrainerConfig, device: torch.device) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
+    # a local directory loads without a bar; a Hub download keeps huggingface_hub's (it may take minutes)
+    quiet = _no_progress_bars() if Path(config.model_path).is_dir() else contextlib.nullcontext()
     try:
-        model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32)
+        with quiet:
+            model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32)
     except OSError as error:
         raise ConfigurationError(f"cannot load a causal LM from model_path {config.model_path!s}: {error}") from error
     model.to(device)

@@ -1,4 +1,4 @@
-"""``fulmen demo`` until the training demo lands: a real end-to-end smoke of the foundation.
+"""``fulmen smoke``: a fast end-to-end check of the plumbing, without a model (``fulmen demo`` is the training run).
 
 It publishes one event of each kind to the real broker, sends a small trace through the OTLP gateway with
 the stock OpenTelemetry exporter (as an agent would), lets the real consumers materialise everything into
@@ -16,8 +16,9 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from fulmen.consumers import ConsumerOptions, ConsumersApp, default_sinks
-from fulmen.infra.kafka.clients import close_quietly, consumer, producer, start_or_raise
-from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.kafka.broker import kafka_broker
+from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
+from fulmen.infra.kafka.publish import ANY_SENDER, EventPublisher, Sender
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import QueryResult, Store
 from fulmen.producers.otlp_gateway import OtlpGateway, OtlpGatewaySettings
@@ -34,9 +35,11 @@ from fulmen.schemas.events import (
     TransitionBatch,
     new_id,
 )
-from fulmen.schemas.topics import TopicKey, topic_name
+from fulmen.schemas.topics import TopicKey, topic, topic_name
 
 __all__ = ["SmokeReport", "run_smoke"]
+
+SENDER = Sender("smoke", ANY_SENDER.topics)  # one event of each kind
 
 
 @dataclass
@@ -135,29 +138,26 @@ async def run_smoke(settings: FulmenSettings, store: Store, timeout_s: float = 6
     started = time.monotonic()
     run_id = f"smoke-{new_id()[:12]}"
     report = SmokeReport(run_id)
-    prefix = settings.kafka.topic_prefix
     stop, ready = asyncio.Event(), asyncio.Event()
     app = ConsumersApp(settings, store, default_sinks(), ConsumerOptions(max_wait_s=0.2, serve_reads=False))
     consuming = asyncio.create_task(app.run(stop, ready))
-    kafka_producer = producer(settings)
+    broker = kafka_broker(settings)
     gateway = OtlpGateway(OtlpGatewaySettings(**settings.model_dump(), otlp={"port": 0}))
-    await start_or_raise(kafka_producer, settings, "smoke producer")
+    await start_or_raise(broker, settings, "smoke publisher")
     try:
         await gateway.start()
         await asyncio.wait_for(ready.wait(), timeout_s)
         await asyncio.wait_for(gateway.connected.wait(), timeout_s)
         await asyncio.to_thread(_send_trace, f"http://127.0.0.1:{gateway.port}/v1/traces", run_id)
         report.published["spans (OTLP)"] = 2
-        publisher = EventPublisher(kafka_producer, prefix=prefix)
+        publisher = EventPublisher(broker, SENDER)
         task_meta = None
         for key, events in _events(run_id).items():
             metas = await publisher.publish_many(key, events)
             report.published[key.value] = len(metas)
             task_meta = metas[0] if key is TopicKey.TASKS else task_meta
-        poison = await (
-            await kafka_producer.send(
-                topic_name(TopicKey.ROLLOUTS, prefix), b'{"not": "an event"}', key=run_id.encode()
-            )
+        poison = await broker.publisher(topic(TopicKey.ROLLOUTS).name, include_in_schema=False).publish(
+            b'{"not": "an event"}', key=run_id.encode()
         )
         report.published["poison (rollouts)"] = 1
         report.queries = await _wait_for_rows(store, run_id, started + timeout_s)
@@ -166,7 +166,7 @@ async def run_smoke(settings: FulmenSettings, store: Store, timeout_s: float = 6
     finally:
         stop.set()
         await gateway.stop()
-        await close_quietly([kafka_producer])
+        await close_quietly([broker])
         await consuming
     report.wall_s = time.monotonic() - started
     return report

@@ -32,8 +32,9 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from fulmen.infra.errors import BrokerUnavailableError
-from fulmen.infra.http import bearer_auth_middleware, body_limit_middleware, read_body, server_options
-from fulmen.infra.kafka.clients import close_quietly, producer, start_or_raise
+from fulmen.infra.http import read_body
+from fulmen.infra.kafka.clients import producer
+from fulmen.producers.gateway import Gateway, GatewayStats
 from fulmen.producers.llm_gateway.backends import Backend, build_backend
 from fulmen.producers.llm_gateway.backends.base import CallResult
 from fulmen.producers.llm_gateway.models_follower import ModelsFollower
@@ -52,28 +53,35 @@ from fulmen.producers.llm_gateway.responses import (
     completion_response,
     sse,
 )
-from fulmen.producers.llm_gateway.settings import LlmGatewaySettings
+from fulmen.producers.llm_gateway.settings import LlmGatewaySettings, LlmSection
 from fulmen.producers.llm_gateway.spans import CallContext, build_record, parse_traceparent
 from fulmen.schemas import ModelVersion, TopicKey, semconv, topic_name
 from fulmen.schemas.events import IDENTIFIER_PATTERN
 
 _ATTEMPT = re.compile(r"[0-9]{1,9}")  # ASCII digits only ("²".isdigit() is true), and bounded
 
-__all__ = ["GatewayStats", "LlmGateway"]
+__all__ = ["LlmGateway", "LlmGatewayStats"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class GatewayStats:
-    calls: int = 0
-    errors: int = 0
-    spans: int = 0
-    unavailable: int = 0
+class LlmGatewayStats(GatewayStats):
+    """:class:`GatewayStats` (``requests``: chat and completion calls) plus the gateway's own counts."""
+
+    errors: int = 0  # calls answered with an error
+    spans: int = 0  # spans recorded (one per choice)
 
 
-class LlmGateway:
-    """The server. Build it, then :meth:`run` it (or :meth:`start`/:meth:`stop` it inside another loop)."""
+class LlmGateway(Gateway):
+    """The server. Build it, then :meth:`run` it (or :meth:`start`/:meth:`stop` it inside another loop).
+
+    Lifecycle (:class:`~fulmen.producers.gateway.Gateway`): start loads the model (or reaches the upstream),
+    connects to Kafka, catches up on model versions and follows them, then listens; stop closes the backend
+    after the producer.
+    """
+
+    name = "LLM gateway"
 
     def __init__(
         self,
@@ -81,109 +89,51 @@ class LlmGateway:
         backend: Backend | None = None,
         kafka_producer: AIOKafkaProducer | None = None,
     ) -> None:
-        self.settings = settings
-        self.options = settings.llm
-        self.backend = backend or build_backend(settings.llm)
-        self.topic = topic_name(TopicKey.SPANS, settings.kafka.topic_prefix)
         # linger 0: a lone call's span goes out at once (the agent waits for it); under load records still batch
         # while a request to the broker is in flight.
-        self.producer = kafka_producer or producer(settings, max_request_size=8 * 1024 * 1024, linger_ms=0)
+        super().__init__(
+            settings,
+            settings.llm,
+            kafka_producer or producer(settings, max_request_size=8 * 1024 * 1024, linger_ms=0),
+            topic=topic_name(TopicKey.SPANS, settings.kafka.topic_prefix),
+            respond=_error_response,
+        )
+        self.options: LlmSection = settings.llm  # the base knows only its ListenOptions
+        self.backend = backend or build_backend(settings.llm)
         self.follower = ModelsFollower(
             settings, self.options.served_model_name, lambda: self.backend.model_version, self._load_version
         )
-        self.stats = GatewayStats()
-        self.connected = asyncio.Event()
-        self.port: int | None = None
-        self._runner: web.AppRunner | None = None
-        self._tasks: list[asyncio.Task] = []
-        self._stop = asyncio.Event()
+        self.stats = LlmGatewayStats()
         # JSON decoding and checks, span and response encoding: CPU work kept off the event loop.
         self._cpu = ThreadPoolExecutor(2, thread_name_prefix="llm-gateway-cpu")
 
-    # --- lifecycle ------------------------------------------------------------------------------------------
-    def app(self) -> web.Application:
-        token = self.options.bearer_token.get_secret_value() if self.options.bearer_token else None
-        app = web.Application(
-            client_max_size=self.options.max_body_bytes,
-            middlewares=[
-                body_limit_middleware(self.options.max_body_bytes, respond=_error_response),
-                bearer_auth_middleware(token, open_paths=frozenset({"/healthz", "/readyz"}), respond=_error_response),
-            ],
-        )
+    # --- lifecycle hooks (the order is Gateway's) ---------------------------------------------------------------
+    def _add_routes(self, app: web.Application) -> None:
         for prefix in ("", "/rollout/{rollout_id}/attempt/{attempt}"):
             app.router.add_post(f"{prefix}/v1/chat/completions", self.handle_chat)
             app.router.add_post(f"{prefix}/v1/completions", self.handle_completion)
             app.router.add_get(f"{prefix}/v1/models", self.handle_models)
-        app.router.add_get("/healthz", self.handle_health)
-        app.router.add_get("/readyz", self.handle_ready)
-        return app
 
-    async def start(self) -> None:
-        """Load the model (or reach the upstream), connect to Kafka, catch up on model versions, listen.
-
-        Raises :class:`~fulmen.schemas.errors.ConfigurationError` or :class:`BrokerUnavailableError` (after releasing
-        what was started) when one of them cannot be done.
-        """
-        try:
-            await self._start()
-        except BaseException:
-            await self.stop()
-            raise
-
-    async def _start(self) -> None:
+    async def _setup(self) -> None:
         await self.backend.start()
-        await start_or_raise(self.producer, self.settings, "LLM gateway producer")
-        self.connected.set()
+
+    async def _on_connected(self) -> None:
         if self.options.follow_models:
             await self.follower.catch_up()
-            self._tasks.append(asyncio.create_task(self.follower.run(self._stop), name="model-follower"))
-        self._runner = web.AppRunner(
-            self.app(), access_log=None, handle_signals=False, **server_options(self.options.read_timeout_s)
-        )
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.options.host, self.options.port, backlog=1024)
-        await site.start()
-        sockets = site._server.sockets if site._server else []
-        self.port = sockets[0].getsockname()[1] if sockets else self.options.port
-        log.info(
-            "LLM gateway (%s backend, model %s, version %s) listening on http://%s:%d/v1 -> spans topic %s",
-            self.backend.name,
-            self.options.served_model_name,
-            self.backend.model_version,
-            self.options.host,
-            self.port,
-            self.topic,
-        )
+            self.spawn(self.follower.run(self.stopping), "model-follower")
 
-    async def stop(self) -> None:
-        self._stop.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=5)
+    async def _teardown(self) -> None:
         await self.backend.close()
-        await close_quietly([self.producer])
         self._cpu.shutdown(wait=False, cancel_futures=True)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        await self.start()
-        try:
-            await stop.wait()
-        finally:
-            await self.stop()
+    def _description(self) -> str:
+        backend, model, version = self.backend.name, self.options.served_model_name, self.backend.model_version
+        return f"{self.name} (OpenAI API at /v1; {backend} backend, model {model}, version {version})"
 
     async def _load_version(self, event: ModelVersion) -> None:
         await self.backend.load_version(event.uri, event.version)
 
     # --- handlers -------------------------------------------------------------------------------------------
-    async def handle_health(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    async def handle_ready(self, request: web.Request) -> web.Response:
-        if self.connected.is_set():  # set after the backend started and the producer connected
-            return web.Response(text="ready\n")
-        return web.Response(status=503, text="not connected to Kafka\n", headers={"Retry-After": "1"})
-
     async def handle_models(self, request: web.Request) -> web.Response:
         model = {
             "id": self.options.served_model_name,
@@ -202,7 +152,7 @@ class LlmGateway:
         return await self._handle(request, semconv.OPERATION_TEXT_COMPLETION)
 
     async def _handle(self, request: web.Request, operation: str) -> web.StreamResponse:
-        self.stats.calls += 1
+        self.stats.requests += 1
         try:
             rollout_id, attempt = _rollout(request)
             raw = await read_body(request, max_bytes=self.options.max_body_bytes, timeout_s=self.options.read_timeout_s)
@@ -260,6 +210,7 @@ class LlmGateway:
             error = ApiError(503, f"the call's span could not be recorded in Kafka ({reason}); retry")
             error.headers["Retry-After"] = "1"
             raise error from None
+        self.stats.records += 1
         self.stats.spans += len(result.choices)
 
     async def _off_loop(self, function: Any, *args: Any) -> Any:

@@ -35,15 +35,16 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from google.rpc import status_pb2
 
-from fulmen.infra.errors import BrokerUnavailableError, PoisonInputError
-from fulmen.infra.http import bearer_auth_middleware, body_limit_middleware, read_body, server_options
-from fulmen.infra.kafka.clients import close_quietly, producer, start_or_raise
+from fulmen.infra.errors import PoisonInputError
+from fulmen.infra.http import read_body
+from fulmen.infra.kafka.clients import producer
+from fulmen.producers.gateway import Gateway, GatewayStats
 from fulmen.producers.otlp_gateway.decoding import BodyDecoder, DecoderCrashedError
 from fulmen.producers.otlp_gateway.otlp import Prepared, encode_response
-from fulmen.producers.otlp_gateway.settings import OtlpGatewaySettings
+from fulmen.producers.otlp_gateway.settings import OtlpGatewaySettings, OtlpSection
 from fulmen.schemas.topics import TopicKey, topic_name
 
-__all__ = ["GatewayStats", "OtlpGateway"]
+__all__ = ["OtlpGateway", "OtlpGatewayStats"]
 
 log = logging.getLogger(__name__)
 
@@ -55,28 +56,35 @@ _JSON_TYPE = "application/json"
 
 
 @dataclass
-class GatewayStats:
-    requests: int = 0
+class OtlpGatewayStats(GatewayStats):
+    """:class:`GatewayStats` (``requests``: exports received) plus the receiver's own counts."""
+
     spans_accepted: int = 0
-    spans_rejected: int = 0
-    records: int = 0
-    unavailable: int = 0
-    inflight_bytes: int = 0
+    spans_rejected: int = 0  # refused one by one (partial_success)
+    inflight_bytes: int = 0  # handed to the producer, not yet acknowledged
 
 
-class OtlpGateway:
-    """The receiver. Build it, then :meth:`run` it (or :meth:`start`/:meth:`stop` it inside another loop)."""
+class OtlpGateway(Gateway):
+    """The receiver. Build it, then :meth:`run` it (or :meth:`start`/:meth:`stop` it inside another loop).
+
+    Lifecycle (:class:`~fulmen.producers.gateway.Gateway`): start freezes the heap (see :meth:`_setup`), listens
+    at once and connects the producer in the background (requests get 503 until it is connected); stop closes
+    the decoding processes after the producer and unfreezes the heap.
+    """
+
+    name = "OTLP gateway"
 
     def __init__(self, settings: OtlpGatewaySettings, kafka_producer: AIOKafkaProducer | None = None) -> None:
-        self.settings = settings
-        self.options = settings.otlp
-        self.topic = topic_name(TopicKey.SPANS, settings.kafka.topic_prefix)
-        self.producer = kafka_producer or producer(settings, max_request_size=self.options.max_record_bytes + 65536)
-        self.stats = GatewayStats()
-        self.connected = asyncio.Event()
-        self._runner: web.AppRunner | None = None
-        self._connector: asyncio.Task[None] | None = None
-        self.port: int | None = None
+        super().__init__(
+            settings,
+            settings.otlp,
+            kafka_producer or producer(settings, max_request_size=settings.otlp.max_record_bytes + 65536),
+            topic=topic_name(TopicKey.SPANS, settings.kafka.topic_prefix),
+            respond=_guard_status,
+            connect_in_background=True,
+        )
+        self.options: OtlpSection = settings.otlp  # the base knows only its ListenOptions
+        self.stats = OtlpGatewayStats()
         self._heap_held = False
         self.decoder = BodyDecoder(
             max_span_bytes=self.options.max_record_bytes - 1024,
@@ -85,87 +93,31 @@ class OtlpGateway:
             process_body_bytes=self.options.process_body_bytes,
         )
 
-    # --- lifecycle ------------------------------------------------------------------------------------------
-    def app(self) -> web.Application:
-        token = self.options.bearer_token.get_secret_value() if self.options.bearer_token else None
-        app = web.Application(
-            client_max_size=self.options.max_body_bytes,
-            middlewares=[
-                # Content-Length is the compressed size, so this refuses only what cannot fit inflated either.
-                body_limit_middleware(self.options.max_body_bytes, respond=_guard_status),
-                bearer_auth_middleware(token, open_paths=frozenset({"/healthz", "/readyz"}), respond=_guard_status),
-            ],
-        )
+    # --- lifecycle hooks (the order is Gateway's) ---------------------------------------------------------------
+    def _add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/traces", self.handle_traces)
-        app.router.add_get("/healthz", self.handle_health)
-        app.router.add_get("/readyz", self.handle_ready)
-        return app
 
-    async def start(self) -> None:
-        """Listen, and connect the producer in the background (requests get 503 until it is connected).
+    async def _setup(self) -> None:
+        """Freeze the garbage collector's view of the heap (``gc.freeze``, process-wide, undone by :meth:`stop`).
 
-        Also freezes the garbage collector's view of the heap (``gc.freeze``, process-wide, undone by
-        :meth:`stop`): what is alive now (imported modules, settings, clients) lives as long as the gateway, and
-        a full collection walking all of it held the event loop 150-800 ms whenever a large export's
-        allocations set one off. Full collections now walk only what was allocated since.
+        What is alive now (imported modules, settings, clients) lives as long as the gateway, and a full
+        collection walking all of it held the event loop 150-800 ms whenever a large export's allocations set
+        one off. Full collections now walk only what was allocated since.
         """
         if not self._heap_held:
             _FrozenHeap.hold()
             self._heap_held = True
-        self._connector = asyncio.create_task(self._connect())
-        self._runner = web.AppRunner(
-            self.app(), access_log=None, handle_signals=False, **server_options(self.options.read_timeout_s)
-        )
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.options.host, self.options.port, backlog=1024)
-        await site.start()
-        sockets = site._server.sockets if site._server else []
-        self.port = sockets[0].getsockname()[1] if sockets else self.options.port
-        log.info(
-            "OTLP gateway listening on http://%s:%d/v1/traces -> topic %s", self.options.host, self.port, self.topic
-        )
 
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._connector is not None:
-            self._connector.cancel()
-        await close_quietly([self.producer])
+    async def _teardown(self) -> None:
         self.decoder.close()
         if self._heap_held:
             _FrozenHeap.release()
             self._heap_held = False
 
-    async def run(self, stop: asyncio.Event) -> None:
-        await self.start()
-        try:
-            await stop.wait()
-        finally:
-            await self.stop()
-
-    async def _connect(self) -> None:
-        delay = 0.5
-        while True:
-            try:
-                await start_or_raise(self.producer, self.settings, "OTLP gateway producer")
-            except BrokerUnavailableError as exc:
-                log.warning("%s; retrying in %.0fs", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
-                continue
-            self.connected.set()
-            log.info("OTLP gateway connected to Kafka at %s", self.settings.bootstrap)
-            return
+    def _description(self) -> str:
+        return f"{self.name} (OTLP/HTTP at /v1/traces)"
 
     # --- handlers -------------------------------------------------------------------------------------------
-    async def handle_health(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    async def handle_ready(self, request: web.Request) -> web.Response:
-        if self.connected.is_set():
-            return web.Response(text="ready\n")
-        return web.Response(status=503, text="not connected to Kafka\n", headers={"Retry-After": "1"})
-
     async def handle_traces(self, request: web.Request) -> web.Response:
         self.stats.requests += 1
         content_type = request.content_type

@@ -54,12 +54,40 @@ def test_masked_hides_every_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "https://ch:***@clickhouse.internal:8443/fulmen" in shown
 
 
-def test_config_show_prints_masked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FULMEN_CLICKHOUSE_URL", "http://default:topsecret@localhost:8123/fulmen")
+# A secret in each section config show prints. transitions and train have no secret field: a credential in a
+# URL-looking value (a model on a private server, a pattern someone pasted a URL into) must not print either.
+SECRET_IN_EACH_SECTION = {
+    ("clickhouse", "url"): ("http://default:topsecret-ch@localhost:8123/fulmen", "http://default:***@localhost:8123"),
+    ("kafka", "sasl_password"): ("topsecret-kafka", "***"),
+    ("runner", "llm_api_key"): ("topsecret-runner", "***"),
+    ("otlp", "bearer_token"): ("topsecret-otlp", "***"),
+    ("llm", "bearer_token"): ("topsecret-llm", "***"),
+    ("transitions", "agent_pattern"): ("https://ops:topsecret-tr@agents.example/x", "https://ops:***@agents.example"),
+    ("train", "model_path"): ("https://hf:topsecret-train@models.example/m", "https://hf:***@models.example"),
+}
+
+
+def test_config_show_prints_every_section_masked(monkeypatch: pytest.MonkeyPatch) -> None:
+    for (section, name), (value, _) in SECRET_IN_EACH_SECTION.items():
+        monkeypatch.setenv(f"FULMEN_{section.upper()}_{name.upper()}", value)
     result = CliRunner().invoke(app, ["config", "show"])
     assert result.exit_code == 0, result.output
     assert "topsecret" not in result.output
-    assert "default:***@localhost:8123" in result.output
+    shown = json.loads(result.output)
+    assert set(shown) == {
+        "home",
+        "kafka",
+        "broker",
+        "clickhouse",
+        "log",
+        "runner",
+        "otlp",
+        "llm",
+        "transitions",
+        "train",
+    }
+    for (section, name), (_, masked) in SECRET_IN_EACH_SECTION.items():
+        assert shown[section][name].startswith(masked), (section, name, shown[section][name])
 
 
 @pytest.mark.parametrize(

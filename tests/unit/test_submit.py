@@ -1,4 +1,4 @@
-"""Reading a tasks file: every line validated before anything is sent, errors that name line and field."""
+"""`fulmen submit`: the tasks of a task file become groups of rollout requests (the file format: test_task_file)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from fulmen.infra.errors import ConfigurationError
-from fulmen.producers.submit import load_tasks, requests_for
+from fulmen.producers.submit import requests_for
 from fulmen.schemas import RolloutMode
+from fulmen.schemas.task_file import load_task_file
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -20,43 +21,35 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_plain_objects_and_task_descriptions(tmp_path: Path) -> None:
     path = write(
         tmp_path,
-        '{"question": "2+2?", "answer": 4}\n\n{"task_id": "q2", "input": {"question": "3+3?"}, "timeout_s": 30}\n',
+        '{"question": "2+2?", "answer": 4}\n\n{"task_id": "q2", "input": {"question": "3+3?"}, "timeout_s": 30, '
+        '"max_attempts": 5, "mode": "train", "metadata": {"k": "v"}}\n',
     )
-    tasks = load_tasks(path)
-    submission = requests_for(tasks, group_size=4, mode=RolloutMode.VAL)
+    submission = requests_for(load_task_file(path), group_size=4, mode=RolloutMode.VAL)
     assert len(submission.requests) == 8 and len(submission.groups) == 2
     first, last = submission.requests[0], submission.requests[-1]
     assert first.input == {"question": "2+2?", "answer": 4} and first.task_id.startswith("t-")
-    assert last.task_id == "q2" and last.timeout_s == 30 and last.mode is RolloutMode.VAL
+    assert first.timeout_s == 600 and first.max_attempts == 3  # the request's defaults
+    assert (last.task_id, last.timeout_s, last.max_attempts, last.metadata) == ("q2", 30, 5, {"k": "v"})
+    assert last.mode is RolloutMode.VAL  # --mode overrides the line's mode
     assert len({r.rollout_id for r in submission.requests}) == 8
     assert {r.group_id for r in submission.requests[:4]} == {submission.requests[0].group_id}
 
 
-def test_task_ids_are_stable_across_submissions(tmp_path: Path) -> None:
-    first = load_tasks(write(tmp_path, '{"b": 1, "a": 2}\n'))[0]["task_id"]
-    assert load_tasks(write(tmp_path, '{"a": 2, "b": 1}\n'))[0]["task_id"] == first
-    path = write(tmp_path, '{"a": 2, "b": 1}\n')
-    assert requests_for(load_tasks(path), 1).groups != requests_for(load_tasks(path), 1).groups  # fresh groups
+def test_the_lines_mode_holds_without_an_override(tmp_path: Path) -> None:
+    path = write(tmp_path, '{"input": {}, "mode": "val"}\n{"input": {"n": 1}}\n')
+    assert [r.mode for r in requests_for(load_task_file(path), 1).requests] == [RolloutMode.VAL, RolloutMode.TRAIN]
 
 
-@pytest.mark.parametrize(
-    ("text", "words"),
-    [
-        ('{"input": {}}\n{oops\n', "tasks.jsonl:2: not JSON"),
-        ("[1, 2]\n", "tasks.jsonl:1: each line must be a JSON object"),
-        ('{"input": {}, "timeout": 5}\n', "unknown field(s) timeout"),
-        ('{"input": {}, "timeout_s": -1}\n', ":1: RolloutRequest.timeout_s: Input should be greater than 0"),
-        ('{"input": {}, "task_id": "has space"}\n', "RolloutRequest.task_id"),
-        ("\n\n", "no tasks"),
-    ],
-)
-def test_bad_lines_are_named(tmp_path: Path, text: str, words: str) -> None:
-    path = write(tmp_path, text)
-    with pytest.raises(ConfigurationError, match=None) as caught:
-        requests_for(load_tasks(path), 2, source=str(path))
-    assert words in str(caught.value)
+def test_each_submission_gets_fresh_groups(tmp_path: Path) -> None:
+    tasks = load_task_file(write(tmp_path, '{"a": 2, "b": 1}\n'))
+    assert requests_for(tasks, 1).groups != requests_for(tasks, 1).groups
+
+
+def test_a_bad_line_fails_before_any_request_is_built(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=r"tasks.jsonl:2: RolloutRequest.timeout_s"):
+        load_task_file(write(tmp_path, '{"input": {}}\n{"input": {}, "timeout_s": -1}\n'))
 
 
 def test_group_size_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="at least 1"):
-        requests_for(load_tasks(write(tmp_path, "{}\n")), 0)
+        requests_for(load_task_file(write(tmp_path, "{}\n")), 0)

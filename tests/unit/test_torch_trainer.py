@@ -170,6 +170,19 @@ def test_save_reloads_with_identical_logits(model_dir: Path, tmp_path: Path) -> 
         assert torch.equal(reloaded(ids).logits, trainer.model(input_ids=ids).logits)
 
 
+def test_loading_and_saving_print_no_progress_bars(
+    model_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from transformers.utils import logging as hf_logging
+
+    capfd.readouterr()
+    trainer = make_trainer(model_dir)
+    trainer.save(tmp_path / "v1")
+    printed = capfd.readouterr().err
+    assert "Loading weights" not in printed and "Writing model shards" not in printed  # one a step, in the demo
+    assert hf_logging.is_progress_bar_enabled()  # switched back on after: a caller's own bars are untouched
+
+
 def test_over_length_sample_is_poison(model_dir: Path) -> None:
     trainer = make_trainer(model_dir, max_len=8)
     with pytest.raises(PoisonInputError, match="> max_len 8"):

@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 
 from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.dispatcher import DatasetTask, Dispatcher, load_dataset
+from fulmen.algorithm.dispatcher import DatasetTask, Dispatcher
 from fulmen.algorithm.groups import GroupBook
 from fulmen.algorithm.loop import LoopPlan, TrainingLoop
 from fulmen.algorithm.settings import TrainSection, TrainSettings
 from fulmen.algorithm.train import latest_checkpoint
 from fulmen.algorithm.trainer.base import StepMetrics
 from fulmen.schemas.codec import encode
-from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import (
     ModelVersion,
     RolloutMode,
@@ -28,6 +27,7 @@ from fulmen.schemas.events import (
     Transition,
     TransitionBatch,
 )
+from fulmen.schemas.task_file import load_task_file
 from fulmen.schemas.topics import TopicKey
 from tests.fakes import FakeConsumer
 
@@ -162,18 +162,21 @@ def test_a_set_stop_ends_the_run_before_a_step(tmp_path: Path) -> None:
     assert run(loop, stop) == [] and backend.batches == [] and publisher.events[TopicKey.MODELS] == []
 
 
-def test_a_dataset_line_is_a_task_or_its_input_and_errors_name_the_line(tmp_path: Path) -> None:
+def test_a_task_file_is_dispatched_with_the_runs_own_request_settings(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "tasks.jsonl"
-    path.write_text(json.dumps({"q": 1}) + "\n\n" + json.dumps({"input": {"q": 2}, "task_id": "two"}) + "\n")
-    first, second = load_dataset(path)
-    assert first.input == {"q": 1} and first.task_id.startswith("t-") and first.task_id == load_dataset(path)[0].task_id
-    assert (second.task_id, second.input) == ("two", {"q": 2})
-    path.write_text('{"q": 1}\n{"input": {"q": 2}, "task": "x"}\n')
-    with pytest.raises(ConfigurationError, match=r"tasks.jsonl:2: unknown field\(s\) task"):
-        load_dataset(path)
-    path.write_text('{"input": {"q": 2}, "task_id": "has space"}\n')
-    with pytest.raises(ConfigurationError, match=r"tasks.jsonl:1: .*task_id"):
-        load_dataset(path)
+    lines = [{"q": 1}, {"input": {"q": 2}, "task_id": "two", "metadata": {"k": "v"}, "timeout_s": 5, "mode": "val"}]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    publisher = FakePublisher(FakeConsumer(), lambda r, n: None)
+    dispatcher = Dispatcher(publisher, load_task_file(path), group_size=2, max_in_flight=2, rollout_timeout_s=60,  # type: ignore[arg-type]
+                            max_attempts=2, metadata={"agent": "a:b"})  # fmt: skip
+    assert "1 task(s) set mode/timeout_s (lines 2)" in caplog.text  # the run's settings win, and it says so
+    asyncio.run(dispatcher.fill(0))
+    requests: list[RolloutRequest] = publisher.events[TopicKey.TASKS]
+    assert [r.task_id for r in requests][2:] == ["two", "two"] and requests[0].task_id.startswith("t-")
+    assert {(r.mode, r.timeout_s, r.max_attempts) for r in requests} == {(RolloutMode.TRAIN, 60, 2)}
+    assert requests[2].metadata == {"agent": "a:b", "k": "v"} and requests[2].input == {"q": 2}
 
 
 def test_a_resumed_run_continues_its_numbering_up_to_its_last_step(tmp_path: Path) -> None:

@@ -15,9 +15,11 @@ that slipped past validation fails alone instead of failing every call it shared
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,8 +108,9 @@ class TransformersBackend:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = "auto" if self.options.dtype == "auto" else getattr(torch, self.options.dtype)
         started = time.perf_counter()
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        with _no_progress_bars():
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
         if tokenizer.chat_template is None:
             log.warning("the tokenizer in %s has no chat template: /v1/chat/completions will answer 400", path)
         eos = set(_as_list(model.generation_config.eos_token_id)) | set(_as_list(tokenizer.eos_token_id))
@@ -322,6 +325,25 @@ def _pieces(tokenizer: Any, token_ids: list[int]) -> list[str]:
         pieces.append(text[len(emitted) :])
         emitted = text
     return pieces
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """transformers' tqdm bars off inside the block, as they were after it: every model version the gateway
+    loads printed a "Loading weights" bar into the service's log (``_load`` logs each load at INFO; a local
+    directory has nothing to download). Warnings go through logging and still show.
+
+    The trainer has its own copy (``fulmen.algorithm.trainer.torch_backend``): neither may import the other's
+    layer, and the trainer imports nothing of ``fulmen.infra`` (it runs without pydantic)."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
 
 
 def _as_list(value: Any) -> list[int]:

@@ -18,14 +18,17 @@ $(STAMP): pyproject.toml requirements.lock $(NATIVE_SOURCES)
 	@$(VENV)/bin/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
 	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python -r requirements.lock
 	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python --no-deps -e .
+	@$(VENV)/bin/uv pip uninstall -q --python $(VENV)/bin/python fulmen-otlp-rows 2>/dev/null || true
 	@if command -v cargo >/dev/null; then \
-		echo "building the native span flattener ($(NATIVE), Rust)..."; \
-		$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python --reinstall ./$(NATIVE); \
+		echo "building the native span flattener ($(NATIVE), Rust) into consumers/ (fulmen.consumers._otlp_rows)..."; \
+		cargo build -q --release --manifest-path $(NATIVE)/Cargo.toml && \
+		cp $(NATIVE)/target/release/libfulmen_otlp_rows.so consumers/_otlp_rows.abi3.so; \
 	else \
 		echo "note: cargo not found, so the native span flattener is not built; spans use the Python path"; \
 	fi
 	@touch $(STAMP)
 
+# The venv plus the Kafka jars (`fulmen kafka fetch`: Maven and Java), for what starts a broker.
 install: $(STAMP)
 	@$(VENV)/bin/fulmen kafka fetch >/dev/null
 
@@ -35,10 +38,11 @@ demo: install
 test: install
 	$(VENV)/bin/python -m pytest -q
 
-test-unit: install
+# No broker in these two: the venv is all they need (no Java, no Maven).
+test-unit: $(STAMP)
 	$(VENV)/bin/python -m pytest -q tests/unit
 
-lint: install
+lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
 # Re-resolve the pinned dependency set (run after editing pyproject.toml's dependencies).

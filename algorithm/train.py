@@ -1,7 +1,7 @@
 """``fulmen train`` as a function: build the trainer's parts from :class:`TrainSettings` and run the loop.
 
 :func:`train` resolves the base model (``model_path = "tiny"`` builds the tiny model into
-``<run dir>/base-model``), loads the torch backend, starts an idempotent producer and the collector's consumer
+``<run dir>/base-model``), loads the torch backend, starts a broker (idempotent producer) and the collector's consumer
 (group ``consumer_group`` on the transitions topic), runs :class:`~fulmen.algorithm.loop.TrainingLoop` and closes the
 clients. A run dir that already holds checkpoints resumes: the backend loads the highest ``v<N>`` and the loop
 continues with step ``N + 1`` up to ``steps`` (the optimizer state is not saved, so it starts afresh). Only
@@ -32,10 +32,11 @@ from fulmen.algorithm.groups import GroupBook
 from fulmen.algorithm.loop import LoopPlan, TrainingLoop
 from fulmen.algorithm.settings import TrainSection, TrainSettings
 from fulmen.algorithm.trainer.base import TEMPORARY_MARK, TrainerBackend
-from fulmen.infra.errors import BrokerUnavailableError, ConfigurationError, DecodeError
+from fulmen.infra.errors import BrokerUnavailableError, ConfigurationError, DecodeError, RetryableError
 from fulmen.infra.kafka.admin import partition_count
-from fulmen.infra.kafka.clients import close_quietly, consumer, producer, start_or_raise
-from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.kafka.broker import kafka_broker
+from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
+from fulmen.infra.kafka.publish import EventPublisher, Sender
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas.codec import decode
 from fulmen.schemas.events import ModelVersion, RolloutMode, TrainStep
@@ -44,6 +45,9 @@ from fulmen.schemas.topics import TopicKey, topic_name
 __all__ = ["build_backend", "latest_checkpoint", "model_versions", "resolve_model", "train", "version_on_topic"]
 
 log = logging.getLogger(__name__)
+
+# The dispatcher's rollout requests (announced as queued), the loop's model versions and step metrics.
+SENDER = Sender("algorithm", (TopicKey.TASKS, TopicKey.ROLLOUTS, TopicKey.MODELS, TopicKey.METRICS))
 
 TINY = "tiny"
 
@@ -185,12 +189,12 @@ async def train(
                  resumed[0], resumed[1])  # fmt: skip
     if backend is None:
         backend = await asyncio.to_thread(build_backend, options, str(resumed[1]) if resumed else base_model)
-    kafka_producer = producer(settings)
+    broker = kafka_broker(settings)
     source = consumer(settings, options.consumer_group, topic_name(TopicKey.TRANSITIONS, settings.kafka.topic_prefix))
-    await start_or_raise(kafka_producer, settings, "trainer producer")
+    await start_or_raise(broker, settings, "trainer publisher")
     try:
         await start_or_raise(source, settings, "trainer collector")
-        publisher = EventPublisher(kafka_producer, prefix=settings.kafka.topic_prefix)
+        publisher = EventPublisher(broker, SENDER)
         loop = TrainingLoop(
             LoopPlan(options, run_dir, base_model, resumed[0] if resumed else 0), backend, publisher,
             Collector(source, GroupBook(timeout_s=options.group_deadline_s, policy=options.incomplete_policy,
@@ -206,13 +210,16 @@ async def train(
                  options.run_id, base_model, options.steps, len(tasks), options.group_size, options.groups_per_step,
                  run_dir)  # fmt: skip
         return await loop.run(stop)
-    except KafkaError as exc:  # a library error the loop did not wrap: say what happened, not a traceback
+    except BrokerUnavailableError:
+        raise
+    except (KafkaError, RetryableError) as exc:  # a Kafka failure the loop did not wrap (a failed commit):
+        # say what happened and how to resume, not a traceback
         raise BrokerUnavailableError(
             f"run {options.run_id}: Kafka failed during training ({type(exc).__name__}: {exc}); the checkpoints "
             f"in {run_dir / 'checkpoints'} are kept: start `fulmen train` again to resume"
         ) from exc
     finally:
-        await _close([source, kafka_producer])
+        await _close([source, broker])
 
 
 async def _close(clients: list) -> None:

@@ -31,7 +31,8 @@ from aiokafka import TopicPartition
 
 from bench.span_ingest import _ready, cpu_seconds, free_port, wait_for
 from fulmen.infra.kafka.admin import ensure_topics, partition_count
-from fulmen.infra.kafka.clients import close_quietly, consumer, producer, start_or_raise
+from fulmen.infra.kafka.broker import kafka_broker
+from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
 from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
@@ -41,7 +42,7 @@ from fulmen.schemas import RolloutEvent, RolloutRequest, TopicKey, decode, topic
 async def run_case(settings: FulmenSettings, count: int, tag: str) -> dict:
     requests = [RolloutRequest(rollout_id=f"{tag}-{i}", task_id=f"t{i}", group_id=f"g{i // 8}", input={"i": i})
                 for i in range(count)]  # fmt: skip
-    kafka = producer(settings)
+    kafka = kafka_broker(settings)
     await start_or_raise(kafka, settings)
     reader = consumer(settings, None)
     await start_or_raise(reader, settings)
@@ -53,9 +54,7 @@ async def run_case(settings: FulmenSettings, count: int, tag: str) -> dict:
         await reader.position(tp)
     try:
         submitted = time.time()
-        await EventPublisher(kafka, prefix=settings.kafka.topic_prefix, timeout_s=120).publish_many(
-            TopicKey.TASKS, requests
-        )
+        await EventPublisher(kafka, timeout_s=120).publish_many(TopicKey.TASKS, requests)
         ended: dict[str, float] = {}
         async with asyncio.timeout(600):
             while len(ended) < count:

@@ -1,8 +1,11 @@
-"""The consumers process (``fulmen consume``): one batch consumer per sink, one store, one dead-letter producer.
+"""The consumers process (``fulmen consume``): one consumer per sink, one store, one dead-letter producer.
 
-In local mode this process owns the embedded store. Each sink has its own consumer group
-(``<group_prefix>.<sink name>``), so sinks progress independently and scale by partitions: run more
-``fulmen consume`` processes against a ClickHouse server and Kafka spreads the partitions over them.
+The JSON event sinks (:mod:`fulmen.consumers.event_sinks`) are faststream batch subscribers on one broker; the
+spans sink runs on a :class:`~fulmen.consumers.batch.BatchConsumer` and the transition builder on its own worker
+(aiokafka loops that track their own offsets: see :mod:`fulmen.infra.kafka.broker`). In local mode this process
+owns the embedded store. Each sink has its own consumer group (``<group_prefix>.<sink name>``), so sinks
+progress independently and scale by partitions: run more ``fulmen consume`` processes against a ClickHouse
+server and Kafka spreads the partitions over them.
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from fulmen.consumers.batch import BatchConsumer, Sink
-from fulmen.consumers.event_sinks import EVENT_SINKS
+from fulmen.consumers.event_sinks import EVENT_SINKS, EventSink, SinkHandler, subscribe
 from fulmen.consumers.spans import SpanSink
 from fulmen.consumers.transitions import ConsumersSettings, TransitionBuilderSink, TransitionsSection
-from fulmen.infra.kafka.clients import close_quietly, consumer, producer, start_or_raise
+from fulmen.infra.kafka.broker import kafka_broker
+from fulmen.infra.kafka.clients import close_quietly, consumer, consumer_group, producer, start_or_raise
 from fulmen.infra.kafka.dlq import DeadLetters
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import ReadEndpoint, Store
@@ -75,7 +79,7 @@ class ConsumersApp:
         self.store = store
         self.sinks = list(sinks)
         self.options = options or ConsumerOptions()
-        self.workers: list[Any] = []  # BatchConsumer, or what a WorkerSink makes
+        self.workers: list[Any] = []  # SinkHandler, BatchConsumer, or what a WorkerSink makes
         self.read_endpoint: ReadEndpoint | None = None
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
@@ -85,13 +89,20 @@ class ConsumersApp:
             await reads.start()
         dlq_producer = producer(self.settings)
         clients: list = [dlq_producer]
+        # The JSON sinks' subscribers: consumers only (their dead letters go through the shared producer); a
+        # handler still running at stop gets a few seconds, then is cancelled before its commit (read again).
+        broker = kafka_broker(self.settings, consumer_only=True, graceful_timeout=5.0)
         try:
             await start_or_raise(dlq_producer, self.settings, "dead-letter producer")
+            loops = []
             for sink in self.sinks:
                 group = f"{self.options.group_prefix}.{sink.name}"
+                dead_letters = DeadLetters(dlq_producer, prefix=prefix, consumer_group=group)
+                if isinstance(sink, EventSink):
+                    self.workers.append(self._subscribe(broker, sink, group, dead_letters))
+                    continue
                 kafka_consumer = consumer(self.settings, group)
                 clients.insert(0, kafka_consumer)
-                dead_letters = DeadLetters(dlq_producer, prefix=prefix, consumer_group=group)
                 if isinstance(sink, WorkerSink):
                     group_prefix = self.options.group_prefix
                     worker = sink.worker(self.settings, kafka_consumer, self.store, dead_letters, group_prefix)
@@ -105,14 +116,26 @@ class ConsumersApp:
                 await start_or_raise(kafka_consumer, self.settings, f"consumer {group}")
                 kafka_consumer.subscribe([topic_name(sink.topic, prefix)], listener=worker.listener())
                 self.workers.append(worker)
+                loops.append(worker)
+            if broker.subscribers:
+                clients.insert(0, broker)  # stopped first: its handlers commit through their own consumers
+                await start_or_raise(broker, self.settings, "consumers (event sinks)")
             log.info("consumers running: %s", ", ".join(s.name for s in self.sinks))
             if ready is not None:
                 ready.set()
-            await asyncio.gather(*(worker.run(stop) for worker in self.workers))
+            await asyncio.gather(stop.wait(), *(worker.run(stop) for worker in loops))
         finally:
             await close_quietly(clients)
             if reads is not None:
                 await reads.stop()
+
+    def _subscribe(self, broker: Any, sink: EventSink, group: str, dead_letters: DeadLetters) -> SinkHandler:
+        """Declare ``sink``'s faststream subscriber on ``broker``, handled by a new :class:`SinkHandler`."""
+        handler = SinkHandler(sink, self.store, dead_letters)
+        subscriber = subscribe(broker, sink, consumer_group(self.settings, group),
+                               max_records=self.options.max_records, max_wait_s=self.options.max_wait_s)  # fmt: skip
+        subscriber(handler.handler())
+        return handler
 
     def _read_endpoint(self) -> ReadEndpoint | None:
         """In embedded mode this process owns the store, so it serves reads to the others."""

@@ -2,23 +2,60 @@
 
 Each sink decodes one record into its event, turns events into rows of one table and builds the Arrow batch
 with an explicit schema (so a type mismatch fails here, per record, not inside the store).
+
+The sinks run as faststream batch subscribers (:func:`subscribe`, :class:`SinkHandler`), one consumer group
+each, with an explicit acknowledgement policy: ``AckPolicy.MANUAL``, never faststream's auto-commit default. A
+batch is one poll (up to ``max_records`` records, the broker holding the fetch up to ``max_wait_s`` for more).
+Its handler takes the records' raw bytes and, in this order: decodes each record (one that is poison goes to
+the dead-letter topic on its own, the rest of the batch goes on), inserts the batch into the store as one Arrow
+table (retried with backoff while the store is down, never skipped), waits until the dead-letter topic
+acknowledged what was sent there, and only then commits the batch's offsets. If anything fails before the
+commit, the handler rewinds each partition to the batch's first offset so the same records come again (a
+batch that was inserted twice is made invisible by the tables' ReplacingMergeTree keys): at-least-once, like
+:class:`~fulmen.consumers.batch.BatchConsumer`. faststream runs one handler at a time per subscriber, so a
+batch's insert does not overlap the next poll as in the batch consumer, which these topics (one event per
+rollout or step) do not need; the spans sink stays on the batch consumer (see :mod:`fulmen.infra.kafka.broker`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from aiokafka.structs import ConsumerRecord
+from aiokafka.errors import IllegalStateError
+from aiokafka.structs import ConsumerRecord, TopicPartition
+from faststream.kafka import KafkaBroker, KafkaRouter
+from faststream.kafka.annotations import KafkaMessage
+from faststream.middlewares import AckPolicy
 
+from fulmen.consumers.batch import BatchStats
+from fulmen.infra.errors import PoisonInputError, RetryableError
+from fulmen.infra.kafka.broker import endpoint_title, provisioned, subscriber_options
+from fulmen.infra.kafka.dlq import DeadLetters
+from fulmen.infra.kafka.offsets import backoff_s, commit_offsets, describe_offsets, retrying
+from fulmen.infra.store import Store
 from fulmen.schemas.codec import decode
 from fulmen.schemas.ddl import TABLES
 from fulmen.schemas.events import Event, ModelVersion, RolloutEvent, TrainStep, TransitionBatch
-from fulmen.schemas.topics import TopicKey
+from fulmen.schemas.topics import TopicKey, topic
 
-__all__ = ["EVENT_SINKS", "EventSink", "model_version_rows", "rollout_rows", "train_step_rows", "transition_rows"]
+__all__ = [
+    "EVENT_SINKS",
+    "EventSink",
+    "SinkHandler",
+    "model_version_rows",
+    "rollout_rows",
+    "subscribe",
+    "train_step_rows",
+    "transition_rows",
+]
+
+log = logging.getLogger(__name__)
 
 _TS6 = pa.timestamp("us", tz="UTC")
 _ATTR_F64 = pa.map_(pa.string(), pa.float64())
@@ -140,3 +177,139 @@ EVENT_SINKS: dict[str, EventSink] = {
         ),
     )
 }
+
+
+# --- running a sink on faststream ---------------------------------------------------------------------------------
+_UNSTORABLE = (pa.ArrowException, OverflowError, ValueError, TypeError)
+
+
+def subscribe(
+    broker: KafkaBroker | KafkaRouter,
+    sink: EventSink,
+    group_id: str,
+    *,
+    max_records: int = 5000,
+    max_wait_s: float = 0.5,
+) -> Any:
+    """Declare ``sink``'s batch subscriber on ``broker`` (the group ``group_id`` joined as is); attach a
+    :class:`SinkHandler`'s :meth:`~SinkHandler.handler` to it before the broker starts."""
+    return broker.subscriber(
+        provisioned(topic(sink.topic).name),
+        title=endpoint_title(f"consumers.{sink.name}", "receive", sink.topic),
+        description=f"Inserts into the {sink.table} table; commits after the insert.",
+        **subscriber_options(
+            group_id=group_id, ack_policy=AckPolicy.MANUAL, max_records=max_records, max_wait_s=max_wait_s
+        ),
+    )  # fmt: skip
+
+
+class SinkHandler:
+    """Handles the batches of one :class:`EventSink`'s subscriber: decode, insert, flush dead letters, commit."""
+
+    def __init__(
+        self, sink: EventSink, store: Store, dead_letters: DeadLetters, *, retry_backoff_s: float = 0.5
+    ) -> None:
+        self.sink = sink
+        self.store = store
+        self.dead_letters = dead_letters
+        self.retry_backoff_s = retry_backoff_s
+        self.stats = BatchStats()
+        self._failures = 0
+
+    def handler(self) -> Callable[..., Any]:
+        """The function to attach to the subscriber (faststream injects the batch as ``message``)."""
+
+        async def on_batch(message: KafkaMessage) -> None:
+            await self.handle(message.raw_message, message.consumer)
+
+        on_batch.__name__ = f"{self.sink.name}_batch"
+        return on_batch
+
+    async def handle(self, records: Sequence[ConsumerRecord], consumer: Any) -> None:
+        """One batch, committed after its rows are inserted; on any failure rewound and raised."""
+        try:
+            units, kept = await self._decode(records)
+            batch = await self._to_batch(units, kept) if units else None
+            rows = await self._insert(batch) if batch is not None else 0
+            await self.dead_letters.flush()
+        except BaseException as exc:
+            self._rewind(consumer, records)
+            if isinstance(exc, Exception):
+                self._failures += 1
+                await asyncio.sleep(backoff_s(self._failures, self.retry_backoff_s))  # then faststream polls again
+            raise
+        self._failures = 0
+        offsets = _next_offsets(records)
+        committed = await commit_offsets(consumer, offsets, what=f"consumers: {self.sink.name}", logger=log)
+        self.stats.batches += 1
+        self.stats.records += len(kept)
+        self.stats.rows += rows
+        self.stats.last_batch_at = time.time()
+        self.stats.committed.update(committed)
+        log.info(
+            "%s: batch of %d records (%d rows) into %s committed %s",
+            self.sink.name, len(kept), rows, self.sink.table, describe_offsets(committed) or "nothing (rebalanced)",
+        )  # fmt: skip
+
+    async def _decode(self, records: Sequence[ConsumerRecord]) -> tuple[list[Any], list[ConsumerRecord]]:
+        units, kept = [], []
+        for record in records:
+            try:
+                units.append(self.sink.decode(record))
+            except PoisonInputError as exc:
+                exc.topic, exc.partition, exc.offset = record.topic, record.partition, record.offset
+                await self._dead_letter(record, exc)
+            else:
+                kept.append(record)
+        return units, kept
+
+    async def _to_batch(self, units: list[Any], records: list[ConsumerRecord]) -> pa.Table:
+        """The Arrow batch; when it cannot be built, record by record, the culprits dead-lettered."""
+        try:
+            return self.sink.to_batch(units)
+        except _UNSTORABLE as batch_error:
+            log.warning("%s: batch conversion failed (%s); converting record by record", self.sink.name, batch_error)
+        good = []
+        for unit, record in zip(units, records, strict=True):
+            try:
+                self.sink.to_batch([unit])
+            except _UNSTORABLE as exc:
+                await self._dead_letter(record, PoisonInputError(f"cannot store in {self.sink.table}: {exc}"))
+            else:
+                good.append(unit)
+        return self.sink.to_batch(good)
+
+    async def _insert(self, batch: pa.Table) -> int:
+        return await retrying(  # no stop event: retried until the store takes it, never skipped
+            lambda: asyncio.to_thread(self.store.insert_batch, self.sink.table, batch),
+            what=f"{self.sink.name}: insert", retry_on=(RetryableError,), base_s=self.retry_backoff_s, logger=log,
+        )  # fmt: skip
+
+    async def _dead_letter(self, record: ConsumerRecord, error: PoisonInputError) -> None:
+        await self.dead_letters.send(record, error)
+        self.stats.dead_lettered += 1
+
+    def _rewind(self, consumer: Any, records: Sequence[ConsumerRecord]) -> None:
+        """Seek each partition back to the batch's first record, so the next poll reads the batch again."""
+        for tp, offset in _first_offsets(records).items():
+            try:
+                consumer.seek(tp, offset)
+            except IllegalStateError:  # revoked meanwhile: its new owner reads from the last commit
+                log.debug("%s: %s[%d] no longer assigned; not rewound", self.sink.name, tp.topic, tp.partition)
+
+
+def _first_offsets(records: Sequence[ConsumerRecord]) -> dict[TopicPartition, int]:
+    first: dict[TopicPartition, int] = {}
+    for record in records:
+        tp = TopicPartition(record.topic, record.partition)
+        first[tp] = min(first.get(tp, record.offset), record.offset)
+    return first
+
+
+def _next_offsets(records: Sequence[ConsumerRecord]) -> dict[TopicPartition, int]:
+    """The offset after each partition's last record of the batch: what its commit says was read."""
+    last: dict[TopicPartition, int] = {}
+    for record in records:
+        tp = TopicPartition(record.topic, record.partition)
+        last[tp] = max(last.get(tp, record.offset), record.offset + 1)
+    return last

@@ -1,13 +1,18 @@
-"""Machine-readable contracts: a JSON Schema per event and an AsyncAPI 3.0 document of the topics."""
+"""Machine-readable contracts: a JSON Schema per event, and each topic's AsyncAPI channel and message.
+
+These are the parts of the AsyncAPI document that the contracts alone decide: what a topic carries, how it is
+keyed, its partitions and settings. Who sends and receives on each topic is the components' declaration; the
+document is put together from those in :mod:`fulmen.asyncapi` (above the layers, since it reads them all).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fulmen.schemas.events import DeadLetterHeaders
-from fulmen.schemas.topics import TOPICS, Topic, topic_name
+from fulmen.schemas.topics import TOPICS, Topic, TopicKey, topic, topic_name
 
-__all__ = ["asyncapi_document", "json_schemas"]
+__all__ = ["asyncapi_channel", "asyncapi_components", "json_schemas", "message_name"]
 
 _OTLP_PROTO = "https://github.com/open-telemetry/opentelemetry-proto/blob/main/opentelemetry/proto/collector/trace/v1/trace_service.proto"
 
@@ -19,47 +24,43 @@ def json_schemas() -> dict[str, dict[str, Any]]:
     return {model.__name__: model.model_json_schema(mode="serialization") for model in models}
 
 
-def asyncapi_document(prefix: str = "", version: str = "0.1.0") -> dict[str, Any]:
-    """An AsyncAPI 3.0 document: one channel per topic, its message, and who sends and receives it."""
-    schemas = json_schemas()
-    channels: dict[str, Any] = {}
-    operations: dict[str, Any] = {}
-    messages: dict[str, Any] = {}
-    for t in TOPICS.values():
-        message_name = f"{t.key.value}Message"
-        messages[message_name] = _message(t, schemas)
-        channels[t.key.value] = {
-            "address": topic_name(t.key, prefix),
-            "description": t.description,
-            "messages": {message_name: {"$ref": f"#/components/messages/{message_name}"}},
-            "bindings": {"kafka": {"partitions": t.partitions, "topicConfiguration": _topic_config(t)}},
-        }
-        for action, parties in (("send", t.producers), ("receive", t.consumers)):
-            operations[f"{action}_{t.key.value}"] = {
-                "action": action,
-                "channel": {"$ref": f"#/channels/{t.key.value}"},
-                "summary": f"{'Sent' if action == 'send' else 'Received'} by: {', '.join(parties)}",
+def message_name(key: TopicKey) -> str:
+    """The name of topic ``key``'s message under ``components.messages``."""
+    return f"{TopicKey(key).value}Message"
+
+
+def asyncapi_channel(key: TopicKey, prefix: str = "") -> dict[str, Any]:
+    """The AsyncAPI 3.0 channel of topic ``key``: its address, description, message and Kafka bindings."""
+    t = topic(key)
+    name = message_name(t.key)
+    return {
+        "address": topic_name(t.key, prefix),
+        "description": t.description,
+        "messages": {name: {"$ref": f"#/components/messages/{name}"}},
+        "bindings": {
+            "kafka": {
+                "topic": topic_name(t.key, prefix),
+                "partitions": t.partitions,
+                "topicConfiguration": _topic_config(t),
+                "bindingVersion": "0.4.0",
             }
-    component_schemas = {}
+        },
+    }
+
+
+def asyncapi_components() -> dict[str, Any]:
+    """``components``: one message per topic, and every event's schema (pydantic's ``$defs`` hoisted)."""
+    schemas = json_schemas()
+    messages = {message_name(t.key): _message(t) for t in TOPICS.values()}
+    component_schemas: dict[str, Any] = {}
     for name, schema in schemas.items():
         for def_name, definition in schema.pop("$defs", {}).items():
             component_schemas[def_name] = definition
         component_schemas[name] = schema
-    return {
-        "asyncapi": "3.0.0",
-        "info": {
-            "title": "Fulmen",
-            "version": version,
-            "description": "The Kafka topics through which Fulmen's components talk.",
-        },
-        "defaultContentType": "application/json",
-        "channels": channels,
-        "operations": operations,
-        "components": {"messages": messages, "schemas": _rewrite_refs(component_schemas)},
-    }
+    return {"messages": messages, "schemas": _rewrite_refs(component_schemas)}
 
 
-def _message(t: Topic, schemas: dict[str, Any]) -> dict[str, Any]:
+def _message(t: Topic) -> dict[str, Any]:
     key_doc = {"type": "string", "description": f"the record key: {t.record_key}"}
     if t.value is not None:
         return {

@@ -1,7 +1,8 @@
-"""In-memory stand-ins at the network edge: a Kafka consumer and producer, and a store.
+"""In-memory stand-ins at the network edge: a Kafka consumer and producer, a faststream broker, and a store.
 
 They implement only what Fulmen calls, with the same semantics that matter to the tests: a consumer hands out
-records in offset order per partition and remembers commits; a producer acknowledges through futures; the
+records in offset order per partition and remembers commits; a producer acknowledges through futures; a broker
+declares publishers that hand each record to such a producer (its ``send`` gives the delivery future); the
 store keeps every inserted Arrow table and can be told to fail.
 """
 
@@ -52,6 +53,10 @@ class FakeConsumer:
             await asyncio.sleep(min(timeout_ms, 20) / 1000)
         return out
 
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.position[tp] = offset
+        self.events.append("seek")
+
     async def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         self.commit_calls += 1
         self.events.append("commit")
@@ -70,6 +75,37 @@ class FakeProducer:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         future.set_result(None)
         return future
+
+
+class FakeBroker:
+    """What :class:`~fulmen.infra.kafka.publish.EventPublisher` uses of a faststream ``KafkaBroker``: declared
+    publishers whose ``publish(..., no_confirm=True)`` returns ``producer.send``'s delivery future."""
+
+    def __init__(self, producer: Any, prefix: str = "") -> None:
+        self.producer = producer
+        self.prefix = prefix
+        self.declared: list[dict[str, Any]] = []
+
+    def publisher(self, topic: str, **kwargs: Any) -> _FakePublisher:
+        self.declared.append({"topic": topic, **kwargs})
+        return _FakePublisher(self, f"{self.prefix}{topic}")
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+
+class _FakePublisher:
+    def __init__(self, broker: FakeBroker, topic: str) -> None:
+        self.broker = broker
+        self.topic = topic
+
+    async def publish(self, message: bytes, *, key: bytes, headers: dict[str, str], no_confirm: bool) -> Any:
+        if not no_confirm:
+            raise AssertionError("EventPublisher waits for the acknowledgement itself")
+        return await self.broker.producer.send(self.topic, value=message, key=key, headers=list(headers.items()))
 
 
 class FakeStore:

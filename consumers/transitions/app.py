@@ -3,7 +3,7 @@
 It has its own consumer group over the rollouts topic (``<group_prefix>.transition_builder``), reads the spans
 group's committed offsets for its barrier (``<group_prefix>.spans`` unless ``FULMEN_TRANSITIONS_SPANS_GROUP``
 says otherwise; Fulmen's group names take ``FULMEN_KAFKA_TOPIC_PREFIX``, see ``fulmen.schemas.topics.group_name``),
-and publishes with a producer of its own whose request limit fits the transitions topic's ``max.message.bytes``
+and publishes through a broker of its own whose request limit fits the transitions topic's ``max.message.bytes``
 (a batch of long episodes is larger than the default 1 MiB).
 """
 
@@ -14,15 +14,17 @@ from aiokafka import AIOKafkaConsumer
 from fulmen.consumers.transitions.barrier import OffsetBarrier
 from fulmen.consumers.transitions.settings import TransitionsSection
 from fulmen.consumers.transitions.worker import TransitionWorker
-from fulmen.infra.kafka.clients import producer
+from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.dlq import DeadLetters
-from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.kafka.publish import EventPublisher, Sender
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.schemas.ddl import TABLES
 from fulmen.schemas.topics import TopicKey, topic, topic_name
 
-__all__ = ["TransitionBuilderSink"]
+__all__ = ["SENDER", "TransitionBuilderSink"]
+
+SENDER = Sender("consumers.transitions", (TopicKey.TRANSITIONS,))
 
 
 class TransitionBuilderSink:
@@ -47,5 +49,5 @@ class TransitionBuilderSink:
         spans_group = self.section.spans_group or f"{group_prefix}.spans"
         barrier = OffsetBarrier(settings, topic_name(TopicKey.SPANS, prefix), spans_group)
         limit = int(topic(TopicKey.TRANSITIONS).config.get("max.message.bytes", 1024 * 1024))
-        publisher = EventPublisher(producer(settings, max_request_size=limit), prefix=prefix)
+        publisher = EventPublisher(kafka_broker(settings, max_request_size=limit), SENDER)
         return TransitionWorker(self, settings, kafka_consumer, store, dead_letters, publisher, barrier, self.section)

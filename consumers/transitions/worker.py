@@ -34,7 +34,6 @@ never meets a half-built round.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -43,8 +42,8 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
-from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
+from aiokafka.errors import KafkaError
+from aiokafka.structs import ConsumerRecord, TopicPartition
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from fulmen.consumers.event_sinks import TRANSITION_SCHEMA, transition_rows
@@ -57,6 +56,7 @@ from fulmen.consumers.transitions.window import AttemptTracker, BuildWindow, Bui
 from fulmen.infra.errors import PoisonInputError, RetryableError
 from fulmen.infra.kafka.clients import close_quietly, start_or_raise
 from fulmen.infra.kafka.dlq import DeadLetters
+from fulmen.infra.kafka.offsets import STOPPED, RebalanceListener, Stopped, commit_finished, retrying
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
@@ -70,7 +70,6 @@ __all__ = ["TransitionStats", "TransitionWorker"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_STOPPED = object()
 _STORE_ERRORS = (ClickHouseError, OSError)  # a ClickHouse server unreachable or refusing: retried
 _MAX_WAITING_ROUNDS = 32  # pause fetching events while this many polls wait for the barrier
 Item = tuple[TopicPartition, ConsumerRecord, RolloutEvent]
@@ -115,7 +114,7 @@ class TransitionWorker:
         self.publisher = publisher
         self.barrier = barrier
         self.section = section
-        self.options = BuildOptions.create(section.agent_pattern, section.credit, section.gamma)
+        self.options = BuildOptions.create(section.agent_pattern)
         self.reader = SpanReader(store)
         self.retry_backoff_s = retry_backoff_s
         self.clock = clock
@@ -128,11 +127,12 @@ class TransitionWorker:
         self._waiting_keys: set[RolloutKey] = set()
 
     def listener(self) -> ConsumerRebalanceListener:
-        return _CommitOnRevoke(self)
+        """Pass this to ``consumer.subscribe``: it commits what may be before partitions are taken away."""
+        return RebalanceListener(self, "transitions")
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set; commit what may be committed before returning."""
-        await start_or_raise(self.publisher.producer, self.settings, "transitions producer")
+        await start_or_raise(self.publisher.broker, self.settings, "transitions publisher")
         try:
             await self.barrier.start()
             while not stop.is_set():
@@ -140,7 +140,7 @@ class TransitionWorker:
             await self.commit()
         finally:
             await self.barrier.stop()
-            await close_quietly([self.publisher.producer])
+            await close_quietly([self.publisher.broker])
 
     async def poll_once(self, stop: asyncio.Event) -> None:
         """Fetch events (unless too many rounds wait), release and build what the barrier lets through, look for
@@ -155,8 +155,8 @@ class TransitionWorker:
         await self._take(fetched, stop)
         if len(self.waiting) and not stop.is_set():
             committed = await self._retrying(self.barrier.committed, "reading the spans group's offsets", stop)
-            if committed is not _STOPPED:
-                ready = self.waiting.release(committed)  # type: ignore[arg-type]
+            if committed is not STOPPED:
+                ready = self.waiting.release(committed)
                 if ready:
                     await self._build_round(ready, stop)
         if self.late.due() and not stop.is_set():
@@ -175,8 +175,8 @@ class TransitionWorker:
         if not todo:
             return
         snapshot = await self._retrying(self.barrier.snapshot, "reading the spans topic's end offsets", stop)
-        if snapshot is not _STOPPED:
-            self.waiting.add(todo, snapshot)  # type: ignore[arg-type]
+        if snapshot is not STOPPED:
+            self.waiting.add(todo, snapshot)
 
     async def _read(self, tp: TopicPartition, record: ConsumerRecord) -> Item | None:
         self.window.read(tp, record.offset)
@@ -239,11 +239,11 @@ class TransitionWorker:
         """Read, build, insert, publish; None when stopped first. Unbuildable events are dead-lettered."""
         keys = [(event.rollout_id, event.attempt) for _, _, event in items]
         spans = await self._retrying(lambda: asyncio.to_thread(self.reader.spans, keys), "reading spans", stop)
-        if spans is _STOPPED:
+        if spans is STOPPED:
             return None
         built = []
         for item, key in zip(items, keys, strict=True):
-            result = await self._build_one(item, spans.get(key, []))  # type: ignore[union-attr]
+            result = await self._build_one(item, spans.get(key, []))
             if result is not None:
                 built.append((item, result))
         if built and not await self._publish([result for _, result in built], stop):
@@ -295,13 +295,13 @@ class TransitionWorker:
                 lambda: asyncio.to_thread(self.store.insert_arrow, TABLES["transitions"], table),
                 "inserting transitions", stop,
             )  # fmt: skip
-            if inserted is _STOPPED:
+            if inserted is STOPPED:
                 return False
         batches = [result.batch for result in results]
         sent = await self._retrying(
             lambda: self.publisher.publish_many(TopicKey.TRANSITIONS, batches), "publishing transitions", stop
         )
-        if sent is _STOPPED:
+        if sent is STOPPED:
             return False
         self.stats.batches += len(batches)
         self.stats.transitions += len(rows)
@@ -337,49 +337,28 @@ class TransitionWorker:
     # --- committing -----------------------------------------------------------------------------------------
     async def commit(self, partitions: list[TopicPartition] | None = None) -> None:
         """Commit the offsets that are done and past their window (of ``partitions``, or all owned)."""
-        await self.dead_letters.flush()
-        owned = self.consumer.assignment()
-        ready = self.window.committable(self.clock(), partitions)
-        mine = {tp: OffsetAndMetadata(offset, "") for tp, offset in ready.items() if tp in owned}
-        if not mine:
-            return
-        try:
-            await self.consumer.commit(mine)
-        except (CommitFailedError, IllegalStateError) as exc:
-            log.warning("transitions: commit refused after a rebalance; the new owner re-reads these: %s", exc)
-            return
-        except KafkaError as exc:
-            raise RetryableError(f"transitions: commit failed: {exc}") from exc
-        self.stats.committed.update({tp: m.offset for tp, m in mine.items()})
+        await self.dead_letters.flush()  # a dead-lettered event counts as done only once its send is acknowledged
+        committed = await commit_finished(
+            self.consumer, self.window, what="transitions", partitions=partitions, now=self.clock(), logger=log
+        )
+        self.stats.committed.update(committed)
 
     async def revoked(self, partitions: list[TopicPartition]) -> None:
         """Partitions taken away: commit what may be, then forget them (their next owner reads them again)."""
         await self.commit(partitions)
+        self._forget(partitions)
+
+    def assigned(self, partitions: list[TopicPartition]) -> None:
+        """Partitions given: whatever was known of them is stale (they are read again from the committed offset)."""
+        self._forget(partitions)
+
+    def _forget(self, partitions: list[TopicPartition]) -> None:
         self.window.forget(partitions)
         for _, _, event in self.waiting.drop(lambda item: item[0] not in partitions):
             self._waiting_keys.discard((event.rollout_id, event.attempt))
 
-    async def _retrying(self, fn: Callable[[], Awaitable[T]], what: str, stop: asyncio.Event) -> T | object:
-        attempt = 0
-        while not stop.is_set():
-            try:
-                return await fn()
-            except (RetryableError, KafkaError, *_STORE_ERRORS) as exc:
-                attempt += 1
-                delay = min(30.0, self.retry_backoff_s * 2 ** min(attempt, 6))
-                log.warning("transitions: %s failed (attempt %d), retrying in %.1fs: %s", what, attempt, delay, exc)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
-        return _STOPPED
-
-
-class _CommitOnRevoke(ConsumerRebalanceListener):
-    def __init__(self, owner: TransitionWorker) -> None:
-        self.owner = owner
-
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        if revoked:
-            await self.owner.revoked(list(revoked))
-
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        log.debug("transitions: assigned %s", sorted(assigned))
+    async def _retrying(self, fn: Callable[[], Awaitable[T]], what: str, stop: asyncio.Event) -> T | Stopped:
+        return await retrying(
+            fn, what=f"transitions: {what}", retry_on=(RetryableError, KafkaError, *_STORE_ERRORS),
+            base_s=self.retry_backoff_s, stop=stop, logger=log,
+        )  # fmt: skip

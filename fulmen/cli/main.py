@@ -1,8 +1,8 @@
-"""The ``fulmen`` command line.
+"""The ``fulmen`` command line: the services, the local broker and store, submit and train, the demo.
 
-The CLI is the composition root: it loads settings, builds objects and calls ``run()``. It is the one place
-in ``infra`` that reaches into the components (``consumers``, and later ``producers`` and ``algorithm``), and
-it does so inside the commands, so ``fulmen config show`` never imports torch.
+The CLI is the composition root: it loads settings, builds objects and calls ``run()``. It sits above every
+layer (schemas, infra, producers, consumers, algorithm) and is the only code that reaches into all the
+components; it imports them inside the commands that use them, so ``fulmen config show`` never imports torch.
 """
 
 from __future__ import annotations
@@ -323,27 +323,27 @@ def submit(
     mode: Annotated[str | None, typer.Option(help="train or val (overrides the file)")] = None,
 ) -> None:
     """Publish the tasks of a JSONL file as rollout requests (validated whole before anything is sent)."""
-    from fulmen.infra.kafka.clients import close_quietly, producer, start_or_raise
+    from fulmen.infra.kafka.broker import kafka_broker
+    from fulmen.infra.kafka.clients import close_quietly, start_or_raise
     from fulmen.infra.kafka.publish import EventPublisher
     from fulmen.infra.services import ensure_kafka
-    from fulmen.producers.submit import load_tasks, publish, requests_for
+    from fulmen.producers.submit import SENDER, publish, requests_for
     from fulmen.schemas.events import RolloutMode
+    from fulmen.schemas.task_file import load_task_file
 
     settings = _settings()
     if mode is not None and mode not in {m.value for m in RolloutMode}:
         raise FulmenError(f"--mode must be one of {', '.join(m.value for m in RolloutMode)}")
-    submission = requests_for(
-        load_tasks(tasks), group_size, mode=RolloutMode(mode) if mode else None, source=str(tasks)
-    )
+    submission = requests_for(load_task_file(tasks), group_size, mode=RolloutMode(mode) if mode else None)
     ensure_kafka(settings)
 
     async def send() -> None:
-        kafka_producer = producer(settings)
-        await start_or_raise(kafka_producer, settings, "submit")
+        broker = kafka_broker(settings)
         try:
-            await publish(EventPublisher(kafka_producer, prefix=settings.kafka.topic_prefix), submission)
+            await start_or_raise(broker, settings, "submit")
+            await publish(EventPublisher(broker, SENDER), submission)
         finally:
-            await close_quietly([kafka_producer])
+            await close_quietly([broker])
 
     asyncio.run(send())
     console.print(f"submitted {len(submission.requests)} rollouts in {len(submission.groups)} groups")
@@ -388,10 +388,10 @@ def train(
     """Train with GRPO on rollouts of the dataset: dispatch tasks, collect transitions, update, publish versions.
 
     Needs only Kafka; runners (`fulmen runner`), `fulmen consume` and `fulmen llm-gateway` run separately."""
-    from fulmen.algorithm.dispatcher import load_dataset
     from fulmen.algorithm.settings import TrainSettings
     from fulmen.algorithm.train import train as run_training
     from fulmen.infra.services import ensure_kafka
+    from fulmen.schemas.task_file import load_task_file
 
     settings = _settings(TrainSettings, service=True)
     overrides = {"model_path": model, "agent": agent, "steps": steps}
@@ -399,7 +399,7 @@ def train(
         if value is not None:
             setattr(settings.train, name, value)
     settings = TrainSettings.model_validate(settings.model_dump())  # re-check what the options changed
-    tasks, val_tasks = load_dataset(dataset), load_dataset(val) if val else None
+    tasks, val_tasks = load_task_file(dataset), load_task_file(val) if val else None
     ensure_kafka(settings)
 
     async def main() -> list[Any]:
@@ -427,15 +427,17 @@ def _query(reader: Any, sql: str, *, final: bool = True) -> Any:
 @config_app.command("show")
 @friendly
 def config_show() -> None:
-    """Print the settings in force (shared sections and every process's own), secrets masked."""
+    """Print the settings in force, secrets masked: the shared sections (home, kafka, broker, clickhouse, log) and
+    every process's own (runner, otlp, llm, transitions, train)."""
     from fulmen.algorithm.settings import TrainSettings
+    from fulmen.consumers.transitions.settings import ConsumersSettings
     from fulmen.producers.llm_gateway.settings import LlmGatewaySettings
     from fulmen.producers.otlp_gateway.settings import OtlpGatewaySettings
     from fulmen.producers.runner.settings import RunnerSettings
 
     shown: dict[str, Any] = {}
-    for cls in (FulmenSettings, RunnerSettings, OtlpGatewaySettings, LlmGatewaySettings, TrainSettings):
-        shown.update(_settings(cls).masked())
+    for cls in (RunnerSettings, OtlpGatewaySettings, LlmGatewaySettings, ConsumersSettings, TrainSettings):
+        shown.update(_settings(cls).masked())  # each has the shared sections too
     console.print_json(json.dumps(shown))
 
 
@@ -444,15 +446,18 @@ def config_show() -> None:
 def schemas_export(
     out: Annotated[Path, typer.Option(help="directory to write into")] = Path("schemas-export"),
 ) -> None:
-    """Write a JSON Schema per event and an AsyncAPI 3.0 document of the topics."""
-    from fulmen.schemas.export import asyncapi_document, json_schemas
+    """Write a JSON Schema per event and an AsyncAPI 3.0 document of the topics, generated by faststream from the
+    components' declared publishers and subscribers."""
+    from fulmen.asyncapi import asyncapi_document
+    from fulmen.schemas.export import json_schemas
 
     settings = _settings()
     out.mkdir(parents=True, exist_ok=True)
-    for name, schema in json_schemas().items():
+    schemas = json_schemas()
+    for name, schema in schemas.items():
         (out / f"{name}.schema.json").write_text(json.dumps(schema, indent=2) + "\n")
-    (out / "asyncapi.json").write_text(json.dumps(asyncapi_document(settings.kafka.topic_prefix), indent=2) + "\n")
-    console.print(f"wrote {len(json_schemas())} JSON Schemas and asyncapi.json to {out}/")
+    (out / "asyncapi.json").write_text(json.dumps(asyncapi_document(settings), indent=2) + "\n")
+    console.print(f"wrote {len(schemas)} JSON Schemas and asyncapi.json to {out}/")
 
 
 # --- demo ----------------------------------------------------------------------------------------------------

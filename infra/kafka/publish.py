@@ -1,39 +1,91 @@
-"""Publish Fulmen events to their topics, keyed as the topic registry says, acknowledged before returning."""
+"""Publish Fulmen's events through a faststream broker: keyed as the topic registry says, acknowledged before returning.
+
+A component names what it publishes in a :class:`Sender` (its name and the topics it sends to) and publishes
+through an :class:`EventPublisher` built on the broker of :func:`fulmen.infra.kafka.broker.kafka_broker`. The
+publisher declares one faststream publisher per topic of the sender: those declarations are what the AsyncAPI
+document lists as the component's send operations, and a publish to any other topic is refused.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
 
 from fulmen.infra.errors import BrokerUnavailableError
+from fulmen.infra.kafka.broker import endpoint_title
 from fulmen.schemas.codec import encode
 from fulmen.schemas.events import Event
-from fulmen.schemas.topics import TopicKey, topic, topic_name
+from fulmen.schemas.topics import TOPICS, TopicKey, topic
 
-__all__ = ["EventPublisher"]
+__all__ = ["ANY_SENDER", "EventPublisher", "Sender", "declare_publishers"]
+
+_JSON = {"content-type": "application/json"}
+
+
+@dataclass(frozen=True)
+class Sender:
+    """A component that publishes events: its name (the title of its AsyncAPI send operations) and the topics it
+    sends to."""
+
+    name: str
+    topics: tuple[TopicKey, ...]
+
+    def __post_init__(self) -> None:
+        not_json = [key.value for key in self.topics if topic(key).value is None]
+        if not_json:
+            raise ValueError(f"{self.name}: {', '.join(not_json)} carry no JSON event for EventPublisher to send")
+
+
+ANY_SENDER = Sender("fulmen", tuple(key for key, spec in TOPICS.items() if spec.value is not None))
+"""Every JSON event topic, for tools and tests; a component declares its own :class:`Sender`."""
+
+
+class Registrar(Protocol):
+    """What a publisher is declared on: a faststream ``KafkaBroker`` or ``KafkaRouter`` (or a test's fake)."""
+
+    def publisher(self, topic: str, **kwargs: Any) -> Any: ...
+
+
+def declare_publishers(registrar: Registrar, sender: Sender) -> dict[TopicKey, Any]:
+    """One faststream publisher per topic of ``sender``, titled ``<sender>:send:<topic key>`` and carrying its
+    event's JSON schema; the broker adds the topic prefix."""
+    return {
+        key: registrar.publisher(
+            topic(key).name, title=endpoint_title(sender.name, "send", key), schema=topic(key).value
+        )
+        for key in sender.topics
+    }
 
 
 class EventPublisher:
-    """Sends events with a started idempotent producer. Each send returns once the broker acknowledged it.
+    """Sends events through the broker's idempotent producer. Each send returns once the broker acknowledged it.
 
-    aiokafka's idempotent producer retries an unreachable broker without end; ``timeout_s`` bounds how long a
-    caller waits for the acknowledgement before getting :class:`BrokerUnavailableError`. The record stays in
-    the producer's buffer and may still be delivered later, once (the broker drops the producer's own resends
-    of a batch by sequence number). Publishing the event again is a new record, so a caller that publishes
-    again may write it twice: consumers are idempotent for that reason. A caller that must not write twice
-    calls :meth:`settle` before it looks whether the first record landed, and only then publishes again.
+    Lifecycle: build it on a broker (started before the first publish, stopped by its owner), publish, and
+    :meth:`settle` before looking whether an earlier unacknowledged record landed.
+
+    The idempotent producer retries an unreachable broker without end; ``timeout_s`` bounds how long a caller
+    waits for the acknowledgement before getting :class:`BrokerUnavailableError`. The record stays in the
+    producer's buffer and may still be delivered later, once (the broker drops the producer's own resends of a
+    batch by sequence number). Publishing the event again is a new record, so a caller that publishes again may
+    write it twice: consumers are idempotent for that reason. A caller that must not write twice calls
+    :meth:`settle` before it looks whether the first record landed, and only then publishes again.
+
+    Raises :class:`TypeError` for an event its topic does not carry and :class:`ValueError` for a topic the
+    sender did not declare.
     """
 
-    def __init__(self, producer: AIOKafkaProducer, *, prefix: str = "", timeout_s: float = 30.0) -> None:
+    def __init__(self, broker: Registrar, sender: Sender = ANY_SENDER, *, timeout_s: float = 30.0) -> None:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be > 0")
-        self.producer = producer
-        self.prefix = prefix
+        self.broker = broker
+        self.sender = sender
         self.timeout_s = timeout_s
+        self.publishers = declare_publishers(broker, sender)
         self._unsettled: dict[asyncio.Future[RecordMetadata], str] = {}  # sent, unacknowledged -> topic
 
     async def publish(self, key: TopicKey, event: Event) -> RecordMetadata:
@@ -44,7 +96,7 @@ class EventPublisher:
 
         Raises :class:`BrokerUnavailableError` when the broker does not acknowledge in time.
         """
-        name = topic_name(key, self.prefix)
+        name = self.topic_name(key)
         futures: list[asyncio.Future[RecordMetadata]] = []
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -66,6 +118,10 @@ class EventPublisher:
         except asyncio.CancelledError:
             self._track(futures, name)
             raise
+
+    def topic_name(self, key: TopicKey) -> str:
+        """The topic ``key`` as this publisher sends to it (with the broker's prefix)."""
+        return self._publisher(key).topic
 
     async def settle(self) -> None:
         """Wait until no record of an earlier publish that ended without its acknowledgement (timed out, failed
@@ -100,10 +156,18 @@ class EventPublisher:
         if not future.cancelled():
             future.exception()  # its caller got BrokerUnavailableError already
 
+    def _publisher(self, key: TopicKey) -> Any:
+        try:
+            return self.publishers[TopicKey(key)]
+        except KeyError:
+            declared = ", ".join(k.value for k in self.sender.topics)
+            raise ValueError(f"{self.sender.name} publishes to {declared}, not to {key}") from None
+
     async def _send(self, key: TopicKey, event: Event) -> asyncio.Future[RecordMetadata]:
+        """Hand the record to the producer; the future settles with the broker's acknowledgement."""
         spec = topic(key)
         if spec.value is None or not isinstance(event, spec.value):
             expected = spec.value.__name__ if spec.value else "no JSON event"
             raise TypeError(f"topic {spec.name} carries {expected}, not {type(event).__name__}")
         record_key = str(getattr(event, spec.record_key)).encode()
-        return await self.producer.send(topic_name(key, self.prefix), value=encode(event), key=record_key)
+        return await self._publisher(key).publish(encode(event), key=record_key, headers=_JSON, no_confirm=True)

@@ -1,31 +1,55 @@
 """Follows ``fulmen.models`` and hands each newer version of the served model to the backend.
 
-The topic is compacted and keyed by model name, so reading it from the beginning (no consumer group: every
-gateway sees every version) gives the latest version of each model. At start the follower reads up to the
-end and loads the newest version if it is newer than what the backend serves; then it loads each newer
-version as it is published. A version that fails to load is logged and skipped: the gateway keeps serving
-the one it has.
+The topic is compacted and keyed by model name, so reading it from the beginning gives the latest version of
+each model. The follower is a faststream batch subscriber with no consumer group (every gateway sees every
+version) that starts from the earliest offset, as there are no committed offsets to start from; its
+acknowledgement policy is ``AckPolicy.MANUAL`` and it never commits (without a group there is nothing to commit
+to: its position lives in memory and each start reads the topic again).
+
+At start (:meth:`ModelsFollower.catch_up`) the follower reads up to the end offsets it finds and loads the
+newest version seen if it is newer than what the backend serves; then (:meth:`ModelsFollower.run`) it loads,
+for each batch it receives, the newest version in it if newer. A version that fails to load is logged and
+skipped: the gateway keeps serving the one it has. An unreadable record is logged and skipped (the gateway has
+no dead-letter topic of its own; the ``model_versions`` sink dead-letters it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
+from aiokafka.structs import ConsumerRecord
+from faststream.kafka import KafkaBroker
+from faststream.kafka.annotations import KafkaMessage
+from faststream.middlewares import AckPolicy
 
 from fulmen.infra.kafka.admin import partition_count
-from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
+from fulmen.infra.kafka.broker import endpoint_title, kafka_broker, provisioned, subscriber_options
+from fulmen.infra.kafka.clients import close_quietly, start_or_raise
 from fulmen.infra.settings import FulmenSettings
-from fulmen.schemas import ModelVersion, TopicKey, decode, topic_name
+from fulmen.schemas import ModelVersion, TopicKey, decode, topic
 from fulmen.schemas.errors import FulmenError
 
-__all__ = ["ModelsFollower"]
+__all__ = ["ModelsFollower", "subscribe"]
 
 log = logging.getLogger(__name__)
 
 Loader = Callable[[ModelVersion], Awaitable[None]]
+
+_POLL_S = 0.5
+
+
+def subscribe(broker: KafkaBroker) -> Any:
+    """Declare the follower's subscriber on ``broker``: the models topic from its beginning, no group, no commits."""
+    return broker.subscriber(
+        provisioned(topic(TopicKey.MODELS).name),
+        title=endpoint_title("llm-gateway", "receive", TopicKey.MODELS),
+        description="Every gateway reads every version (no consumer group) and hot-loads the newest.",
+        **subscriber_options(group_id=None, ack_policy=AckPolicy.MANUAL, max_records=500, max_wait_s=_POLL_S),
+    )
 
 
 class ModelsFollower:
@@ -38,71 +62,98 @@ class ModelsFollower:
         self.model_name = model_name
         self.current = current
         self.load = load
-        self.topic = topic_name(TopicKey.MODELS, settings.kafka.topic_prefix)
-        self._consumer: AIOKafkaConsumer | None = None
+        self.broker = kafka_broker(settings, consumer_only=True, graceful_timeout=5.0)
+        self.subscriber = subscribe(self.broker)
+        self.subscriber(self._handler())
+        self.topic = self.subscriber.topics[0].name
+        self.newest: ModelVersion | None = None  # the newest version of the model seen so far
+        self._read: dict[TopicPartition, int] = {}  # per partition, the offset after the last record handled
+        self._caught_up = False
+        self._loading = asyncio.Lock()
+        self._started = False
 
     async def catch_up(self) -> None:
-        """Read the topic to its end now, and load the newest version found (if newer)."""
-        self._consumer = consumer(self.settings, None)
-        await start_or_raise(self._consumer, self.settings, "model follower")
-        partitions = [TopicPartition(self.topic, p) for p in range(await partition_count(self.settings, self.topic))]
-        self._consumer.assign(partitions)
-        await self._consumer.seek_to_beginning(*partitions)
-        ends = await self._consumer.end_offsets(partitions)
-        newest: ModelVersion | None = None
-        while await self._behind(ends):
-            for event in await self._poll():
-                newest = event if newest is None or event.version > newest.version else newest
-        if newest is not None:
-            await self._maybe_load(newest)
+        """Start following; return once every record up to the end offsets found now was handled, with the
+        newest version found loaded (if newer than the backend's).
 
-    async def _behind(self, ends: dict[TopicPartition, int]) -> bool:
-        for tp, end in ends.items():  # not any(await ...): that would build an async generator
-            if await self._consumer.position(tp) < end:  # type: ignore[union-attr]
-                return True
-        return False
+        Raises :class:`~fulmen.infra.errors.BrokerUnavailableError` when the broker does not answer in time.
+        """
+        partitions = [TopicPartition(self.topic, p) for p in range(await partition_count(self.settings, self.topic))]
+        self._started = True
+        try:
+            await start_or_raise(self.broker, self.settings, "model follower")
+            consumer = self.subscriber.consumer
+            ends = await consumer.end_offsets(partitions)
+            starts = await consumer.beginning_offsets(partitions)
+            # the last record before an end offset is never compacted away (it is in the active segment)
+            targets = {tp: end for tp, end in ends.items() if end > starts[tp]}
+            while any(self._read.get(tp, 0) < end for tp, end in targets.items()):
+                await asyncio.sleep(0.05)
+        except BaseException:
+            await self.close()
+            raise
+        self._caught_up = True
+        if self.newest is not None:
+            await self._maybe_load(self.newest)
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Follow until ``stop`` is set, then stop the subscriber."""
         try:
-            while not stop.is_set():
-                for event in await self._poll():
-                    await self._maybe_load(event)
+            await stop.wait()
         finally:
-            await close_quietly([self._consumer] if self._consumer else [])
+            await self.close()
 
-    async def _poll(self) -> list[ModelVersion]:
-        if self._consumer is None:
-            raise RuntimeError("catch_up() first")
-        batches = await self._consumer.getmany(timeout_ms=500)
-        events = []
-        for records in batches.values():
-            for record in records:
-                try:
-                    event = decode(
-                        ModelVersion, record.value, topic=record.topic, partition=record.partition, offset=record.offset
-                    )
-                except FulmenError as exc:
-                    log.error("skipping an unreadable model version: %s", exc)
-                    continue
-                if event.model_name == self.model_name:
-                    events.append(event)
-        return events
+    async def close(self) -> None:
+        if self._started:
+            self._started = False
+            await close_quietly([self.broker])
+
+    def _handler(self) -> Callable[..., Any]:
+        async def on_models(message: KafkaMessage) -> None:
+            await self.handle(message.raw_message)
+
+        return on_models
+
+    async def handle(self, records: Sequence[ConsumerRecord]) -> None:
+        """One batch: note the newest servable version of the model in it; once caught up, load it if newer."""
+        newest = None
+        for record in records:
+            event = self._decode(record)
+            if event is not None and event.model_name == self.model_name and self._servable(event):
+                newest = event if newest is None or event.version > newest.version else newest
+            tp = TopicPartition(record.topic, record.partition)
+            self._read[tp] = max(self._read.get(tp, 0), record.offset + 1)
+        if newest is None:
+            return
+        if self.newest is None or newest.version > self.newest.version:
+            self.newest = newest
+        if self._caught_up:
+            await self._maybe_load(newest)
+
+    def _decode(self, record: ConsumerRecord) -> ModelVersion | None:
+        try:
+            return decode(ModelVersion, record.value, topic=record.topic, partition=record.partition,
+                          offset=record.offset)  # fmt: skip
+        except FulmenError as exc:
+            log.error("skipping an unreadable model version: %s", exc)
+            return None
+
+    @staticmethod
+    def _servable(event: ModelVersion) -> bool:
+        if event.format == "hf":
+            return True
+        log.error("model version %d of %s is a %s; only full 'hf' checkpoints can be served",
+                  event.version, event.model_name, event.format)  # fmt: skip
+        return False
 
     async def _maybe_load(self, event: ModelVersion) -> None:
-        current = self.current()
-        if current is not None and event.version <= current:
-            return
-        if event.format != "hf":
-            log.error(
-                "model version %d of %s is a %s; only full 'hf' checkpoints can be served",
-                event.version,
-                event.model_name,
-                event.format,
-            )
-            return
-        try:
-            await self.load(event)
-        except Exception:
-            log.exception(
-                "could not load model version %d from %s; still serving %s", event.version, event.uri, current
-            )
+        async with self._loading:  # catch_up's load and the handler's never overlap
+            current = self.current()
+            if current is not None and event.version <= current:
+                return
+            try:
+                await self.load(event)
+            except Exception:
+                log.exception(
+                    "could not load model version %d from %s; still serving %s", event.version, event.uri, current
+                )

@@ -47,21 +47,21 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from aiokafka import ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError
-from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
+from aiokafka import TopicPartition
+from aiokafka.structs import ConsumerRecord
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Status, StatusCode
 
 from fulmen.infra.errors import DecodeError
 from fulmen.infra.kafka.admin import partition_count
+from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.clients import admin_client, close_quietly, consumer, consumer_group, producer, start_or_raise
 from fulmen.infra.kafka.dlq import DeadLetters
-from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.kafka.offsets import OffsetTracker, RebalanceListener, commit_finished
+from fulmen.infra.kafka.publish import EventPublisher, Sender
 from fulmen.producers.runner.agent import AgentError, LLMEndpoint, call_agent
 from fulmen.producers.runner.backoff import DelayedRequests, hold_until, retry_delay_s, with_not_before
 from fulmen.producers.runner.ledger import RolloutLedger
-from fulmen.producers.runner.offsets import PartitionProgress
 from fulmen.producers.runner.settings import RunnerSettings
 from fulmen.producers.runner.sync import sync_caller
 from fulmen.producers.runner.tracing import CURRENT_ROLLOUT, CoalescedFlush, build_tracer_provider
@@ -70,9 +70,11 @@ from fulmen.schemas.codec import decode
 from fulmen.schemas.events import RolloutEvent, RolloutRequest, RolloutStatus, utc_now
 from fulmen.schemas.topics import TopicKey, topic_name
 
-__all__ = ["Runner"]
+__all__ = ["SENDER", "Runner"]
 
 log = logging.getLogger(__name__)
+
+SENDER = Sender("runner", (TopicKey.ROLLOUTS, TopicKey.TASKS))  # lifecycle events; a retry is a new task
 
 _COMMIT_EVERY_S = 0.2
 _HELD_PER_SLOT = 16  # retries held until their time, per slot, before the runner stops fetching more
@@ -100,8 +102,9 @@ class Runner:
         self.tasks_topic = topic_name(TopicKey.TASKS, prefix)
         # Lifecycle events are on the critical path of every rollout: no lingering on the producer, and short
         # broker-side fetch waits so that a freed slot or a catch-up is not held by a long poll.
-        self.producer = producer(settings, linger_ms=0)
-        self.publisher = EventPublisher(self.producer, prefix=prefix)
+        self.broker = kafka_broker(settings, linger_ms=0)
+        self.publisher = EventPublisher(self.broker, SENDER)
+        self.producer = producer(settings, linger_ms=0)  # dead letters (an aiokafka loop's, like its consumers)
         self.tasks = consumer(
             settings, self.options.group, client_id=self.runner_id, max_poll_records=self.options.concurrency,
             fetch_max_wait_ms=50,
@@ -122,7 +125,7 @@ class Runner:
         self.watching: list[_Pending] = []
         self.delayed: DelayedRequests[_Pending] = DelayedRequests()  # retries held until their not-before time
         self.max_held = _HELD_PER_SLOT * self.options.concurrency
-        self.progress: dict[TopicPartition, PartitionProgress] = {}
+        self.offsets = OffsetTracker()  # tasks records: committed in offset order, whatever order rollouts end in
         self.completed: dict[str, int] = {"succeeded": 0, "failed": 0, "timed_out": 0, "skipped": 0}
         self._fatal: BaseException | None = None
         self._slot_freed = asyncio.Event()
@@ -130,12 +133,12 @@ class Runner:
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
-        clients = [self.tasks, self.ledger.consumer, self.producer]
+        clients = [self.tasks, self.ledger.consumer, self.producer, self.broker]
         try:
             for client in reversed(clients):
                 await start_or_raise(client, self.settings, f"runner {self.runner_id}")
             await self.ledger.start(await partition_count(self.settings, self.ledger.topic))
-            self.tasks.subscribe([self.tasks_topic], listener=_Listener(self))
+            self.tasks.subscribe([self.tasks_topic], listener=RebalanceListener(self, f"runner {self.runner_id}"))
             log.info("runner %s: %s with %d slots on %s", self.runner_id, self.options.agent or "agent",
                      self.options.concurrency, self.tasks_topic)  # fmt: skip
             while not stop.is_set():
@@ -193,7 +196,7 @@ class Runner:
                 await self._decide_and_start(pending)
         for tp, records in fetched.items():
             for record in records:
-                self.progress.setdefault(tp, PartitionProgress()).add(record.offset)
+                self.offsets.read(tp, record.offset)
                 await self._take(tp, record)
         await self._commit(every_s=_COMMIT_EVERY_S)
 
@@ -363,34 +366,18 @@ class Runner:
 
     # --- offsets and liveness -------------------------------------------------------------------------------
     def _finish(self, tp: TopicPartition, offset: int) -> None:
-        progress = self.progress.get(tp)
-        if progress is not None:
-            progress.done(offset)
+        self.offsets.done(tp, offset)  # ignored when the partition was revoked meanwhile (its new owner redoes it)
 
-    async def _commit(self, every_s: float = 0.0) -> None:
-        """Commit what is finished; with ``every_s``, at most that often (a commit is a broker round trip on
-        the poll loop; a request redelivered after a crash whose rollout already ended is only acknowledged)."""
+    async def _commit(self, every_s: float = 0.0, partitions: list[TopicPartition] | None = None) -> None:
+        """Commit what is finished (of ``partitions``, or all); with ``every_s``, at most that often (a commit is
+        a broker round trip on the poll loop; a request redelivered after a crash whose rollout already ended is
+        only acknowledged). A commit refused by a rebalance is logged and dropped (``commit_finished``)."""
         now = time.monotonic()
         if every_s and now - self._committed_at < every_s:
             return
         self._committed_at = now
-        owned = self.tasks.assignment()
-        offsets = {
-            tp: OffsetAndMetadata(p.committable, "")
-            for tp, p in self.progress.items()
-            if p.committable is not None and tp in owned
-        }
-        if not offsets:
-            return
-        try:
-            await self.tasks.commit(offsets)
-        except (CommitFailedError, IllegalStateError) as exc:
-            log.warning("runner %s: commit refused after a rebalance: %s", self.runner_id, exc)
-            return
-        for tp, committed in offsets.items():
-            progress = self.progress.get(tp)  # a rebalance during the commit may have revoked the partition
-            if progress is not None and progress.committable == committed.offset:
-                progress.committable = None  # unless more finished meanwhile: that is still to commit
+        await commit_finished(self.tasks, self.offsets, what=f"runner {self.runner_id}", partitions=partitions,
+                              logger=log)  # fmt: skip
 
     async def _alive(self, runner_id: str) -> bool:
         """Whether the runner that claimed an attempt is still a member of the runners' group."""
@@ -405,21 +392,18 @@ class Runner:
         members = {m[1] for response in groups for group in response.groups for m in group[5]}
         return runner_id in members
 
+    # --- rebalances (``RebalanceListener``) ------------------------------------------------------------------
+    async def revoked(self, partitions: list[TopicPartition]) -> None:
+        """Partitions taken away: commit what is finished of them, then forget them."""
+        await self._commit(partitions=partitions)
+        self.forget(partitions)
+
+    def assigned(self, partitions: list[TopicPartition]) -> None:
+        """Partitions given: they are read from their committed offset, so anything known of them is stale."""
+        self.forget(partitions)
+
     def forget(self, partitions: list[TopicPartition]) -> None:
         """Partitions taken away: their uncommitted records go to the new owner (running rollouts go on)."""
-        for tp in partitions:
-            self.progress.pop(tp, None)
+        self.offsets.forget(partitions)
         self.watching = [p for p in self.watching if p.tp not in partitions]
         self.delayed.drop(lambda pending: pending.tp in partitions)
-
-
-class _Listener(ConsumerRebalanceListener):
-    def __init__(self, runner: Runner) -> None:
-        self.runner = runner
-
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self.runner._commit()
-        self.runner.forget(list(revoked))
-
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        log.debug("runner %s: assigned %s", self.runner.runner_id, sorted(assigned))

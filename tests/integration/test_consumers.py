@@ -10,12 +10,14 @@ import pytest
 from aiokafka import TopicPartition
 
 from fulmen.consumers import ConsumerOptions, ConsumersApp, default_sinks
+from fulmen.consumers.event_sinks import SinkHandler
 from fulmen.infra.kafka.clients import consumer, producer, start_or_raise
-from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.schemas import DeadLetterHeaders, RolloutEvent, RolloutStatus, TopicKey, topic_name
+from fulmen.schemas.codec import encode
 from tests.polling import count_reaches
+from tests.publishing import event_publisher
 
 pytestmark = pytest.mark.integration
 
@@ -38,23 +40,13 @@ async def consumers_running(settings: FulmenSettings, store: Store) -> AsyncIter
         await asyncio.wait_for(task, 60)
 
 
-@asynccontextmanager
-async def publisher_for(settings: FulmenSettings) -> AsyncIterator[EventPublisher]:
-    kafka_producer = producer(settings)
-    await start_or_raise(kafka_producer, settings)
-    try:
-        yield EventPublisher(kafka_producer, prefix=settings.kafka.topic_prefix)
-    finally:
-        await kafka_producer.stop()
-
-
 async def wait_rows(store: Store, sql: str, expected: int, timeout_s: float = 30) -> int:
     return await count_reaches(store, sql, expected, timeout_s)
 
 
 async def test_events_land_once_even_when_delivered_twice(settings: FulmenSettings, linked_store: Store) -> None:
     db = linked_store.database
-    async with publisher_for(settings) as publisher, consumers_running(settings, linked_store):
+    async with event_publisher(settings) as publisher, consumers_running(settings, linked_store):
         events = [running(i) for i in range(50)]
         await publisher.publish_many(TopicKey.ROLLOUTS, events)
         await publisher.publish_many(TopicKey.ROLLOUTS, events[:20])  # a producer retry / replay
@@ -65,35 +57,61 @@ async def test_events_land_once_even_when_delivered_twice(settings: FulmenSettin
     assert rows == [["running", 40], ["succeeded", 10]]
 
 
-async def test_a_poison_record_is_dead_lettered_and_later_records_land(
+async def test_a_poison_record_is_dead_lettered_on_its_own_and_the_records_around_it_land(
     settings: FulmenSettings, linked_store: Store
 ) -> None:
+    """The rollouts sink runs on faststream: a record that is not an event, in the middle of a batch, goes to the
+    dead-letter topic with where it came from; the good records before and after it are stored, a record whose
+    header is not UTF-8 included, and the batch is committed."""
     db, prefix = linked_store.database, settings.kafka.topic_prefix
     rollouts = topic_name(TopicKey.ROLLOUTS, prefix)
-    async with publisher_for(settings) as publisher, consumers_running(settings, linked_store):
-        await publisher.publish(TopicKey.ROLLOUTS, running(1))
-        await publisher.producer.send_and_wait(rollouts, b'{"rollout_id": 7}', key=b"r1", partition=0)
-        await publisher.publish(TopicKey.ROLLOUTS, running(2))
-        assert await wait_rows(linked_store, f"SELECT count() FROM {db}.rollouts", 2) == 2
+    poison = b'{"rollout_id": 7'  # cut short; labelled JSON, so a library decoder would choke on it
+    raw = producer(settings)
+    await start_or_raise(raw, settings)
+    try:
+        async with consumers_running(settings, linked_store) as app:
+            sends = [await raw.send(rollouts, encode(running(i)), key=f"r{i}".encode(), partition=0) for i in range(3)]
+            sends.append(await raw.send(rollouts, poison, key=b"r1", partition=0,
+                                        headers=[("content-type", b"application/json")]))  # fmt: skip
+            sends.append(await raw.send(rollouts, encode(running(3)), key=b"r3", partition=0,
+                                        headers=[("origin", b"\xff\xfe")]))  # fmt: skip
+            sends += [await raw.send(rollouts, encode(running(i)), key=f"r{i}".encode(), partition=0) for i in (4, 5)]
+            await asyncio.gather(*sends)
+            assert await wait_rows(linked_store, f"SELECT count() FROM {db}.rollouts", 6) == 6
+            [sink] = [w for w in app.workers if w.sink.name == "rollouts"]
+            assert isinstance(sink, SinkHandler)
+            async with asyncio.timeout(30):  # the counters move after the commit
+                while sink.stats.committed.get(TopicPartition(rollouts, 0)) != 7:
+                    await asyncio.sleep(0.05)
+            assert (sink.stats.records, sink.stats.dead_lettered) == (6, 1)
+    finally:
+        await raw.stop()
+    ids = linked_store.query(f"SELECT RolloutId FROM {db}.rollouts ORDER BY RolloutId").rows
+    assert ids == [[f"r{i}"] for i in range(6)]
+    [record] = await dead_letters(settings)
+    headers = DeadLetterHeaders.from_kafka(record.headers)
+    assert record.value == poison and record.key == b"r1"
+    assert (headers.source_topic, headers.source_partition, headers.source_offset) == (rollouts, 0, 3)
+    assert headers.error_type == "DecodeError" and headers.consumer_group.endswith(".rollouts")
 
+
+async def dead_letters(settings: FulmenSettings) -> list:
     reader = consumer(settings, None)
     await start_or_raise(reader, settings)
     try:
-        tp = TopicPartition(topic_name(TopicKey.DLQ, prefix), 0)
+        tp = TopicPartition(topic_name(TopicKey.DLQ, settings.kafka.topic_prefix), 0)
         reader.assign([tp])
         await reader.seek_to_beginning(tp)
-        record = (await reader.getmany(tp, timeout_ms=10_000))[tp][0]
+        records = (await reader.getmany(tp, timeout_ms=10_000)).get(tp, [])
+        await asyncio.sleep(1.0)  # anything sent twice would be there by now
+        return records + (await reader.getmany(tp, timeout_ms=500)).get(tp, [])
     finally:
         await reader.stop()
-    headers = DeadLetterHeaders.from_kafka(record.headers)
-    assert record.value == b'{"rollout_id": 7}' and record.key == b"r1"
-    assert headers.source_topic == rollouts and headers.source_partition == 0
-    assert "RolloutEvent.rollout_id" in headers.error and headers.consumer_group.endswith(".rollouts")
 
 
 async def test_a_restarted_consumer_resumes_where_it_committed(settings: FulmenSettings, linked_store: Store) -> None:
     db = linked_store.database
-    async with publisher_for(settings) as publisher:
+    async with event_publisher(settings) as publisher:
         async with consumers_running(settings, linked_store) as first:
             await publisher.publish_many(TopicKey.ROLLOUTS, [running(i) for i in range(30)])
             assert await wait_rows(linked_store, f"SELECT count() FROM {db}.rollouts", 30) == 30

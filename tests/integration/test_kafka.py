@@ -10,9 +10,10 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from fulmen.infra.errors import BrokerUnavailableError
 from fulmen.infra.kafka.admin import describe_topics, ensure_topics
+from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.clients import admin_client, close_quietly, consumer, producer, start_or_raise
 from fulmen.infra.kafka.local import LocalKafka
-from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.kafka.publish import EventPublisher, Sender
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
 from fulmen.schemas import (
     TOPICS,
@@ -29,6 +30,7 @@ from fulmen.schemas import (
     topic_name,
 )
 from tests.conftest import free_port
+from tests.publishing import event_publisher
 
 pytestmark = pytest.mark.integration
 
@@ -66,15 +68,11 @@ def one_of_each() -> dict[TopicKey, object]:
 
 async def test_every_event_type_travels_keyed_as_registered(settings: FulmenSettings) -> None:
     prefix = settings.kafka.topic_prefix
-    kafka_producer = producer(settings)
-    await start_or_raise(kafka_producer, settings)
     events = one_of_each()
-    try:
-        publisher = EventPublisher(kafka_producer, prefix=prefix)
+    async with event_publisher(settings) as publisher:
         for key, event in events.items():
-            await publisher.publish(key, event)
-    finally:
-        await kafka_producer.stop()
+            metadata = await publisher.publish(key, event)
+            assert metadata.topic == topic_name(key, prefix) == publisher.topic_name(key)  # the broker's prefix
     for key, sent in events.items():
         reader = consumer(settings, f"reader-{key.value}", topic_name(key, prefix))
         await start_or_raise(reader, settings)
@@ -86,24 +84,20 @@ async def test_every_event_type_travels_keyed_as_registered(settings: FulmenSett
         assert record.key == str(getattr(sent, topic(key).record_key)).encode()
 
 
-async def test_publishing_the_wrong_event_for_a_topic_is_refused(settings: FulmenSettings) -> None:
-    kafka_producer = producer(settings)
-    await start_or_raise(kafka_producer, settings)
-    try:
+async def test_publishing_the_wrong_event_or_an_undeclared_topic_is_refused(settings: FulmenSettings) -> None:
+    async with event_publisher(settings, sender=Sender("test", (TopicKey.TASKS,))) as publisher:
         with pytest.raises(TypeError, match="carries RolloutRequest, not ModelVersion"):
-            await EventPublisher(kafka_producer).publish(
-                TopicKey.TASKS, ModelVersion(model_name="m", version=1, uri="x")
-            )
-    finally:
-        await kafka_producer.stop()
+            await publisher.publish(TopicKey.TASKS, ModelVersion(model_name="m", version=1, uri="x"))
+        with pytest.raises(ValueError, match="test publishes to tasks, not to models"):
+            await publisher.publish(TopicKey.MODELS, ModelVersion(model_name="m", version=1, uri="x"))
 
 
 async def test_a_group_resumes_from_its_committed_offset(settings: FulmenSettings) -> None:
     prefix = settings.kafka.topic_prefix
     name = topic_name(TopicKey.METRICS, prefix)
-    kafka_producer = producer(settings)
-    await start_or_raise(kafka_producer, settings)
-    publisher = EventPublisher(kafka_producer, prefix=prefix)
+    broker = kafka_broker(settings)
+    await start_or_raise(broker, settings)
+    publisher = EventPublisher(broker)
 
     def step(i: int) -> TrainStep:
         return TrainStep(run_id="run", step=i, model_version=i, num_transitions=1, num_groups=1, reward_mean=0,
@@ -127,7 +121,7 @@ async def test_a_group_resumes_from_its_committed_offset(settings: FulmenSetting
 
     assert await read(4, commit_after=3) == [0, 1, 2, 3]  # read 4, committed after 3
     await publisher.publish_many(TopicKey.METRICS, [step(i) for i in range(6, 8)])
-    await kafka_producer.stop()
+    await close_quietly([broker])
     assert await read(5, commit_after=None) == [3, 4, 5, 6, 7]  # the uncommitted one comes again
 
 
@@ -167,6 +161,14 @@ async def test_no_broker_is_a_clear_error_not_a_hang(tmp_path) -> None:
     with pytest.raises(BrokerUnavailableError, match=r"no Kafka broker answered at 127\.0\.0\.1:\d+ within 2s"):
         await start_or_raise(producer(settings), settings, "test producer")
     assert time.monotonic() - started < 10
+    kafka = kafka_broker(settings)  # the faststream broker is bounded the same way
+    started = time.monotonic()
+    try:
+        with pytest.raises(BrokerUnavailableError, match=r"test publisher: no Kafka broker answered at 127\.0\.0\.1"):
+            await start_or_raise(kafka, settings, "test publisher")
+    finally:
+        await close_quietly([kafka], timeout_s=2)
+    assert time.monotonic() - started < 10
 
 
 async def test_a_broker_stopped_under_a_producer_is_a_clear_error(tmp_path) -> None:
@@ -175,9 +177,9 @@ async def test_a_broker_stopped_under_a_producer_is_a_clear_error(tmp_path) -> N
     settings = FulmenSettings(kafka={"bootstrap": broker.bootstrap, "connect_timeout_s": 3.0})
     try:
         await ensure_topics(settings)
-        kafka_producer = producer(settings)
-        await start_or_raise(kafka_producer, settings)
-        publisher = EventPublisher(kafka_producer, timeout_s=5)
+        kafka = kafka_broker(settings)
+        await start_or_raise(kafka, settings)
+        publisher = EventPublisher(kafka, timeout_s=5)
         await publisher.publish(TopicKey.MODELS, ModelVersion(model_name="m", version=1, uri="x"))
         await asyncio.to_thread(broker.stop)
         started = time.monotonic()
@@ -186,6 +188,6 @@ async def test_a_broker_stopped_under_a_producer_is_a_clear_error(tmp_path) -> N
         ):
             await publisher.publish(TopicKey.MODELS, ModelVersion(model_name="m", version=2, uri="y"))
         assert time.monotonic() - started < 20
-        await close_quietly([kafka_producer], timeout_s=2)
+        await close_quietly([kafka], timeout_s=2)
     finally:
         await asyncio.to_thread(broker.stop)

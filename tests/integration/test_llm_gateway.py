@@ -13,13 +13,12 @@ from aiokafka.errors import KafkaConnectionError
 from openai import AsyncOpenAI
 from transformers import AutoTokenizer
 
-from fulmen.infra.kafka.clients import close_quietly, producer, start_or_raise
-from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.infra.settings import FulmenSettings
 from fulmen.producers.llm_gateway import LlmGateway
 from fulmen.schemas import ModelVersion, TopicKey, semconv
 from tests.integration.llm_pipeline import base_url, llm_gateway_running, llm_settings, published_spans
 from tests.models import WEATHER_ANSWER, WEATHER_TOOL
+from tests.publishing import event_publisher
 
 pytestmark = pytest.mark.integration
 
@@ -193,25 +192,22 @@ async def test_a_call_whose_span_cannot_be_recorded_is_a_503(settings: FulmenSet
 async def test_follows_new_model_versions_without_failing_calls(
     settings: FulmenSettings, tiny_model: Path, tool_model: Path
 ) -> None:
-    kafka = producer(settings)
-    await start_or_raise(kafka, settings)
-    publisher = EventPublisher(kafka, prefix=settings.kafka.topic_prefix)
-    try:
-        async with llm_gateway_running(settings, tiny_model, model_version=0) as gateway:
-            client = AsyncOpenAI(base_url=base_url(gateway), api_key="x", max_retries=0)
-            ask = {"model": "fulmen", "messages": [{"role": "user", "content": "Weather in Paris?"}],
-                   "tools": [WEATHER_TOOL], "temperature": 0, "max_tokens": 100}  # fmt: skip
-            before = [asyncio.create_task(client.chat.completions.create(**ask)) for _ in range(4)]
-            await publisher.publish(TopicKey.MODELS, ModelVersion(model_name="fulmen", version=1, uri=str(tool_model)))
-            await publisher.publish(TopicKey.MODELS, ModelVersion(model_name="other", version=9, uri="/nowhere"))
-            async with asyncio.timeout(60):
-                while gateway.backend.model_version != 1:
-                    await asyncio.sleep(0.05)
-            answers = await asyncio.gather(*before)  # in flight during the swap: all answered
-            assert all(answer.choices for answer in answers)
-            after = await client.chat.completions.create(**ask)
-    finally:
-        await close_quietly([kafka])
+    async with (
+        event_publisher(settings) as publisher,
+        llm_gateway_running(settings, tiny_model, model_version=0) as gateway,
+    ):
+        client = AsyncOpenAI(base_url=base_url(gateway), api_key="x", max_retries=0)
+        ask = {"model": "fulmen", "messages": [{"role": "user", "content": "Weather in Paris?"}],
+               "tools": [WEATHER_TOOL], "temperature": 0, "max_tokens": 100}  # fmt: skip
+        before = [asyncio.create_task(client.chat.completions.create(**ask)) for _ in range(4)]
+        await publisher.publish(TopicKey.MODELS, ModelVersion(model_name="fulmen", version=1, uri=str(tool_model)))
+        await publisher.publish(TopicKey.MODELS, ModelVersion(model_name="other", version=9, uri="/nowhere"))
+        async with asyncio.timeout(60):
+            while gateway.backend.model_version != 1:
+                await asyncio.sleep(0.05)
+        answers = await asyncio.gather(*before)  # in flight during the swap: all answered
+        assert all(answer.choices for answer in answers)
+        after = await client.chat.completions.create(**ask)
     assert after.choices[0].message.tool_calls[0].function.name == "get_weather"  # the new weights answer
     assert after.system_fingerprint == "fulmen-v1"
     spans = await published_spans(settings, 5)

@@ -16,8 +16,7 @@ from aiokafka import TopicPartition
 from fulmen.algorithm.dispatcher import DatasetTask
 from fulmen.algorithm.settings import TrainSettings
 from fulmen.algorithm.train import train
-from fulmen.infra.kafka.clients import consumer, producer, start_or_raise
-from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.kafka.clients import consumer, start_or_raise
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas import (
     ModelVersion,
@@ -32,6 +31,7 @@ from fulmen.schemas import (
     topic,
     topic_name,
 )
+from tests.publishing import event_publisher
 
 pytestmark = pytest.mark.integration
 
@@ -62,21 +62,18 @@ def answer(request: RolloutRequest, rng: random.Random) -> TransitionBatch:
 async def simulated_runners(settings: FulmenSettings, stop: asyncio.Event) -> int:
     """Consume the tasks topic (own group) and answer each request on the transitions topic; how many."""
     tasks = consumer(settings, "test.runners", topic_name(TopicKey.TASKS, settings.kafka.topic_prefix))
-    kafka_producer = producer(settings)
     await start_or_raise(tasks, settings)
-    await start_or_raise(kafka_producer, settings)
-    publisher = EventPublisher(kafka_producer, prefix=settings.kafka.topic_prefix)
     rng, answered = random.Random(7), 0
     try:
-        while not stop.is_set():
-            for records in (await tasks.getmany(timeout_ms=200)).values():
-                requests = [decode(RolloutRequest, r.value) for r in records]
-                await publisher.publish_many(TopicKey.TRANSITIONS, [answer(r, rng) for r in requests])
-                answered += len(requests)
-            await tasks.commit()
+        async with event_publisher(settings) as publisher:
+            while not stop.is_set():
+                for records in (await tasks.getmany(timeout_ms=200)).values():
+                    requests = [decode(RolloutRequest, r.value) for r in records]
+                    await publisher.publish_many(TopicKey.TRANSITIONS, [answer(r, rng) for r in requests])
+                    answered += len(requests)
+                await tasks.commit()
     finally:
         await tasks.stop()
-        await kafka_producer.stop()
     return answered
 
 

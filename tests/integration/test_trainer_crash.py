@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
 
 import fulmen.algorithm.train as train_module
@@ -25,7 +26,7 @@ from fulmen.infra.errors import BrokerUnavailableError
 from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.infra.settings import FulmenSettings
-from fulmen.schemas import ModelVersion, TopicKey, TrainStep, topic_name
+from fulmen.schemas import ModelVersion, TopicKey, TrainStep
 from tests.integration.test_train_loop import read_topic, simulated_runners
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
@@ -125,15 +126,17 @@ def restarted_mid_publish(broker: LocalKafka, settings: FulmenSettings, state: d
     ``state["buffered_when_back"]``: whether the record had not landed yet once the broker was back."""
 
     class Interrupted(EventPublisher):
-        def __init__(self, kafka_producer, *, prefix: str = "") -> None:
-            super().__init__(kafka_producer, prefix=prefix, timeout_s=2.0)
+        def __init__(self, faststream_broker, sender) -> None:
+            super().__init__(faststream_broker, sender, timeout_s=2.0)
 
         async def publish_many(self, key, events):
             if key is not TopicKey.MODELS or state["interrupted"]:
                 return await super().publish_many(key, events)
             state["interrupted"] = True
-            await self.producer.partitions_for(topic_name(key, self.prefix))
-            sender = self.producer._sender  # aiokafka's private sender: its produce retries wait _retry_backoff
+            producer = self.broker.config.producer._producer.producer  # faststream's private hold on aiokafka's
+            assert isinstance(producer, AIOKafkaProducer)
+            await producer.partitions_for(self.topic_name(key))
+            sender = producer._sender  # aiokafka's private sender: its produce retries wait _retry_backoff
             assert isinstance(sender._retry_backoff, float)  # (an upgrade that renames it must fail here)
             sender._retry_backoff = PRODUCER_RETRY_S  # set after start: starting still retries every 100 ms
             await asyncio.to_thread(broker.stop)

@@ -8,10 +8,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from fulmen.asyncapi import NOT_ON_FASTSTREAM, asyncapi_document, declare_components, from_broker, senders
 from fulmen.cli.main import app
+from fulmen.consumers.event_sinks import EVENT_SINKS
+from fulmen.infra.kafka.broker import kafka_broker
+from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas import semconv
 from fulmen.schemas.ddl import MIGRATIONS, TABLES
-from fulmen.schemas.export import asyncapi_document, json_schemas
+from fulmen.schemas.export import json_schemas
 from fulmen.schemas.topics import TOPICS, TopicKey, topic, topic_name
 
 
@@ -62,8 +66,71 @@ def test_spans_table_keeps_the_collector_columns() -> None:
         assert f"\n    {column} " in ddl, column
 
 
-def test_asyncapi_document_is_complete_and_its_refs_resolve() -> None:
-    doc = asyncapi_document(prefix="p.")
+@pytest.fixture(scope="module")
+def prefixed() -> FulmenSettings:
+    return FulmenSettings(kafka={"topic_prefix": "p.", "bootstrap": "kafka-1:9092"})
+
+
+@pytest.fixture(scope="module")
+def asyncapi(prefixed: FulmenSettings) -> dict:
+    return asyncapi_document(prefixed)
+
+
+def operations_by_topic(doc: dict) -> dict[str, dict[str, set[str]]]:
+    """topic key -> action -> the titles of the operations (``party:action:topic``) on its channel."""
+    found: dict[str, dict[str, set[str]]] = {}
+    for name, operation in doc["operations"].items():
+        key = operation["channel"]["$ref"].removeprefix("#/channels/")
+        found.setdefault(key, {}).setdefault(operation["action"], set()).add(name)
+    return found
+
+
+def test_asyncapi_lists_every_topic_with_the_declared_senders_and_receivers(asyncapi: dict) -> None:
+    by_topic = operations_by_topic(asyncapi)
+    assert set(by_topic) == {k.value for k in TopicKey}
+    for key in TopicKey:
+        assert by_topic[key.value].keys() == {"send", "receive"}, key
+    # each publishing component's Sender is a faststream publisher per topic, hence a send operation
+    for sender in senders():
+        for key in sender.topics:
+            assert f"{sender.name}:send:{key.value}" in by_topic[key.value]["send"]
+    # the JSON sinks and the model follower are faststream subscribers: receive operations
+    for sink in EVENT_SINKS.values():
+        assert f"consumers.{sink.name}:receive:{sink.topic.value}" in by_topic[sink.topic.value]["receive"]
+    assert "llm-gateway:receive:models" in by_topic["models"]["receive"]
+    for endpoint in NOT_ON_FASTSTREAM:  # the aiokafka loops and outside parties, declared for the document
+        assert (
+            f"{endpoint.party}:{endpoint.action}:{endpoint.key.value}" in by_topic[endpoint.key.value][endpoint.action]
+        )
+    expected = sum(len(s.topics) for s in senders()) + len(EVENT_SINKS) + 1 + len(NOT_ON_FASTSTREAM)
+    assert len(asyncapi["operations"]) == expected  # nothing else: the document is the declarations
+    assert asyncapi["servers"]["development"]["host"] == "kafka-1:9092"  # the broker's bootstrap
+
+
+def test_asyncapi_follows_a_new_declaration(prefixed: FulmenSettings) -> None:
+    broker = kafka_broker(prefixed)
+    declare_components(broker, prefixed)
+    broker.subscriber("fulmen.metrics", title="auditor:receive:metrics", description="reads the metrics")
+    doc = from_broker(broker, "p.")
+    assert doc["operations"]["auditor:receive:metrics"] == {
+        "action": "receive", "channel": {"$ref": "#/channels/metrics"}, "description": "reads the metrics",
+        "messages": [{"$ref": "#/channels/metrics/messages/metricsMessage"}],
+    }  # fmt: skip
+
+
+def test_asyncapi_keeps_every_event_schema_and_topic_description(asyncapi: dict) -> None:
+    for key, spec in TOPICS.items():
+        channel = asyncapi["channels"][key.value]
+        assert (channel["address"], channel["description"]) == (topic_name(key, "p."), spec.description)
+        assert channel["bindings"]["kafka"]["partitions"] == spec.partitions
+    assert set(json_schemas()) <= set(asyncapi["components"]["schemas"])
+    assert asyncapi["components"]["messages"]["modelsMessage"]["payload"] == {
+        "$ref": "#/components/schemas/ModelVersion"
+    }
+
+
+def test_asyncapi_document_is_complete_and_its_refs_resolve(asyncapi: dict) -> None:
+    doc = asyncapi
     assert doc["asyncapi"].startswith("3.")
     assert {c["address"] for c in doc["channels"].values()} == {topic_name(k, "p.") for k in TopicKey}
     refs = []

@@ -22,6 +22,7 @@ from fulmen.infra.errors import BrokerUnavailableError
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.schemas.events import ModelVersion
 from fulmen.schemas.topics import TopicKey
+from tests.fakes import FakeBroker
 from tests.unit.test_train_loop import FakePublisher, build, run
 
 pytestmark = pytest.mark.security
@@ -162,7 +163,7 @@ class BufferingProducer:
         self.answering = answering
         self.sent: list[asyncio.Future[RecordMetadata]] = []
 
-    async def send(self, topic: str, value: bytes, key: bytes) -> asyncio.Future[RecordMetadata]:
+    async def send(self, topic: str, value: bytes, key: bytes, headers=None) -> asyncio.Future[RecordMetadata]:
         future: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
         if self.answering:
             future.set_result(acknowledged(topic, len(self.sent)))
@@ -177,7 +178,7 @@ def acknowledged(topic: str, offset: int) -> RecordMetadata:
 def test_the_publisher_settles_a_publish_that_timed_out_or_was_cancelled_once_its_record_left_the_buffer() -> None:
     async def scenario() -> None:
         kafka = BufferingProducer()
-        publisher = EventPublisher(kafka, timeout_s=0.2)  # type: ignore[arg-type]
+        publisher = EventPublisher(FakeBroker(kafka), timeout_s=0.2)
         await publisher.settle()  # nothing unacknowledged: at once
         with pytest.raises(BrokerUnavailableError, match="no acknowledgement within 0.2s"):
             await publisher.publish(TopicKey.MODELS, ModelVersion(model_name="m", version=1, uri="a"))

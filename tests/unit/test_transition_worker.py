@@ -14,7 +14,7 @@ from fulmen.infra.kafka.dlq import DeadLetters
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.schemas import RolloutEvent, RolloutStatus, TransitionBatch, encode
 from fulmen.schemas.codec import decode
-from tests.fakes import FakeConsumer, FakeProducer
+from tests.fakes import FakeBroker, FakeConsumer, FakeProducer
 from tests.unit.transition_spans import call, span
 
 ROLLOUTS = "fulmen.rollouts"
@@ -115,7 +115,7 @@ def build(late_window_s: float = 0.0, failures: int = 0) -> tuple[TransitionWork
     section = TransitionsSection(late_window_s=late_window_s, late_check_interval_s=3600)
     worker = TransitionWorker(
         TransitionBuilderSink(section), None, consumer, store, DeadLetters(producer, consumer_group="g"),  # type: ignore[arg-type]
-        EventPublisher(producer), barrier, section, retry_backoff_s=0.001, clock=lambda: now[0],  # type: ignore[arg-type]
+        EventPublisher(FakeBroker(producer)), barrier, section, retry_backoff_s=0.001, clock=lambda: now[0],  # type: ignore[arg-type]
     )  # fmt: skip
     reader = FakeReader()
     worker.reader = worker.late.reader = reader  # type: ignore[assignment]

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from fulmen.algorithm.credit import assign_credit
 from fulmen.algorithm.dispatcher import DispatchedGroup
 from fulmen.algorithm.registry import Registry
 from fulmen.algorithm.settings import IncompletePolicy
@@ -36,6 +37,7 @@ __all__ = [
     "AddOutcome",
     "ClosedGroup",
     "GroupBook",
+    "credit_groups",
     "drop_stale",
     "drop_too_long",
     "shuffle_rewards",
@@ -177,24 +179,46 @@ def shuffle_rewards(groups: list[ClosedGroup], seed: int) -> list[ClosedGroup]:
     rollouts permuted at random across all its groups, so the reward no longer belongs to the answer it
     scored and the learning signal is destroyed (the statistics of the rewards stay the same).
 
-    Rollout ``r`` takes the whole reward record of rollout ``perm(r)``: its ``episode_reward`` and the credited
-    ``reward`` of its transitions, positionally (the last one repeated when ``r`` made more calls).
+    Rollout ``r`` takes the whole reward record of rollout ``perm(r)``: its ``episode_reward`` and the
+    ``intermediate_reward`` of its transitions, positionally (the last one repeated when ``r`` made more calls).
+    Run it before :func:`credit_groups`, which credits what was shuffled.
     """
     import random
 
-    records = [(b.episode_reward, [t.reward for t in b.transitions]) for g in groups for b in g.rollouts]
+    records = [(b.episode_reward, [t.intermediate_reward for t in b.transitions]) for g in groups for b in g.rollouts]
     random.Random(seed).shuffle(records)
     source = iter(records)
     shuffled = []
     for group in groups:
         rollouts = []
         for batch in group.rollouts:
-            episode, credited = next(source)
-            transitions = [t.model_copy(update={"reward": credited[min(i, len(credited) - 1)] if credited else None})
-                           for i, t in enumerate(batch.transitions)]  # fmt: skip
+            episode, observed = next(source)
+            transitions = [
+                t.model_copy(update={"intermediate_reward": observed[min(i, len(observed) - 1)] if observed else None})
+                for i, t in enumerate(batch.transitions)
+            ]
             rollouts.append(batch.model_copy(update={"episode_reward": episode, "transitions": transitions}))
         shuffled.append(dataclasses.replace(group, rollouts=tuple(rollouts)))
     return shuffled
+
+
+def credit_groups(groups: list[ClosedGroup], strategy: str, gamma: float = 1.0) -> list[ClosedGroup]:
+    """The same groups with every transition's ``reward`` credited by ``strategy`` (``fulmen.algorithm.credit``)
+    from its rollout's ``episode_reward`` and the calls' ``intermediate_reward``: the run that trains chooses
+    the credit (``FULMEN_TRAIN_CREDIT``), the transitions topic carries only what was observed. Only a
+    succeeded rollout is credited; a failed or timed-out attempt's transitions keep ``reward=None``."""
+    credited = []
+    for group in groups:
+        rollouts = []
+        for batch in group.rollouts:
+            rewards: list[float | None] = [None] * len(batch.transitions)
+            if batch.status is RolloutStatus.SUCCEEDED and batch.transitions:
+                observed = [t.intermediate_reward for t in batch.transitions]
+                rewards = assign_credit(strategy, batch.episode_reward, observed, gamma)
+            transitions = [t.model_copy(update={"reward": r}) for t, r in zip(batch.transitions, rewards, strict=True)]
+            rollouts.append(batch.model_copy(update={"transitions": transitions}))
+        credited.append(dataclasses.replace(group, rollouts=tuple(rollouts)))
+    return credited
 
 
 def _keep_transitions(

@@ -8,8 +8,10 @@ One step N (the policy being served is version ``N - 1``; version 0 is the base 
 2. (control runs only, ``shuffle_rewards``: permute the rewards across the step's rollouts,
    :func:`~fulmen.algorithm.groups.shuffle_rewards`); drop the transitions older than ``max_staleness`` versions
    (:func:`~fulmen.algorithm.groups.drop_stale`, counted as ``dropped_stale``; a group left empty is replaced by the
-   next), build one sample per transition with its group advantage (:func:`~fulmen.algorithm.samples.build_samples`,
-   estimator and scope from the settings);
+   next), credit each call from its rollout's episode reward and the calls' intermediate rewards with the run's
+   strategy (``credit``, ``gamma``: :func:`~fulmen.algorithm.groups.credit_groups`; the transitions topic carries
+   only what was observed), build one sample per transition with its group advantage
+   (:func:`~fulmen.algorithm.samples.build_samples`, estimator and scope from the settings);
 3. one policy update (``backend.step``, in a worker thread so Kafka heartbeats go on; ``train_s``);
 4. save the checkpoint to ``<run dir>/checkpoints/v<N>`` (atomically: see ``TrainerBackend.save``), publish
    ``ModelVersion(version=N, format="hf")`` and wait for the broker's acknowledgement (``publish_s``); while the
@@ -49,7 +51,7 @@ from pathlib import Path
 
 from fulmen.algorithm.collector import Collector
 from fulmen.algorithm.dispatcher import Dispatcher
-from fulmen.algorithm.groups import ClosedGroup, drop_stale, drop_too_long, shuffle_rewards
+from fulmen.algorithm.groups import ClosedGroup, credit_groups, drop_stale, drop_too_long, shuffle_rewards
 from fulmen.algorithm.samples import StepSamples, build_samples
 from fulmen.algorithm.settings import TrainSection
 from fulmen.algorithm.trainer.base import StepMetrics, TrainerBackend
@@ -162,6 +164,7 @@ class TrainingLoop:
         waited = self.clock() - started
         if self.options.shuffle_rewards:  # the control run: rewards detached from the answers they scored
             groups = shuffle_rewards(groups, seed=self.options.seed * 100_003 + number)
+        groups = credit_groups(groups, self.options.credit, self.options.gamma)
         data = build_samples(groups, estimator=self.options.estimator, scope=self.options.advantage_scope,
                              missing_reward=self.options.missing_reward)  # fmt: skip
         metrics = await asyncio.to_thread(self.backend.step, data.samples)

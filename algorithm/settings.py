@@ -11,9 +11,11 @@ from __future__ import annotations
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
+from fulmen.algorithm.credit import credit_strategy
 from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import IDENTIFIER_PATTERN, new_id
 
 __all__ = ["AdvantageScope", "IncompletePolicy", "TrainSection", "TrainSettings"]
@@ -56,6 +58,9 @@ class TrainSection(BaseModel):
     max_staleness: int = Field(default=1, ge=0, description="train on transitions of versions >= current - this")
     estimator: str = Field(default="grpo", description="advantage estimator: grpo, dr_grpo, rloo")
     advantage_scope: AdvantageScope = AdvantageScope.EPISODE
+    credit: str = Field(default="broadcast", description="credit assignment from the episode and per-call rewards "
+                        "to each call: broadcast, discounted, intermediate (fulmen.algorithm.credit)")  # fmt: skip
+    gamma: float = Field(default=1.0, gt=0, le=1, description="discount of the discounted/intermediate credit")
     missing_reward: float = Field(default=0.0, description="reward of a transition/rollout that has none")
     rollout_timeout_s: float = Field(default=600.0, gt=0, le=7 * 24 * 3600, description="timeout_s of each request")
     max_attempts: int = Field(default=3, ge=1, le=100, description="max_attempts of each RolloutRequest")
@@ -79,6 +84,15 @@ class TrainSection(BaseModel):
                                   "signal (a run that still improves learns from something else)")  # fmt: skip
     publish_initial_version: bool = Field(default=False, description="publish the base model as version 0 at "
                                           "start, so gateways following the models topic serve it")  # fmt: skip
+
+    @field_validator("credit")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        try:
+            credit_strategy(value)
+        except ConfigurationError as exc:
+            raise ValueError(f"FULMEN_TRAIN_CREDIT: {exc.message}") from None
+        return value
 
     @model_validator(mode="after")
     def _bounds_fit(self) -> TrainSection:

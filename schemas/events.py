@@ -161,8 +161,10 @@ class RolloutEvent(Event):
 class Transition(Event):
     """One LLM call of an episode: the state (prompt tokens), the action (response tokens) and its reward.
 
-    Token ids are exactly those the model consumed and produced (never re-tokenized). ``reward`` is the credit
-    assigned to this call; ``intermediate_reward`` is the reward observed right after it, if any.
+    Token ids are exactly those the model consumed and produced (never re-tokenized). ``intermediate_reward`` is
+    the reward observed right after this call, if any. ``reward`` is the credit assigned to this call, which
+    the run that trains computes (``FULMEN_TRAIN_CREDIT``) from its batch's ``episode_reward`` and the calls'
+    intermediate rewards: None on the transitions topic and in the store, which carry only what was observed.
     """
 
     schema_version: Literal[1] = 1

@@ -1,14 +1,15 @@
 """One finished rollout attempt and its spans → one :class:`TransitionBatch` (pure: no I/O).
 
 Steps: build the trace tree (``tree``), select the calls (``selection``), match the intermediate rewards
-(``rewards``), credit each call (``fulmen.algorithm.credit``), and make one :class:`Transition` per call, in episode
-order (``index`` 0, 1, ...).
+(``rewards``), and make one :class:`Transition` per call, in episode order (``index`` 0, 1, ...).
 
-* ``Transition.reward`` is the credited reward under the configured strategy; ``intermediate_reward`` the sum
-  of the rewards matched to the call; ``TransitionBatch.episode_reward`` the rollout event's reward.
-* Only a succeeded rollout is credited. A failed or timed-out attempt still yields its batch (status, its calls,
-  their intermediate rewards) with ``reward=None`` on every transition: the calls happened and the trainer may
-  use them (as reward 0, or not at all), but "no outcome" is not silently turned into 0 here.
+* What was observed, not what it is worth: ``intermediate_reward`` is the sum of the rewards matched to the
+  call, ``TransitionBatch.episode_reward`` the rollout event's reward (only a succeeded rollout has one).
+  ``Transition.reward`` stays None: the run that trains credits each call from these
+  (``fulmen.algorithm.groups.credit_groups``, its ``FULMEN_TRAIN_CREDIT``), so two runs with different
+  strategies can share one consumer.
+* A failed or timed-out attempt still yields its batch (status, its calls, their intermediate rewards): the
+  calls happened and the trainer may use them (as reward 0, or not at all).
 * A call whose ids cannot make a Transition (an id that is not hex, say) is skipped and reported. Response
   logprobs that do not pair one-to-one with the response tokens are dropped (``response_logprobs=None``).
 * ``model_version`` is the version the span says served the call, else the rollout event's.
@@ -22,37 +23,28 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-# consumers may import fulmen.algorithm.credit (pure math, no dependencies): the one consumers -> algorithm import.
-from fulmen.algorithm.credit import CreditStrategy, assign_credit, credit_strategy
 from fulmen.consumers.transitions.rewards import match_rewards
 from fulmen.consumers.transitions.selection import Call, select_calls
 from fulmen.consumers.transitions.tree import SpanRecord, TraceTree
 from fulmen.schemas.errors import ConfigurationError
-from fulmen.schemas.events import RolloutEvent, RolloutStatus, Transition, TransitionBatch
+from fulmen.schemas.events import RolloutEvent, Transition, TransitionBatch
 
 __all__ = ["BuildOptions", "BuildResult", "build_batch"]
 
 
 @dataclass(frozen=True)
 class BuildOptions:
-    """How calls are selected and credited. ``agent_pattern`` None keeps every call."""
+    """Which calls are kept. ``agent_pattern`` None keeps every call."""
 
     agent_pattern: re.Pattern[str] | None = None
-    credit: str = CreditStrategy.BROADCAST.value
-    gamma: float = 1.0
-
-    def __post_init__(self) -> None:
-        credit_strategy(self.credit)  # unknown name: ConfigurationError listing the valid ones
-        if not 0.0 < self.gamma <= 1.0:
-            raise ConfigurationError(f"gamma must be in (0, 1], not {self.gamma!r}")
 
     @classmethod
-    def create(cls, agent_pattern: str | None = None, credit: str = "broadcast", gamma: float = 1.0) -> BuildOptions:
+    def create(cls, agent_pattern: str | None = None) -> BuildOptions:
         try:
             pattern = re.compile(agent_pattern) if agent_pattern else None
         except re.error as exc:
             raise ConfigurationError(f"agent pattern {agent_pattern!r} is not a regular expression: {exc}") from None
-        return cls(pattern, credit, gamma)
+        return cls(pattern)
 
 
 @dataclass(frozen=True)
@@ -85,12 +77,9 @@ def build_batch(event: RolloutEvent, spans: Sequence[SpanRecord], options: Build
         else:
             kept.append(call)
     matched = match_rewards(tree, kept)
-    credited: list[float | None] = [None] * len(kept)
-    if event.status is RolloutStatus.SUCCEEDED:
-        credited = assign_credit(options.credit, event.reward, matched.per_call, options.gamma)
     transitions = [
-        t.model_copy(update={"reward": reward, "intermediate_reward": intermediate})
-        for t, reward, intermediate in zip(transitions, credited, matched.per_call, strict=True)
+        t.model_copy(update={"intermediate_reward": intermediate})
+        for t, intermediate in zip(transitions, matched.per_call, strict=True)
     ]
     batch = TransitionBatch(
         rollout_id=event.rollout_id, attempt=event.attempt, task_id=event.task_id, group_id=event.group_id,

@@ -3,25 +3,23 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
-from fulmen.algorithm.credit import CreditStrategy, credit_strategy
 from fulmen.infra.settings import FulmenSettings
-from fulmen.schemas.errors import ConfigurationError
 
 __all__ = ["ConsumersSettings", "TransitionsSection"]
 
 
 class TransitionsSection(BaseModel):
-    """``FULMEN_TRANSITIONS_AGENT_PATTERN``, ``FULMEN_TRANSITIONS_CREDIT``, ``FULMEN_TRANSITIONS_GAMMA``..."""
+    """``FULMEN_TRANSITIONS_AGENT_PATTERN``, ``FULMEN_TRANSITIONS_LATE_WINDOW_S``... Credit assignment is not here:
+    the run that trains chooses it (``FULMEN_TRAIN_CREDIT``, ``FULMEN_TRAIN_GAMMA``)."""
 
     agent_pattern: str | None = Field(
         default=None,
         description="train only the calls of agents whose name matches this regex as a whole; unset = all calls",
     )
-    credit: str = Field(default=CreditStrategy.BROADCAST.value, description="credit assignment strategy (a name)")
-    gamma: float = Field(default=1.0, gt=0, le=1, description="discount of the discounted/intermediate strategies")
     barrier_timeout_s: float = Field(
         default=30.0, gt=0, description="warn when the spans consumer has not caught up by then (then keep waiting)"
     )
@@ -44,14 +42,15 @@ class TransitionsSection(BaseModel):
             raise ValueError(f"FULMEN_TRANSITIONS_AGENT_PATTERN is not a regular expression: {exc}") from None
         return value
 
-    @field_validator("credit")
+    @model_validator(mode="before")
     @classmethod
-    def _registered(cls, value: str) -> str:
-        try:
-            credit_strategy(value)
-        except ConfigurationError as exc:
-            raise ValueError(f"FULMEN_TRANSITIONS_CREDIT: {exc.message}") from None
-        return value
+    def _credit_moved(cls, data: Any) -> Any:
+        moved = [f"FULMEN_TRANSITIONS_{name.upper()}" for name in ("credit", "gamma") if isinstance(data, dict)
+                 and name in data]  # fmt: skip
+        if moved:
+            raise ValueError(f"{' and '.join(moved)}: credit assignment is chosen by the run that trains now; set "
+                             "FULMEN_TRAIN_CREDIT / FULMEN_TRAIN_GAMMA for `fulmen train` instead")  # fmt: skip
+        return data
 
 
 class ConsumersSettings(FulmenSettings):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from fulmen.algorithm.groups import ClosedGroup, credit_groups
 from fulmen.consumers.transitions import TransitionsSection
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
@@ -59,7 +60,7 @@ async def test_framework_agents_become_transitions_of_the_selected_calls(
     settings: FulmenSettings, linked_store: Store, tiny_model: Path, tmp_path: Path, framework: str
 ) -> None:
     agent, task, pattern, selected_calls, credit = CASES[framework]
-    section = TransitionsSection(agent_pattern=pattern, credit=credit, gamma=0.5, late_window_s=0)
+    section = TransitionsSection(agent_pattern=pattern, late_window_s=0)
     rollouts = [f"{framework}-1", f"{framework}-2"]
     log = tmp_path / "runner.log"
     async with (
@@ -91,7 +92,11 @@ async def test_framework_agents_become_transitions_of_the_selected_calls(
         for t in transitions:
             assert t.prompt_token_ids == by_span[t.span_id][semconv.PROMPT_TOKEN_IDS]
             assert t.response_token_ids == by_span[t.span_id][semconv.RESPONSE_TOKEN_IDS]
-        assert [t.reward for t in transitions] == credited(credit, batch.episode_reward, len(transitions))
+        # the run that trains credits what the consumer observed, with its own strategy
+        (group,) = credit_groups([ClosedGroup(batch.group_id, batch.task_id, batch.mode, 1, (batch,))], credit, 0.5)
+        assert [t.reward for t in group.rollouts[0].transitions] == credited(
+            credit, batch.episode_reward, len(transitions)
+        )
     if framework == "langgraph":
         assert {tuple(t.agent_name for t in b.transitions) for b in batches} == {("write", "rewrite")}
 

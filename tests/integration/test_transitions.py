@@ -6,9 +6,10 @@ import asyncio
 
 import pytest
 
+from fulmen.algorithm.groups import ClosedGroup, credit_groups
+from fulmen.algorithm.settings import TrainSettings
 from fulmen.consumers.transitions import TransitionsSection
 from fulmen.infra.kafka.clients import producer, start_or_raise
-from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.schemas import semconv
@@ -25,6 +26,7 @@ from tests.integration.transition_pipeline import (
     produce_spans,
 )
 from tests.polling import count_reaches
+from tests.publishing import event_publisher
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +52,8 @@ async def kafka(settings: FulmenSettings):  # type: ignore[no-untyped-def]
     client = producer(settings)
     await start_or_raise(client, settings)
     try:
-        yield client, EventPublisher(client, prefix=settings.kafka.topic_prefix)
+        async with event_publisher(settings) as publisher:
+            yield client, publisher
     finally:
         await client.stop()
 
@@ -75,19 +78,21 @@ async def test_a_rollout_becomes_one_batch_and_one_row_per_call(
     assert [t.prompt_token_ids for t in batch.transitions] == [c.attributes[semconv.PROMPT_TOKEN_IDS] for c in calls]
     assert [t.response_token_ids for t in batch.transitions] == [[12, 9], [112, 9], [212, 9]]
     assert [t.response_logprobs for t in batch.transitions] == [[-0.5, -0.25]] * 3
-    assert [(t.reward, t.intermediate_reward) for t in batch.transitions] == [(0.5, 0.25), (0.5, None), (0.5, None)]
+    assert [(t.reward, t.intermediate_reward) for t in batch.transitions] == [(None, 0.25), (None, None), (None, None)]
     assert {(t.agent_name, t.model_version) for t in batch.transitions} == {("solver", 2)}
     db = linked_store.database
     rows = linked_store.query(
         f"SELECT CallIndex, SpanId, Reward, IntermediateReward, EpisodeReward FROM {db}.transitions "
         "WHERE RolloutId = 'r1' ORDER BY CallIndex"
     ).rows
-    assert rows == [[i, c.span_id, 0.5, 0.25 if i == 0 else None, 0.5] for i, c in enumerate(calls)]
+    assert rows == [
+        [i, c.span_id, None, 0.25 if i == 0 else None, 0.5] for i, c in enumerate(calls)
+    ]  # credit: by the run
 
 
 async def test_no_llm_call_failed_and_poison(settings: FulmenSettings, linked_store: Store, kafka: tuple) -> None:
     client, publisher = kafka
-    section = TransitionsSection(late_window_s=0, credit="discounted", gamma=0.5)
+    section = TransitionsSection(late_window_s=0)
     async with consumers_running(settings, linked_store, section) as app, BatchReader(settings) as reader:
         await produce_spans(client, settings, agent_rollout("no-calls", calls=0) + agent_rollout("broken", calls=2))
         rollouts = f"{settings.kafka.topic_prefix}fulmen.rollouts"
@@ -233,4 +238,29 @@ async def test_the_llm_gateway_s_own_records_become_transitions(
     assert [(t.prompt_token_ids, t.response_token_ids) for t in batch.transitions[:1]] == [([1, 2, 3], [5, 6, 7])]
     assert sorted(t.response_token_ids for t in batch.transitions[1:]) == [[8], [9, 10]]
     assert batch.transitions[0].response_logprobs == [-0.5, -0.25, -0.125]  # exact in float32 too
-    assert {(t.agent_name, t.model_version, t.reward) for t in batch.transitions} == {("solver", 4, 1.0)}
+    assert {(t.agent_name, t.model_version) for t in batch.transitions} == {
+        ("solver", 4)
+    } and batch.episode_reward == 1.0
+
+
+async def test_two_runs_with_different_credit_share_one_consume_process(
+    settings: FulmenSettings, linked_store: Store, kafka: tuple
+) -> None:
+    """One transitions consumer serves two training runs; each run credits the observed rewards its own way."""
+    client, publisher = kafka
+    runs = {"run-a": ("discounted", 0.5), "run-b": ("intermediate", 0.5)}
+    async with consumers_running(settings, linked_store, SECTION), BatchReader(settings) as reader:
+        for run in runs:
+            await produce_spans(client, settings, agent_rollout(f"{run}-r1", calls=3))
+            await publisher.publish(TopicKey.ROLLOUTS, ended(f"{run}-r1", reward=1.0, group=f"{run}-g1"))
+        batches = {b.group_id: b for b in await reader.until(2)}
+    credited = {}
+    for run, (strategy, gamma) in runs.items():
+        train = TrainSettings(train={"run_id": run, "credit": strategy, "gamma": gamma}).train
+        batch = batches[f"{run}-g1"]
+        group = ClosedGroup(batch.group_id, batch.task_id, batch.mode, 1, (batch,))
+        (done,) = credit_groups([group], train.credit, train.gamma)
+        credited[run] = [t.reward for t in done.rollouts[0].transitions]
+    # observed: R = 1 and a reward of 0.25 after the first of three calls
+    assert credited["run-a"] == [0.25, 0.5, 1.0]  # gamma^(T-1-t) * R
+    assert credited["run-b"] == pytest.approx([0.25 + 0.5 * 0.5, 0.5, 1.0])  # i_t + gamma * G_{t+1}

@@ -1,11 +1,15 @@
-"""Credit assignment: each strategy on cases computed by hand, the registry's errors."""
+"""Credit assignment: each strategy on cases computed by hand, the registry's errors, and the run that trains
+crediting the observed rewards of its groups (``credit_groups``; the shuffled control before it)."""
 
 from __future__ import annotations
 
 import pytest
 
 from fulmen.algorithm.credit import CREDIT_STRATEGIES, CreditStrategy, assign_credit, credit_strategy, register_credit
+from fulmen.algorithm.groups import ClosedGroup, credit_groups, shuffle_rewards
+from fulmen.algorithm.settings import TrainSettings
 from fulmen.schemas.errors import ConfigurationError
+from fulmen.schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
 
 
 def close(values: list[float | None], expected: list[float | None]) -> bool:
@@ -80,3 +84,56 @@ def test_gamma_outside_the_unit_interval_is_refused(gamma: float) -> None:
 def test_non_finite_rewards_are_refused() -> None:
     with pytest.raises(ValueError, match="finite"):
         assign_credit("intermediate", float("nan"), [None])
+
+
+# --- the run that trains credits the observed rewards ----------------------------------------------------------
+def _batch(rollout: str, status: RolloutStatus, episode: float | None, observed: list[float | None]) -> TransitionBatch:
+    transitions = [
+        Transition(
+            rollout_id=rollout,
+            attempt=1,
+            index=i,
+            trace_id="a" * 32,
+            span_id=f"{i + 1:016x}",
+            prompt_token_ids=[1],
+            response_token_ids=[2],
+            intermediate_reward=value,
+        )
+        for i, value in enumerate(observed)
+    ]
+    return TransitionBatch(rollout_id=rollout, attempt=1, task_id="t", group_id="g", status=status,
+                           episode_reward=episode, transitions=transitions)  # fmt: skip
+
+
+def _group(*batches: TransitionBatch) -> ClosedGroup:
+    return ClosedGroup("g", "t", RolloutMode.TRAIN, len(batches), tuple(batches))
+
+
+def test_credit_groups_applies_the_runs_strategy_to_succeeded_rollouts_only() -> None:
+    group = _group(_batch("a", RolloutStatus.SUCCEEDED, 1.0, [0.2, None, None]),
+                   _batch("b", RolloutStatus.FAILED, None, [0.2, None]))  # fmt: skip
+    rewards = {s: [[t.reward for t in b.transitions] for b in credit_groups([group], s, 0.5)[0].rollouts]
+               for s in ("broadcast", "discounted", "intermediate")}  # fmt: skip
+    assert rewards["broadcast"] == [[1.0, 1.0, 1.0], [None, None]]
+    assert rewards["discounted"] == [[0.25, 0.5, 1.0], [None, None]]
+    assert rewards["intermediate"][0] == pytest.approx([0.45, 0.5, 1.0]) and rewards["intermediate"][1] == [None] * 2
+    assert [t.reward for t in group.rollouts[0].transitions] == [None] * 3  # the input is left as it was
+
+
+def test_shuffled_control_permutes_what_was_observed_then_credit_follows_it() -> None:
+    groups = [_group(*(_batch(f"r{k}", RolloutStatus.SUCCEEDED, float(k), [float(k), None]) for k in range(8)))]
+    shuffled = credit_groups(shuffle_rewards(groups, seed=3), "intermediate", 1.0)
+    pairs = [(b.episode_reward, b.transitions[0].intermediate_reward, b.transitions[0].reward)
+             for b in shuffled[0].rollouts]  # fmt: skip
+    assert sorted(p[0] for p in pairs) == [float(k) for k in range(8)]  # the same rewards, moved
+    assert [p[0] for p in pairs] != [float(k) for k in range(8)]
+    assert all(intermediate == episode and credited == 2 * episode for episode, intermediate, credited in pairs)
+
+
+def test_an_unknown_credit_strategy_for_the_run_lists_the_valid_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FULMEN_TRAIN_CREDIT", "discounted")
+    monkeypatch.setenv("FULMEN_TRAIN_GAMMA", "0.9")
+    assert (TrainSettings().train.credit, TrainSettings().train.gamma) == ("discounted", 0.9)
+    monkeypatch.setenv("FULMEN_TRAIN_CREDIT", "nope")
+    with pytest.raises(ValueError, match="FULMEN_TRAIN_CREDIT.*broadcast, discounted, intermediate"):
+        TrainSettings()

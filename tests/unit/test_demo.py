@@ -107,7 +107,7 @@ def test_warmup_samples_match_the_rendered_conversation() -> None:
 
 def _batch(rollout: str, reward: float, calls: int) -> TransitionBatch:
     transitions = [Transition(rollout_id=rollout, attempt=1, index=i, trace_id="a" * 32, span_id=f"{i:016x}",
-                              prompt_token_ids=[1], response_token_ids=[2], reward=reward)
+                              prompt_token_ids=[1], response_token_ids=[2], intermediate_reward=reward)
                    for i in range(calls)]  # fmt: skip
     return TransitionBatch(rollout_id=rollout, attempt=1, task_id="t", group_id="g", status=RolloutStatus.SUCCEEDED,
                            episode_reward=reward, transitions=transitions)  # fmt: skip
@@ -126,7 +126,7 @@ def test_shuffle_rewards_permutes_whole_reward_records_across_the_step() -> None
     assert sorted(after) == rewards and after != rewards
     for group in shuffled:
         for batch in group.rollouts:
-            assert [t.reward for t in batch.transitions] == [batch.episode_reward] * 2
+            assert [t.intermediate_reward for t in batch.transitions] == [batch.episode_reward] * 2
     assert [b.rollout_id for g in shuffled for b in g.rollouts] == [b.rollout_id for g in groups for b in g.rollouts]
     assert shuffle_rewards(groups, seed=1) == shuffled
 

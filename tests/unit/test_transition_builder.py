@@ -43,22 +43,13 @@ def test_broadcast_batch_fields() -> None:
     assert batch.episode_reward == 0.5 and batch.model_version == 3
     assert [t.index for t in batch.transitions] == [0, 1, 2]
     assert [t.span_id for t in batch.transitions] == [sid("c1"), sid("c2"), sid("c3")]
-    assert [t.reward for t in batch.transitions] == [0.5, 0.5, 0.5]
+    assert [t.reward for t in batch.transitions] == [None, None, None]  # credited by the run that trains
     assert [t.intermediate_reward for t in batch.transitions] == [0.2, None, None]
     first = batch.transitions[0]
     assert (first.prompt_token_ids, first.response_token_ids, first.response_logprobs) == ([10, 11], [100], [-0.5])
     assert first.agent_name == "solver" and first.model_version == 7
     assert batch.transitions[1].response_logprobs is None and batch.transitions[1].model_version == 3
     assert (result.span_count, result.calls_made, result.unmatched_rewards, result.skipped) == (6, 3, 0, [])
-
-
-def test_discounted_and_intermediate_credit() -> None:
-    spans = three_calls_with_a_reward()
-    discounted = build_batch(ended(reward=1.0), spans, BuildOptions.create(credit="discounted", gamma=0.5))
-    assert [t.reward for t in discounted.batch.transitions] == [0.25, 0.5, 1.0]
-    intermediate = build_batch(ended(reward=1.0), spans, BuildOptions.create(credit="intermediate", gamma=0.5))
-    # i = [0.2, -, -], R = 1: G2 = 1, G1 = 0.5, G0 = 0.2 + 0.25 = 0.45
-    assert [t.reward for t in intermediate.batch.transitions] == pytest.approx([0.45, 0.5, 1.0])
 
 
 def test_agent_pattern_selects_the_langgraph_nodes() -> None:
@@ -68,14 +59,14 @@ def test_agent_pattern_selects_the_langgraph_nodes() -> None:
 
 
 @pytest.mark.parametrize("status", [RolloutStatus.FAILED, RolloutStatus.TIMED_OUT])
-def test_a_failed_rollout_keeps_its_calls_without_credit(status: RolloutStatus) -> None:
+def test_a_failed_rollout_keeps_its_calls_and_their_rewards(status: RolloutStatus) -> None:
     batch = build_batch(ended(status), three_calls_with_a_reward(), BuildOptions()).batch
     assert batch.status is status and batch.episode_reward is None
     assert [t.reward for t in batch.transitions] == [None, None, None]
     assert [t.intermediate_reward for t in batch.transitions] == [0.2, None, None]
 
 
-def test_a_succeeded_rollout_without_reward_is_not_credited_as_zero() -> None:
+def test_a_succeeded_rollout_without_reward_has_none() -> None:
     batch = build_batch(ended(reward=None), three_calls_with_a_reward(), BuildOptions()).batch
     assert batch.episode_reward is None and [t.reward for t in batch.transitions] == [None, None, None]
 
@@ -90,9 +81,9 @@ def test_a_call_that_cannot_be_a_transition_is_skipped_and_the_rest_reindexed() 
     spans = three_calls_with_a_reward()
     broken = call("c2", 200, 300, "agent")
     spans[4] = type(broken)(**{**{f: getattr(broken, f) for f in broken.__slots__}, "span_id": "not-hex"})
-    result = build_batch(ended(reward=1.0), spans, BuildOptions.create(credit="discounted", gamma=0.5))
+    result = build_batch(ended(reward=1.0), spans, BuildOptions())
     assert [t.span_id for t in result.batch.transitions] == [sid("c1"), sid("c3")]
-    assert [t.reward for t in result.batch.transitions] == [0.5, 1.0]  # credited over the calls kept
+    assert [t.intermediate_reward for t in result.batch.transitions] == [0.2, None]
     assert len(result.skipped) == 1 and "span_id" in result.skipped[0]
 
 
@@ -102,23 +93,19 @@ def test_only_finished_rollouts_are_built() -> None:
         build_batch(running, [], BuildOptions())
 
 
-def test_options_refuse_bad_patterns_and_strategies() -> None:
+def test_options_refuse_bad_patterns() -> None:
     with pytest.raises(ConfigurationError, match="regular expression"):
         BuildOptions.create(agent_pattern="(")
-    with pytest.raises(ConfigurationError, match="valid: broadcast, discounted, intermediate"):
-        BuildOptions.create(credit="everything")
-    with pytest.raises(ConfigurationError, match="gamma"):
-        BuildOptions.create(gamma=0.0)
 
 
 def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FULMEN_TRANSITIONS_AGENT_PATTERN", "write|rewrite")
+    assert ConsumersSettings().transitions.agent_pattern == "write|rewrite"
+
+
+def test_credit_settings_on_the_consumer_say_where_they_moved(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FULMEN_TRANSITIONS_CREDIT", "intermediate")
-    monkeypatch.setenv("FULMEN_TRANSITIONS_GAMMA", "0.9")
-    section = ConsumersSettings().transitions
-    assert (section.agent_pattern, section.credit, section.gamma) == ("write|rewrite", "intermediate", 0.9)
-    monkeypatch.setenv("FULMEN_TRANSITIONS_CREDIT", "nope")
-    with pytest.raises(ValueError, match="FULMEN_TRANSITIONS_CREDIT"):
+    with pytest.raises(ValueError, match="FULMEN_TRANSITIONS_CREDIT.*FULMEN_TRAIN_CREDIT"):
         ConsumersSettings()
 
 
@@ -138,6 +125,8 @@ def test_offsets_commit_in_order_once_done_and_past_their_window() -> None:
     window.built(Built(ended(), 5, ended().timestamp, TP, record(1)), ready_at=10.0)
     window.done(TP, 2, ready_at=1.0)
     assert window.committable(now=2.0) == {TP: 1}  # 1 is still in its late window, 3 not done
+    assert window.committable(now=2.0) == {TP: 1}  # offered again until a commit of it went out
+    window.committed({TP: 1})
     assert window.has_built(("r1", 1)) and list(window.watched()) == [("r1", 1)]
     window.done(TP, 3, ready_at=1.0)
     assert window.committable(now=5.0) == {}

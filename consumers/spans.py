@@ -35,7 +35,7 @@ _COLUMNS = tuple(field.name for field in SPAN_SCHEMA)
 def native_flattener() -> Any | None:
     """The native flattener built with our attribute keys, or None when the extension is not installed."""
     try:
-        from fulmen_otlp_rows import Flattener
+        from fulmen.consumers._otlp_rows import Flattener
     except ImportError:
         return None
     return Flattener(
@@ -55,7 +55,7 @@ class SpanSink:
     def __init__(self, native: bool | None = None) -> None:
         self.flattener = native_flattener() if native in (None, True) else None
         if native is True and self.flattener is None:
-            raise ImportError("the native span flattener (fulmen_otlp_rows) is not installed: run `make install`")
+            raise ImportError("the native span flattener (fulmen.consumers._otlp_rows) is not built: make install")
 
     @property
     def native(self) -> bool:

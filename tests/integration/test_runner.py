@@ -20,12 +20,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from fulmen.infra.kafka.clients import consumer, producer, start_or_raise
-from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.kafka.clients import consumer, start_or_raise
 from fulmen.infra.settings import FulmenSettings
 from fulmen.producers.runner import Runner, RunnerSettings, load_agent
 from fulmen.producers.runner.tracing import RolloutStamper
 from fulmen.schemas import RolloutEvent, RolloutRequest, RolloutStatus, TopicKey, decode, semconv, topic, topic_name
+from tests.publishing import event_publisher
 
 pytestmark = pytest.mark.integration
 
@@ -66,12 +66,8 @@ def global_provider_with(exporter: InMemorySpanExporter) -> TracerProvider:
 
 
 async def submit(settings: FulmenSettings, requests: list[RolloutRequest]) -> None:
-    kafka_producer = producer(settings)
-    await start_or_raise(kafka_producer, settings)
-    try:
-        await EventPublisher(kafka_producer, prefix=settings.kafka.topic_prefix).publish_many(TopicKey.TASKS, requests)
-    finally:
-        await kafka_producer.stop()
+    async with event_publisher(settings) as publisher:
+        await publisher.publish_many(TopicKey.TASKS, requests)
 
 
 async def events_by_rollout(settings: FulmenSettings) -> dict[str, list[RolloutEvent]]:
@@ -248,3 +244,36 @@ async def test_sigterm_lets_running_rollouts_finish(settings: FulmenSettings, tm
             process.kill()
     events = await events_by_rollout(settings)
     assert [(e.attempt, e.status) for e in events["graceful"] if e.status.terminal] == [(1, RolloutStatus.SUCCEEDED)]
+
+
+async def test_an_agent_project_with_its_own_schemas_infra_and_consumers_runs(
+    settings: FulmenSettings, tmp_path: Path
+) -> None:
+    """A common layout (pydantic ``schemas.py``, ``infra/``, ``consumers/``) next to the agent: the runner started
+    in that directory imports the project's modules, not Fulmen's (which are all under ``fulmen.``)."""
+    project = tmp_path / "project"
+    (project / "infra").mkdir(parents=True)
+    (project / "consumers").mkdir()
+    (project / "schemas.py").write_text("from pydantic import BaseModel\n\nclass Score(BaseModel):\n    value: float\n")
+    (project / "infra" / "__init__.py").write_text("BASE = 0.5\n")
+    (project / "consumers" / "__init__.py").write_text("BONUS = 0.25\n")
+    (project / "agent.py").write_text(
+        "import consumers\nfrom infra import BASE\nfrom schemas import Score\n\n"
+        "async def solve(task, llm):\n    return Score(value=BASE + consumers.BONUS).value\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_") and k != "PYTHONPATH"} | {
+        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap, "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "FULMEN_HOME": str(settings.home), "FULMEN_RUNNER_OTLP_ENDPOINT": "",
+    }  # fmt: skip
+    log = tmp_path / "runner.log"
+    with open(log, "ab") as out:
+        runner = subprocess.Popen([*FULMEN, "runner", "--agent", "agent:solve"], cwd=project, env=env, stdout=out,
+                                  stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        await submit(settings, [request("own-modules", {})])
+        events = await wait_terminal(settings, {"own-modules"}, timeout_s=120)
+    finally:
+        runner.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(runner.wait, 60)
+    (done,) = [e for e in events["own-modules"] if e.status.terminal]
+    assert (done.status, done.reward) == (RolloutStatus.SUCCEEDED, 0.75), log.read_text()[-3000:]

@@ -302,7 +302,7 @@ fn whole(text: &str, bound: f64) -> Option<u64> {
 }
 
 #[pymodule]
-fn fulmen_otlp_rows(m: &Bound<'_, PyModule>) -> PyResult<()> {
+fn _otlp_rows(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Flattener>()?;
     Ok(())
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -112,3 +113,33 @@ def test_the_native_flattener_has_the_fulmen_name_only() -> None:
     if native_flattener() is None:
         pytest.skip("the native flattener is not built (needs cargo: make install)")
     assert importlib.util.find_spec("fulmen.consumers._otlp_rows") is not None
+
+
+# imported only where their optional extra or tool is installed (each import is guarded or lazy)
+OPTIONAL_IMPORTS = {"verl", "vllm", "ray", "fulmen"}
+
+
+def test_every_third_party_import_of_the_package_is_a_base_dependency() -> None:
+    """`pip install fulmen && fulmen demo` works: what the package imports (the demo's agent uses openai) is in
+    ``[project].dependencies``, not only in an extra."""
+    from importlib.metadata import packages_distributions
+
+    declared = {
+        re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+        for requirement in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    }
+    owners = packages_distributions()
+    missing = set()
+    for folder in ("fulmen", *LAYERS):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                for top in {name.split(".")[0] for name in names} - OPTIONAL_IMPORTS:
+                    if top in sys.stdlib_module_names:
+                        continue
+                    distributions = {d.lower().replace("_", "-") for d in owners.get(top, [top])}
+                    if not distributions & declared:
+                        missing.add(f"{top} ({path.relative_to(ROOT)})")
+    assert not missing, sorted(missing)

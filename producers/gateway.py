@@ -27,6 +27,7 @@ the producer; :meth:`Gateway._teardown`.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 from collections.abc import Coroutine
@@ -70,7 +71,7 @@ class GatewayStats:
     unavailable: int = 0  # answered 503 because Kafka did not take the data (or was not connected)
 
 
-class Gateway:
+class Gateway(abc.ABC):
     """An aiohttp server whose answers wait for its Kafka producer; the lifecycle is in the module docstring.
 
     Subclasses set :attr:`name` and implement :meth:`_add_routes`; the other hooks do nothing by default.
@@ -104,16 +105,17 @@ class Gateway:
         self._stopped = False
 
     # --- hooks ----------------------------------------------------------------------------------------------
+    @abc.abstractmethod
     def _add_routes(self, app: web.Application) -> None:
-        raise NotImplementedError
+        """Add the gateway's own routes (``/healthz`` and ``/readyz`` are added for it)."""
 
-    async def _setup(self) -> None:
+    async def _setup(self) -> None:  # noqa: B027 (optional hook, empty by default)
         """Before the producer connects: load what the routes need."""
 
-    async def _on_connected(self) -> None:
+    async def _on_connected(self) -> None:  # noqa: B027 (optional hook)
         """Once the producer is connected (before listening, unless connecting in the background)."""
 
-    async def _teardown(self) -> None:
+    async def _teardown(self) -> None:  # noqa: B027 (optional hook)
         """Last step of :meth:`stop`, after the producer is closed: release what :meth:`_setup` took."""
 
     def _description(self) -> str:

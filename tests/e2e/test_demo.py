@@ -9,8 +9,10 @@ validation through the system.
   by ``GAIN``. How many steps that takes depends on the warmed-up model, which differs between machines (float
   kernels): on the first machines three 20-step runs went 0.33 -> 0.96-1.0 at step 15; on this one (2 cores,
   the warm-up starts at 0.375 and gives the three untaught wordings the same operator distribution) the reward
-  stays flat until GRPO has learnt to tell them apart, then rises: learnt from step ~8 (0.85 at 15), from
-  step ~6 (0.90 at 10, 0.83 at 20), and not yet at step 15 in two runs. Hence 25 steps here, not 15;
+  stays flat until GRPO has learnt to tell them apart, then rises. With one PPO pass a step that took 6 to over
+  25 steps (one CI run: 0.54 at step 25); the demo now takes two passes a step (``epochs_per_batch=2``): 0.60 at
+  step 5, 0.90 at 15, 1.0 at 20. An in-process replay of the op choice (sampling, reward, the same trainer) over
+  six seeds gave 0.83-0.98 at step 15 with two passes against 0.56-0.83 with one. 25 steps keeps a margin;
 - control (``--shuffle-rewards``: rewards permuted within each step, so they no longer belong to the answers
   they scored), ``CONTROL_STEPS``: its training reward (the sampled policy on questions it has not seen, 96
   episodes a step) does not improve by more than ``MARGIN`` from the first five steps to the last five, and its

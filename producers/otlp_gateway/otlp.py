@@ -76,7 +76,8 @@ def decode_json(body: bytes) -> ExportTraceServiceRequest:
         return json_format.ParseDict(document, ExportTraceServiceRequest(), ignore_unknown_fields=True)
     except RecursionError:
         raise PoisonInputError("body is JSON nested too deep for an OTLP ExportTraceServiceRequest") from None
-    except (json_format.ParseError, binascii.Error, TypeError, ValueError) as exc:  # UnicodeError is a ValueError
+    # UnicodeError is a ValueError; OverflowError: a number past float range (1e400) in an integer or enum field
+    except (json_format.ParseError, binascii.Error, TypeError, ValueError, OverflowError) as exc:
         raise PoisonInputError(f"body is not an OTLP ExportTraceServiceRequest in JSON: {_text(exc)}") from None
 
 

@@ -45,7 +45,10 @@ def test_json_and_protobuf_decode_to_the_same_request() -> None:
 @pytest.mark.parametrize(
     ("body", "words"),
     [(b"[1]", "JSON object"), (b"{", "not JSON"), (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"spanId": "xyz"}]}]}]}', "spans[0].spanId"),
-     (b'{"resourceSpans": 5}', None)],
+     (b'{"resourceSpans": 5}', None),
+     # an enum or integer field given as a number past float range (fuzz: a 500 before, OverflowError)
+     (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"kind": -1e400}]}]}]}', "not an OTLP"),
+     (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"droppedAttributesCount": 1e400}]}]}]}', "not an OTLP")],
 )  # fmt: skip
 def test_bad_json_is_poison_with_a_reason(body: bytes, words: str | None) -> None:
     if words is None:

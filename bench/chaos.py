@@ -9,12 +9,12 @@ the bench's client, direct chat completions, ``fulmen submit`` of a few tasks pe
 rollouts (each makes two LLM calls through the rollout-scoped gateway path and one agent span).
 
 Phases, one per component, in this order: trainer, otlp_gateway, llm_gateway, runner, consume, broker. In each:
-load for ``pre_s``; SIGKILL the process (the broker: its JVM); wait ``down_s``; start it again (same settings,
-same data); wait until it has done a new unit of work (``recovery_s``); load for ``post_s``. A process other
-than the killed one that exits is restarted and reported under ``unexpected_exits``. Then the drain: the
-trainer is stopped (SIGTERM), the load stops, and the bench waits until every rollout is terminal and every
-span is stored (or ``drain_s`` passes). Finally it counts (definitions in
-:data:`bench.chaos_count.DEFINITIONS`, printed under ``definitions``):
+``fulmen submit`` a few tasks and load for ``pre_s``; SIGKILL the process (the broker: its JVM); wait ``down_s``;
+start it again (same settings, same data) and submit a few more tasks; wait until it has done a new unit of work
+(``recovery_s``); load for ``post_s``. A process other than the killed one that exits is restarted and reported
+under ``unexpected_exits``. Then the drain: the trainer is stopped (SIGTERM), the load stops, and the bench
+waits until every rollout is terminal and every span is stored (or ``drain_s`` passes). Finally it counts
+(definitions in :data:`bench.chaos_count.DEFINITIONS`, printed under ``definitions``):
 
 - spans: sent = spans whose OTLP POST got a 200 (a failed POST is retried unchanged until 200, counted once);
   stored = distinct span ids in ``otel_traces``; doubled = rows visible more than once with FINAL (the dedup
@@ -75,7 +75,7 @@ class Plan:
     post_s: float = 12.0
     recover_timeout_s: float = 240.0  # a restarted trainer loads torch and the model first (100 s seen)
     drain_s: float = 150.0
-    train_steps: int = 30
+    train_steps: int = 200  # more than the phases take: training goes on under every kill (drain stops it)
     submit_tasks: int = 4
     group_size: int = 2
     span_batches_per_s: float = 4.0
@@ -83,7 +83,7 @@ class Plan:
 
     @classmethod
     def quick(cls) -> Plan:
-        return cls(pre_s=4.0, down_s=2.0, post_s=5.0, drain_s=90.0, train_steps=12, submit_tasks=2)
+        return cls(pre_s=4.0, down_s=2.0, post_s=5.0, drain_s=90.0, submit_tasks=2)
 
 
 @dataclass
@@ -224,11 +224,14 @@ class Chaos:
         restarted = await asyncio.to_thread(target.start)
         if isinstance(target, Proc):
             await asyncio.to_thread(target.wait_ready, 240.0)
+        # work that starts after the restart: without it a runner had nothing to show it recovered (its phase's
+        # first tasks were done before the kill, and the trainer may have trained every step it was asked for)
+        submit_after = asyncio.create_task(self._submit(f"{name}-after"))
         recovered = await self._until(lambda: self._recovered(name, restarted), self.plan.recover_timeout_s,
                                       f"{name} to recover", fail=False)  # fmt: skip
         self.results[name] = {"pid_killed": pid, "down_s": round(restarted - killed, 2),
                               "recovery_s": None if recovered is None else round(recovered - restarted, 2)}  # fmt: skip
-        await submit
+        await asyncio.gather(submit, submit_after)
         await asyncio.sleep(self.plan.post_s)
         await self._check_others(name)
 

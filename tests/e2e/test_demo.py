@@ -11,8 +11,9 @@ validation through the system.
   the warm-up starts at 0.375 and gives the three untaught wordings the same operator distribution) the reward
   stays flat until GRPO has learnt to tell them apart, then rises. With one PPO pass a step that took 6 to over
   25 steps (one CI run: 0.54 at step 25); the demo now takes two passes a step (``epochs_per_batch=2``): 0.60 at
-  step 5, 0.90 at 15, 1.0 at 20. An in-process replay of the op choice (sampling, reward, the same trainer) over
-  six seeds gave 0.83-0.98 at step 15 with two passes against 0.56-0.83 with one. 25 steps keeps a margin;
+  step 5, 0.90 at 15, 1.0 at 20. ``bench/demo_learning.py`` (the operator choice replayed in one process, same
+  trainer), mean of three seeds at steps 5/10/15: one pass 0.40/0.57/0.70, two passes 0.64/0.85/0.94. The system
+  learns more slowly than that replay (rollouts up to one version old, call 2 trained too): 25 steps keep a margin;
 - control (``--shuffle-rewards``: rewards permuted within each step, so they no longer belong to the answers
   they scored), ``CONTROL_STEPS``: its training reward (the sampled policy on questions it has not seen, 96
   episodes a step) does not improve by more than ``MARGIN`` from the first five steps to the last five, and its

@@ -45,10 +45,7 @@ def test_json_and_protobuf_decode_to_the_same_request() -> None:
 @pytest.mark.parametrize(
     ("body", "words"),
     [(b"[1]", "JSON object"), (b"{", "not JSON"), (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"spanId": "xyz"}]}]}]}', "spans[0].spanId"),
-     (b'{"resourceSpans": 5}', None),
-     # an enum or integer field given as a number past float range (fuzz: a 500 before, OverflowError)
-     (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"kind": -1e400}]}]}]}', "not an OTLP"),
-     (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"droppedAttributesCount": 1e400}]}]}]}', "not an OTLP")],
+     (b'{"resourceSpans": 5}', None)],
 )  # fmt: skip
 def test_bad_json_is_poison_with_a_reason(body: bytes, words: str | None) -> None:
     if words is None:
@@ -56,6 +53,15 @@ def test_bad_json_is_poison_with_a_reason(body: bytes, words: str | None) -> Non
             decode_json(body)
         return
     with pytest.raises(PoisonInputError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        decode_json(body)
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("field", ["kind", "droppedAttributesCount"])
+def test_a_number_past_float_range_in_an_integer_field_is_poison(field: str) -> None:
+    # bench/fuzz.py: protobuf's ParseDict raised OverflowError on ``-1e400`` (the gateway answered 500)
+    body = b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"%s": -1e400}]}]}]}' % field.encode()
+    with pytest.raises(PoisonInputError, match="not an OTLP"):
         decode_json(body)
 
 

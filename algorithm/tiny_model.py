@@ -23,6 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fulmen.schemas.chat_template import CHAT_TEMPLATE
+
 __all__ = ["CHAT_TEMPLATE", "TinyModelConfig", "build_tiny_model", "build_tiny_tokenizer"]
 
 PAD = "<|endoftext|>"
@@ -30,38 +32,6 @@ IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
-
-# Jinja, rendered by transformers' apply_chat_template (trim_blocks and lstrip_blocks on, and `-}}`:
-# the template's own line breaks vanish, the text's come from `nl`). Kept compact: a character-level model
-# pays for every character of the prompt.
-CHAT_TEMPLATE = """\
-{% set nl = "\\n" %}
-{% if tools or messages[0].role == "system" %}
-{{ "<|im_start|>system" ~ nl -}}
-{% if messages[0].role == "system" %}{{ messages[0].content }}{% endif %}
-{% if tools %}
-{{ nl ~ "Tools:" -}}
-{% for tool in tools %}
-{{ nl ~ ((tool.function if tool.function is defined else tool) | tojson) -}}
-{% endfor %}
-{{ nl ~ 'Call one as <tool_call>{"name": ..., "arguments": {...}}</tool_call>' -}}
-{% endif %}
-{{ "<|im_end|>" ~ nl -}}
-{% endif %}
-{% for message in messages if message.role != "system" %}
-{{ "<|im_start|>" ~ message.role ~ nl -}}
-{% if message.content is string %}{{ message.content -}}
-{% elif message.content %}{% for part in message.content %}{{ part.text }}{% endfor %}
-{% endif %}
-{% for call in message.tool_calls or [] %}
-{% set fn = call.function if call.function is defined else call %}
-{% set arguments = fn.arguments if fn.arguments is string else (fn.arguments | tojson) %}
-{{ '<tool_call>{"name": ' ~ (fn.name | tojson) ~ ', "arguments": ' ~ arguments ~ "}</tool_call>" -}}
-{% endfor %}
-{{ "<|im_end|>" ~ nl -}}
-{% endfor %}
-{% if add_generation_prompt %}{{ "<|im_start|>assistant" ~ nl }}{% endif %}
-"""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,9 @@ class LlmSection(BaseModel):
     device: str = Field(default="auto", description="transformers: cpu, cuda, cuda:N or auto")
     dtype: str = Field(default="auto", description="transformers: auto, float32, bfloat16 or float16")
     max_model_len: int | None = Field(default=None, ge=16, description="context limit; default: the model's")
+    chat_template: str = Field(default="", description="transformers: a Jinja chat template file that replaces "
+                               "the tokenizer's (as vLLM's --chat-template), or 'chatml-tools' (built in: "
+                               "tools as <tool_call> blocks); default: the model's own")  # fmt: skip
     max_batch_rows: int = Field(default=32, ge=1, le=1024, description="transformers: sequences per batch")
     batch_wait_ms: float = Field(default=2.0, ge=0, le=1000, description="transformers: wait to fill a batch")
     default_max_tokens: int | None = Field(

@@ -21,3 +21,33 @@ def test_loading_a_version_prints_no_progress_bar(tmp_path: Path, capfd: pytest.
     assert loaded.version == 3
     assert "Loading weights" not in capfd.readouterr().err  # one a version: the demo loads thirty
     assert hf_logging.is_progress_bar_enabled()  # switched back on after
+
+
+def test_a_chat_template_setting_replaces_the_models_own(tmp_path: Path) -> None:
+    """FULMEN_LLM_CHAT_TEMPLATE, as vLLM's --chat-template: a model whose template ignores tools (SmolLM2-135M's)
+    gets one that lists them and renders an assistant turn that has only tool calls."""
+    from transformers import AutoTokenizer
+
+    from fulmen.schemas.chat_template import CHAT_TEMPLATE
+    from fulmen.schemas.errors import ConfigurationError
+
+    model = build_tiny_model(tmp_path / "model")
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    tokenizer.save_pretrained(model)
+    template = tmp_path / "mine.jinja"
+    template.write_text("{% for m in messages %}[{{ m.role }}]{% endfor %}")
+    tools = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+    call = {"id": "c", "type": "function", "function": {"name": "search", "arguments": '{"q": "x"}'}}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    own = TransformersBackend(LlmSection(model=str(model), device="cpu"))._load(str(model), 0).tokenizer
+    assert "search" not in own.apply_chat_template(messages[:1], tools=tools, tokenize=False)
+    built_in = TransformersBackend(LlmSection(model=str(model), device="cpu", chat_template="chatml-tools"))
+    loaded = built_in._load(str(model), 0).tokenizer
+    assert loaded.chat_template == CHAT_TEMPLATE
+    text = loaded.apply_chat_template(messages, tools=tools, tokenize=False)
+    assert '"name": "search"' in text and '<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>' in text
+    from_file = TransformersBackend(LlmSection(model=str(model), device="cpu", chat_template=str(template)))
+    assert from_file._load(str(model), 0).tokenizer.apply_chat_template(messages, tokenize=False) == "[user][assistant]"
+    with pytest.raises(ConfigurationError, match="neither 'chatml-tools' nor a file"):
+        TransformersBackend(LlmSection(model=str(model), device="cpu", chat_template="nope"))._load(str(model), 0)

@@ -30,6 +30,7 @@ from fulmen.producers.llm_gateway.backends.sampling import Row, RowOutput, gener
 from fulmen.producers.llm_gateway.protocol import ApiError, ChatRequest, CompletionRequest, SamplingParams
 from fulmen.producers.llm_gateway.settings import LlmSection
 from fulmen.producers.llm_gateway.tool_calls import extract_tool_calls
+from fulmen.schemas.chat_template import CHAT_TEMPLATE
 from fulmen.schemas.errors import ConfigurationError
 
 __all__ = ["TransformersBackend"]
@@ -111,6 +112,8 @@ class TransformersBackend:
         with _no_progress_bars():
             tokenizer = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        if self.options.chat_template:
+            tokenizer.chat_template = chat_template_override(self.options.chat_template)
         if tokenizer.chat_template is None:
             log.warning("the tokenizer in %s has no chat template: /v1/chat/completions will answer 400", path)
         eos = set(_as_list(model.generation_config.eos_token_id)) | set(_as_list(tokenizer.eos_token_id))
@@ -369,3 +372,16 @@ def _cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
     if not positions:
         return text, False
     return text[: min(positions)], True
+
+
+def chat_template_override(choice: str) -> str:
+    """The template ``FULMEN_LLM_CHAT_TEMPLATE`` names: ``chatml-tools`` (the built-in ChatML template that lists
+    the tools in the system turn and writes calls as ``<tool_call>`` blocks, which the gateway parses back) or
+    the path of a Jinja file. Models whose own template ignores ``tools`` (SmolLM2-135M-Instruct's) or cannot
+    render an assistant turn without content need one, as with vLLM's ``--chat-template``."""
+    if choice == "chatml-tools":
+        return CHAT_TEMPLATE
+    path = Path(choice)
+    if not path.is_file():
+        raise ConfigurationError(f"FULMEN_LLM_CHAT_TEMPLATE: {choice!r} is neither 'chatml-tools' nor a file")
+    return path.read_text(encoding="utf-8")

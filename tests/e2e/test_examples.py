@@ -1,0 +1,108 @@
+"""The three examples end to end through the whole system on the tiny model (``python -m examples.train``).
+
+Each runs two GRPO steps (validation after each) with the real framework in the runners, Kafka from the session's
+broker, and everything else started by the driver. The tiny model writes noise, so this checks the plumbing, not
+learning (``bench/scenarios.py`` measures learning with SmolLM2). While the run's ``fulmen consume`` still
+serves its store, SQL checks:
+
+* the framework's own spans are in the spans table (its instrumentation scope);
+* the transitions are the trained agents' calls only, in the order they were made: for LangGraph, the
+  ``write``/``rewrite`` LLM spans of each rollout in time order (``check`` is left out); for the other two,
+  every gateway call of the rollout;
+* the rewards: each transition carries its rollout's reward as the episode reward, and its intermediate reward is
+  the sum of the ``fulmen.reward`` spans matched to it (the RAG example's search hits; the tiny model rarely
+  searches, so they are mostly absent);
+* two steps published versions 1 and 2, and the gateway served both (the validation after each step).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from examples.train import ExampleOptions, load_example, sql, train_example
+from fulmen.algorithm.local import LocalRun
+from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.settings import FulmenSettings
+
+pytestmark = [pytest.mark.scenarios, pytest.mark.timeout(900)]
+
+SCOPES = {
+    "sql_agent": "openinference.instrumentation.langchain",
+    "rag_agent": "openinference.instrumentation.openai_agents",
+    "calc_agent": "autogen-core",
+}
+OPTIONS = ExampleOptions(model="tiny", steps=2, train=16, heldout=4, group_size=3, groups_per_step=2,
+                         max_tokens=24, concurrency=12, extra_train={"val_every": 1})  # fmt: skip
+
+
+def rows(run: LocalRun, query: str) -> list[dict[str, Any]]:
+    return sql(run, query)
+
+
+def check_store(name: str, run: LocalRun, db: str) -> None:
+    example = load_example(name)
+    scope = rows(run, f"SELECT count() AS n FROM {db}.otel_traces WHERE ScopeName = '{SCOPES[name]}'")
+    assert int(scope[0]["n"]) > 0, f"no {SCOPES[name]} spans"
+    transitions = rows(run, f"SELECT RolloutId, Attempt, groupArray(AgentName) AS agents, "
+                            f"groupArray(EpisodeReward) AS episode, groupArray(IntermediateReward) AS intermediate "
+                            f"FROM (SELECT * FROM {db}.transitions FINAL WHERE Mode = 'train' ORDER BY CallIndex) "
+                            f"GROUP BY RolloutId, Attempt")  # fmt: skip
+    assert transitions, "no transitions"
+    rewards = {(r["RolloutId"], int(r["Attempt"])): r["Reward"] for r in rows(
+        run, f"SELECT RolloutId, Attempt, Reward FROM {db}.rollouts FINAL WHERE Mode = 'train'")}  # fmt: skip
+    expected = expected_agents(name, run, db, example.trained_agents[0])
+    for row in transitions:
+        key = (row["RolloutId"], int(row["Attempt"]))
+        assert set(row["agents"]) <= set(example.trained_agents), row
+        assert row["agents"] == expected[key], (key, row["agents"], expected[key])
+        assert all(value == rewards[key] for value in row["episode"]), (row, rewards[key])
+    hits = {(r["RolloutId"], int(r["Attempt"])): float(r["total"]) for r in rows(
+        run, f"SELECT RolloutId, Attempt, sum(toFloat64OrZero(SpanAttributes['fulmen.reward.value'])) AS total "
+             f"FROM {db}.otel_traces WHERE SpanName = 'fulmen.reward' GROUP BY RolloutId, Attempt")}  # fmt: skip
+    for row in transitions:
+        key = (row["RolloutId"], int(row["Attempt"]))
+        credited = sum(value for value in row["intermediate"] if value is not None)
+        assert credited == pytest.approx(hits.get(key, 0.0)), (key, row["intermediate"], hits.get(key))
+    served = {r["version"]: int(r["calls"]) for r in rows(
+        run, f"SELECT toString(ModelVersion) AS version, count() AS calls FROM {db}.otel_traces "
+             f"WHERE ServiceName = 'fulmen-llm-gateway' GROUP BY version")}  # fmt: skip
+    published = rows(run, f"SELECT groupArray(Version) AS versions FROM {db}.model_versions")
+    assert {1, 2} <= {int(v) for v in published[0]["versions"]}, published
+    assert served.get("1", 0) > 0 and served.get("2", 0) > 0, served
+
+
+def expected_agents(name: str, run: LocalRun, db: str, agent: str) -> dict[tuple[str, int], list[str]]:
+    """Per training rollout, the agent names of the calls that must be transitions, in the order they were made."""
+    if name == "sql_agent":
+        calls = rows(run, f"SELECT RolloutId, Attempt, arrayMap(x -> x.2, arraySort(groupArray((Timestamp, "
+                          f"JSONExtractString(SpanAttributes['metadata'], 'langgraph_node'))))) AS nodes "
+                          f"FROM {db}.otel_traces WHERE ScopeName = '{SCOPES[name]}' "
+                          f"AND SpanAttributes['openinference.span.kind'] = 'LLM' GROUP BY RolloutId, Attempt")  # fmt: skip
+        return {
+            (r["RolloutId"], int(r["Attempt"])): [n for n in r["nodes"] if n in ("write", "rewrite")] for r in calls
+        }
+    calls = rows(run, f"SELECT RolloutId, Attempt, count() AS n FROM {db}.otel_traces "
+                      f"WHERE ServiceName = 'fulmen-llm-gateway' GROUP BY RolloutId, Attempt")  # fmt: skip
+    return {(r["RolloutId"], int(r["Attempt"])): [agent] * int(r["n"]) for r in calls}
+
+
+@pytest.mark.parametrize("name", ["sql_agent", "rag_agent", "calc_agent"])
+def test_example_trains_through_the_system(name: str, kafka_broker: LocalKafka, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # the runners import examples.<name>.agent from here
+    settings = FulmenSettings(home=tmp_path, kafka={"bootstrap": kafka_broker.bootstrap})
+    checked: list[str] = []
+
+    def after(run: LocalRun) -> None:
+        check_store(name, run, settings.clickhouse.database)
+        checked.append(run.run_id)
+
+    report = train_example(name, OPTIONS, settings, after=after)
+    assert checked, "the store was not checked"
+    assert report["steps"] == 2 and report["heldout_before"] is not None and report["heldout_after"] is not None
+    assert report["calls_per_episode"] and report["calls_per_episode"] <= load_example(name).max_calls, report
+    print(json.dumps(report))

@@ -27,8 +27,9 @@ __all__ = ["SMOLLM2_DIR", "convert_gguf", "ensure_smollm2"]
 logger = logging.getLogger(__name__)
 
 CACHE = Path.home() / ".cache" / "fulmen"
-SMOLLM2_DIR = CACHE / "smollm2-135m-hf"
+SMOLLM2_DIR = CACHE / "smollm2-135m-hf-v2"  # v2: end of turn fixed (see convert_gguf)
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+END_OF_TURN = "<|im_end|>"
 
 
 def ensure_smollm2() -> Path:
@@ -64,6 +65,10 @@ def convert_gguf(source: Path, target: Path) -> Path:
 
     logger.info("dequantising %s (about 30 s, once)", source / GGUF_FILE)
     tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=GGUF_FILE)
+    # The GGUF's tokenizer metadata comes out with eos = <|im_start|>; the model ends its turns with <|im_end|>
+    # (as the original's tokenizer says): generation stops there, and so must a supervised reply.
+    tokenizer.eos_token = END_OF_TURN
+    tokenizer.pad_token = END_OF_TURN
     loaded = AutoModelForCausalLM.from_pretrained(source, gguf_file=GGUF_FILE, dtype=torch.float32)
     config = loaded.config
     if hasattr(config, "quantization_config"):

@@ -12,6 +12,7 @@ from typing import Any
 __all__ = ["Example", "write_splits", "write_splits_command"]
 
 TaskInputs = Callable[[int], list[dict[str, Any]]]
+Teacher = Callable[[dict[str, Any], list[dict[str, Any]]], Any]  # (task, messages) -> fulmen.testing.Reply
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,8 @@ class Example:
     so the agent samples greedily there). ``agent_pattern`` selects the calls that become transitions
     (``FULMEN_TRANSITIONS_AGENT_PATTERN``, ``re.fullmatch`` on the agent name; None keeps every call);
     ``trained_agents`` are the names it keeps. ``credit`` / ``gamma`` are the trainer's credit assignment.
-    ``max_calls`` bounds the LLM calls of one episode.
+    ``max_calls`` bounds the LLM calls of one episode. ``teacher(task, messages)`` is the reply a perfect model
+    gives at that point of an episode (:mod:`examples.teacher` records its demonstrations for a warm-up).
     """
 
     name: str
@@ -36,6 +38,7 @@ class Example:
     agent_pattern: str | None = None
     credit: str = "broadcast"
     gamma: float = 1.0
+    teacher: Teacher | None = None
 
 
 def write_splits(out: Path, train: Sequence[dict[str, Any]], heldout: Sequence[dict[str, Any]]) -> None:

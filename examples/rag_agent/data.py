@@ -2,7 +2,8 @@
 
 Everything is made up (names are built from syllables with a fixed seed), so no model can know an answer without
 reading the documents. Each person was born in a town, each town lies on a river, each river rises in a
-mountain range; one document states one fact. Questions:
+mountain range; one document states one fact and is titled with the entity it is about (a person's, a town's or
+a river's page, as in an encyclopedia). Questions:
 
 * two hops: "On which river lies the town where <person> was born?" (the person's document, then the town's);
 * three hops: "In which mountains does the river rise that flows through the town where <person> was born?".
@@ -23,7 +24,7 @@ from typing import Any
 
 from examples.spec import write_splits_command
 
-__all__ = ["Corpus", "corpus", "heldout_tasks", "train_tasks"]
+__all__ = ["Corpus", "corpus", "heldout_tasks", "person_of", "train_tasks"]
 
 SEED = 777
 PEOPLE, TOWNS, RIVERS, RANGES = 240, 40, 12, 5
@@ -34,9 +35,10 @@ VOWELS = ("a", "e", "i", "o", "u", "ai", "ou")
 
 @dataclass(frozen=True)
 class Corpus:
-    """The documents (id -> text) and the facts behind them."""
+    """The documents (id -> text), their titles (id -> the entity a document is about) and the facts behind them."""
 
     documents: dict[str, str]
+    titles: dict[str, str]
     born_in: dict[str, str]  # person -> town
     river_of: dict[str, str]  # town -> river
     source_of: dict[str, str]  # river -> mountain range
@@ -61,13 +63,17 @@ def corpus() -> Corpus:
     river_of = {town: r.choice(rivers) for town in towns}
     born_in = {person: r.choice(towns) for person in people}
     documents: dict[str, str] = {}
+    titles: dict[str, str] = {}
     for i, person in enumerate(people):
         documents[f"p{i}"] = f"{person} was born in {born_in[person]} and works as a {r.choice(_JOBS)}."
+        titles[f"p{i}"] = person
     for i, town in enumerate(towns):
         documents[f"t{i}"] = f"{town} is a town on {river_of[town]}, known for its {r.choice(_GOODS)}."
+        titles[f"t{i}"] = town
     for i, river in enumerate(rivers):
         documents[f"r{i}"] = f"{river} rises in {source_of[river]} and is {r.randint(40, 900)} km long."
-    return Corpus(documents, born_in, river_of, source_of)
+        titles[f"r{i}"] = river.removeprefix("the ")
+    return Corpus(documents, titles, born_in, river_of, source_of)
 
 
 _JOBS = ("baker", "weaver", "pilot", "miller", "potter", "teacher", "smith", "clerk")
@@ -92,6 +98,11 @@ def _questions(people: list[str]) -> list[dict[str, Any]]:
                                   f"{person} was born?", "answer": c.source_of[river],
                       "gold_docs": [*path, _doc_id(c, "r", river, rivers)], "hops": 3})  # fmt: skip
     return tasks
+
+
+def person_of(question: str) -> str:
+    """The person a question is about (both question forms end with "where <person> was born?")."""
+    return question.rsplit("where ", 1)[-1].removesuffix(" was born?")
 
 
 def train_tasks(count: int) -> list[dict[str, Any]]:

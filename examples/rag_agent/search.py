@@ -1,4 +1,5 @@
-"""The ``search`` tool's index: SQLite FTS5 over the corpus, ranked by BM25.
+"""The ``search`` tool's index: SQLite FTS5 over the corpus, ranked by BM25 with titles weighted ``TITLE_WEIGHT``
+times the body (searching an entity's name finds its own page first, then the pages that mention it).
 
 Built once per process in memory (a few hundred documents: milliseconds). The model's query is never passed to
 FTS5's query language as is: it is cut into words (letters and digits), each word quoted, and the words joined
@@ -16,6 +17,7 @@ from examples.rag_agent.data import corpus
 
 __all__ = ["search"]
 
+TITLE_WEIGHT = 10.0
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _lock = threading.Lock()
 
@@ -23,8 +25,10 @@ _lock = threading.Lock()
 @functools.cache
 def _index() -> sqlite3.Connection:
     db = sqlite3.connect(":memory:", check_same_thread=False)
-    db.execute("CREATE VIRTUAL TABLE docs USING fts5(id UNINDEXED, text)")
-    db.executemany("INSERT INTO docs VALUES (?, ?)", corpus().documents.items())
+    db.execute("CREATE VIRTUAL TABLE docs USING fts5(id UNINDEXED, title, text)")
+    facts = corpus()
+    db.executemany("INSERT INTO docs VALUES (?, ?, ?)",
+                   [(doc_id, facts.titles[doc_id], text) for doc_id, text in facts.documents.items()])  # fmt: skip
     db.commit()
     return db
 
@@ -36,6 +40,6 @@ def search(query: str, k: int = 2) -> list[tuple[str, str]]:
         return []
     match = " OR ".join(f'"{word}"' for word in words)
     with _lock:
-        rows = _index().execute("SELECT id, text FROM docs WHERE docs MATCH ? ORDER BY bm25(docs) LIMIT ?",
-                                (match, k)).fetchall()  # fmt: skip
+        rows = _index().execute("SELECT id, text FROM docs WHERE docs MATCH ? ORDER BY bm25(docs, 0.0, ?, 1.0) "
+                                "LIMIT ?", (match, TITLE_WEIGHT, k)).fetchall()  # fmt: skip
     return [(str(doc_id), str(text)) for doc_id, text in rows]

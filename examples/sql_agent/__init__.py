@@ -1,9 +1,10 @@
 """Text-to-SQL with a write -> check -> rewrite graph, on LangGraph (see README.md)."""
 
 from examples.spec import Example
-from examples.sql_agent import data
+from examples.sql_agent import data, teacher
 
 EXAMPLE = Example(
     name="sql_agent", framework="LangGraph", agent="examples.sql_agent.agent:run", train_tasks=data.train_tasks,
     heldout_tasks=data.heldout_tasks, trained_agents=("write", "rewrite"), max_calls=6, agent_pattern="write|rewrite",
+    teacher=teacher.teach,
 )  # fmt: skip

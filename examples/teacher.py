@@ -1,0 +1,215 @@
+"""Demonstrations of an example's agent by a scripted teacher, and the warm-up that teaches them to a model.
+
+A small model may never reach a reward with an agent's prompts (SmolLM2-135M-Instruct, zero-shot, solves none of
+the three examples: it ignores the tools and writes prose), and GRPO learns nothing from a group whose rewards
+are all equal. The usual remedy is a short supervised warm-up on demonstrations before RL. Here the
+demonstrations come from the agent itself:
+
+1. :func:`demonstrations` runs the REAL agent (its framework, prompts and tools; ``run(task, llm)`` called as the
+   runner calls it) once per training task against a :class:`fulmen.testing.ScriptedOpenAI` whose replies come
+   from the example's *teacher*, ``teach(task, messages) -> Reply``: what a perfect model would answer at that
+   point of the conversation (it knows the task's gold answer). Episodes whose reward is not full are dropped.
+2. Every recorded call becomes a :class:`~fulmen.algorithm.batch.Sample` exactly as the LLM gateway will see it:
+   the request parsed by the gateway's own parser and rendered with the model's tokenizer and chat template (the
+   prompt ids of a real call), and the teacher's reply as the model must write it: the text the chat template
+   renders for that assistant turn (``<tool_call>`` blocks for tool calls) up to and including end-of-turn.
+3. :func:`warm_up` fine-tunes the model on them (``TorchTrainer.sft_step``, cross-entropy on the replies only)
+   and saves the result, cached by its recipe (examples, tasks, model files, template, steps, learning rate).
+
+Held-out tasks are never demonstrated: pass training tasks only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib.util
+import json
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from examples.spec import Example
+from fulmen.algorithm.batch import Sample
+from fulmen.producers.llm_gateway.protocol import parse_chat
+from fulmen.producers.runner.agent import LLMEndpoint, call_agent, load_agent
+from fulmen.testing import RecordedRequest, Reply, ScriptedOpenAI
+
+__all__ = ["Demonstration", "WarmupPlan", "demonstrations", "end_token_ids", "reply_message", "samples_of", "warm_up"]
+
+log = logging.getLogger(__name__)
+
+FULL_REWARD = 0.999
+"""A demonstration episode is kept when the agent's reward reaches this (a teacher reply the agent could not use
+is a teacher bug, or a framework that behaves unexpectedly: either way not something to imitate)."""
+MARKER = "warmup.json"
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """One episode of the teacher: the task, the agent's reward, and each call (request body, teacher's reply)."""
+
+    task: dict[str, Any]
+    reward: float | None
+    calls: list[tuple[dict[str, Any], Reply]]
+
+
+@dataclass(frozen=True)
+class WarmupPlan:
+    """``steps`` supervised updates of ``batch`` samples each (drawn in turn from every demonstrated call), at
+    learning rate ``lr``, micro-batches of ``micro_batch_size``."""
+
+    steps: int = 40
+    batch: int = 16
+    lr: float = 2e-5
+    micro_batch_size: int = 4
+    seed: int = 0
+
+
+def demonstrations(example: Example, tasks: Sequence[dict[str, Any]], concurrency: int = 8) -> list[Demonstration]:
+    """Run ``example``'s agent on each task against its teacher (module docstring); the full-reward episodes."""
+    agent = load_agent(example.agent)
+    teacher = example.teacher
+    if teacher is None:
+        raise ValueError(f"the {example.name} example has no teacher to demonstrate with")
+
+    def script(request: RecordedRequest) -> Reply:
+        index = int(request.path.split("/")[2])  # /task/<index>/v1/chat/completions
+        return teacher(tasks[index], list(request.body.get("messages") or []))
+
+    async def episodes(server: ScriptedOpenAI) -> list[float | None]:
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(index: int) -> float | None:
+            llm = LLMEndpoint(base_url=server.url(f"/task/{index}"), model="teacher", api_key="teacher")
+            async with gate:
+                return await call_agent(agent, dict(tasks[index]), llm)
+
+        return list(await asyncio.gather(*(one(i) for i in range(len(tasks)))))
+
+    with ScriptedOpenAI(script) as server:
+        rewards = asyncio.run(episodes(server))
+        recorded = server.chat_requests()
+    shown: list[Demonstration] = []
+    for index, reward in enumerate(rewards):
+        calls = [(r.body, r.reply) for r in recorded if r.path.startswith(f"/task/{index}/") and r.reply is not None]
+        if reward is None or reward < FULL_REWARD:
+            log.warning("%s: the teacher's episode on task %d got reward %s; left out", example.name, index, reward)
+            continue
+        shown.append(Demonstration(dict(tasks[index]), reward, calls))
+    return shown
+
+
+def reply_message(reply: Reply) -> dict[str, Any]:
+    """The OpenAI assistant message of ``reply`` (what the agent's next request will carry back)."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    if reply.tool_calls:
+        message["tool_calls"] = [
+            {"id": f"call_{i}", "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            for i, call in enumerate(reply.tool_calls)
+        ]
+    return message
+
+
+def samples_of(shown: Sequence[Demonstration], tokenizer: Any, end_ids: set[int]) -> list[Sample]:
+    """One supervised sample per demonstrated call, as the gateway renders it with ``tokenizer`` (whose
+    ``chat_template`` is the one the gateway serves the model with); a reply ends at the first of ``end_ids``
+    (the tokens the gateway stops generating at: the model's and the tokenizer's end-of-sequence ids)."""
+    samples = []
+    for demonstration in shown:
+        for body, reply in demonstration.calls:
+            request = parse_chat(body, max_n=1)
+            prompt = tokenizer.apply_chat_template(request.messages, tools=request.tools, tokenize=False,
+                                                   add_generation_prompt=True)  # fmt: skip
+            whole = tokenizer.apply_chat_template([*request.messages, reply_message(reply)], tools=request.tools,
+                                                  tokenize=False)  # fmt: skip
+            if not whole.startswith(prompt):
+                raise ValueError("the chat template renders the conversation differently once the reply is added; "
+                                 "cannot tell the reply's text apart")  # fmt: skip
+            reply_ids = _through_end_of_turn(tokenizer, whole[len(prompt) :], end_ids)
+            prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            samples.append(Sample(prompt_token_ids=prompt_ids, response_token_ids=reply_ids))
+    return samples
+
+
+def _through_end_of_turn(tokenizer: Any, text: str, end_ids: set[int]) -> list[int]:
+    """The reply's token ids up to and including the first end token (what the gateway stops generating at)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ends = [i for i, token in enumerate(ids) if token in end_ids]
+    if not ends:
+        raise ValueError(f"the chat template wrote no end-of-turn token (one of {sorted(end_ids)}) after the reply")
+    return ids[: ends[0] + 1]
+
+
+def end_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    """The ids the LLM gateway's transformers backend stops at: the model's generation eos and the tokenizer's."""
+    found = model.generation_config.eos_token_id
+    ids = set(found if isinstance(found, list) else [found] if found is not None else [])
+    return ids | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+
+
+def _recipe(example: Example, tasks: Sequence[dict[str, Any]], model: Path, chat_template: str | None,
+            plan: WarmupPlan) -> str:  # fmt: skip
+    digest = hashlib.sha256()
+    digest.update(json.dumps([example.name, list(tasks), chat_template, plan.__dict__], sort_keys=True,
+                             default=str).encode())  # fmt: skip
+    for name in ("config.json", "tokenizer.json", "model.safetensors"):
+        path = model / name
+        if path.is_file():
+            stat = path.stat()
+            digest.update(f"{name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    for module in (example.agent.split(":")[0], f"examples.{example.name}.teacher"):  # a changed agent or teacher
+        spec = importlib.util.find_spec(module)
+        if spec is not None and spec.origin:
+            digest.update(Path(spec.origin).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def warm_up(example: Example, model: Path, tasks: Sequence[dict[str, Any]], out: Path, *,
+            plan: WarmupPlan | None = None, chat_template: str | None = None,
+            on_step: Callable[[int, int, float], None] = lambda *_: None) -> Path:  # fmt: skip
+    """``model`` fine-tuned on the teacher's demonstrations of ``tasks``, saved as ``out/<recipe>/model`` (reused
+    when that exists). ``chat_template`` is the one the gateway will serve with (None: the model's own)."""
+    from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig
+
+    plan = plan or WarmupPlan()
+    target = out / _recipe(example, tasks, model, chat_template, plan) / "model"
+    if (target / MARKER).is_file():
+        log.info("reusing the warmed-up model at %s", target)
+        return target
+    trainer = TorchTrainer(TorchTrainerConfig(model_path=model, device="cpu", dtype="float32", lr=plan.lr,
+                                              micro_batch_size=plan.micro_batch_size, seed=plan.seed))  # fmt: skip
+    if chat_template:
+        trainer.tokenizer.chat_template = chat_template
+    shown = demonstrations(example, tasks)
+    samples = samples_of(shown, trainer.tokenizer, end_token_ids(trainer.model, trainer.tokenizer))
+    if not samples:
+        raise RuntimeError(f"the {example.name} teacher demonstrated nothing: no episode reached a full reward")
+    log.info("%s: %d demonstrated episodes, %d calls; warming up %d steps", example.name, len(shown), len(samples),
+             plan.steps)  # fmt: skip
+    order = list(range(len(samples)))
+    random.Random(plan.seed).shuffle(order)
+    loss = float("nan")
+    for step in range(plan.steps):
+        picked = [samples[order[(step * plan.batch + i) % len(order)]] for i in range(min(plan.batch, len(order)))]
+        loss = trainer.sft_step(picked).loss
+        on_step(step + 1, plan.steps, loss)
+    trainer.save(target)
+    (target / MARKER).write_text(
+        json.dumps(
+            {
+                "example": example.name,
+                "tasks": len(tasks),
+                "episodes": len(shown),
+                "calls": len(samples),
+                "plan": plan.__dict__,
+                "last_loss": loss,
+            }
+        )
+        + "\n"
+    )
+    log.info("%s: warmed up in %d steps (last loss %.4f): %s", example.name, plan.steps, loss, target)
+    return target

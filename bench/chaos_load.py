@@ -61,6 +61,7 @@ class SpanLoad:
     acks: list[float] = field(default_factory=list)  # wall time of every 200
     retries: int = 0
     statuses: dict[str, int] = field(default_factory=dict)  # non-200 outcomes seen, by status or error name
+    failures: list[float] = field(default_factory=list)  # wall time of every non-200 outcome
     _count: int = 0
 
     def _encode(self) -> tuple[list[str], bytes]:
@@ -116,6 +117,7 @@ class SpanLoad:
 
     def _count_status(self, key: str) -> None:
         self.statuses[key] = self.statuses.get(key, 0) + 1
+        self.failures.append(time.time())
 
 
 @dataclass

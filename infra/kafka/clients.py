@@ -38,10 +38,14 @@ T = TypeVar("T")
 
 
 def connection_kwargs(settings: FulmenSettings) -> dict[str, Any]:
-    """Bootstrap, client id and the SASL/SSL options shared by every client."""
+    """Bootstrap, client id and the SASL/SSL options shared by every client.
+
+    The bootstrap servers are a list, one entry per server: aiokafka splits a string itself, but faststream's
+    broker wraps a string in a list, which aiokafka then reads as one host named ``a:9092,b`` (port of the last).
+    """
     kafka = settings.kafka
     kwargs: dict[str, Any] = {
-        "bootstrap_servers": settings.bootstrap,
+        "bootstrap_servers": [server.strip() for server in settings.bootstrap.split(",") if server.strip()],
         "client_id": kafka.client_id,
         "request_timeout_ms": kafka.request_timeout_ms,
         "security_protocol": kafka.security_protocol,

@@ -161,7 +161,9 @@ def kafka_status(
         if not status.any_running:
             raise typer.Exit(3)
         if len(status.nodes) > 1:
-            console.print(f"controller quorum leader: node {local.quorum_leader()}")
+            leader = local.quorum_leader()
+            shown = f"node {leader}" if leader else "none running (an election is under way)"
+            console.print(f"controller quorum leader: {shown}")
     info = asyncio.run(cluster_info(settings))
     brokers_seen = ", ".join(f"{b['node_id']}={b['host']}:{b['port']}" for b in info["brokers"])
     console.print(f"cluster {info['cluster_id']}: controller {info['controller_id']}, brokers {brokers_seen}")

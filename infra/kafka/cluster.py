@@ -118,11 +118,13 @@ class LocalCluster:
 
     def quorum_leader(self) -> int | None:
         """The node that leads the controller quorum (the active controller), as the running nodes last recorded
-        it (``quorum-state`` in each node's metadata log); None if none knows. Clients cannot ask for it: the
-        metadata a broker answers names some broker as "controller", not the quorum's leader."""
+        it (``quorum-state`` in each node's metadata log); None if none knows a running leader (an election is
+        under way). Clients cannot ask for it: the metadata a broker answers names some broker as "controller",
+        not the quorum's leader."""
         best: tuple[int, int] | None = None
+        running = {node.node_id for node in self.nodes if node.status().running}
         for node in self.nodes:
-            if not node.status().running:
+            if node.node_id not in running:
                 continue
             with contextlib.suppress(OSError, ValueError, KeyError):
                 text = (node.logs_dir / "__cluster_metadata-0" / "quorum-state").read_text()
@@ -130,7 +132,7 @@ class LocalCluster:
                 epoch, leader = int(state["leaderEpoch"]), int(state["leaderId"])
                 if leader >= 0 and (best is None or epoch > best[0]):
                     best = (epoch, leader)
-        return None if best is None else best[1]
+        return best[1] if best is not None and best[1] in running else None
 
     def status(self) -> ClusterStatus:
         return ClusterStatus([n.status() for n in self.nodes], self.bootstrap, self.home)

@@ -167,4 +167,11 @@ def test_the_quorum_leader_is_read_from_the_running_nodes(tmp_path: Path, stand_
         state.parent.mkdir(parents=True)
         state.write_text(json.dumps({"leaderId": leader, "leaderEpoch": epoch, "votedId": -1}))
     assert cluster.quorum_leader() == 3  # the latest epoch wins
+    stand_ins[2].kill()  # node 3 dies: the others still name it until they elect another
+    stand_ins[2].wait()
+    state = cluster.nodes[0].logs_dir / "__cluster_metadata-0" / "quorum-state"
+    state.write_text(json.dumps({"leaderId": 3, "leaderEpoch": 5, "votedId": -1}))
+    assert cluster.quorum_leader() is None
+    state.write_text(json.dumps({"leaderId": 1, "leaderEpoch": 6, "votedId": 1}))
+    assert cluster.quorum_leader() == 1
     stop_all(tmp_path, grace_s=10)

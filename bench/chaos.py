@@ -1,15 +1,17 @@
 """Crash benchmark: kill -9 each Fulmen process in turn under load, restart it, and count what was lost or doubled.
 
 Starts the whole system as a user would, each part its own process on loopback with its own ``FULMEN_HOME``
-and free ports: a local Kafka broker (:class:`fulmen.infra.kafka.local.LocalKafka`), ``fulmen consume`` (owns a fresh
-embedded store, serves reads), ``fulmen otlp-gateway``, ``fulmen llm-gateway --model DIR`` on the tiny model
-(``algorithm/tiny_model.py``, version 0), ``fulmen runner --agent bench.chaos_agent:run`` and ``fulmen train``
-on the same model (GRPO, groups of rollouts dispatched through the runner). The load: OTLP span batches from
-the bench's client, direct chat completions, ``fulmen submit`` of a few tasks per phase, and the trainer's own
-rollouts (each makes two LLM calls through the rollout-scoped gateway path and one agent span).
+and free ports: a local Kafka (:class:`fulmen.infra.kafka.cluster.LocalCluster`: one node, or a cluster of
+``--brokers N``), ``fulmen consume`` (owns a fresh embedded store, serves reads), ``fulmen otlp-gateway``,
+``fulmen llm-gateway --model DIR`` on the tiny model (``algorithm/tiny_model.py``, version 0),
+``fulmen runner --agent bench.chaos_agent:run`` and ``fulmen train`` on the same model (GRPO, groups of rollouts
+dispatched through the runner). The load: OTLP span batches from the bench's client, direct chat completions,
+``fulmen submit`` of a few tasks per phase, and the trainer's own rollouts (each makes two LLM calls through the
+rollout-scoped gateway path and one agent span).
 
 Phases, one per component, in this order: trainer, otlp_gateway, llm_gateway, runner, consume, broker. In each:
-``fulmen submit`` a few tasks and load for ``pre_s``; SIGKILL the process (the broker: its JVM); wait ``down_s``;
+``fulmen submit`` a few tasks and load for ``pre_s``; SIGKILL the process (the broker: its JVM; of a cluster, the
+node that leads the controller quorum, the others running on); wait ``down_s`` (a cluster node: ``cluster_down_s``);
 start it again (same settings, same data) and submit a few more tasks; wait until it has done a new unit of work
 (``recovery_s``); load for ``post_s``. A process other than the killed one that exits is restarted and reported
 under ``unexpected_exits``. Then the drain: the trainer is stopped (SIGTERM), the load stops, and the bench
@@ -55,7 +57,7 @@ from bench.chaos_count import DEFINITIONS, Phases, count_all
 from bench.chaos_load import LlmLoad, SpanLoad, TopicTail, first_after, read_topic
 from bench.chaos_procs import Broker, Fleet, Proc, fulmen_command
 from fulmen.infra.kafka.admin import ensure_topics
-from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.kafka.cluster import LocalCluster
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
 from fulmen.infra.store import RemoteReader
 from fulmen.schemas import ModelVersion, RolloutEvent, RolloutRequest, TopicKey, TrainStep, TransitionBatch
@@ -74,6 +76,7 @@ class Plan:
     down_s: float = 3.0
     post_s: float = 12.0
     recover_timeout_s: float = 240.0  # a restarted trainer loads torch and the model first (100 s seen)
+    cluster_down_s: float = 20.0  # a node of a cluster stays down longer: the others must take over meanwhile
     drain_s: float = 150.0
     train_steps: int = 200  # more than the phases take: training goes on under every kill (drain stops it)
     submit_tasks: int = 4
@@ -106,12 +109,12 @@ def free_port() -> int:
 class Chaos:
     """One run: the fleet, the load, the phases; :meth:`run` returns the report."""
 
-    def __init__(self, plan: Plan, home: Path) -> None:
+    def __init__(self, plan: Plan, home: Path, brokers: int = 1) -> None:
         self.plan = plan
         self.home = home
         self.ports = Ports(*(free_port() for _ in range(5)))
-        broker = LocalKafka(BrokerSettings(port=self.ports.broker, controller_port=self.ports.controller),
-                            home / "kafka")  # fmt: skip
+        nodes = [(self.ports.broker, self.ports.controller)] + [(free_port(), free_port()) for _ in range(brokers - 1)]
+        broker = LocalCluster(BrokerSettings(heap="512m" if brokers > 1 else "768m"), home / "kafka", brokers, nodes)
         self.fleet = Fleet(Broker(broker))
         self.settings = FulmenSettings(home=home, kafka={"bootstrap": broker.bootstrap})
         self.calls_file = home / "agent-calls.jsonl"
@@ -220,7 +223,8 @@ class Chaos:
         target = self.fleet.broker if name == "broker" else self.fleet.procs[name]
         pid = await asyncio.to_thread(target.kill9)
         killed = time.time()
-        await asyncio.sleep(self.plan.down_s)
+        cluster = name == "broker" and len(self.fleet.broker.kafka.nodes) > 1
+        await asyncio.sleep(self.plan.cluster_down_s if cluster else self.plan.down_s)
         restarted = await asyncio.to_thread(target.start)
         if isinstance(target, Proc):
             await asyncio.to_thread(target.wait_ready, 240.0)
@@ -231,9 +235,17 @@ class Chaos:
                                       f"{name} to recover", fail=False)  # fmt: skip
         self.results[name] = {"pid_killed": pid, "down_s": round(restarted - killed, 2),
                               "recovery_s": None if recovered is None else round(recovered - restarted, 2)}  # fmt: skip
+        if cluster:  # the other nodes ran on: how the clients fared before the killed node came back
+            self.results[name] |= self._without_a_node(killed, restarted)
         await asyncio.gather(submit, submit_after)
         await asyncio.sleep(self.plan.post_s)
         await self._check_others(name)
+
+    def _without_a_node(self, killed: float, restarted: float) -> dict[str, Any]:
+        """The killed node, and how the span clients fared from the kill to its restart (:meth:`SpanLoad.outage`)."""
+        broker = self.fleet.broker
+        return {"node_killed": broker.killed_node, "quorum_leader_after": broker.kafka.quorum_leader(),
+                "spans_while_down": self.spans.outage(killed, restarted)}  # fmt: skip
 
     async def _check_others(self, killed: str) -> None:
         """Restart any process that exited on its own (reported under ``unexpected_exits``)."""
@@ -340,6 +352,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short phases (about 5 minutes in all)")
     parser.add_argument("--keep", action="store_true", help="keep the run's directory (logs, store) afterwards")
     parser.add_argument("--only", default=",".join(COMPONENTS), help=f"components to kill, of {','.join(COMPONENTS)}")
+    parser.add_argument("--brokers", type=int, default=1,
+                        help="local Kafka nodes; more than 1: the broker phase kills the quorum leader")  # fmt: skip
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     for noisy in ("httpx", "aiokafka"):
@@ -350,7 +364,9 @@ def main() -> None:
         parser.error(f"unknown component(s) {', '.join(sorted(unknown))}")
     home = Path(tempfile.mkdtemp(prefix="fulmen-chaos-"))
     print(f"run directory {home}", file=sys.stderr)
-    chaos = Chaos(Plan.quick() if args.quick else Plan(), home)
+    if args.brokers < 1:
+        parser.error("--brokers must be at least 1")
+    chaos = Chaos(Plan.quick() if args.quick else Plan(), home, args.brokers)
     report = None
     try:
         report = asyncio.run(chaos.run(only))

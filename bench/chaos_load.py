@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import time
@@ -61,6 +62,7 @@ class SpanLoad:
     acks: list[float] = field(default_factory=list)  # wall time of every 200
     retries: int = 0
     statuses: dict[str, int] = field(default_factory=dict)  # non-200 outcomes seen, by status or error name
+    failures: list[float] = field(default_factory=list)  # wall time of every non-200 outcome
     _count: int = 0
 
     def _encode(self) -> tuple[list[str], bytes]:
@@ -114,8 +116,26 @@ class SpanLoad:
             return min(float(answer.headers.get("Retry-After", "0.5")), 2.0)
         return 0.5
 
+    def outage(self, start: float, end: float | None = None) -> dict[str, float | int | None]:
+        """What the client saw from ``start`` (a kill) to ``end`` (a restart; None: now): the POSTs that failed,
+        seconds from the first of them to the next 200 (``unavailable_s``; 0 without failures), from ``start`` to
+        the first 200 (``first_ack_s``; None if none came before ``end``) and the longest wait between two 200s
+        from a second before ``start`` (``longest_ack_gap_s``: slow acknowledgements count too)."""
+        end = time.time() if end is None else end
+        failures = [t for t in self.failures if start <= t < end]
+        recovered = first_after(self.acks, failures[-1]) if failures else None
+        first = first_after(self.acks, start)
+        acks = [t for t in self.acks if start - 1.0 <= t < end]
+        return {
+            "failed_posts": len(failures),
+            "unavailable_s": round(recovered - failures[0], 2) if failures and recovered else 0.0,
+            "first_ack_s": None if first is None or first >= end else round(first - start, 2),
+            "longest_ack_gap_s": round(max((b - a for a, b in itertools.pairwise(acks)), default=0.0), 2),
+        }
+
     def _count_status(self, key: str) -> None:
         self.statuses[key] = self.statuses.get(key, 0) + 1
+        self.failures.append(time.time())
 
 
 @dataclass

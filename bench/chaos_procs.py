@@ -2,8 +2,8 @@
 
 Each :class:`Proc` is one ``fulmen`` command (the console script next to this Python, as a user would run it) in
 its own session, configured only by ``FULMEN_*`` variables, its output appended to ``<home>/logs/<name>.log``.
-:class:`Broker` wraps :class:`fulmen.infra.kafka.local.LocalKafka` the same way (kill -9 of the JVM, restart on the same
-data directory). :class:`Fleet` holds them all and stops every one of them (SIGTERM, then SIGKILL) on
+:class:`Broker` wraps :class:`fulmen.infra.kafka.cluster.LocalCluster` the same way (kill -9 of a JVM, restart on the
+same data directory). :class:`Fleet` holds them all and stops every one of them (SIGTERM, then SIGKILL) on
 :meth:`Fleet.stop`, also when the bench fails or is interrupted.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from fulmen.infra.kafka.local import LocalKafka, process_alive
+from fulmen.infra.kafka.cluster import LocalCluster
 
 __all__ = ["Broker", "Fleet", "Proc", "fulmen_command"]
 
@@ -117,16 +117,19 @@ class Proc:
 
 
 class Broker:
-    """The local broker: started, SIGKILLed (the JVM) and restarted on the same data directory."""
+    """The local Kafka: started, SIGKILLed and restarted on the same data directory. One node: its JVM; a
+    cluster: the node that leads the controller quorum (the other nodes keep running, as in a real outage)."""
 
     name = "broker"
 
-    def __init__(self, kafka: LocalKafka) -> None:
+    def __init__(self, kafka: LocalCluster) -> None:
         self.kafka = kafka
         self.started_at = 0.0
         self.exits: list[int] = []
+        self.killed_node: int | None = None
 
     def start(self) -> float:
+        """Start what does not run (after a kill: the killed node)."""
         self.started_at = time.time()
         self.kafka.start()
         return self.started_at
@@ -136,15 +139,9 @@ class Broker:
         return self.kafka.status().running
 
     def kill9(self) -> int:
-        pid = self.kafka.status().pid
-        if pid is None:
-            raise RuntimeError("the broker is not running")
-        os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while process_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        log.info("killed the broker (pid %d) with SIGKILL", pid)
-        return pid
+        node = self.kafka.quorum_leader() if len(self.kafka.nodes) > 1 else None
+        self.killed_node = node if node is not None else self.kafka.nodes[0].node_id
+        return self.kafka.kill(self.killed_node)
 
     def stop(self, grace_s: float) -> None:
         with contextlib.suppress(Exception):

@@ -1,4 +1,5 @@
-"""Start what is missing: the local broker (in local mode) and the topics; the store and its tables."""
+"""Start what is missing: the local Kafka (in local mode: one node or a cluster) and the topics; the store and its
+tables."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import logging
 from dataclasses import dataclass
 
 from fulmen.infra.kafka.admin import TopicState, cluster_info, ensure_topics
-from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.kafka.cluster import LocalCluster
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 
@@ -19,24 +20,28 @@ log = logging.getLogger(__name__)
 @dataclass
 class KafkaReady:
     bootstrap: str
-    started: LocalKafka | None  # the broker this call started (stop it when done), None if it was running or remote
+    started: LocalCluster | None  # the local Kafka this call started (stop it when done); None if it ran or is remote
     topics: list[TopicState]
 
 
 def ensure_kafka(settings: FulmenSettings, *, start: bool = True) -> KafkaReady:
-    """In local mode start the broker unless it runs; then create or update the topics.
+    """In local mode start the local Kafka's nodes that do not run (``FULMEN_BROKER_NODES`` of them); then create
+    or update the topics.
 
     With ``FULMEN_KAFKA_BOOTSTRAP`` nothing is started: the cluster must answer (BrokerUnavailableError if
-    not). With ``start=False`` a local broker that is not running is an error too.
+    not). With ``start=False`` a local Kafka that does not answer is an error too (a cluster with a node down
+    that answers is used as it is).
     """
     started = None
     if settings.local_kafka:
-        broker = LocalKafka.from_settings(settings)
-        if not broker.status().running:
+        local = LocalCluster.from_settings(settings)
+        status = local.status()
+        if not status.running:
             if not start:
                 asyncio.run(cluster_info(settings))  # raises BrokerUnavailableError with the hint
-            broker.start()
-            started = broker
+            else:
+                local.start()
+                started = None if status.any_running else local
     else:
         asyncio.run(cluster_info(settings))
     topics = asyncio.run(ensure_topics(settings))

@@ -63,16 +63,23 @@ class KafkaSettings(BaseModel):
 
 
 class BrokerSettings(BaseModel):
-    """The local single-node Apache Kafka that Fulmen starts when no bootstrap is given."""
+    """The local Apache Kafka (KRaft) that Fulmen starts when no bootstrap is given: one node, or a cluster of
+    ``nodes`` (each a broker and a controller in its own JVM; node i listens on ``port + 2(i-1)`` and
+    ``controller_port + 2(i-1)``)."""
 
     version: str = Field(default="4.1.1", pattern=r"^4\.\d+\.\d+$")
     host: str = "127.0.0.1"
     port: int = Field(default=9092, ge=1, le=65535)
     controller_port: int = Field(default=9093, ge=1, le=65535)
+    nodes: int = Field(default=1, ge=1, le=9, description="local KRaft nodes; 3 = replication factor 3, min ISR 2")
     data_dir: Path | None = Field(default=None, description="default: $FULMEN_HOME/kafka")
     cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "fulmen")
-    heap: str = Field(default="768m", pattern=r"^\d+[mMgG]$")
+    heap: str = Field(default="768m", pattern=r"^\d+[mMgG]$", description="JVM heap of each node")
     start_timeout_s: float = Field(default=60.0, gt=0)
+
+    def node_ports(self) -> list[tuple[int, int]]:
+        """(client port, controller port) of each local node, node 1 first."""
+        return [(self.port + 2 * i, self.controller_port + 2 * i) for i in range(self.nodes)]
 
 
 class ClickHouseSettings(BaseModel):
@@ -139,8 +146,11 @@ class FulmenSettings(BaseSettings):
 
     @property
     def bootstrap(self) -> str:
-        """The bootstrap servers clients use, local or not."""
-        return self.kafka.bootstrap or f"{self.broker.host}:{self.broker.port}"
+        """The bootstrap servers clients use, local or not (a local cluster: every node, so that a client
+        starting while one node is down still finds the others)."""
+        if self.kafka.bootstrap:
+            return self.kafka.bootstrap
+        return ",".join(f"{self.broker.host}:{port}" for port, _ in self.broker.node_ports())
 
     @property
     def broker_data_dir(self) -> Path:

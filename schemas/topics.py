@@ -17,7 +17,18 @@ from enum import StrEnum
 
 from fulmen.schemas.events import Event, ModelVersion, RolloutEvent, RolloutRequest, TrainStep, TransitionBatch
 
-__all__ = ["GROUPS", "TOPICS", "GroupKey", "Topic", "TopicKey", "group_name", "topic", "topic_name"]
+__all__ = [
+    "GROUPS",
+    "MIN_INSYNC_REPLICAS",
+    "TOPICS",
+    "GroupKey",
+    "Topic",
+    "TopicKey",
+    "group_name",
+    "min_insync_replicas",
+    "topic",
+    "topic_name",
+]
 
 
 class TopicKey(StrEnum):
@@ -33,6 +44,23 @@ class TopicKey(StrEnum):
 
 
 _DAY_MS = 24 * 3600 * 1000
+
+MIN_INSYNC_REPLICAS = 2
+"""``min.insync.replicas`` of every Fulmen topic replicated 3 times or more.
+
+Every one of the topics carries data that exists nowhere else once Kafka acknowledged it: the spans (the gateway
+answered 200, the agent dropped its copy), the tasks (a lost request is a rollout never run), the rollouts (the
+rewards), the transitions (what the trainer learns from), the models (which checkpoint is current: the gateways
+follow it), the metrics (the training history; the store's ``train_steps`` is materialised from it) and the dead
+letters (the only record of why an input was refused, kept longer than its source). Producers write with
+``acks=all``: with 3 replicas and 2 in sync an acknowledged record is on two machines, and losing one node keeps
+every topic writable. Fewer than 3 replicas keep the cluster's default (1 on a single broker: writable at all)."""
+
+
+def min_insync_replicas(replication_factor: int) -> int | None:
+    """The ``min.insync.replicas`` Fulmen sets on a topic with ``replication_factor`` replicas (None: leave the
+    cluster's default)."""
+    return MIN_INSYNC_REPLICAS if replication_factor >= 3 else None
 
 
 @dataclass(frozen=True)

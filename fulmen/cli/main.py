@@ -82,51 +82,93 @@ def friendly(fn: F) -> F:
 # --- kafka ---------------------------------------------------------------------------------------------------
 @kafka_app.command("up")
 @friendly
-def kafka_up() -> None:
-    """Start the local broker (unless FULMEN_KAFKA_BOOTSTRAP points elsewhere) and create the topics."""
+def kafka_up(
+    brokers: Annotated[
+        int | None, typer.Option(help="nodes of the local KRaft cluster (FULMEN_BROKER_NODES, default 1)", min=1)
+    ] = None,
+) -> None:
+    """Start the local Kafka (unless FULMEN_KAFKA_BOOTSTRAP points elsewhere) and create the topics."""
     from fulmen.infra.services import ensure_kafka
 
     settings = _settings()
+    if brokers is not None:
+        if not settings.local_kafka:
+            raise FulmenError(
+                f"--brokers starts a local cluster, but FULMEN_KAFKA_BOOTSTRAP={settings.bootstrap} points at an "
+                "existing one: unset it to start a local cluster"
+            )
+        settings.broker.nodes = brokers
+        settings = FulmenSettings.model_validate(settings.model_dump())  # re-check (ports of every node)
     with console.status("starting Kafka and creating topics..."):
         ready = ensure_kafka(settings)
-    where = "local broker" if settings.local_kafka else "cluster"
+    nodes = settings.broker.nodes
+    where = "local broker" if nodes == 1 else f"local cluster of {nodes} nodes"
+    where = where if settings.local_kafka else "cluster"
     console.print(f"Kafka {where} ready at [bold]{ready.bootstrap}[/]")
+    if settings.local_kafka and nodes > 1:
+        console.print(
+            f"other processes: FULMEN_BROKER_NODES={nodes} (local mode: starts what is missing) or "
+            f"FULMEN_KAFKA_BOOTSTRAP={ready.bootstrap} (use it as it is)"
+        )
     _print_topics(ready.topics)
 
 
 @kafka_app.command("down")
 @friendly
 def kafka_down() -> None:
-    """Stop the local broker (controlled shutdown)."""
-    from fulmen.infra.kafka.local import LocalKafka
+    """Stop the local Kafka: every node that runs from the data directory, single node or cluster (controlled
+    shutdown)."""
+    from fulmen.infra.kafka.cluster import stop_all
 
     settings = _settings()
     if not settings.local_kafka:
         console.print(f"FULMEN_KAFKA_BOOTSTRAP={settings.bootstrap}: not a local broker, nothing to stop")
         return
-    stopped = LocalKafka.from_settings(settings).stop()
-    console.print("local Kafka stopped" if stopped else "local Kafka was not running")
+    stopped = stop_all(settings.broker_data_dir)
+    if not stopped:
+        console.print("local Kafka was not running")
+    elif len(stopped) == 1 and stopped[0].data_dir == settings.broker_data_dir:
+        console.print("local Kafka stopped")
+    else:
+        console.print("local Kafka stopped: " + ", ".join(f"node {s.node_id} ({s.bootstrap})" for s in stopped))
 
 
 @kafka_app.command("status")
 @friendly
-def kafka_status() -> None:
-    """Whether the broker answers, and where its data and log are."""
+def kafka_status(
+    brokers: Annotated[int | None, typer.Option(help="nodes of the local cluster (FULMEN_BROKER_NODES)", min=1)] = None,
+) -> None:
+    """Whether the local Kafka's nodes run and the cluster answers, and where their data and logs are."""
     from fulmen.infra.kafka.admin import cluster_info
-    from fulmen.infra.kafka.local import LocalKafka
+    from fulmen.infra.kafka.cluster import LocalCluster, running_layouts
 
     settings = _settings()
+    if brokers is not None:
+        settings.broker.nodes = brokers
     if settings.local_kafka:
-        status = LocalKafka.from_settings(settings).status()
-        state = f"running (pid {status.pid})" if status.running else "stopped"
-        console.print(
-            f"local Kafka: {state} at {status.bootstrap}\n  data: {status.data_dir}\n  log:  {status.log_file}"
-        )
-        if not status.running:
+        local = LocalCluster.from_settings(settings)
+        status = local.status()
+        for node in status.nodes:
+            state = f"running (pid {node.pid})" if node.running else "stopped"
+            name = "local Kafka" if len(status.nodes) == 1 else f"local Kafka node {node.node_id}"
+            console.print(f"{name}: {state} at {node.bootstrap}\n  data: {node.data_dir}\n  log:  {node.log_file}")
+        others = {n: s for n, s in running_layouts(settings.broker_data_dir).items() if n != len(status.nodes)}
+        for size, nodes in others.items():
+            what = "a single-node local Kafka" if size == 1 else f"a cluster of {size} nodes"
+            pids = ", ".join(str(n.pid) for n in nodes)
+            console.print(f"[yellow]also running from {settings.broker_data_dir}:[/] {what} (pid {pids}): "
+                          f"`fulmen kafka status --brokers {size}`")  # fmt: skip
+        if not status.any_running:
             raise typer.Exit(3)
+        if len(status.nodes) > 1:
+            leader = local.quorum_leader()
+            shown = f"node {leader}" if leader else "none running (an election is under way)"
+            console.print(f"controller quorum leader: {shown}")
     info = asyncio.run(cluster_info(settings))
-    brokers = ", ".join(f"{b['host']}:{b['port']}" for b in info["brokers"])
-    console.print(f"cluster {info['cluster_id']}: controller {info['controller_id']}, brokers {brokers}")
+    brokers_seen = ", ".join(f"{b['node_id']}={b['host']}:{b['port']}" for b in info["brokers"])
+    console.print(f"cluster {info['cluster_id']}: controller {info['controller_id']}, brokers {brokers_seen}")
+    if settings.local_kafka and not status.running:
+        raise typer.Exit(4)  # answers, but a node is down
 
 
 @kafka_app.command("topics")
@@ -144,17 +186,19 @@ def kafka_topics(create: Annotated[bool, typer.Option(help="create missing topic
 @friendly
 def kafka_fetch() -> None:
     """Download the Kafka jars from Maven Central into the cache (done automatically by `up`)."""
-    from fulmen.infra.kafka.local import LocalKafka
+    from fulmen.infra.kafka.cluster import LocalCluster
 
-    console.print(f"Kafka jars in {LocalKafka.from_settings(_settings()).fetch()}")
+    console.print(f"Kafka jars in {LocalCluster.from_settings(_settings()).fetch()}")
 
 
 def _print_topics(states: list[Any]) -> None:
-    table = Table("topic", "partitions", "settings", "state")
+    table = Table("topic", "partitions", "replicas", "in sync", "settings", "state")
     for s in states:
         config = ", ".join(f"{k}={v}" for k, v in sorted(s.config.items()))
         state = s.action or ("exists" if s.exists else "[red]missing[/]")
-        table.add_row(s.name, str(s.partitions) if s.exists else "-", config, state)
+        in_sync = str(s.in_sync) if s.in_sync >= s.replicas else f"[red]{s.in_sync}[/]"
+        shown = (str(s.partitions), str(s.replicas), in_sync) if s.exists else ("-", "-", "-")
+        table.add_row(s.name, *shown, config, state)
     console.print(table)
 
 

@@ -14,7 +14,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from fulmen.infra.errors import ConfigurationError, RetryableError
 from fulmen.infra.kafka.clients import admin_client, call_or_raise, start_or_raise
 from fulmen.infra.settings import FulmenSettings
-from fulmen.schemas.topics import TOPICS, Topic, topic_name
+from fulmen.schemas.topics import TOPICS, Topic, min_insync_replicas, topic_name
 
 __all__ = ["TopicState", "cluster_info", "describe_topics", "ensure_topics", "partition_count"]
 
@@ -36,6 +36,8 @@ class TopicState:
     wanted_partitions: int = 0
     config: dict[str, str] = field(default_factory=dict)
     action: str = ""  # what ensure_topics did: created, updated, unchanged
+    replicas: int = 0  # replication factor (the fewest replicas of any partition)
+    in_sync: int = 0  # the fewest in-sync replicas of any partition (below ``replicas``: a replica is behind or down)
 
 
 async def cluster_info(settings: FulmenSettings) -> dict[str, Any]:
@@ -65,7 +67,9 @@ async def ensure_topics(settings: FulmenSettings, topics: list[Topic] | None = N
     """Create the registry's topics that are missing and bring the settings of existing ones in line.
 
     Partitions are only ever added (never removed), and adding them is logged as a warning since it changes
-    which partition a key maps to. Settings set on a topic by someone else are kept.
+    which partition a key maps to. Settings set on a topic by someone else are kept. A topic with 3 replicas or
+    more gets ``min.insync.replicas`` of at least :data:`~fulmen.schemas.topics.MIN_INSYNC_REPLICAS` (a higher
+    one set by an operator is kept).
     """
     topics = list(TOPICS.values()) if topics is None else topics
     admin = admin_client(settings)
@@ -105,6 +109,7 @@ async def _settled(
             if not states[t.key].exists
             or states[t.key].partitions < t.partitions
             or any(states[t.key].config.get(k) != v for k, v in t.config.items())
+            or _durability_drift(states[t.key])
         ]
         if not pending or time.monotonic() > deadline:
             if pending:
@@ -143,6 +148,8 @@ async def _describe(admin: AIOKafkaAdminClient, settings: FulmenSettings, topics
             raise RetryableError(f"describing topic {entry['topic']} failed with error code {entry['error_code']}")
         state.exists = entry["error_code"] == 0
         state.partitions = len(entry["partitions"])
+        state.replicas = min((len(p["replicas"]) for p in entry["partitions"]), default=0)
+        state.in_sync = min((len(p["isr"]) for p in entry["partitions"]), default=0)
     configs = await _dynamic_configs(admin, [s.name for s in states.values() if s.exists])
     for state in states.values():
         state.config = configs.get(state.name, {})
@@ -167,7 +174,11 @@ async def _dynamic_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dict
 
 async def _create(admin: AIOKafkaAdminClient, settings: FulmenSettings, topics: list[Topic], replication: int) -> None:
     prefix = settings.kafka.topic_prefix
-    new = [NewTopic(topic_name(t.key, prefix), t.partitions, replication, topic_configs=dict(t.config)) for t in topics]
+    durability = {"min.insync.replicas": str(isr)} if (isr := min_insync_replicas(replication)) else {}
+    new = [
+        NewTopic(topic_name(t.key, prefix), t.partitions, replication, topic_configs={**t.config, **durability})
+        for t in topics
+    ]
     response = (await admin.create_topics(new, timeout_ms=30_000)).to_object()
     for error in response["topic_errors"]:
         if error["error_code"] not in (0, _TOPIC_ALREADY_EXISTS):
@@ -187,10 +198,10 @@ async def _reconcile(admin: AIOKafkaAdminClient, t: Topic, state: TopicState) ->
             if error["error_code"] != 0:
                 raise ConfigurationError(f"adding partitions to {state.name} failed: {error['error_message']}")
         action = "updated"
-    drift = {k: v for k, v in t.config.items() if state.config.get(k) != v}
+    drift = {k: v for k, v in t.config.items() if state.config.get(k) != v} | _durability_drift(state)
     if drift:
         # AlterConfigs replaces the topic's whole dynamic set, so send what is there merged with ours.
-        merged = {**state.config, **t.config}
+        merged = {**state.config, **drift}
         responses = await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, state.name, merged)])
         for response in responses:
             for resource in response.to_object()["resources"]:
@@ -201,3 +212,13 @@ async def _reconcile(admin: AIOKafkaAdminClient, t: Topic, state: TopicState) ->
         log.info("topic %s settings updated: %s", state.name, drift)
         action = "updated"
     return action
+
+
+def _durability_drift(state: TopicState) -> dict[str, str]:
+    """``min.insync.replicas`` to set on a topic replicated 3 times or more whose own setting is missing or lower
+    than Fulmen's (empty when nothing is to change)."""
+    wanted = min_insync_replicas(state.replicas)
+    current = state.config.get("min.insync.replicas", "")
+    if wanted is None or (current.isdigit() and int(current) >= wanted):
+        return {}
+    return {"min.insync.replicas": str(wanted)}

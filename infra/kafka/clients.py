@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.errors import KafkaConnectionError, KafkaError, NodeNotReadyError
 from aiokafka.helpers import create_ssl_context
 
 from fulmen.infra.errors import BrokerUnavailableError, ConfigurationError
@@ -38,10 +39,14 @@ T = TypeVar("T")
 
 
 def connection_kwargs(settings: FulmenSettings) -> dict[str, Any]:
-    """Bootstrap, client id and the SASL/SSL options shared by every client."""
+    """Bootstrap, client id and the SASL/SSL options shared by every client.
+
+    The bootstrap servers are a list, one entry per server: aiokafka splits a string itself, but faststream's
+    broker wraps a string in a list, which aiokafka then reads as one host named ``a:9092,b`` (port of the last).
+    """
     kafka = settings.kafka
     kwargs: dict[str, Any] = {
-        "bootstrap_servers": settings.bootstrap,
+        "bootstrap_servers": [server.strip() for server in settings.bootstrap.split(",") if server.strip()],
         "client_id": kafka.client_id,
         "request_timeout_ms": kafka.request_timeout_ms,
         "security_protocol": kafka.security_protocol,
@@ -122,10 +127,26 @@ def consumer(settings: FulmenSettings, group_id: str | None, *topics: str, **ove
     return AIOKafkaConsumer(*topics, **kwargs)
 
 
+class _LiveNodeAdminClient(AIOKafkaAdminClient):
+    """aiokafka's admin client, except that a request for any broker (metadata, topic configs) goes to one that
+    answers: aiokafka picks a random known broker and fails with NodeNotReadyError when that one is down, which
+    in a cluster that just lost a node is one request in three until the cluster's metadata drops the node."""
+
+    async def _send_request(self, request: Any, node_id: int | None = None) -> Any:
+        if node_id is not None:
+            return await super()._send_request(request, node_id)
+        nodes = [broker.nodeId for broker in self._client.cluster.brokers()]
+        random.shuffle(nodes)
+        for node in nodes:
+            if await self._client.ready(node):
+                return await self._client.send(node, request)
+        raise NodeNotReadyError(f"none of the known brokers ({', '.join(map(str, nodes))}) accepts a connection")
+
+
 def admin_client(settings: FulmenSettings, **overrides: Any) -> AIOKafkaAdminClient:
     kwargs = connection_kwargs(settings)
     kwargs.update(overrides)
-    return AIOKafkaAdminClient(**kwargs)
+    return _LiveNodeAdminClient(**kwargs)
 
 
 async def start_or_raise(client: Any, settings: FulmenSettings, what: str = "Kafka client") -> None:

@@ -1,11 +1,13 @@
-"""A single-node Apache Kafka (KRaft) for local mode, run from its Maven Central jars.
+"""One local Apache Kafka (KRaft) node, run from its Maven Central jars: a single-node Kafka, or one node of a
+local cluster (:mod:`fulmen.infra.kafka.cluster` starts several and gives each its :class:`ClusterRole`).
 
 Lifecycle: :meth:`LocalKafka.fetch` resolves the jars once into the cache (``~/.cache/fulmen/kafka-<version>``);
-:meth:`LocalKafka.start` writes ``server.properties``, formats the storage the first time, starts the JVM in
-its own session (it outlives the command that started it) and returns once a real metadata request succeeds;
-:meth:`LocalKafka.stop` sends SIGTERM for a controlled shutdown and SIGKILL only after the grace period.
-Every failure raises :class:`ConfigurationError` (fix something and retry) or :class:`BrokerUnavailableError`
-with the broker's log path and its last lines.
+:meth:`LocalKafka.start` writes ``server.properties``, formats the storage the first time (a single node; the
+nodes of a cluster are formatted together by the cluster), starts the JVM in its own session (it outlives the
+command that started it) and returns once a real metadata request succeeds; :meth:`LocalKafka.stop` sends
+SIGTERM for a controlled shutdown and SIGKILL only after the grace period. Every failure raises
+:class:`ConfigurationError` (fix something and retry) or :class:`BrokerUnavailableError` with the broker's log
+path and its last lines.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from pathlib import Path
 
 from fulmen.infra.errors import BrokerUnavailableError, ConfigurationError
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
+from fulmen.schemas.topics import min_insync_replicas
 
-__all__ = ["BrokerStatus", "LocalKafka", "port_is_free", "process_alive"]
+__all__ = ["BrokerStatus", "ClusterRole", "LocalKafka", "Voter", "port_is_free", "process_alive"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,37 @@ class BrokerStatus:
     bootstrap: str
     data_dir: Path
     log_file: Path
+    node_id: int = 1
+
+
+@dataclass(frozen=True)
+class Voter:
+    """A controller of the cluster's quorum: node id and controller endpoint."""
+
+    node_id: int
+    host: str
+    port: int
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class ClusterRole:
+    """A node's place in a local cluster: its id and the quorum's voters (every node is broker and controller)."""
+
+    node_id: int
+    voters: tuple[Voter, ...]
+
+    @property
+    def replication_factor(self) -> int:
+        """The cluster's default replication (internal topics included): 3, or every node of a smaller cluster."""
+        return min(3, len(self.voters))
+
+    @property
+    def min_insync_replicas(self) -> int:
+        return min_insync_replicas(self.replication_factor) or 1
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -57,13 +91,19 @@ def port_is_free(host: str, port: int) -> bool:
 
 
 class LocalKafka:
-    """One local broker, identified by its data directory (which holds its pid file and log)."""
+    """One local node, identified by its data directory (which holds its pid file and log).
 
-    def __init__(self, broker: BrokerSettings, data_dir: Path) -> None:
+    Without a ``role`` it is a single-node Kafka (node 1, its own quorum, replication factor 1), as the demo and
+    the tests run it; with one it is a node of a local cluster, listening on ``broker.port`` and
+    ``broker.controller_port``.
+    """
+
+    def __init__(self, broker: BrokerSettings, data_dir: Path, role: ClusterRole | None = None) -> None:
         if broker.port == broker.controller_port:
             raise ConfigurationError("FULMEN_BROKER_PORT and FULMEN_BROKER_CONTROLLER_PORT must differ")
         self.broker = broker
         self.data_dir = data_dir
+        self.role = role
         self.libs_dir = broker.cache_dir / f"kafka-{broker.version}" / "libs"
         self.log_file = data_dir / "broker.log"
         self.pid_file = data_dir / "broker.pid"
@@ -77,6 +117,15 @@ class LocalKafka:
     @property
     def bootstrap(self) -> str:
         return f"{self.broker.host}:{self.broker.port}"
+
+    @property
+    def node_id(self) -> int:
+        return self.role.node_id if self.role else 1
+
+    @property
+    def formatted(self) -> bool:
+        """Whether the storage was formatted (it holds a cluster id and this node's id)."""
+        return (self.logs_dir / "meta.properties").exists()
 
     # --- jars -----------------------------------------------------------------------------------------------
     def fetch(self) -> Path:
@@ -117,13 +166,19 @@ class LocalKafka:
     # --- lifecycle ------------------------------------------------------------------------------------------
     def status(self) -> BrokerStatus:
         pid = self._live_pid()
-        return BrokerStatus(pid is not None, pid, self.bootstrap, self.data_dir, self.log_file)
+        return BrokerStatus(pid is not None, pid, self.bootstrap, self.data_dir, self.log_file, self.node_id)
 
     def start(self) -> BrokerStatus:
         """Start the broker unless it already runs; return once it answers a metadata request."""
         if self._live_pid() is not None:
             self.wait_ready()
             return self.status()
+        process = self.launch()
+        self.wait_ready(process)
+        return self.status()
+
+    def check_ports(self) -> None:
+        """ConfigurationError unless both ports of this node are free."""
         for port in (self.broker.port, self.broker.controller_port):
             if not port_is_free(self.broker.host, port):
                 raise ConfigurationError(
@@ -131,17 +186,24 @@ class LocalKafka:
                     "port (FULMEN_BROKER_PORT / FULMEN_BROKER_CONTROLLER_PORT), or if it is a Kafka broker "
                     "point FULMEN_KAFKA_BOOTSTRAP at it"
                 )
+
+    def launch(self) -> subprocess.Popen[bytes]:
+        """Spawn the JVM (formatting a single node's storage the first time) without waiting for it to answer;
+        a node of a cluster must have been formatted (:meth:`format`)."""
+        self.check_ports()
         java = _require_java()
         libs = self.fetch()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._write_properties()
-        if not (self.logs_dir / "meta.properties").exists():
-            self._format(java, libs)
+        if not self.formatted:
+            if self.role is not None:
+                raise ConfigurationError(f"node {self.node_id}'s storage in {self.logs_dir} is not formatted")
+            self.format(base64_uuid())
         process = self._spawn(java, libs)
         self.pid_file.write_text(str(process.pid))
-        log.info("local Kafka starting: pid %d on %s, log %s", process.pid, self.bootstrap, self.log_file)
-        self.wait_ready(process)
-        return self.status()
+        log.info("local Kafka node %d starting: pid %d on %s, log %s", self.node_id, process.pid, self.bootstrap,
+                 self.log_file)  # fmt: skip
+        return process
 
     def stop(self, grace_s: float = 30.0) -> bool:
         """Stop the broker (controlled shutdown, then SIGKILL after ``grace_s``). False if it was not running."""
@@ -212,7 +274,7 @@ class LocalKafka:
         b = self.broker
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
+            "node.id": str(self.node_id),
             "controller.quorum.bootstrap.servers": f"{b.host}:{b.controller_port}",
             "listeners": f"PLAINTEXT://{b.host}:{b.port},CONTROLLER://{b.host}:{b.controller_port}",
             "advertised.listeners": f"PLAINTEXT://{b.host}:{b.port}",
@@ -235,14 +297,21 @@ class LocalKafka:
             "message.max.bytes": str(8 * 1024 * 1024),
             "log.retention.check.interval.ms": "60000",
         }
+        if self.role is not None:
+            props.update(_cluster_properties(self.role))
         text = "# Written by Fulmen (infra/kafka/local.py) at every start; edit FULMEN_BROKER_* instead.\n"
         text += "".join(f"{k}={v}\n" for k, v in props.items())
         self.properties_file.write_text(text)
 
-    def _format(self, java: str, libs: Path) -> None:
-        cluster_id = base64_uuid()
+    def format(self, cluster_id: str, initial_controllers: str | None = None) -> None:
+        """Format the storage: a single node as its own quorum (``--standalone``), a node of a cluster with the
+        quorum every node is formatted with (``id@host:port:directory-id,...``, Kafka's ``--initial-controllers``)."""
+        java, libs = _require_java(), self.fetch()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._write_properties()
+        quorum = ["--standalone"] if initial_controllers is None else ["--initial-controllers", initial_controllers]
         result = subprocess.run(
-            [java, "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format", "--standalone",
+            [java, "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format", *quorum,
              f"--cluster-id={cluster_id}", "-c", str(self.properties_file)],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
@@ -257,8 +326,10 @@ class LocalKafka:
             log4j_copy = self.data_dir / "log4j2.yaml"
             shutil.copyfile(log4j_path, log4j_copy)
         heap = self.broker.heap
+        # Several nodes share the machine's cores: each JVM keeps its garbage collector to one thread.
+        gc_threads = ["-XX:ParallelGCThreads=1", "-XX:ConcGCThreads=1"] if self.role is not None else []
         command = [
-            java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+            java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", *gc_threads,
             "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={log4j_copy}",
             f"-Dkafka.logs.dir={self.data_dir}", "-cp", f"{libs}/*", "kafka.Kafka", str(self.properties_file),
         ]  # fmt: skip
@@ -266,6 +337,25 @@ class LocalKafka:
             return subprocess.Popen(
                 command, stdout=log_out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
+
+
+def _cluster_properties(role: ClusterRole) -> dict[str, str]:
+    """What a node of a local cluster sets differently from a single node: the quorum of every node's controller,
+    replication of 3 with 2 in sync for the topics and Kafka's own (offsets, transactions, share groups), and a
+    node declared dead after 6 s without a heartbeat (Kafka's 9 s default; its leaderships move then)."""
+    replicas, in_sync = str(role.replication_factor), str(role.min_insync_replicas)
+    return {
+        "controller.quorum.bootstrap.servers": ",".join(v.endpoint for v in role.voters),
+        "default.replication.factor": replicas,
+        "min.insync.replicas": in_sync,
+        "offsets.topic.replication.factor": replicas,
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": in_sync,
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": in_sync,
+        "broker.heartbeat.interval.ms": "1000",
+        "broker.session.timeout.ms": "6000",
+    }
 
 
 def base64_uuid() -> str:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from fulmen.consumers import ConsumerOptions, ConsumersApp, SpanSink
+from fulmen.consumers import ConsumerOptions, ConsumersApp, EventSink, Sink, SpanSink
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.producers.otlp_gateway import OtlpGateway, OtlpGatewaySettings
@@ -47,9 +47,12 @@ async def gateway_running(settings: FulmenSettings, **otlp: object) -> AsyncIter
 
 
 @asynccontextmanager
-async def span_pipeline(settings: FulmenSettings, store: Store, **otlp: object) -> AsyncIterator[Pipeline]:
+async def span_pipeline(
+    settings: FulmenSettings, store: Store, *, sinks: Sequence[Sink | EventSink] | None = None, **otlp: object
+) -> AsyncIterator[Pipeline]:
+    """The gateway and the consumers of ``sinks`` (the spans sink alone by default)."""
     stop, ready = asyncio.Event(), asyncio.Event()
-    app = ConsumersApp(settings, store, [SpanSink()], ConsumerOptions(max_wait_s=0.1))
+    app = ConsumersApp(settings, store, list(sinks or [SpanSink()]), ConsumerOptions(max_wait_s=0.1))
     consuming = asyncio.create_task(app.run(stop, ready))
     await asyncio.wait_for(ready.wait(), 60)
     try:

@@ -96,29 +96,6 @@ def actor_config(clip_low: float, clip_high: float, **global_batch_info: float) 
 
 
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean"])
-@pytest.mark.parametrize(("clip_low", "clip_high"), [(0.2, 0.2), (0.2, 0.28)])
-def test_ppo_clip_loss_gradient_and_metrics_match_verl(aggregation: str, clip_low: float, clip_high: float) -> None:
-    for seed in range(5):
-        inputs = policy_inputs(seed)
-        new_ours = inputs["logprobs"].clone().requires_grad_(True)
-        new_verl = inputs["logprobs"].clone().requires_grad_(True)
-        ours, metrics = ppo_clip(
-            new_ours, inputs["old_logprobs"], inputs["advantages"], inputs["mask"],
-            clip_eps=clip_low, clip_eps_high=clip_high, aggregation=aggregation,
-        )  # fmt: skip
-        theirs, verl_metrics = core_algos.compute_policy_loss_vanilla(
-            inputs["old_logprobs"], new_verl, inputs["advantages"][:, None].expand_as(inputs["mask"]),
-            inputs["mask"], loss_agg_mode=VERL_AGGREGATION[aggregation], config=actor_config(clip_low, clip_high),
-        )  # fmt: skip
-        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
-        ours.backward()
-        theirs.backward()
-        torch.testing.assert_close(new_ours.grad, new_verl.grad, rtol=1e-5, atol=1e-7)
-        assert metrics.clip_fraction.item() == pytest.approx(verl_metrics["actor/pg_clipfrac"], abs=1e-6)
-        assert metrics.approx_kl.item() == pytest.approx(verl_metrics["actor/ppo_kl"], rel=1e-5, abs=1e-7)
-
-
-@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean"])
 def test_micro_batch_normalisation_matches_verl_global_batch_info(aggregation: str) -> None:
     inputs = policy_inputs(11)
     normalizer = batch_normalizer(inputs["mask"], aggregation)
@@ -145,8 +122,8 @@ def test_aggregate_and_k3_match_verl(aggregation: str) -> None:
     )  # fmt: skip
 
 
-VERL_LOSSES = {"dapo": core_algos.compute_policy_loss_vanilla, "gspo": core_algos.compute_policy_loss_gspo,
-               "cispo": core_algos.compute_policy_loss_cispo}  # fmt: skip
+VERL_LOSSES = {"ppo_clip": core_algos.compute_policy_loss_vanilla, "dapo": core_algos.compute_policy_loss_vanilla,
+               "gspo": core_algos.compute_policy_loss_gspo, "cispo": core_algos.compute_policy_loss_cispo}  # fmt: skip
 
 
 def is_weights(seed: int, like: torch.Tensor) -> torch.Tensor:
@@ -156,9 +133,9 @@ def is_weights(seed: int, like: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean"])
 @pytest.mark.parametrize(("name", "clip_low", "clip_high"), [
-    ("dapo", 0.2, 0.28), ("gspo", 3e-4, 4e-4), ("gspo", 0.05, 0.1), ("cispo", 1.0, 3.0), ("cispo", 0.2, 0.28),
+    ("ppo_clip", 0.2, 0.2), ("ppo_clip", 0.2, 0.28), ("dapo", 0.2, 0.28), ("gspo", 3e-4, 4e-4), ("gspo", 0.05, 0.1), ("cispo", 1.0, 3.0), ("cispo", 0.2, 0.28),
 ])  # fmt: skip
-def test_dapo_gspo_cispo_losses_gradients_and_metrics_match_verl(name: str, clip_low: float, clip_high: float,
+def test_every_policy_loss_gradient_and_metrics_match_verl(name: str, clip_low: float, clip_high: float,
                                                                  aggregation: str) -> None:  # fmt: skip
     ours_fn, theirs_fn = get_policy_loss_fn(name), VERL_LOSSES[name]
     for seed in range(5):

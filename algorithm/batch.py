@@ -5,9 +5,13 @@ Layout of a :class:`TrainBatch` of ``B`` rows, ``T`` positions (``T`` = the long
     input_ids       [B, T] long    prompt tokens, then response tokens, then pad_id (right padding)
     attention_mask  [B, T] long    1 on prompt and response tokens, 0 on padding
     response_mask   [B, T] float   1 on response tokens only: the tokens that carry the loss
-    old_logprobs    [B, T] float   logprob of token t under the policy that sampled it, at position t;
-                                   0 outside the response and on rows without recorded logprobs
-    has_old_logprobs [B]   bool    whether the row's old logprobs were recorded (by the inference backend)
+    old_logprobs    [B, T] float   the PPO ratio's denominator (pi_old) for token t, at position t: as collated,
+                                   the behaviour logprobs; the proximal ones once the trainer recomputes them
+                                   (see below); 0 outside the response and on rows without any yet
+    has_old_logprobs [B]   bool    whether the row's old logprobs are filled (recorded, or recomputed)
+    behaviour_logprobs [B, T] float  logprob of token t under the policy that SAMPLED it (mu), as the inference
+                                   backend recorded it; never overwritten; 0 where not recorded
+    has_behaviour_logprobs [B] bool  whether the row's behaviour logprobs were recorded
     advantages      [B]    float   one advantage per row
 
 Logprobs are aligned to tokens: position t holds log p(token_t | tokens_<t), so position 0 (which no token
@@ -16,7 +20,13 @@ predicts) is never part of a response; every prompt has at least one token.
 Missing old logprobs: a sample whose backend did not record logprobs (``old_logprobs=None``) is collated with
 zeros and ``has_old_logprobs=False``; the trainer computes them with the current model, without gradient,
 BEFORE its first update on the batch (:meth:`TrainBatch.with_old_logprobs`), so the first epoch starts at
-ratio 1 for those rows. Imports only torch.
+ratio 1 for those rows.
+
+Behaviour and proximal logprobs (see ``fulmen.algorithm.corrections``): with an off-policy correction (or
+``recompute_old_logprobs``) the trainer overwrites EVERY row's ``old_logprobs`` with the proximal policy's (the
+weights at the start of the step), and the correction weighs each token by ``pi_prox / mu`` from
+``old_logprobs`` and ``behaviour_logprobs``. Without one, ``old_logprobs`` stay the behaviour logprobs (the
+sampler is taken as the old policy) and ``behaviour_logprobs`` are not read. Imports only torch.
 """
 
 from __future__ import annotations
@@ -37,9 +47,10 @@ __all__ = ["Sample", "TrainBatch", "collate"]
 class Sample:
     """One LLM call to train on: the exact token ids, the logprobs recorded at sampling time, its advantage.
 
-    ``old_logprobs``: one per response token (the logprob of that token when it was sampled), or ``None``
-    when the inference backend did not record them. ``group_id``: the GRPO group (same prompt); kept for
-    reports, the advantage already includes it. ``model_version``: the version that produced the response.
+    ``old_logprobs``: one per response token (the logprob of that token when it was sampled: the behaviour
+    policy's), or ``None`` when the inference backend did not record them. ``group_id``: the GRPO group (same
+    prompt); kept for reports, the advantage already includes it. ``model_version``: the version that produced
+    the response.
     """
 
     prompt_token_ids: Sequence[int]
@@ -55,7 +66,8 @@ class Sample:
         return len(self.prompt_token_ids) + len(self.response_token_ids)
 
 
-_ROW_FIELDS = ("input_ids", "attention_mask", "response_mask", "old_logprobs")
+_ROW_FIELDS = ("input_ids", "attention_mask", "response_mask", "old_logprobs", "behaviour_logprobs")
+_ROW_VALUES = ("has_old_logprobs", "has_behaviour_logprobs", "advantages")
 
 
 @dataclass(frozen=True)
@@ -68,19 +80,27 @@ class TrainBatch:
     old_logprobs: Tensor
     has_old_logprobs: Tensor
     advantages: Tensor
+    behaviour_logprobs: Tensor = None  # type: ignore[assignment]  # default: a copy of old_logprobs
+    has_behaviour_logprobs: Tensor = None  # type: ignore[assignment]  # default: a copy of has_old_logprobs
 
     def __post_init__(self) -> None:
+        if self.behaviour_logprobs is None:  # built from old logprobs alone: the sampler's are the old ones
+            object.__setattr__(self, "behaviour_logprobs", self.old_logprobs.clone())
+        if self.has_behaviour_logprobs is None:
+            object.__setattr__(self, "has_behaviour_logprobs", self.has_old_logprobs.clone())
         if self.input_ids.ndim != 2 or self.input_ids.dtype != torch.long:
             raise ValueError(f"input_ids must be long [B, T]; got {self.input_ids.dtype} {list(self.input_ids.shape)}")
         shape = tuple(self.input_ids.shape)
         for name in _ROW_FIELDS[1:]:
             if tuple(getattr(self, name).shape) != shape:
                 raise ValueError(f"{name} must be [B, T] = {list(shape)}; got {list(getattr(self, name).shape)}")
-        for name in ("has_old_logprobs", "advantages"):
+        for name in _ROW_VALUES:
             if tuple(getattr(self, name).shape) != shape[:1]:
                 raise ValueError(f"{name} must be [B] = [{shape[0]}]; got {list(getattr(self, name).shape)}")
-        if not (self.old_logprobs.is_floating_point() and self.advantages.is_floating_point()):
-            raise ValueError("old_logprobs and advantages must be float tensors")
+        if not all(
+            getattr(self, name).is_floating_point() for name in ("old_logprobs", "behaviour_logprobs", "advantages")
+        ):
+            raise ValueError("old_logprobs, behaviour_logprobs and advantages must be float tensors")
 
     @property
     def size(self) -> int:
@@ -109,8 +129,7 @@ class TrainBatch:
         width = int(self.attention_mask[start:stop].sum(dim=-1).max()) if stop > start else 0
         return TrainBatch(
             **{name: getattr(self, name)[start:stop, :width] for name in _ROW_FIELDS},
-            has_old_logprobs=self.has_old_logprobs[start:stop],
-            advantages=self.advantages[start:stop],
+            **{name: getattr(self, name)[start:stop] for name in _ROW_VALUES},
         )
 
     def split(self, micro_batch_size: int) -> list[TrainBatch]:

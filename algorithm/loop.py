@@ -11,7 +11,12 @@ One step N (the policy being served is version ``N - 1``; version 0 is the base 
    next), credit each call from its rollout's episode reward and the calls' intermediate rewards with the run's
    strategy (``credit``, ``gamma``: :func:`~fulmen.algorithm.groups.credit_groups`; the transitions topic carries
    only what was observed), build one sample per transition with its group advantage
-   (:func:`~fulmen.algorithm.samples.build_samples`, estimator and scope from the settings);
+   (:func:`~fulmen.algorithm.samples.build_samples`, estimator and scope from the settings; with
+   ``overlong_shaping`` each call's length penalty is added to the rewards first);
+   with ``dynamic_sampling`` (DAPO) a group whose rewards are all equal (:func:`~fulmen.algorithm.samples.has_signal`)
+   is done with, not trained on, and the step waits for the next group instead: at most
+   ``dynamic_sampling_bound`` groups a step (counted as ``filtered_groups``); past that bound the step takes
+   groups as they come (``dynamic_sampling_exhausted`` = 1, and a warning);
 3. one policy update (``backend.step``, in a worker thread so Kafka heartbeats go on; ``train_s``);
 4. save the checkpoint to ``<run dir>/checkpoints/v<N>`` (atomically: see ``TrainerBackend.save``), publish
    ``ModelVersion(version=N, format="hf")`` and wait for the broker's acknowledgement (``publish_s``); while the
@@ -53,8 +58,9 @@ from pathlib import Path
 from fulmen.algorithm.collector import Collector
 from fulmen.algorithm.dispatcher import Dispatcher
 from fulmen.algorithm.groups import ClosedGroup, credit_groups, drop_stale, drop_too_long, shuffle_rewards
-from fulmen.algorithm.samples import StepSamples, build_samples
+from fulmen.algorithm.samples import StepSamples, build_samples, has_signal
 from fulmen.algorithm.settings import TrainSection
+from fulmen.algorithm.shaping import OverlongShaping
 from fulmen.algorithm.trainer.base import StepMetrics, TrainerBackend
 from fulmen.infra.errors import RetryableError
 from fulmen.infra.kafka.publish import EventPublisher
@@ -138,6 +144,9 @@ class TrainingLoop:
         self.stop_grace_s = stop_grace_s
         self.version = plan.initial_version
         self.waiting = _Waiting()
+        limits = plan.train.overlong_limits  # ConfigurationError when shaping is on without its limit
+        self.overlong = OverlongShaping(*limits) if limits else None
+        self.filtered_groups = 0
 
     async def run(self, stop: asyncio.Event | None = None) -> list[TrainStep]:
         """Train up to step ``steps`` (from ``initial_version + 1``: a resumed run continues its numbering; fewer
@@ -171,7 +180,7 @@ class TrainingLoop:
             groups = shuffle_rewards(groups, seed=self.options.seed * 100_003 + number)
         groups = credit_groups(groups, self.options.credit, self.options.gamma)
         data = build_samples(groups, estimator=self.options.estimator, scope=self.options.advantage_scope,
-                             missing_reward=self.options.missing_reward)  # fmt: skip
+                             missing_reward=self.options.missing_reward, overlong=self.overlong)  # fmt: skip
         metrics = await asyncio.to_thread(self.backend.step, data.samples)
         published = self.clock()
         path = await asyncio.to_thread(self.backend.save, checkpoint_dir(self.plan.run_dir, number))
@@ -179,7 +188,7 @@ class TrainingLoop:
             return None
         self.version = number
         publish_s = self.clock() - published
-        extra = {**(extra or {}), **self._extra(metrics, dropped["too_long"])}
+        extra = {**(extra or {}), **self._extra(metrics, dropped, data)}
         if self.val is not None and self._validation_due(number):
             extra.update(await self._validate(stop, prefix="val_"))
         event = self._train_step(number, groups, data, metrics, extra, waited=waited, publish_s=publish_s,
@@ -199,9 +208,12 @@ class TrainingLoop:
 
     async def _collect_train(self, stop: asyncio.Event) -> tuple[list[ClosedGroup], dict[str, int]] | None:
         """``groups_per_step`` kept train groups with trainable transitions, and how many transitions were
-        dropped as ``stale`` and as ``too_long``. A group left without transitions is done with, and replaced."""
+        dropped as ``stale`` and as ``too_long``, and how many groups as ``no_signal`` (dynamic sampling; with
+        ``exhausted`` = 1 when its bound was reached). A group left without transitions, or without signal, is
+        done with and replaced."""
         selected: list[ClosedGroup] = []
-        dropped = {"stale": 0, "too_long": 0}
+        dropped = {"stale": 0, "too_long": 0, "no_signal": 0, "exhausted": 0}
+        skips = self.options.dynamic_sampling_bound
         while len(selected) < self.options.groups_per_step:
             if stop.is_set():
                 return None
@@ -213,11 +225,26 @@ class TrainingLoop:
             group, too_long = drop_too_long(group, self.options.max_len)
             dropped["stale"] += stale
             dropped["too_long"] += too_long
-            if group.num_transitions:
-                selected.append(group)
-            else:
+            if not group.num_transitions:
                 self.collector.done([group.group_id])
+            elif dropped["no_signal"] < skips and not self._has_signal(group):
+                dropped["no_signal"] += 1
+                self.collector.done([group.group_id])
+                log.debug("group %s: all rewards equal, not trained on (dynamic sampling)", group.group_id)
+            else:
+                selected.append(group)
+        if skips and dropped["no_signal"] >= skips:
+            dropped["exhausted"] = 1
+            log.warning("dynamic sampling skipped %d groups without signal in one step (the bound, "
+                        "FULMEN_TRAIN_DYNAMIC_SAMPLING_MAX_SKIPPED) and took the rest as they came: most tasks are "
+                        "too easy or too hard for the model at version %d", skips, self.version)  # fmt: skip
+        self.filtered_groups += dropped["no_signal"]
         return selected, dropped
+
+    def _has_signal(self, group: ClosedGroup) -> bool:
+        """Whether the rewards the estimator will compare in ``group`` (credited, shaped) differ."""
+        credited = credit_groups([group], self.options.credit, self.options.gamma)[0]
+        return has_signal(credited, self.options.advantage_scope, self.options.missing_reward, self.overlong)
 
     async def _poll(self) -> None:
         for group in await self.collector.poll():
@@ -376,16 +403,24 @@ class TrainingLoop:
             return None
         return task.result()
 
-    def _extra(self, metrics: StepMetrics, too_long: int) -> dict[str, float]:
-        return {
+    def _extra(self, metrics: StepMetrics, dropped: dict[str, int], data: StepSamples) -> dict[str, float]:
+        extra = {
             "grad_norm": metrics.grad_norm, "approx_kl": metrics.approx_kl, "ratio_mean": metrics.ratio_mean,
             "response_tokens": float(metrics.tokens), "skipped_updates": float(metrics.skipped_updates),
             # run totals so far: groups the timeout policy dropped or kept partial, batches of unknown groups
             "dropped_groups_total": float(self.waiting.dropped_groups),
             "partial_groups_total": float(self.waiting.partial_groups),
-            "ignored_batches_total": float(self.collector.ignored), "dropped_too_long": float(too_long),
+            "ignored_batches_total": float(self.collector.ignored), "dropped_too_long": float(dropped["too_long"]),
             "dataset_passes": float(self.train.passes),
         }  # fmt: skip
+        # the off-policy correction's importance-weight statistics (is_weight_mean, ...), when one is in force
+        extra.update({k: v for k, v in metrics.as_dict().items() if k.startswith("is_")})
+        if self.options.dynamic_sampling:
+            extra.update(filtered_groups=float(dropped["no_signal"]), filtered_groups_total=float(self.filtered_groups),
+                         dynamic_sampling_exhausted=float(dropped["exhausted"]))  # fmt: skip
+        if self.overlong is not None:
+            extra["overlong_penalized"] = float(data.overlong_penalized)
+        return extra
 
     def _train_step(self, number: int, groups: list[ClosedGroup], data: StepSamples, metrics: StepMetrics,
                     extra: dict[str, float], *, waited: float, publish_s: float, stale: int) -> TrainStep:  # fmt: skip

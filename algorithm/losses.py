@@ -1,8 +1,14 @@
-"""Policy losses (PPO-clip) and the one reduction of per-token losses to a scalar (:func:`aggregate`).
+"""Policy losses (PPO-clip, DAPO, GSPO, CISPO) and the one reduction of per-token losses (:func:`aggregate`).
 
 Shapes: ``B`` sequences, ``T`` token positions. Per-token tensors are ``[B, T]`` aligned to the input tokens
 (position t holds the value for token t); ``mask [B, T]`` is 1 on the tokens that carry loss (the response
 tokens) and 0 elsewhere; ``advantages`` are ``[B]`` (one per sequence, broadcast over its tokens).
+
+Every loss has the signature of :class:`PolicyLossFn` and the same options: the clip range (``clip_eps`` below 1,
+``clip_eps_high`` above), the reduction (``aggregation``, ``normalizer``), optional off-policy ``weights [B, T]``
+(detached importance weights from :mod:`fulmen.algorithm.corrections`, multiplying the per-token policy-gradient
+term) and an optional k3 KL penalty to a reference (``ref_logprobs``, ``kl_coef``). Each returns
+``(loss 0-d, PolicyLossMetrics)``.
 
 Reduction (:class:`LossAggregation`), always ``sum(...) / normalizer``:
 
@@ -19,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, TypedDict, Unpack
 
 import torch
 from torch import Tensor
@@ -28,14 +34,18 @@ from fulmen.algorithm.registry import Registry
 
 __all__ = [
     "Aggregation",
+    "CommonOptions",
     "LossAggregation",
     "PolicyLoss",
     "PolicyLossFn",
     "PolicyLossMetrics",
     "aggregate",
     "batch_normalizer",
+    "cispo",
+    "dapo",
     "get_aggregation",
     "get_policy_loss_fn",
+    "gspo",
     "k3_kl",
     "masked_mean",
     "ppo_clip",
@@ -51,6 +61,9 @@ class PolicyLoss(StrEnum):
     """The built-in policy losses."""
 
     PPO_CLIP = "ppo_clip"
+    DAPO = "dapo"
+    GSPO = "gspo"
+    CISPO = "cispo"
 
 
 class LossAggregation(StrEnum):
@@ -143,11 +156,12 @@ def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 class PolicyLossMetrics:
     """Detached 0-d tensors, each a mean over the masked tokens of the batch the loss was computed on.
 
-    ``clip_fraction``: share of tokens whose clipped term was the active one (no gradient through them);
-    ``approx_kl``: k1 estimate of KL(old || new), ``mean(old_logprobs - logprobs)`` (verl's ``ppo_kl``);
-    ``ref_kl``: k3 estimate of KL(policy || ref) (:func:`k3_kl`), 0 without ``ref_logprobs``;
-    ``ratio_mean``: mean of ``exp(logprobs - old_logprobs)``; ``tokens``: how many tokens the means cover
-    (weigh micro-batch metrics by it to combine them).
+    ``clip_fraction``: share of tokens the clip acted on (PPO, DAPO, GSPO: the clipped term was the active one,
+    no gradient through them; CISPO: the weight was clipped, the gradient stays); ``approx_kl``: k1 estimate
+    of KL(old || new), ``mean(old_logprobs - logprobs)`` (verl's ``ppo_kl``); ``ref_kl``: k3 estimate of
+    KL(policy || ref) (:func:`k3_kl`), 0 without ``ref_logprobs``; ``ratio_mean``: mean importance ratio the
+    loss used (per token; GSPO: each token carries its sequence's ratio); ``tokens``: how many tokens the
+    means cover (weigh micro-batch metrics by it to combine them).
     """
 
     clip_fraction: Tensor
@@ -162,7 +176,8 @@ class PolicyLossMetrics:
 
 
 class PolicyLossFn(Protocol):
-    """``(logprobs, old_logprobs, advantages, mask, **options) -> (loss 0-d, metrics)``; see :func:`ppo_clip`."""
+    """``(logprobs, old_logprobs, advantages, mask, **options) -> (loss 0-d, metrics)``; options in the module
+    docstring, see :func:`ppo_clip`."""
 
     def __call__(
         self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, **options: object
@@ -182,7 +197,22 @@ def get_policy_loss_fn(name: str) -> PolicyLossFn:
     return _POLICY_LOSSES.get(name)
 
 
-def _check_shapes(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor) -> None:
+class CommonOptions(TypedDict, total=False):
+    """The options every loss takes besides its clip range and aggregation (see the module docstring).
+
+    ``normalizer``: of :func:`aggregate` (the whole batch's, for micro-batches); ``weights [B, T]``: detached
+    off-policy importance weights on the per-token policy-gradient term; ``ref_logprobs [B, T]`` and
+    ``kl_coef``: the k3 KL penalty to a reference policy."""
+
+    normalizer: float | Tensor | None
+    weights: Tensor | None
+    ref_logprobs: Tensor | None
+    kl_coef: float
+
+
+def _check_inputs(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                  common: CommonOptions) -> None:  # fmt: skip
+    weights, ref_logprobs = common.get("weights"), common.get("ref_logprobs")
     if logprobs.ndim != 2 or old_logprobs.shape != logprobs.shape or mask.shape != logprobs.shape:
         raise ValueError(
             f"logprobs, old_logprobs and mask must be the same [B, T]; got {tuple(logprobs.shape)}, "
@@ -190,6 +220,56 @@ def _check_shapes(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, ma
         )
     if advantages.shape != logprobs.shape[:1]:
         raise ValueError(f"advantages must be [B] = [{logprobs.shape[0]}]; got {tuple(advantages.shape)}")
+    if weights is not None and weights.shape != logprobs.shape:
+        raise ValueError(f"weights must be [B, T] = {list(logprobs.shape)}; got {list(weights.shape)}")
+    if common.get("kl_coef") and ref_logprobs is None:
+        raise ValueError("kl_coef > 0 needs ref_logprobs (the reference model's token logprobs)")
+
+
+def _clip_range(clip_eps: float, clip_eps_high: float | None) -> tuple[float, float]:
+    """``(1 - clip_eps, 1 + clip_eps_high)``; ``clip_eps_high`` defaults to ``clip_eps``."""
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    if not 0.0 < clip_eps <= 1.0 or high <= 0.0:
+        raise ValueError(f"need 0 < clip_eps <= 1 and clip_eps_high > 0; got {clip_eps}, {clip_eps_high}")
+    return 1.0 - clip_eps, 1.0 + high
+
+
+def _finish(
+    per_token: Tensor, logprobs: Tensor, log_ratio: Tensor, ratio: Tensor, clipped: Tensor, mask: Tensor, *,
+    aggregation: str, normalizer: float | Tensor | None = None, weights: Tensor | None = None,
+    ref_logprobs: Tensor | None = None, kl_coef: float = 0.0,
+) -> tuple[Tensor, PolicyLossMetrics]:  # fmt: skip
+    """``aggregate(weights * per_token) + kl_coef * aggregate(k3_kl)`` and the metrics, shared by every loss."""
+    if weights is not None:
+        per_token = per_token * weights.detach().to(per_token.dtype)
+    loss = aggregate(per_token, mask, aggregation, normalizer)
+    ref_kl = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    if ref_logprobs is not None:
+        per_token_kl = k3_kl(logprobs, ref_logprobs)
+        if kl_coef:
+            loss = loss + kl_coef * aggregate(per_token_kl, mask, aggregation, normalizer)
+        ref_kl = masked_mean(per_token_kl.detach(), mask)
+    with torch.no_grad():
+        metrics = PolicyLossMetrics(
+            clip_fraction=masked_mean(clipped.to(logprobs.dtype), mask),
+            approx_kl=masked_mean(-log_ratio.detach(), mask),
+            ref_kl=ref_kl,
+            ratio_mean=masked_mean(ratio.detach(), mask),
+            tokens=mask.bool().sum(),
+        )
+    return loss, metrics
+
+
+def _clipped_surrogate(
+    ratio: Tensor, log_ratio: Tensor, logprobs: Tensor, advantages: Tensor, mask: Tensor, bounds: tuple[float, float],
+    aggregation: str, common: CommonOptions,
+) -> tuple[Tensor, PolicyLossMetrics]:  # fmt: skip
+    """``max(-A * ratio, -A * clip(ratio, *bounds))`` per token, reduced by :func:`_finish` (PPO, DAPO, GSPO)."""
+    advantage = advantages.to(logprobs.dtype)[:, None]
+    unclipped = -advantage * ratio
+    clipped = -advantage * ratio.clamp(*bounds)
+    return _finish(torch.maximum(unclipped, clipped), logprobs, log_ratio, ratio, clipped > unclipped, mask,
+                   aggregation=aggregation, **common)  # fmt: skip
 
 
 @register_policy_loss(PolicyLoss.PPO_CLIP)
@@ -202,47 +282,123 @@ def ppo_clip(
     clip_eps: float = 0.2,
     clip_eps_high: float | None = None,
     aggregation: str = LossAggregation.TOKEN_MEAN,
-    normalizer: float | Tensor | None = None,
-    ref_logprobs: Tensor | None = None,
-    kl_coef: float = 0.0,
+    **common: Unpack[CommonOptions],
 ) -> tuple[Tensor, PolicyLossMetrics]:
     """PPO's clipped surrogate (Schulman et al. 2017), per token, plus an optional KL penalty to a reference.
 
-    ``ratio = exp(logprobs - old_logprobs)`` (log-ratio clamped to +-20), ``A = advantages[:, None]``::
+    ``ratio = exp(logprobs - old_logprobs)`` (log-ratio clamped to +-20), ``A = advantages[:, None]``,
+    ``w = weights`` (1 when None)::
 
-        per_token = max(-A * ratio, -A * clip(ratio, 1 - clip_eps, 1 + clip_eps_high))
+        per_token = w * max(-A * ratio, -A * clip(ratio, 1 - clip_eps, 1 + clip_eps_high))
         loss      = aggregate(per_token, mask, aggregation, normalizer)
                     + kl_coef * aggregate(k3_kl(logprobs, ref_logprobs), mask, aggregation, normalizer)
 
     ``clip_eps_high`` defaults to ``clip_eps`` (set it higher for DAPO's "clip-higher"). No dual clip: the
     loss of a negative-advantage token is not bounded at ``ratio = 3`` as verl's vanilla loss bounds it.
-    ``logprobs``, ``old_logprobs``, ``ref_logprobs``, ``mask``: ``[B, T]``; ``advantages``: ``[B]``.
+    ``logprobs``, ``old_logprobs``, ``ref_logprobs``, ``weights``, ``mask``: ``[B, T]``; ``advantages``: ``[B]``.
     Only ``logprobs`` should carry gradient. Returns ``(loss 0-d, PolicyLossMetrics)``.
     """
-    _check_shapes(logprobs, old_logprobs, advantages, mask)
-    high = clip_eps if clip_eps_high is None else clip_eps_high
-    if not 0.0 < clip_eps < 1.0 or high <= 0.0:
-        raise ValueError(f"need 0 < clip_eps < 1 and clip_eps_high > 0; got {clip_eps}, {clip_eps_high}")
-    if kl_coef and ref_logprobs is None:
-        raise ValueError("kl_coef > 0 needs ref_logprobs (the reference model's token logprobs)")
+    _check_inputs(logprobs, old_logprobs, advantages, mask, common)
+    bounds = _clip_range(clip_eps, clip_eps_high)
+    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    return _clipped_surrogate(torch.exp(log_ratio), log_ratio, logprobs, advantages, mask, bounds, aggregation, common)
+
+
+@register_policy_loss(PolicyLoss.DAPO)
+def dapo(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = 0.28,
+    aggregation: str = LossAggregation.TOKEN_MEAN,
+    **common: Unpack[CommonOptions],
+) -> tuple[Tensor, PolicyLossMetrics]:
+    """DAPO's policy loss (Yu et al. 2025): PPO-clip with a decoupled, asymmetric clip range ("clip-higher")
+    reduced over the tokens of the whole batch ("token-level policy gradient loss")::
+
+        per_token = w * max(-A * ratio, -A * clip(ratio, 1 - clip_eps, 1 + clip_eps_high))
+        loss      = sum_{b,t} mask * per_token / sum_{b,t} mask           (token_mean)
+
+    with ``clip_eps = 0.2``, ``clip_eps_high = 0.28`` by default: a low-probability token may grow further
+    before its gradient is cut, which keeps exploration (entropy) from collapsing. The same computation as
+    :func:`ppo_clip` (shapes, options and metrics there); the rest of DAPO (dynamic sampling, overlong shaping)
+    is outside the loss: ``FULMEN_TRAIN_ALGORITHM=dapo`` turns on all of it.
+    """
+    return ppo_clip(logprobs, old_logprobs, advantages, mask, clip_eps=clip_eps, clip_eps_high=clip_eps_high,
+                    aggregation=aggregation, **common)  # fmt: skip
+
+
+@register_policy_loss(PolicyLoss.GSPO)
+def gspo(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps: float = 3e-4,
+    clip_eps_high: float | None = 4e-4,
+    aggregation: str = LossAggregation.SEQ_MEAN,
+    **common: Unpack[CommonOptions],
+) -> tuple[Tensor, PolicyLossMetrics]:
+    """GSPO (Zheng et al. 2025): one importance ratio per sequence, length-normalised, clipped per sequence.
+
+    With ``|y_b| = sum_t mask[b, t]`` and ``sg`` the stop-gradient (log-ratios clamped to +-20)::
+
+        s_b       = exp( sum_t mask * (logprobs - old_logprobs) / |y_b| )      (the geometric-mean ratio)
+        s_bt      = sg(s_b) * exp(logprobs - sg(logprobs))                   (value s_b; GSPO-token)
+        per_token = w * max(-A * s_bt, -A * clip(s_bt, 1 - clip_eps, 1 + clip_eps_high))
+        loss      = aggregate(per_token, mask, aggregation, normalizer)  (+ the KL penalty, as ppo_clip)
+
+    With ``seq_mean`` (the default, as the paper) the gradient is exactly the paper's sequence objective,
+    ``-mean_b grad min(s_b A_b, clip(s_b) A_b)``: ``grad s_bt = s_b grad logprobs[b, t]`` and the row mean
+    gives ``grad s_b``. Clip range ``3e-4 / 4e-4`` by default (the paper's; a sequence ratio moves far less
+    than a token's). Shapes as :func:`ppo_clip`; ``clip_fraction`` counts the tokens of clipped sequences.
+    """
+    _check_inputs(logprobs, old_logprobs, advantages, mask, common)
+    bounds = _clip_range(clip_eps, clip_eps_high)
+    keep = mask.bool()
+    token_log_ratio = (logprobs - old_logprobs).masked_fill(~keep, 0.0)
+    lengths = keep.sum(dim=-1, keepdim=True).clamp_min(1).to(logprobs.dtype)
+    seq_log_ratio = (token_log_ratio.sum(dim=-1, keepdim=True) / lengths).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    ratio = torch.exp(
+        seq_log_ratio.detach() + logprobs - logprobs.detach()
+    )  # value: the sequence's, gradient: the token's
+    return _clipped_surrogate(ratio, token_log_ratio, logprobs, advantages, mask, bounds, aggregation, common)
+
+
+@register_policy_loss(PolicyLoss.CISPO)
+def cispo(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps: float = 1.0,
+    clip_eps_high: float | None = 3.0,
+    aggregation: str = LossAggregation.TOKEN_MEAN,
+    **common: Unpack[CommonOptions],
+) -> tuple[Tensor, PolicyLossMetrics]:
+    """CISPO (MiniMax-M1, Chen et al. 2025): the importance weight is clipped and detached; no token's gradient
+    is ever cut (PPO's clip drops rare tokens whose ratio grows fast; CISPO only bounds their weight)::
+
+        ratio     = exp(logprobs - old_logprobs)                              (log-ratio clamped to +-20)
+        per_token = -w * sg(clip(ratio, 1 - clip_eps, 1 + clip_eps_high)) * A * logprobs
+        loss      = aggregate(per_token, mask, aggregation, normalizer)  (+ the KL penalty, as ppo_clip)
+
+    so ``grad = -w * clip(ratio) * A * grad logprobs``: REINFORCE with a truncated importance weight. Defaults:
+    no lower bound (``clip_eps = 1``, as MiniMax-M1) and the weight capped at 4 (``clip_eps_high = 3``, as
+    ScaleRL); token_mean. The loss VALUE is not a surrogate objective (it scales with ``logprobs``): compare
+    gradients, not losses, with PPO's. ``clip_fraction``: tokens whose weight was clipped. Shapes as
+    :func:`ppo_clip`.
+    """
+    _check_inputs(logprobs, old_logprobs, advantages, mask, common)
+    low, high = _clip_range(clip_eps, clip_eps_high)
     log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     ratio = torch.exp(log_ratio)
-    advantage = advantages.to(logprobs.dtype)[:, None]
-    unclipped = -advantage * ratio
-    clipped = -advantage * ratio.clamp(1.0 - clip_eps, 1.0 + high)
-    loss = aggregate(torch.maximum(unclipped, clipped), mask, aggregation, normalizer)
-    ref_kl = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    if ref_logprobs is not None:
-        per_token_kl = k3_kl(logprobs, ref_logprobs)
-        if kl_coef:
-            loss = loss + kl_coef * aggregate(per_token_kl, mask, aggregation, normalizer)
-        ref_kl = masked_mean(per_token_kl.detach(), mask)
-    with torch.no_grad():
-        metrics = PolicyLossMetrics(
-            clip_fraction=masked_mean((clipped > unclipped).to(logprobs.dtype), mask),
-            approx_kl=masked_mean(-log_ratio, mask),
-            ref_kl=ref_kl,
-            ratio_mean=masked_mean(ratio, mask),
-            tokens=mask.bool().sum(),
-        )
-    return loss, metrics
+    coefficient = ratio.clamp(low, high).detach()
+    per_token = -coefficient * advantages.to(logprobs.dtype)[:, None] * logprobs
+    clipped = (ratio < low) | (ratio > high)
+    return _finish(per_token, logprobs, log_ratio, ratio, clipped, mask, aggregation=aggregation, **common)

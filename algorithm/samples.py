@@ -14,8 +14,14 @@ WHICH rewards it compares is the advantage scope (registry ``ADVANTAGE_SCOPES``,
   normalised against ALL the transitions of its group (agent-lightning's choice). It honours per-call credit
   (``discounted``, ``intermediate``); rollouts with more calls weigh more in the group's baseline.
 
+Each scope yields :class:`Unit` s (one reward, its group, the transitions sharing its advantage). With overlong
+shaping (:class:`~fulmen.algorithm.shaping.OverlongShaping`, DAPO) every call's penalty for its response length
+is added to its unit's reward: a rollout's return gets the sum of its calls' penalties. :func:`has_signal` says
+whether a group's (shaped) rewards differ at all, for DAPO's dynamic sampling.
+
 Only rollouts that still have transitions enter the estimator (staleness may have emptied some). Transitions
-keep their exact token ids and recorded logprobs (``Sample.old_logprobs``; None when not recorded).
+keep their exact token ids and recorded logprobs (``Sample.old_logprobs``, the behaviour policy's; None when
+not recorded).
 """
 
 from __future__ import annotations
@@ -25,27 +31,31 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from fulmen.algorithm.advantages import compute_advantages, encode_group_ids
 from fulmen.algorithm.batch import Sample
 from fulmen.algorithm.groups import ClosedGroup
 from fulmen.algorithm.registry import Registry
 from fulmen.algorithm.settings import AdvantageScope
+from fulmen.algorithm.shaping import OverlongShaping
 from fulmen.schemas.events import Transition, TransitionBatch
 
-__all__ = ["ADVANTAGE_SCOPES", "StepSamples", "build_samples", "rollout_return"]
+__all__ = ["ADVANTAGE_SCOPES", "StepSamples", "Unit", "build_samples", "has_signal", "rollout_return", "scope_rewards"]
 
 
 @dataclass(frozen=True)
 class StepSamples:
     """The samples of one step and the statistics a ``TrainStep`` reports.
 
-    ``returns``: one value per rollout that has transitions (``R_r`` above); ``advantages``: one per sample.
+    ``returns``: one value per rollout that has transitions (``R_r`` above, unshaped); ``advantages``: one per
+    sample; ``overlong_penalized``: units (rollouts or calls, by scope) whose reward the overlong shaping lowered.
     """
 
     samples: list[Sample]
     returns: list[float]
     advantages: list[float]
+    overlong_penalized: int = 0
 
     @property
     def reward_mean(self) -> float:
@@ -64,8 +74,18 @@ class StepSamples:
         return _std(self.advantages)
 
 
-ScopeFn = Callable[[Sequence[ClosedGroup], str, float], list[tuple[Transition, str, float]]]
-"""``(groups, estimator, missing_reward) -> [(transition, group_id, advantage)]``."""
+@dataclass(frozen=True)
+class Unit:
+    """What the estimator compares: one reward in a group, and the transitions that share its advantage
+    (a rollout's calls for the episode scope, one call for the transition scope)."""
+
+    group_id: str
+    reward: float
+    transitions: tuple[Transition, ...]
+
+
+ScopeFn = Callable[[Sequence[ClosedGroup], float], list[Unit]]
+"""``(groups, missing_reward) -> the units of the groups, in group, rollout, call order``."""
 
 ADVANTAGE_SCOPES: Registry[ScopeFn] = Registry("advantage scope")
 
@@ -80,27 +100,43 @@ def rollout_return(batch: TransitionBatch, missing_reward: float = 0.0) -> float
 
 
 @ADVANTAGE_SCOPES.register(AdvantageScope.EPISODE)
-def _episode_scope(
-    groups: Sequence[ClosedGroup], estimator: str, missing: float
-) -> list[tuple[Transition, str, float]]:
-    rollouts = [(g.group_id, r) for g in groups for r in g.rollouts if r.transitions]
-    if not rollouts:
-        return []
-    returns = torch.tensor([rollout_return(r, missing) for _, r in rollouts], dtype=torch.float64)
-    advantages = compute_advantages(estimator, returns, encode_group_ids(g for g, _ in rollouts)).tolist()
-    return [(t, group_id, a) for (group_id, r), a in zip(rollouts, advantages, strict=True) for t in r.transitions]
+def _episode_scope(groups: Sequence[ClosedGroup], missing: float) -> list[Unit]:
+    return [
+        Unit(g.group_id, rollout_return(r, missing), tuple(r.transitions))
+        for g in groups for r in g.rollouts if r.transitions
+    ]  # fmt: skip
 
 
 @ADVANTAGE_SCOPES.register(AdvantageScope.TRANSITION)
-def _transition_scope(
-    groups: Sequence[ClosedGroup], estimator: str, missing: float
-) -> list[tuple[Transition, str, float]]:
-    items = [(t, g.group_id) for g in groups for r in g.rollouts for t in r.transitions]
-    if not items:
-        return []
-    rewards = torch.tensor([missing if t.reward is None else t.reward for t, _ in items], dtype=torch.float64)
-    advantages = compute_advantages(estimator, rewards, encode_group_ids(g for _, g in items)).tolist()
-    return [(t, g, a) for (t, g), a in zip(items, advantages, strict=True)]
+def _transition_scope(groups: Sequence[ClosedGroup], missing: float) -> list[Unit]:
+    return [
+        Unit(g.group_id, missing if t.reward is None else float(t.reward), (t,))
+        for g in groups for r in g.rollouts for t in r.transitions
+    ]  # fmt: skip
+
+
+def scope_rewards(
+    groups: Sequence[ClosedGroup], scope: str, missing_reward: float = 0.0, overlong: OverlongShaping | None = None
+) -> tuple[list[Unit], Tensor, Tensor]:
+    """The units of ``groups`` under ``scope``, the rewards the estimator compares (float64 ``[U]``: each unit's
+    reward plus the overlong penalties of its calls) and those penalties alone (``[U]``, 0 without shaping)."""
+    units = ADVANTAGE_SCOPES.get(scope)(groups, missing_reward)
+    rewards = torch.tensor([u.reward for u in units], dtype=torch.float64)
+    penalties = torch.zeros_like(rewards)
+    if overlong is not None and units:
+        lengths = torch.tensor([len(t.response_token_ids) for u in units for t in u.transitions])
+        owner = torch.tensor([i for i, u in enumerate(units) for _ in u.transitions])
+        penalties.index_add_(0, owner, overlong(lengths))
+    return units, rewards + penalties, penalties
+
+
+def has_signal(
+    group: ClosedGroup, scope: str, missing_reward: float = 0.0, overlong: OverlongShaping | None = None
+) -> bool:
+    """Whether the rewards the estimator compares within ``group`` differ (DAPO's dynamic sampling keeps only
+    such groups: equal rewards give every sample advantage 0, hence no gradient). Credit ``group`` first."""
+    _, rewards, _ = scope_rewards([group], scope, missing_reward, overlong)
+    return rewards.numel() > 1 and bool(rewards.max() > rewards.min())
 
 
 def build_samples(
@@ -109,18 +145,23 @@ def build_samples(
     estimator: str = "grpo",
     scope: str = AdvantageScope.EPISODE,
     missing_reward: float = 0.0,
+    overlong: OverlongShaping | None = None,
 ) -> StepSamples:
     """One sample per transition of ``groups`` (see the module docstring), in group, rollout, call order."""
-    scored = ADVANTAGE_SCOPES.get(scope)(groups, estimator, missing_reward)
+    units, rewards, penalties = scope_rewards(groups, scope, missing_reward, overlong)
+    returns = [rollout_return(r, missing_reward) for g in groups for r in g.rollouts if r.transitions]
+    if not units:
+        return StepSamples([], returns, [])
+    advantages = compute_advantages(estimator, rewards, encode_group_ids(u.group_id for u in units)).tolist()
     samples = [
         Sample(
             prompt_token_ids=t.prompt_token_ids, response_token_ids=t.response_token_ids, advantage=advantage,
-            old_logprobs=t.response_logprobs, group_id=group_id, model_version=t.model_version,
+            old_logprobs=t.response_logprobs, group_id=unit.group_id, model_version=t.model_version,
         )
-        for t, group_id, advantage in scored
+        for unit, advantage in zip(units, advantages, strict=True) for t in unit.transitions
     ]  # fmt: skip
-    returns = [rollout_return(r, missing_reward) for g in groups for r in g.rollouts if r.transitions]
-    return StepSamples(samples, returns, [s.advantage for s in samples])
+    penalized = int((penalties < 0).sum()) if overlong is not None else 0
+    return StepSamples(samples, returns, [s.advantage for s in samples], penalized)
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -4,6 +4,12 @@ A variable is ``FULMEN_TRAIN_<FIELD>``: ``FULMEN_TRAIN_GROUP_SIZE=8``, ``FULMEN_
 ``FULMEN_TRAIN_LR=1e-5``, ``FULMEN_TRAIN_MAX_STALENESS=1``, ``FULMEN_TRAIN_GROUP_TIMEOUT_S=300``,
 ``FULMEN_TRAIN_INCOMPLETE_POLICY=train_partial``, ``FULMEN_TRAIN_ESTIMATOR=grpo``, ``FULMEN_TRAIN_MODEL_PATH=...``,
 ``FULMEN_TRAIN_RUN_DIR=...``, ``FULMEN_TRAIN_STEPS=100``.
+
+The algorithm (``FULMEN_TRAIN_ALGORITHM``: grpo, dr_grpo, rloo, dapo, gspo, cispo; ``fulmen.algorithm.recipes``)
+fills the defaults of the pieces it prescribes (estimator, policy_loss, loss_aggregation, clip_eps,
+clip_eps_high, dynamic_sampling, overlong_shaping) that are not set explicitly; ``fulmen config show`` prints the
+result. Names that live in the torch registries (estimators, losses, corrections) are checked when the trainer
+starts (``fulmen.algorithm.train.check_training_settings``), so that this module imports no torch.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from fulmen.algorithm.credit import credit_strategy
+from fulmen.algorithm.recipes import ALGORITHMS, Algorithm
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import IDENTIFIER_PATTERN, new_id
@@ -56,6 +63,9 @@ class TrainSection(BaseModel):
                                    "0 = every attempt's timeout plus a minute")  # fmt: skip
     incomplete_policy: IncompletePolicy = IncompletePolicy.TRAIN_PARTIAL
     max_staleness: int = Field(default=1, ge=0, description="train on transitions of versions >= current - this")
+    algorithm: str = Field(default=Algorithm.GRPO, description="grpo, dr_grpo, rloo, dapo, gspo, cispo: sets the "
+                           "defaults of estimator, policy_loss, loss_aggregation, clip_eps, clip_eps_high, "
+                           "dynamic_sampling and overlong_shaping (each may still be set)")  # fmt: skip
     estimator: str = Field(default="grpo", description="advantage estimator: grpo, dr_grpo, rloo")
     advantage_scope: AdvantageScope = AdvantageScope.EPISODE
     credit: str = Field(default="broadcast", description="credit assignment from the episode and per-call rewards "
@@ -73,7 +83,34 @@ class TrainSection(BaseModel):
     lr: float = Field(default=1e-5, gt=0)
     micro_batch_size: int = Field(default=8, ge=1)
     epochs_per_batch: int = Field(default=1, ge=1)
-    clip_eps: float = Field(default=0.2, gt=0, lt=1)
+    policy_loss: str = Field(default="ppo_clip", description="ppo_clip, dapo, gspo, cispo (fulmen.algorithm.losses)")
+    loss_aggregation: str = Field(default="token_mean", description="token_mean (over the batch's tokens) or "
+                                  "seq_mean (each sequence's token mean, then over sequences)")  # fmt: skip
+    clip_eps: float = Field(default=0.2, gt=0, le=1, description="clip range below 1: ratio >= 1 - clip_eps")
+    clip_eps_high: float | None = Field(default=None, gt=0, description="clip range above 1: ratio <= 1 + it; "
+                                        "unset = clip_eps (the loss's own default)")  # fmt: skip
+    dynamic_sampling: bool = Field(default=False, description="DAPO: a group whose rewards are all equal is not "
+                                   "trained on; the step waits for further groups instead")  # fmt: skip
+    dynamic_sampling_max_skipped: int = Field(default=0, ge=0, description="groups without signal one step may "
+                                              "skip; past it the step takes groups as they come; "
+                                              "0 = 10 * groups_per_step")  # fmt: skip
+    overlong_shaping: bool = Field(default=False, description="DAPO: penalise responses near the length limit "
+                                   "(needs overlong_max_tokens)")  # fmt: skip
+    overlong_max_tokens: int = Field(default=0, ge=0, description="the response length limit of the agent's calls "
+                                     "(their max_tokens)")  # fmt: skip
+    overlong_buffer_tokens: int = Field(default=0, ge=0, description="the penalty ramps up over this many tokens "
+                                        "before the limit; 0 = overlong_max_tokens / 5")  # fmt: skip
+    overlong_penalty: float = Field(default=1.0, ge=0, description="the penalty at the limit and beyond")
+    recompute_old_logprobs: bool = Field(default=False, description="the old policy's logprobs from the weights "
+                                         "at the start of the step, not the recorded ones (a correction implies "
+                                         "it)")  # fmt: skip
+    correction: str = Field(default="", description="off-policy correction between the recorded (behaviour) and "
+                            "recomputed (proximal) logprobs: '' (none), tis, mis, decoupled")  # fmt: skip
+    correction_level: str = Field(default="token", description="token or sequence (the product of a response's "
+                                  "token ratios)")  # fmt: skip
+    correction_low: float = Field(default=0.0, ge=0, description="mis: weights of ratios below it are set to 0")
+    correction_high: float = Field(default=2.0, gt=0, description="tis: weights truncated to it; mis: weights of "
+                                   "ratios above it set to 0")  # fmt: skip
     kl_coef: float = Field(default=0.0, ge=0)
     max_len: int | None = Field(default=None, ge=2)
     lora_r: int = Field(default=0, ge=0, description="LoRA rank; 0 trains every weight")
@@ -84,6 +121,19 @@ class TrainSection(BaseModel):
                                   "signal (a run that still improves learns from something else)")  # fmt: skip
     publish_initial_version: bool = Field(default=False, description="publish the base model as version 0 at "
                                           "start, so gateways following the models topic serve it")  # fmt: skip
+
+    @model_validator(mode="before")
+    @classmethod
+    def _algorithm_defaults(cls, data: object) -> object:
+        """Fill the pieces the algorithm prescribes and the input does not set (the recipe's defaults)."""
+        if not isinstance(data, dict):
+            return data
+        name = data.get("algorithm", Algorithm.GRPO)
+        try:
+            recipe = ALGORITHMS.get(name)
+        except ConfigurationError as exc:
+            raise ValueError(f"FULMEN_TRAIN_ALGORITHM: {exc.message}") from None
+        return {**recipe.settings(), **data}
 
     @field_validator("credit")
     @classmethod
@@ -103,7 +153,35 @@ class TrainSection(BaseModel):
                 f"max_groups_in_flight ({self.max_groups_in_flight}) below groups_per_step ({self.groups_per_step})"
                 " would never fill a step; raise it or set 0 (= 2 * groups_per_step)"
             )
+        if self.correction_low > self.correction_high:
+            raise ValueError(f"correction_low ({self.correction_low}) exceeds correction_high ({self.correction_high})")
+        if self.overlong_max_tokens and self.overlong_buffer_tokens > self.overlong_max_tokens:
+            raise ValueError(f"overlong_buffer_tokens ({self.overlong_buffer_tokens}) exceeds overlong_max_tokens "
+                             f"({self.overlong_max_tokens})")  # fmt: skip
         return self
+
+    @property
+    def overlong_limits(self) -> tuple[int, int, float] | None:
+        """``(max_tokens, buffer_tokens, penalty)`` of the overlong shaping in force, None when it is off.
+
+        Raises ConfigurationError when it is on without ``overlong_max_tokens`` (only the agent knows its limit)."""
+        if not self.overlong_shaping:
+            return None
+        if not self.overlong_max_tokens:
+            raise ConfigurationError(
+                f"overlong shaping (on with FULMEN_TRAIN_ALGORITHM={self.algorithm}) needs the response length "
+                "limit: set FULMEN_TRAIN_OVERLONG_MAX_TOKENS to the max_tokens your agent's calls ask for, or "
+                "FULMEN_TRAIN_OVERLONG_SHAPING=false"
+            )
+        buffer = self.overlong_buffer_tokens or max(1, self.overlong_max_tokens // 5)
+        return self.overlong_max_tokens, buffer, self.overlong_penalty
+
+    @property
+    def dynamic_sampling_bound(self) -> int:
+        """How many groups without signal one step may skip (0 when dynamic sampling is off)."""
+        if not self.dynamic_sampling:
+            return 0
+        return self.dynamic_sampling_max_skipped or 10 * self.groups_per_step
 
     @property
     def group_deadline_s(self) -> float:

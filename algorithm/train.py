@@ -42,7 +42,15 @@ from fulmen.schemas.codec import decode
 from fulmen.schemas.events import ModelVersion, RolloutMode, TrainStep
 from fulmen.schemas.topics import TopicKey, topic_name
 
-__all__ = ["build_backend", "latest_checkpoint", "model_versions", "resolve_model", "train", "version_on_topic"]
+__all__ = [
+    "build_backend",
+    "check_training_settings",
+    "latest_checkpoint",
+    "model_versions",
+    "resolve_model",
+    "train",
+    "version_on_topic",
+]
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +164,34 @@ async def version_on_topic(settings: FulmenSettings, event: ModelVersion) -> boo
     )
 
 
+def check_training_settings(options: TrainSection) -> None:
+    """Refuse, with what to set instead, the settings only the trainer can check: the names that live in the torch
+    registries (estimator, policy loss, aggregation, correction and its level) and overlong shaping without its
+    length limit. ``train`` calls it before loading anything; ``fulmen config show`` does not (it imports no
+    torch). Raises ConfigurationError."""
+    from fulmen.algorithm.advantages import get_advantage_fn
+    from fulmen.algorithm.corrections import get_correction_fn, get_level
+    from fulmen.algorithm.losses import get_aggregation, get_policy_loss_fn
+    from fulmen.algorithm.recipes import ALGORITHMS
+
+    def named(setting: str, value: str, get) -> None:
+        try:
+            get(value)
+        except ConfigurationError as exc:
+            hint = ""
+            if value in ALGORITHMS and setting != "ALGORITHM":
+                hint = f" ({value} is an algorithm: set FULMEN_TRAIN_ALGORITHM={value}, which selects its pieces)"
+            raise ConfigurationError(f"FULMEN_TRAIN_{setting}: {exc.message}{hint}") from None
+
+    named("ESTIMATOR", options.estimator, get_advantage_fn)
+    named("POLICY_LOSS", options.policy_loss, get_policy_loss_fn)
+    named("LOSS_AGGREGATION", options.loss_aggregation, get_aggregation)
+    named("CORRECTION_LEVEL", options.correction_level, get_level)
+    if options.correction:
+        named("CORRECTION", options.correction, get_correction_fn)
+    _ = options.overlong_limits  # raises when overlong shaping is on without its limit
+
+
 def build_backend(options: TrainSection, model_path: str) -> TrainerBackend:
     """The torch trainer for ``model_path`` with the section's optimisation settings (loads the model)."""
     from fulmen.algorithm.trainer.torch_backend import LoraSettings, TorchTrainer, TorchTrainerConfig
@@ -165,7 +201,11 @@ def build_backend(options: TrainSection, model_path: str) -> TrainerBackend:
         TorchTrainerConfig(
             model_path=model_path, device=options.device, dtype=options.dtype, lr=options.lr,
             micro_batch_size=options.micro_batch_size, epochs_per_batch=options.epochs_per_batch,
-            clip_eps=options.clip_eps, kl_coef=options.kl_coef, lora=lora, seed=options.seed, max_len=options.max_len,
+            clip_eps=options.clip_eps, clip_eps_high=options.clip_eps_high, policy_loss=options.policy_loss,
+            aggregation=options.loss_aggregation, kl_coef=options.kl_coef, lora=lora, seed=options.seed,
+            max_len=options.max_len, recompute_old_logprobs=options.recompute_old_logprobs,
+            correction=options.correction or None, correction_level=options.correction_level,
+            correction_low=options.correction_low, correction_high=options.correction_high,
         )
     )  # fmt: skip
 
@@ -180,6 +220,7 @@ async def train(
 ) -> list[TrainStep]:
     """Run ``settings.train.steps`` steps on ``tasks`` (validating on ``val_tasks``); the TrainStep events."""
     options = settings.train
+    check_training_settings(options)
     run_dir = settings.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     base_model = await asyncio.to_thread(resolve_model, options.model_path, run_dir)

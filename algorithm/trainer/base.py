@@ -71,6 +71,11 @@ class StepMetrics:
     ``tokens_per_s``: ``input_tokens * epochs / train_s`` (each goes through a forward and a backward pass);
     ``train_s``: wall time of the whole step, logprob passes included; ``skipped_updates``: epochs whose
     update was skipped because the gradient was not finite.
+
+    With an off-policy correction (``fulmen.algorithm.corrections``; None without one), over the response tokens
+    whose behaviour logprobs were recorded: ``is_weight_mean`` / ``is_weight_max`` of the importance weights
+    applied, ``is_ratio_max`` of the raw ratio proximal / behaviour, ``is_truncated_fraction`` /
+    ``is_masked_fraction``: share of those tokens whose weight was truncated / set to 0.
     """
 
     step: int
@@ -86,10 +91,15 @@ class StepMetrics:
     approx_kl: float = 0.0
     ratio_mean: float = 1.0
     skipped_updates: int = 0
+    is_weight_mean: float | None = None
+    is_weight_max: float | None = None
+    is_ratio_max: float | None = None
+    is_truncated_fraction: float | None = None
+    is_masked_fraction: float | None = None
 
     def as_dict(self) -> dict[str, float]:
-        """All fields by name (for logs and the ``TrainStep`` event's fields and ``extra``)."""
-        return {name: float(value) for name, value in asdict(self).items()}
+        """All fields that have a value, by name (for logs and the ``TrainStep`` event's fields and ``extra``)."""
+        return {name: float(value) for name, value in asdict(self).items() if value is not None}
 
 
 @runtime_checkable

@@ -3,10 +3,14 @@
 :class:`TorchTrainer` implements :class:`fulmen.algorithm.trainer.base.TrainerBackend`. One ``step``:
 
 1. collate the samples (right-padded :class:`TrainBatch`), move them to the device, split into micro-batches;
-2. fill the old logprobs the inference backend did not record (all of them with ``recompute_old_logprobs``)
+2. fill the old logprobs the inference backend did not record (all of them with ``recompute_old_logprobs`` or
+   an off-policy ``correction``: then they are the proximal policy's, the weights at the start of the step)
    from the current model, without gradient, before any update; with ``kl_coef > 0`` compute the reference
    logprobs the same way (a frozen copy of the initial model; with LoRA the same model, adapter disabled);
+   with a ``correction`` (``tis``, ``mis``, ``decoupled``: ``fulmen.algorithm.corrections``) compute each
+   token's importance weight from the proximal and the recorded behaviour logprobs, once;
 3. ``epochs_per_batch`` times: zero the gradients, run every micro-batch forward and backward with the loss
+   (``policy_loss``: ``ppo_clip``, ``dapo``, ``gspo``, ``cispo``; the weights multiplying its per-token term)
    reduced relative to the WHOLE batch (so the accumulated gradient is the full-batch gradient), clip the
    gradient norm, take one AdamW step.
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import math
 import time
@@ -31,6 +36,7 @@ import torch
 from torch import Tensor
 
 from fulmen.algorithm.batch import Sample, TrainBatch, collate
+from fulmen.algorithm.corrections import CorrectionLevel, ImportanceStats, get_correction_fn, get_level
 from fulmen.algorithm.errors import ConfigurationError
 from fulmen.algorithm.losses import (
     LossAggregation,
@@ -68,7 +74,10 @@ class TorchTrainerConfig:
     ``device``: "auto" (cuda when available), "cpu", "cuda" or "cuda:N". ``dtype``: compute dtype, "auto"
     (bfloat16 on a GPU that supports it, else float32), "float32" or "bfloat16". ``max_grad_norm``: None
     turns clipping off. ``kl_coef``: 0 loads no reference model. ``lora``: None trains every weight.
-    ``max_len``: longest prompt + response accepted by ``collate`` (None: no limit).
+    ``max_len``: longest prompt + response accepted by ``collate`` (None: no limit). ``clip_eps`` /
+    ``clip_eps_high``: the policy loss's clip range below / above 1 (``clip_eps_high`` None: the loss's own
+    default, ``clip_eps`` for ppo_clip). ``correction``: None, or an off-policy correction by name, with its
+    ``correction_level`` (token, sequence) and bounds ``correction_low`` / ``correction_high`` on the ratio.
     """
 
     model_path: Path | str
@@ -89,6 +98,10 @@ class TorchTrainerConfig:
     seed: int = 0
     max_len: int | None = None
     recompute_old_logprobs: bool = False
+    correction: str | None = None
+    correction_level: str = CorrectionLevel.TOKEN
+    correction_low: float = 0.0
+    correction_high: float = 2.0
 
     def __post_init__(self) -> None:
         problems = [
@@ -97,7 +110,13 @@ class TorchTrainerConfig:
                 (self.lr <= 0, f"lr must be > 0 (got {self.lr})"),
                 (self.micro_batch_size < 1, f"micro_batch_size must be >= 1 (got {self.micro_batch_size})"),
                 (self.epochs_per_batch < 1, f"epochs_per_batch must be >= 1 (got {self.epochs_per_batch})"),
-                (not 0 < self.clip_eps < 1, f"clip_eps must be in (0, 1) (got {self.clip_eps})"),
+                (not 0 < self.clip_eps <= 1, f"clip_eps must be in (0, 1] (got {self.clip_eps})"),
+                (self.clip_eps_high is not None and self.clip_eps_high <= 0, "clip_eps_high must be > 0 or None"),
+                (
+                    not 0 <= self.correction_low <= self.correction_high or self.correction_high <= 0,
+                    f"need 0 <= correction_low <= correction_high and correction_high > 0 (got "
+                    f"{self.correction_low}, {self.correction_high})",
+                ),
                 (self.kl_coef < 0, f"kl_coef must be >= 0 (got {self.kl_coef})"),
                 (self.max_grad_norm is not None and self.max_grad_norm <= 0, "max_grad_norm must be > 0 or None"),
                 (self.dtype not in ("auto", *_DTYPES), f"dtype must be auto, float32 or bfloat16 (got {self.dtype})"),
@@ -109,6 +128,9 @@ class TorchTrainerConfig:
             raise ConfigurationError("TorchTrainerConfig: " + "; ".join(problems))
         get_policy_loss_fn(self.policy_loss)  # ConfigurationError listing the valid names
         get_aggregation(self.aggregation)
+        get_level(self.correction_level)
+        if self.correction is not None:
+            get_correction_fn(self.correction)
 
 
 class TorchTrainer:
@@ -128,6 +150,7 @@ class TorchTrainer:
         )
         self.pad_id = _pad_id(self.tokenizer, self.model)
         self.policy_loss = get_policy_loss_fn(config.policy_loss)
+        self.correction = get_correction_fn(config.correction) if config.correction is not None else None
         self.steps = 0
 
     # -- the TrainerBackend interface -------------------------------------------------------------------
@@ -139,20 +162,24 @@ class TorchTrainer:
         normalizer = batch_normalizer(batch.response_mask, self.config.aggregation)
         micro = [self._with_old_logprobs(mb) for mb in batch.split(self.config.micro_batch_size)]
         refs = [self.reference.logprobs(mb, self._autocast) for mb in micro] if self.reference else [None] * len(micro)
+        weights, importance = self._importance_weights(micro)
         options = {
             "clip_eps": self.config.clip_eps,
-            "clip_eps_high": self.config.clip_eps_high,
             "aggregation": self.config.aggregation,
             "normalizer": normalizer,
             "kl_coef": self.config.kl_coef,
         }
+        if self.config.clip_eps_high is not None:  # else the loss's own default
+            options["clip_eps_high"] = self.config.clip_eps_high
 
         def loss_of(index: int, mb: TrainBatch, logprobs: Tensor) -> tuple[Tensor, PolicyLossMetrics]:
             return self.policy_loss(
-                logprobs, mb.old_logprobs, mb.advantages, mb.response_mask, ref_logprobs=refs[index], **options
-            )
+                logprobs, mb.old_logprobs, mb.advantages, mb.response_mask, ref_logprobs=refs[index],
+                weights=weights[index], **options,
+            )  # fmt: skip
 
-        return self._train(batch, micro, loss_of, started)
+        metrics = self._train(batch, micro, loss_of, started)
+        return metrics if importance is None else dataclasses.replace(metrics, **importance)
 
     def sft_step(self, batch: TrainBatch | Sequence[Sample]) -> StepMetrics:
         """One supervised update: mean negative log-likelihood of the response tokens of the whole batch."""
@@ -195,14 +222,32 @@ class TorchTrainer:
 
     @torch.no_grad()
     def _with_old_logprobs(self, mb: TrainBatch) -> TrainBatch:
-        """Fill the old logprobs the batch lacks (all, with recompute_old_logprobs) from the current model."""
-        overwrite = self.config.recompute_old_logprobs
+        """Fill the old logprobs the batch lacks (all, with recompute_old_logprobs or a correction: the proximal
+        policy's) from the current model."""
+        overwrite = self.config.recompute_old_logprobs or self.correction is not None
         if not overwrite and bool(mb.has_old_logprobs.all()):
             return mb
         self.model.eval()
         with self._autocast():
             computed = token_logprobs(self.model, mb.input_ids, mb.attention_mask)
         return mb.with_old_logprobs(computed, overwrite=overwrite)
+
+    def _importance_weights(self, micro: list[TrainBatch]) -> tuple[list[Tensor | None], dict[str, float] | None]:
+        """Per micro-batch, the correction's weights from the proximal (``old_logprobs``, recomputed) and the
+        recorded behaviour logprobs, and the step's statistics as StepMetrics fields; no correction: Nones."""
+        if self.correction is None:
+            return [None] * len(micro), None
+        config = self.config
+        weights, parts = [], []
+        for mb in micro:
+            known = mb.response_mask * mb.has_behaviour_logprobs[:, None].to(mb.response_mask.dtype)
+            w, stats = self.correction(mb.old_logprobs - mb.behaviour_logprobs, known, level=config.correction_level,
+                                       low=config.correction_low, high=config.correction_high)  # fmt: skip
+            weights.append(w)
+            parts.append(stats)
+        stats = ImportanceStats.combine(parts).as_floats()
+        logger.debug("step %d: importance weights %s", self.steps + 1, stats)
+        return weights, {f"is_{name}": value for name, value in stats.items() if name != "tokens"}
 
     def _train(
         self,

@@ -64,3 +64,17 @@ def test_shapes_are_checked() -> None:
         TrainBatch(**{**vars(batch), "advantages": torch.zeros(2)})
     with pytest.raises(ValueError, match="input_ids must be long"):
         TrainBatch(**{**vars(batch), "input_ids": batch.input_ids.float()})
+
+
+def test_behaviour_logprobs_are_the_recorded_ones_and_survive_a_recompute() -> None:
+    batch = collate(SAMPLES, pad_id=0)
+    assert torch.equal(batch.behaviour_logprobs, batch.old_logprobs)
+    assert batch.has_behaviour_logprobs.tolist() == [True, False, True]
+    proximal = batch.with_old_logprobs(torch.full(batch.old_logprobs.shape, -9.0), overwrite=True)
+    assert proximal.old_logprobs[0].tolist() == [0, 0, 0, -9, -9]
+    assert proximal.behaviour_logprobs.tolist() == [[0, 0, 0, -0.5, -0.25], [0] * 5, [0, 0, -1.0, 0, 0]]
+    assert proximal.has_behaviour_logprobs.tolist() == [True, False, True]
+    part = proximal.split(2)[1]
+    assert part.behaviour_logprobs.tolist() == [[0, 0, -1.0]] and part.has_behaviour_logprobs.tolist() == [True]
+    with pytest.raises(ValueError, match="behaviour_logprobs must be"):
+        TrainBatch(**{**vars(batch), "behaviour_logprobs": batch.behaviour_logprobs[:, :2]})

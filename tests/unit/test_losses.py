@@ -184,10 +184,156 @@ def test_argument_errors() -> None:
 
 
 def test_registries_answer_unknown_names_with_the_valid_ones() -> None:
-    with pytest.raises(ConfigurationError, match="unknown policy loss 'gspo'; valid: ppo_clip"):
-        get_policy_loss_fn("gspo")
+    with pytest.raises(ConfigurationError, match="unknown policy loss 'grpo'; valid: ppo_clip, dapo, gspo, cispo"):
+        get_policy_loss_fn("grpo")
     with pytest.raises(ConfigurationError, match="unknown loss aggregation 'token_sum'; valid: token_mean, seq_mean"):
         get_aggregation("token_sum")
     with pytest.raises(ConfigurationError, match="already registered"):
         register_aggregation("seq_mean", Aggregation(total=lambda x, keep: x.sum(), count=lambda keep: keep.sum()))
     assert get_policy_loss_fn("ppo_clip") is ppo_clip
+
+
+# -- DAPO, GSPO, CISPO and off-policy weights ----------------------------------------------------------------------
+
+
+def random_weights(seed: int, like: torch.Tensor) -> torch.Tensor:
+    """Importance weights as a correction makes them: positive, some 0 (masked), some truncated at 2."""
+    g = torch.Generator().manual_seed(1000 + seed)
+    weights = torch.exp(torch.randn(like.shape, generator=g, dtype=like.dtype) * 0.5).clamp(max=2.0)
+    return weights.masked_fill(torch.rand(like.shape, generator=g, dtype=like.dtype) < 0.1, 0.0)
+
+
+def reduce_rows(rows: list[list[float]], mode: str) -> float:
+    """token_mean or seq_mean of ragged per-token values, by definition (empty rows count in neither)."""
+    tokens = [v for row in rows for v in row]
+    if mode == "token_mean":
+        return sum(tokens) / len(tokens)
+    means = [sum(row) / len(row) for row in rows if row]
+    return sum(means) / len(means)
+
+
+def reference_policy_loss(name: str, inputs: dict[str, torch.Tensor], mode: str, low: float, high: float,
+                          weights: torch.Tensor | None) -> float:  # fmt: skip
+    """ppo_clip / dapo, gspo and cispo token by token with math.*: the formulas of their docstrings."""
+    new, old, mask = inputs["logprobs"].tolist(), inputs["old_logprobs"].tolist(), inputs["mask"].tolist()
+    adv = inputs["advantages"].tolist()
+    w = weights.tolist() if weights is not None else [[1.0] * len(row) for row in new]
+    rows = []
+    for b in range(len(new)):
+        positions = [t for t in range(len(new[b])) if mask[b][t]]
+        if positions:
+            seq_ratio = math.exp(sum(new[b][t] - old[b][t] for t in positions) / len(positions))
+        values = []
+        for t in positions:
+            ratio = seq_ratio if name == "gspo" else math.exp(new[b][t] - old[b][t])
+            if name == "cispo":
+                value = -min(max(ratio, 1 - low), 1 + high) * adv[b] * new[b][t]
+            else:
+                value = max(-adv[b] * ratio, -adv[b] * min(max(ratio, 1 - low), 1 + high))
+            values.append(w[b][t] * value)
+        rows.append(values)
+    return reduce_rows(rows, mode)
+
+
+@pytest.mark.parametrize("mode", list(LossAggregation))
+@pytest.mark.parametrize(
+    ("name", "low", "high"), [("ppo_clip", 0.2, 0.2), ("dapo", 0.2, 0.28), ("gspo", 3e-4, 4e-4), ("gspo", 0.1, 0.2),
+                              ("cispo", 1.0, 3.0), ("cispo", 0.2, 0.28)],
+)  # fmt: skip
+def test_every_loss_matches_its_loop_reference_with_and_without_weights(name: str, low: float, high: float,
+                                                                         mode: str) -> None:  # fmt: skip
+    loss_fn = get_policy_loss_fn(name)
+    for seed in range(10):
+        inputs = {k: v for k, v in random_inputs(seed).items() if k != "ref_logprobs"}
+        for weights in (None, random_weights(seed, inputs["logprobs"])):
+            loss, metrics = loss_fn(**inputs, clip_eps=low, clip_eps_high=high, aggregation=mode, weights=weights)
+            expected = reference_policy_loss(name, inputs, mode, low, high, weights)
+            assert loss.item() == pytest.approx(expected, rel=1e-10, abs=1e-12)
+            assert metrics.tokens.item() == inputs["mask"].sum().item()
+
+
+def test_dapo_is_clip_higher_ppo_with_token_mean_by_default() -> None:
+    inputs = random_inputs(4)
+    inputs["logprobs"][0, 1] = inputs["old_logprobs"][0, 1] + math.log(1.25)  # between 1 + 0.2 and 1 + 0.28
+    inputs["advantages"][0] = 1.0
+    dapo_loss, dapo_metrics = get_policy_loss_fn("dapo")(**inputs)
+    ppo_loss, _ = ppo_clip(**inputs, clip_eps=0.2, clip_eps_high=0.28, aggregation="token_mean")
+    assert dapo_loss.item() == ppo_loss.item()
+    symmetric, symmetric_metrics = ppo_clip(**inputs)
+    assert symmetric_metrics.clip_fraction.item() > dapo_metrics.clip_fraction.item()  # 1.25 is clipped only there
+    assert dapo_loss.item() < symmetric.item()
+
+
+def test_gspo_gradient_is_the_sequence_objective_gradient() -> None:
+    """seq_mean GSPO = -mean_b min(s_b A_b, clip(s_b) A_b) with s_b the length-normalised sequence ratio."""
+    for seed in range(5):
+        inputs = random_inputs(seed)
+        ours = inputs["logprobs"].clone().requires_grad_(True)
+        loss, _ = get_policy_loss_fn("gspo")(ours, inputs["old_logprobs"], inputs["advantages"], inputs["mask"],
+                                             clip_eps=0.05, clip_eps_high=0.08)  # fmt: skip
+        loss.backward()
+        theirs = inputs["logprobs"].clone().requires_grad_(True)
+        terms = []
+        for b in range(theirs.shape[0]):
+            keep = inputs["mask"][b].bool()
+            if not keep.any():
+                continue
+            s = torch.exp((theirs[b][keep] - inputs["old_logprobs"][b][keep]).mean())
+            a = inputs["advantages"][b]
+            terms.append(-torch.minimum(s * a, s.clamp(0.95, 1.08) * a))
+        torch.stack(terms).mean().backward()
+        torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_gspo_clips_whole_sequences() -> None:
+    old = torch.zeros(2, 3, dtype=torch.float64)
+    new = torch.tensor([[0.0, 0.3, 0.3], [0.0, 0.0, 0.0]], dtype=torch.float64)  # row 0: s = exp(0.3) > 1 + eps
+    mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]])
+    _, metrics = get_policy_loss_fn("gspo")(new, old, torch.tensor([1.0, 1.0], dtype=torch.float64), mask)
+    assert metrics.clip_fraction.item() == 0.5  # both tokens of row 0, none of row 1
+    assert metrics.ratio_mean.item() == pytest.approx((2 * math.exp(0.3) + 2) / 4)
+
+
+def test_cispo_keeps_the_gradient_of_tokens_ppo_would_clip() -> None:
+    """CISPO's gradient is -clip(ratio) * A * grad logprobs: bounded, never zero, unlike PPO's beyond the clip."""
+    old = torch.zeros(1, 4, dtype=torch.float64)
+    ratios = torch.tensor([[1.0, 1.0, 1.5, 9.0]], dtype=torch.float64)  # 1.5 and 9 lie beyond PPO's 1.2
+    mask = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
+    advantage = torch.tensor([2.0], dtype=torch.float64)
+    new = ratios.log().requires_grad_(True)
+    loss, metrics = get_policy_loss_fn("cispo")(new, old, advantage, mask, clip_eps=1.0, clip_eps_high=3.0)
+    loss.backward()
+    torch.testing.assert_close(new.grad, torch.tensor([[0.0, -2.0, -3.0, -8.0]], dtype=torch.float64) / 3)
+    assert metrics.clip_fraction.item() == pytest.approx(1 / 3)  # only 9 > 4 was clipped
+    ppo_new = ratios.log().requires_grad_(True)
+    ppo_clip(ppo_new, old, advantage, mask)[0].backward()
+    assert ppo_new.grad[0, 2].item() == ppo_new.grad[0, 3].item() == 0.0
+
+
+def test_weights_scale_the_gradient_and_are_not_differentiated() -> None:
+    inputs = {k: v for k, v in random_inputs(9).items() if k != "ref_logprobs"}
+    weights = random_weights(9, inputs["logprobs"]).requires_grad_(True)
+    for name in ("ppo_clip", "gspo", "cispo"):
+        plain = inputs["logprobs"].clone().requires_grad_(True)
+        weighted = inputs["logprobs"].clone().requires_grad_(True)
+        get_policy_loss_fn(name)(plain, *(inputs[k] for k in ("old_logprobs", "advantages", "mask")))[0].backward()
+        loss, _ = get_policy_loss_fn(name)(weighted, *(inputs[k] for k in ("old_logprobs", "advantages", "mask")),
+                                           weights=weights)  # fmt: skip
+        loss.backward()
+        assert weights.grad is None  # detached inside: importance weights change the measure, not the objective
+        if name != "gspo":  # per-token terms: each token's gradient scales by its own weight
+            torch.testing.assert_close(weighted.grad, plain.grad * weights.detach(), rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="weights must be"):
+        ppo_clip(**inputs, weights=weights[:, :2])
+
+
+@pytest.mark.parametrize("name", ["dapo", "gspo", "cispo"])
+@pytest.mark.parametrize("mode", list(LossAggregation))
+def test_micro_batches_sum_to_the_full_batch_for_every_loss(name: str, mode: str) -> None:
+    inputs = random_inputs(13, rows=8)
+    loss_fn = get_policy_loss_fn(name)
+    full, _ = loss_fn(**inputs, aggregation=mode, kl_coef=0.1)
+    normalizer = batch_normalizer(inputs["mask"], mode)
+    pieces = [loss_fn(**{k: v[i : i + 3] for k, v in inputs.items()}, aggregation=mode, kl_coef=0.1,
+                      normalizer=normalizer)[0] for i in range(0, 8, 3)]  # fmt: skip
+    assert sum(pieces).item() == pytest.approx(full.item(), rel=1e-12)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import subprocess
 import sys
@@ -253,3 +254,94 @@ def test_with_pydantic_the_errors_are_those_of_schemas() -> None:
 
     assert ConfigurationError is fulmen.schemas.errors.ConfigurationError
     assert PoisonInputError is fulmen.schemas.errors.PoisonInputError
+
+
+@pytest.mark.parametrize(("loss", "clip_eps", "clip_eps_high", "aggregation"),
+                         [("dapo", 0.2, 0.28, "token_mean"), ("gspo", 3e-4, 4e-4, "seq_mean"),
+                          ("cispo", 1.0, 3.0, "token_mean")])  # fmt: skip
+def test_every_policy_loss_trains_every_parameter(model_dir: Path, loss: str, clip_eps: float,
+                                                  clip_eps_high: float, aggregation: str) -> None:  # fmt: skip
+    trainer = make_trainer(model_dir, policy_loss=loss, clip_eps=clip_eps, clip_eps_high=clip_eps_high,
+                           aggregation=aggregation, epochs_per_batch=2)  # fmt: skip
+    before = trainable(trainer)
+    metrics = trainer.step(make_samples(20))
+    assert [n for n, p in trainer.model.named_parameters() if torch.equal(p.detach(), before[n])] == []
+    assert metrics.skipped_updates == 0 and metrics.grad_norm > 0 and metrics.approx_kl != 0.0
+    assert metrics.is_weight_mean is None  # no correction: no importance statistics
+
+
+def with_behaviour(trainer: TorchTrainer, samples: list[Sample], shift: float, rows: set[int]) -> list[Sample]:
+    """The samples with behaviour logprobs recorded on ``rows``: the model's own minus ``shift`` (so the ratio
+    proximal / behaviour is exp(shift) on every token of those rows)."""
+    batch = collate(samples, trainer.pad_id)
+    with torch.no_grad():
+        own = token_logprobs(trainer.model, batch.input_ids, batch.attention_mask)
+    return [
+        Sample(s.prompt_token_ids, s.response_token_ids, s.advantage,
+               (own[i, len(s.prompt_token_ids) : s.length] - shift).tolist() if i in rows else None)
+        for i, s in enumerate(samples)
+    ]  # fmt: skip
+
+
+def grads(trainer: TorchTrainer) -> list[torch.Tensor]:
+    return [p.grad.detach().clone() for p in trainer.model.parameters()]
+
+
+@pytest.mark.parametrize(("correction", "options", "scale", "truncated", "masked"), [
+    ("decoupled", {}, 1.5, 0.0, 0.0),
+    ("tis", {"correction_high": 1.2}, 1.2, 1.0, 0.0),
+    ("tis", {"correction_high": 2.0}, 1.5, 0.0, 0.0),
+    ("mis", {"correction_level": "sequence", "correction_high": 1e9}, None, 0.0, 0.0),  # products of 1.5s
+    ("mis", {"correction_high": 1.2}, 0.0, 0.0, 1.0),
+])  # fmt: skip
+def test_corrections_weigh_the_gradient_by_proximal_over_behaviour(
+    model_dir: Path, correction: str, options: dict, scale: float | None, truncated: float, masked: float
+) -> None:
+    """Behaviour logprobs recorded as the model's own minus log(1.5): the recomputed proximal ones are the model's,
+    so each token's weight is 1.5 (decoupled), min(1.5, C) (tis), 1.5 or 0 (mis). One epoch is on-policy for
+    pi_prox, so the weighted gradient (before clipping: off here) is exactly the scaled plain one."""
+    samples = make_samples(21)
+    baseline = make_trainer(model_dir, micro_batch_size=5, recompute_old_logprobs=True, max_grad_norm=None)
+    recorded = with_behaviour(baseline, samples, math.log(1.5), set(range(len(samples))))
+    plain = baseline.step(recorded)
+    corrected = make_trainer(model_dir, micro_batch_size=5, correction=correction, max_grad_norm=None, **options)
+    metrics = corrected.step(recorded)
+    if scale is not None:
+        assert metrics.loss == pytest.approx(scale * plain.loss, rel=1e-5, abs=1e-9)
+        for a, b in zip(grads(baseline), grads(corrected), strict=True):
+            torch.testing.assert_close(b, scale * a, rtol=1e-4, atol=1e-7)
+    assert metrics.is_ratio_max == pytest.approx(1.5 ** (1 if "correction_level" not in options else max(
+        len(s.response_token_ids) for s in samples)), rel=1e-4)  # fmt: skip
+    assert (metrics.is_truncated_fraction, metrics.is_masked_fraction) == (truncated, masked)
+    assert metrics.ratio_mean == pytest.approx(1.0) and plain.is_weight_mean is None
+
+
+def test_rows_without_behaviour_logprobs_keep_weight_one_and_stay_out_of_the_statistics(model_dir: Path) -> None:
+    samples = make_samples(22)
+    recorded_rows = {0, 3, 4, 9}
+    baseline = make_trainer(model_dir, recompute_old_logprobs=True)
+    mixed = with_behaviour(baseline, samples, math.log(1.5), recorded_rows)
+    plain = baseline.step(mixed)
+    corrected = make_trainer(model_dir, correction="decoupled")
+    metrics = corrected.step(mixed)
+    # the loss of the first (on-policy) epoch is sum_b -A_b * n_b * w_b / N, with w_b = 1.5 only where recorded
+    lengths = [len(s.response_token_ids) for s in samples]
+    total = sum(lengths)
+    expected = sum(-s.advantage * n * (1.5 if i in recorded_rows else 1.0)
+                   for i, (s, n) in enumerate(zip(samples, lengths, strict=True))) / total  # fmt: skip
+    assert metrics.loss == pytest.approx(expected, rel=1e-5, abs=1e-7)
+    assert plain.loss == pytest.approx(sum(-s.advantage * n for s, n in zip(samples, lengths, strict=True)) / total,
+                                       rel=1e-5, abs=1e-7)  # fmt: skip
+    assert metrics.is_weight_mean == pytest.approx(1.5, rel=1e-5)  # over the recorded rows' tokens only
+    assert metrics.is_weight_max == pytest.approx(1.5, rel=1e-5)
+
+
+def test_correction_settings_are_checked(model_dir: Path) -> None:
+    with pytest.raises(ConfigurationError, match="unknown off-policy correction 'ips'; valid: tis, mis, decoupled"):
+        TorchTrainerConfig(model_dir, correction="ips")
+    with pytest.raises(ConfigurationError, match="valid: token, sequence"):
+        TorchTrainerConfig(model_dir, correction="tis", correction_level="batch")
+    with pytest.raises(ConfigurationError, match="correction_low <= correction_high"):
+        TorchTrainerConfig(model_dir, correction="mis", correction_low=3.0, correction_high=2.0)
+    with pytest.raises(ConfigurationError, match="valid: ppo_clip, dapo, gspo, cispo"):
+        TorchTrainerConfig(model_dir, policy_loss="grpo")

@@ -4,6 +4,7 @@ with a transition batch in an in-memory consumer, and a trainer backend that rec
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from fulmen.algorithm.settings import TrainSection, TrainSettings
 from fulmen.algorithm.train import latest_checkpoint
 from fulmen.algorithm.trainer.base import StepMetrics
 from fulmen.schemas.codec import encode
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import (
     ModelVersion,
     RolloutMode,
@@ -229,3 +231,70 @@ def test_train_settings_come_from_fulmen_train_variables(monkeypatch: pytest.Mon
     monkeypatch.setenv("FULMEN_TRAIN_AGENT", "not an agent")
     with pytest.raises(ValueError, match="agent"):
         TrainSettings()
+
+
+def task_of_group(publisher: FakePublisher) -> dict[str, str]:
+    return {r.group_id: r.task_id for r in publisher.events[TopicKey.TASKS]}
+
+
+def test_dynamic_sampling_trains_only_on_groups_whose_rewards_differ(tmp_path: Path) -> None:
+    def answer(request: RolloutRequest, number: int) -> TransitionBatch:  # task t0 is always solved: no signal
+        return reply(request, number, reward=1.0 if request.task_id == "t0" else None)
+
+    loop, publisher, backend, _ = build(tmp_path, answer=answer, steps=3, dynamic_sampling=True)
+    steps = run(loop)
+    tasks = task_of_group(publisher)
+    trained = [{tasks[s.group_id] for s in batch} for batch in backend.batches]
+    assert all("t0" not in batch for batch in trained) and all(s.num_groups == 2 for s in steps)
+    skipped = [s.extra["filtered_groups"] for s in steps]
+    dispatched_t0 = sum(task == "t0" for task in tasks.values())
+    assert sum(skipped) >= 1 and steps[-1].extra["filtered_groups_total"] == sum(skipped)
+    assert sum(skipped) <= dispatched_t0 and all(s.extra["dynamic_sampling_exhausted"] == 0 for s in steps)
+    plain_loop, plain_publisher, plain_backend, _ = build(tmp_path / "plain", answer=answer, steps=3)
+    run(plain_loop)
+    plain_tasks = task_of_group(plain_publisher)
+    assert any(plain_tasks[s.group_id] == "t0" for batch in plain_backend.batches for s in batch)
+    assert "filtered_groups" not in plain_publisher.events[TopicKey.METRICS][0].extra
+
+
+def test_dynamic_sampling_waits_a_bounded_number_of_groups(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    loop, _, backend, _ = build(tmp_path, answer=lambda r, n: reply(r, n, reward=0.5), steps=1,
+                                dynamic_sampling=True, dynamic_sampling_max_skipped=3)  # fmt: skip
+    [step] = run(loop)
+    assert step.extra["filtered_groups"] == 3 and step.extra["dynamic_sampling_exhausted"] == 1
+    assert step.num_groups == 2 and len(backend.batches[0]) == 4  # then it took groups as they came
+    assert "skipped 3 groups without signal" in caplog.text
+    assert TrainSection(dynamic_sampling=True, groups_per_step=4).dynamic_sampling_bound == 40
+    assert TrainSection(dynamic_sampling_max_skipped=7).dynamic_sampling_bound == 0  # off
+
+
+def test_overlong_shaping_enters_the_advantages_and_is_counted(tmp_path: Path) -> None:
+    def answer(request: RolloutRequest, number: int) -> TransitionBatch:  # 3 response tokens each, equal rewards
+        return reply(request, number, reward=1.0)
+
+    # a limit of 4 tokens with a ramp of 2: 3 tokens cost 0.5; every answer the same: no advantage either way
+    loop, _, backend, _ = build(tmp_path, answer=answer, steps=1, overlong_shaping=True, overlong_max_tokens=4,
+                                overlong_buffer_tokens=2)  # fmt: skip
+    [step] = run(loop)
+    assert step.extra["overlong_penalized"] == 4 and step.reward_mean == 1.0  # rewards reported unshaped
+    assert [s.advantage for s in backend.batches[0]] == [0.0] * 4
+    with pytest.raises(ConfigurationError, match="set FULMEN_TRAIN_OVERLONG_MAX_TOKENS"):
+        build(tmp_path / "dapo", algorithm="dapo")
+
+
+def test_importance_weight_statistics_reach_the_train_step(tmp_path: Path) -> None:
+    class CorrectedBackend(FakeBackend):
+        def step(self, samples):
+            metrics = super().step(samples)
+            return dataclasses.replace(metrics, is_weight_mean=0.9, is_weight_max=2.0, is_ratio_max=3.5,
+                                       is_truncated_fraction=0.1, is_masked_fraction=0.0)  # fmt: skip
+
+    loop, _, _, _ = build(tmp_path, steps=1)
+    loop.backend = CorrectedBackend()
+    [step] = run(loop)
+    assert {k: v for k, v in step.extra.items() if k.startswith("is_")} == {
+        "is_weight_mean": 0.9, "is_weight_max": 2.0, "is_ratio_max": 3.5, "is_truncated_fraction": 0.1,
+        "is_masked_fraction": 0.0,
+    }  # fmt: skip
+    [plain] = run(build(tmp_path / "plain", steps=1)[0])
+    assert not any(k.startswith("is_") for k in plain.extra)  # no correction, no statistics

@@ -13,7 +13,8 @@ method a 405, as FastAPI answers them (``{"detail": "Not Found"}``).
 
 It serves "weights" that are only a name: an answer says which weights (the version label, or the LoRA adapter)
 produced it, so a test can check the version each span records against what really served the call. It can be
-told to be slow (``delay_s``: each generation, ``load_delay_s``: each load), to fail loads (``fail_loads``), and be
+told to be slow (``delay_s``: each generation, ``load_delay_s``: each load; ``max_num_seqs`` generations at once),
+to fail loads (``fail_loads``), and be
 killed (every connection cut, nothing listening) and started again on its port with its start-up weights, as a
 restarted vLLM process would be.
 """
@@ -61,6 +62,7 @@ class VllmStandIn:
         load_delay_s: float = 0.0,
         root: str = "/models/qwen2.5-0.5b",
         max_model_len: int = 4096,
+        max_num_seqs: int = 256,
     ) -> None:
         self.dev_mode = dev_mode
         self.runtime_lora = runtime_lora
@@ -68,6 +70,7 @@ class VllmStandIn:
         self.load_delay_s = load_delay_s
         self.root = root
         self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs  # as vLLM's --max-num-seqs: more calls wait for a place in the batch
         self.fail_loads = 0  # the next N weight or adapter loads fail with a 500
         self.requests: list[tuple[str, str, Any]] = []  # (method, path with query, JSON body) of every request
         self.answered: list[dict[str, Any]] = []  # per generation answered: marker, model, label
@@ -84,6 +87,7 @@ class VllmStandIn:
         self.adapters: dict[str, str] = {}
         self.paused = False
         self.generating = 0
+        self._seats = asyncio.Semaphore(self.max_num_seqs)
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     @property
@@ -172,7 +176,8 @@ class VllmStandIn:
         served_by = model if model in self.adapters else f"weights {label}" if self.weights else "garbage"
         self.generating += 1
         try:
-            await asyncio.sleep(self.delay_s)
+            async with self._seats:
+                await asyncio.sleep(self.delay_s)
         finally:
             self.generating -= 1
         marker = _marker(body, chat)

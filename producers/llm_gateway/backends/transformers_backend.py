@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +45,11 @@ from fulmen.schemas.errors import ConfigurationError
 __all__ = ["TransformersBackend"]
 
 log = logging.getLogger(__name__)
+
+# from_pretrained is not thread-safe: it builds the model on the meta device by patching torch's module
+# constructors for the whole process while it loads, so two replicas loading at once on two threads got meta
+# tensors ("Cannot copy out of meta tensor"). One load at a time per process; the replicas serve meanwhile.
+_LOADING = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -135,7 +141,7 @@ class TransformersBackend:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = "auto" if self.options.dtype == "auto" else getattr(torch, self.options.dtype)
         started = time.perf_counter()
-        with _no_progress_bars():
+        with _LOADING, _no_progress_bars():
             tokenizer = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
             if adapter is not None:

@@ -123,11 +123,8 @@ async def phase(settings: FulmenSettings, servers: list[VllmStandIn], args: argp
     return result
 
 
-async def main(args: argparse.Namespace) -> dict[str, Any]:
-    home = Path(tempfile.mkdtemp(prefix="fulmen-bench-replicas-"))
-    broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")
-    broker.start()
-    settings = FulmenSettings(home=home, kafka={"bootstrap": broker.bootstrap})
+async def measure(args: argparse.Namespace, home: Path, bootstrap: str) -> dict[str, Any]:
+    settings = FulmenSettings(home=home, kafka={"bootstrap": bootstrap})
     checkpoint = home / "v1"
     checkpoint.mkdir()
     options = {"delay_s": args.generation_ms / 1000, "load_delay_s": args.load_ms / 1000,
@@ -160,9 +157,18 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for server in servers:
             await server.stop()
-        broker.stop()
-    report["settings"] = {k: v for k, v in vars(args).items()}
+    report["settings"] = dict(vars(args))
     return report
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    home = Path(tempfile.mkdtemp(prefix="fulmen-bench-replicas-"))
+    broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")
+    broker.start()  # runs its own event loop: before ours
+    try:
+        return asyncio.run(measure(args, home, broker.bootstrap))
+    finally:
+        broker.stop()
 
 
 if __name__ == "__main__":
@@ -173,4 +179,4 @@ if __name__ == "__main__":
     parser.add_argument("--generation-ms", type=float, default=50.0)
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--load-ms", type=float, default=500.0)
-    print(json.dumps(asyncio.run(main(parser.parse_args()))))
+    print(json.dumps(main(parser.parse_args())))

@@ -280,3 +280,19 @@ async def test_a_replica_found_serving_another_version_is_brought_back_to_the_ta
     finally:
         await router.close()
     assert {r.model_version for r in results} == {2} and {r.replica for r in results} == {"r0", "r1"}
+
+
+def test_upstream_urls_are_replicas_and_mistakes_fail_at_start_up() -> None:
+    from fulmen.producers.llm_gateway.backends import build_backend
+    from fulmen.schemas.errors import ConfigurationError
+
+    urls = " http://a:8001/v1/, http://b:8001/v1,http://c:8001/v1 "
+    router = build_backend(LlmSection(backend="vllm", model="m", upstream_url=urls))
+    assert isinstance(router, ReplicaRouter) and router.name == "vllm"
+    assert [label for label, _, _ in router.states()] == ["http://a:8001/v1", "http://b:8001/v1", "http://c:8001/v1"]
+    with pytest.raises(ConfigurationError, match="listed twice"):
+        build_backend(LlmSection(backend="openai", upstream_url="http://a/v1,http://a/v1"))
+    with pytest.raises(ConfigurationError, match="FULMEN_LLM_REPLICAS is for the transformers backend"):
+        build_backend(LlmSection(backend="vllm", upstream_url="http://a/v1", replicas=2))
+    with pytest.raises(ConfigurationError, match="needs the upstream's /v1 URL"):
+        build_backend(LlmSection(backend="vllm", upstream_url=" , "))

@@ -81,6 +81,7 @@ RESPONSE_TOKEN_IDS: Final = "fulmen.llm.response_token_ids"  # int[]: exactly wh
 RESPONSE_LOGPROBS: Final = "fulmen.llm.response_logprobs"  # double[]: one per response token
 TOKEN_IDS_ABSENT_REASON: Final = "fulmen.llm.token_ids_absent"  # why a backend could not record token ids
 TOKEN_ARRAY_INVALID: Final = "fulmen.llm.token_array_invalid"  # set by the spans consumer: kept as text instead
+LLM_REPLICA: Final = "fulmen.llm.replica"  # which replica served the call (an upstream's URL without secrets)
 REWARD_VALUE: Final = "fulmen.reward.value"
 REWARD_NAME: Final = "fulmen.reward.name"
 ANNOTATION_PREFIX: Final = "fulmen.annotation."

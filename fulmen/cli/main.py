@@ -284,7 +284,7 @@ def llm_gateway(
     ] = None,
     backend: Annotated[str | None, typer.Option(help="transformers, vllm or openai (FULMEN_LLM_BACKEND)")] = None,
     upstream_url: Annotated[
-        str | None, typer.Option(help="vllm/openai: upstream /v1 URL (FULMEN_LLM_UPSTREAM_URL)")
+        str | None, typer.Option(help="vllm/openai: upstream /v1 URL(s), comma-separated (FULMEN_LLM_UPSTREAM_URL)")
     ] = None,
     host: Annotated[str | None, typer.Option(help="listen address (FULMEN_LLM_HOST)")] = None,
     port: Annotated[int | None, typer.Option(help="listen port (FULMEN_LLM_PORT, default 8000)")] = None,

@@ -131,7 +131,7 @@ class LlmGateway(Gateway):
         return f"{self.name} (OpenAI API at /v1; {backend} backend, model {model}, version {version})"
 
     async def _load_version(self, event: ModelVersion) -> None:
-        await self.backend.load_version(event.uri, event.version)
+        await self.backend.load_version(event)
 
     # --- handlers -------------------------------------------------------------------------------------------
     async def handle_models(self, request: web.Request) -> web.Response:
@@ -160,7 +160,8 @@ class LlmGateway(Gateway):
             body, parsed = await self._off_loop(_parse, raw, chat, self.options.max_n)
             self._check_model(parsed.model)
             started = time.time_ns()
-            result = await (self.backend.chat(parsed) if chat else self.backend.complete(parsed))  # type: ignore[arg-type]
+            call = self.backend.chat if chat else self.backend.complete
+            result = await call(parsed, affinity=rollout_id)  # type: ignore[arg-type]
             context = CallContext(
                 operation,
                 body,

@@ -115,11 +115,12 @@ class ModelsFollower:
         return on_models
 
     async def handle(self, records: Sequence[ConsumerRecord]) -> None:
-        """One batch: note the newest servable version of the model in it; once caught up, load it if newer."""
+        """One batch: note the newest version of the model in it; once caught up, load it if newer (full weights
+        or a LoRA adapter: the backend refuses what it cannot serve, and the failure is logged)."""
         newest = None
         for record in records:
             event = self._decode(record)
-            if event is not None and event.model_name == self.model_name and self._servable(event):
+            if event is not None and event.model_name == self.model_name:
                 newest = event if newest is None or event.version > newest.version else newest
             tp = TopicPartition(record.topic, record.partition)
             self._read[tp] = max(self._read.get(tp, 0), record.offset + 1)
@@ -137,14 +138,6 @@ class ModelsFollower:
         except FulmenError as exc:
             log.error("skipping an unreadable model version: %s", exc)
             return None
-
-    @staticmethod
-    def _servable(event: ModelVersion) -> bool:
-        if event.format == "hf":
-            return True
-        log.error("model version %d of %s is a %s; only full 'hf' checkpoints can be served",
-                  event.version, event.model_name, event.format)  # fmt: skip
-        return False
 
     async def _maybe_load(self, event: ModelVersion) -> None:
         async with self._loading:  # catch_up's load and the handler's never overlap

@@ -25,7 +25,14 @@ class LlmSection(BaseModel):
     served_model_name: str = Field(default="fulmen", description="the name agents ask for (also /v1/models)")
     model_version: int | None = Field(default=None, ge=0, description="version of the initial model, if known")
     follow_models: bool = Field(default=True, description="load each new version published on fulmen.models")
-    device: str = Field(default="auto", description="transformers: cpu, cuda, cuda:N or auto")
+    device: str = Field(
+        default="auto",
+        description="transformers: cpu, cuda, cuda:N or auto; a comma-separated list puts replica i on device i mod "
+        "its length",
+    )
+    replicas: int = Field(
+        default=1, ge=1, le=64, description="transformers: model copies in this process, each with its own batcher"
+    )
     dtype: str = Field(default="auto", description="transformers: auto, float32, bfloat16 or float16")
     max_model_len: int | None = Field(default=None, ge=16, description="context limit; default: the model's")
     chat_template: str = Field(default="", description="transformers: a Jinja chat template file that replaces "
@@ -37,9 +44,22 @@ class LlmSection(BaseModel):
         default=None, ge=1, description="when a request sets none; unset = as many as fit in the context"
     )
     max_n: int = Field(default=16, ge=1, le=128)
-    upstream_url: str = Field(default="", description="vllm/openai: the upstream's base URL, ending in /v1")
+    upstream_url: str = Field(
+        default="",
+        description="vllm/openai: the upstream's base URL, ending in /v1; several, comma-separated, are replicas",
+    )
     upstream_api_key: SecretStr | None = None
-    upstream_timeout_s: float = Field(default=600.0, gt=0)
+    upstream_timeout_s: float = Field(default=600.0, gt=0, description="one upstream call (or weight load) at most")
+    replica_attempts: int = Field(
+        default=3, ge=1, le=64, description="replicas one call may try: a failed replica's call goes to another"
+    )
+    replica_retry_s: float = Field(
+        default=1.0, gt=0, description="a failed replica is probed again after this, doubled per failure"
+    )
+    replica_retry_max_s: float = Field(default=30.0, gt=0, description="the longest wait between two probes")
+    replica_wait_s: float = Field(
+        default=120.0, gt=0, description="how long a call waits for a replica while every one is swapping weights"
+    )
     publish_timeout_s: float = Field(default=10.0, gt=0, description="503 when a call's span is not acknowledged")
     bearer_token: SecretStr | None = Field(
         default=None, description="when set, every /v1 and /rollout call must carry Authorization: Bearer <it>"
@@ -50,6 +70,15 @@ class LlmSection(BaseModel):
     read_timeout_s: float = Field(
         default=60.0, gt=0, description="a client must send its headers, and then its body, within this (408)"
     )
+
+    @property
+    def upstream_urls(self) -> list[str]:
+        """``upstream_url`` as a list: one replica per URL."""
+        return [url.strip().rstrip("/") for url in self.upstream_url.split(",") if url.strip()]
+
+    @property
+    def devices(self) -> list[str]:
+        return [device.strip() for device in self.device.split(",") if device.strip()] or ["auto"]
 
 
 class LlmGatewaySettings(FulmenSettings):

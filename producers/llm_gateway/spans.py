@@ -123,6 +123,8 @@ def _attributes(call: CallContext, result: CallResult, choice: Choice) -> dict[s
         attributes[semconv.TOKEN_IDS_ABSENT_REASON] = result.token_ids_absent or "the backend returned no token ids"
     if result.model_version is not None:
         attributes[semconv.MODEL_VERSION] = result.model_version
+    if result.replica is not None:
+        attributes[semconv.LLM_REPLICA] = result.replica
     if call.rollout_id is not None:
         attributes[semconv.ROLLOUT_ID] = call.rollout_id
         attributes[semconv.ROLLOUT_ATTEMPT] = call.attempt or 1

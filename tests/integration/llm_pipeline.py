@@ -47,9 +47,9 @@ def attribute_value(value: Any) -> Any:
     return getattr(value, kind) if kind else None
 
 
-async def published_spans(settings: FulmenSettings, expected: int, timeout_s: float = 30) -> list[dict[str, Any]]:
-    """The first ``expected`` spans on the spans topic, each as a dict (name, ids, kind, attributes), in the
-    order they started."""
+@asynccontextmanager
+async def _span_reader(settings: FulmenSettings) -> AsyncIterator[tuple[Any, list[TopicPartition]]]:
+    """A consumer assigned to every partition of the spans topic, at the beginning."""
     topic = topic_name(TopicKey.SPANS, settings.kafka.topic_prefix)
     reader = consumer(settings, None)
     await start_or_raise(reader, settings, "test span reader")
@@ -57,15 +57,37 @@ async def published_spans(settings: FulmenSettings, expected: int, timeout_s: fl
         partitions = [TopicPartition(topic, p) for p in range(await partition_count(settings, topic))]
         reader.assign(partitions)
         await reader.seek_to_beginning(*partitions)
-        spans: list[dict[str, Any]] = []
-        async with asyncio.timeout(timeout_s):
-            while len(spans) < expected:
-                for records in (await reader.getmany(timeout_ms=200)).values():
-                    for record in records:
-                        spans.extend(_spans(record.key, record.value))
-        return sorted(spans, key=lambda span: span["start_ns"])  # records of different traces use different partitions
+        yield reader, partitions
     finally:
         await close_quietly([reader])
+
+
+async def _read(reader: Any, spans: list[dict[str, Any]]) -> None:
+    for records in (await reader.getmany(timeout_ms=200)).values():
+        for record in records:
+            spans.extend(_spans(record.key, record.value))
+
+
+async def published_spans(settings: FulmenSettings, expected: int, timeout_s: float = 30) -> list[dict[str, Any]]:
+    """The first ``expected`` spans on the spans topic, each as a dict (name, ids, kind, attributes), in the
+    order they started."""
+    spans: list[dict[str, Any]] = []
+    async with _span_reader(settings) as (reader, _), asyncio.timeout(timeout_s):
+        while len(spans) < expected:
+            await _read(reader, spans)
+    return sorted(spans, key=lambda span: span["start_ns"])  # records of different traces use different partitions
+
+
+async def all_published_spans(settings: FulmenSettings, timeout_s: float = 30) -> list[dict[str, Any]]:
+    """Every span on the spans topic up to its end offsets now, in the order they started (duplicates kept)."""
+    spans: list[dict[str, Any]] = []
+    async with _span_reader(settings) as (reader, partitions), asyncio.timeout(timeout_s):
+        ends = await reader.end_offsets(partitions)
+        behind = [tp for tp, end in ends.items() if end > 0]
+        while behind:
+            await _read(reader, spans)
+            behind = [tp for tp in behind if await reader.position(tp) < ends[tp]]
+    return sorted(spans, key=lambda span: span["start_ns"])
 
 
 def _spans(key: bytes, value: bytes) -> list[dict[str, Any]]:

@@ -57,7 +57,7 @@ async def test_catch_up_loads_the_newest_version_only_then_each_newer_one(settin
         await publisher.publish(TopicKey.MODELS, version(4))
         await until(lambda: backend.loaded == [3, 4])
         await publisher.publish_many(TopicKey.MODELS, [version(2), version(5, fmt="hf_lora_adapter"), version(6)])
-        await until(lambda: backend.loaded == [3, 4, 6])  # an older version and an adapter are not served
+        await until(lambda: backend.loaded == [3, 4, 6])  # an older version is not served; of a batch, the newest
         stop.set()
         await asyncio.wait_for(following, 30)
     # Another gateway, started later, sees every version too: no consumer group, nothing committed.

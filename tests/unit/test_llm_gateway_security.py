@@ -92,7 +92,7 @@ async def test_upstream_credentials_never_reach_logs_or_messages(caplog: pytest.
     try:
         await backend.start()
         with pytest.raises(ApiError) as error:
-            await backend._post("/chat/completions", {"model": "m", "messages": USER})
+            await backend._post("/chat/completions", {"model": "m", "messages": USER}, backend.serving)
     finally:
         await backend.close()
     shown = caplog.text + error.value.message

@@ -51,3 +51,40 @@ def test_a_chat_template_setting_replaces_the_models_own(tmp_path: Path) -> None
     assert from_file._load(str(model), 0).tokenizer.apply_chat_template(messages, tokenize=False) == "[user][assistant]"
     with pytest.raises(ConfigurationError, match="neither 'chatml-tools' nor a file"):
         TransformersBackend(LlmSection(model=str(model), device="cpu", chat_template="nope"))._load(str(model), 0)
+
+
+@pytest.mark.scale
+async def test_a_lora_version_is_merged_into_its_base_and_a_broken_one_is_refused(tmp_path: Path) -> None:
+    """A ``ModelVersion`` may name a PEFT adapter (``hf_lora_adapter``) instead of full weights: the in-process
+    replica serves it merged into ``base_model``; one it cannot load leaves the version serving as it was."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from fulmen.producers.llm_gateway.backends.base import VersionRefusedError
+    from fulmen.schemas import ModelVersion
+
+    base = build_tiny_model(tmp_path / "base")
+    adapted = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(base),
+        LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )
+    adapted.save_pretrained(tmp_path / "adapter")
+    expected = adapted.merge_and_unload().state_dict()
+    backend = TransformersBackend(LlmSection(model=str(base), device="cpu"))
+    await backend.start()
+    try:
+        event = ModelVersion(model_name="fulmen", version=4, uri=str(tmp_path / "adapter"), format="hf_lora_adapter",
+                             base_model=str(base))  # fmt: skip
+        assert not backend.swaps_in_place(event)
+        await backend.load_version(event)
+        assert backend.model_version == 4
+        served = backend._loaded.model.state_dict()  # type: ignore[union-attr]
+        name = next(key for key in expected if "q_proj.weight" in key)
+        assert torch.equal(served[name], expected[name])
+        assert not torch.equal(served[name], AutoModelForCausalLM.from_pretrained(base).state_dict()[name])
+        with pytest.raises(VersionRefusedError, match="could not load"):
+            await backend.load_version(event.model_copy(update={"version": 5, "uri": str(tmp_path / "nowhere")}))
+        assert backend.model_version == 4
+    finally:
+        await backend.close()

@@ -1,35 +1,55 @@
-"""Inference backends behind one interface (:class:`Backend`), chosen by ``FULMEN_LLM_BACKEND``."""
+"""Inference backends behind one interface (:class:`Backend`), chosen by ``FULMEN_LLM_BACKEND``.
+
+The gateway's backend is always the router (:class:`~.router.ReplicaRouter`) over the replicas of the chosen kind:
+``FULMEN_LLM_REPLICAS`` in-process model copies (``transformers``), or one upstream per URL of
+``FULMEN_LLM_UPSTREAM_URL`` (``vllm``, ``openai``). One replica is the common case, and is routed the same way.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from fulmen.producers.llm_gateway.backends.base import Backend, CallResult, Choice, TokenLogprob
+from fulmen.producers.llm_gateway.backends.base import Backend, CallResult, Choice, Replica, TokenLogprob
+from fulmen.producers.llm_gateway.backends.router import ReplicaRouter
 from fulmen.producers.llm_gateway.settings import BackendKind, LlmSection
 from fulmen.schemas.errors import ConfigurationError
 
-__all__ = ["BACKENDS", "Backend", "CallResult", "Choice", "TokenLogprob", "build_backend"]
+__all__ = ["BACKENDS", "Backend", "CallResult", "Choice", "Replica", "ReplicaRouter", "TokenLogprob", "build_backend"]
 
 
-def _transformers(options: LlmSection) -> Backend:
+def _transformers(options: LlmSection) -> list[Replica]:
     from fulmen.producers.llm_gateway.backends.transformers_backend import TransformersBackend  # imports torch: lazily
 
-    return TransformersBackend(options)
+    return [TransformersBackend(options, index) for index in range(options.replicas)]
 
 
-def _vllm(options: LlmSection) -> Backend:
-    from fulmen.producers.llm_gateway.backends.upstream import VllmBackend
+def _vllm(options: LlmSection) -> list[Replica]:
+    from fulmen.producers.llm_gateway.backends.vllm import VllmBackend
 
-    return VllmBackend(options)
+    return [VllmBackend(options, url) for url in _urls(options)]
 
 
-def _openai(options: LlmSection) -> Backend:
+def _openai(options: LlmSection) -> list[Replica]:
     from fulmen.producers.llm_gateway.backends.upstream import OpenAIUpstreamBackend
 
-    return OpenAIUpstreamBackend(options)
+    return [OpenAIUpstreamBackend(options, url) for url in _urls(options)]
 
 
-BACKENDS: dict[BackendKind, Callable[[LlmSection], Backend]] = {
+def _urls(options: LlmSection) -> list[str]:
+    urls = options.upstream_urls
+    if not urls:
+        raise ConfigurationError(f"FULMEN_LLM_UPSTREAM_URL: the {options.backend} backend needs the upstream's /v1 URL")
+    if len(set(urls)) < len(urls):
+        raise ConfigurationError(f"FULMEN_LLM_UPSTREAM_URL: an upstream is listed twice ({len(urls)} URLs)")
+    if options.replicas != 1:
+        raise ConfigurationError(
+            "FULMEN_LLM_REPLICAS is for the transformers backend; upstream replicas are the URLs of "
+            "FULMEN_LLM_UPSTREAM_URL (comma-separated)"
+        )
+    return urls
+
+
+BACKENDS: dict[BackendKind, Callable[[LlmSection], list[Replica]]] = {
     BackendKind.TRANSFORMERS: _transformers,
     BackendKind.VLLM: _vllm,
     BackendKind.OPENAI: _openai,
@@ -42,4 +62,4 @@ def build_backend(options: LlmSection) -> Backend:
     except (KeyError, ValueError):
         valid = ", ".join(kind.value for kind in BACKENDS)
         raise ConfigurationError(f"FULMEN_LLM_BACKEND={options.backend!r}: valid backends are {valid}") from None
-    return factory(options)
+    return ReplicaRouter(factory(options), options)

@@ -5,7 +5,14 @@ the model was fed and the ids it sampled are what the call reports, never a re-t
 Concurrent calls are batched: a scheduler task takes what is waiting (up to ``max_batch_rows`` sequences,
 waiting at most ``batch_wait_ms`` for more), runs the batch on one worker thread, and answers each call.
 A new model version is loaded on another thread while batches run and takes over at the next batch; a call
-is served entirely by the version its batch started with.
+is served entirely by the version its batch started with. A version is full weights (a Hugging Face checkpoint
+directory) or a LoRA adapter (a PEFT adapter directory), merged into its base model (``ModelVersion.base_model``,
+else the model the gateway started with) once, at load time.
+
+``FULMEN_LLM_REPLICAS`` > 1 makes several of these in one process (the router spreads calls over them): each
+has its own copy of the weights, its own batcher and generation thread, on the device ``FULMEN_LLM_DEVICE``
+lists for it (``cuda:0,cuda:1``: one replica per GPU). On one device they share its cores (torch releases the
+GIL while it computes), which helps little on a CPU; the point there is to run what runs on several GPUs.
 
 Rendering, tokenizing and decoding run on a small "prepare" thread pool, never on the event loop (a 10 MB
 prompt takes seconds to tokenize). A batch whose generation raises is retried call by call, so a request
@@ -18,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,17 +33,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fulmen.producers.llm_gateway.backends.base import CallResult, Choice, TokenLogprob
+from fulmen.producers.llm_gateway.backends.base import CallResult, Choice, TokenLogprob, VersionRefusedError
 from fulmen.producers.llm_gateway.backends.sampling import Row, RowOutput, generate
 from fulmen.producers.llm_gateway.protocol import ApiError, ChatRequest, CompletionRequest, SamplingParams
 from fulmen.producers.llm_gateway.settings import LlmSection
 from fulmen.producers.llm_gateway.tool_calls import extract_tool_calls
+from fulmen.schemas import ModelVersion
 from fulmen.schemas.chat_template import CHAT_TEMPLATE
 from fulmen.schemas.errors import ConfigurationError
 
 __all__ = ["TransformersBackend"]
 
 log = logging.getLogger(__name__)
+
+# from_pretrained is not thread-safe: it builds the model on the meta device by patching torch's module
+# constructors for the whole process while it loads, so two replicas loading at once on two threads got meta
+# tensors ("Cannot copy out of meta tensor"). One load at a time per process; the replicas serve meanwhile.
+_LOADING = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -57,10 +71,12 @@ class _Pending:
 class TransformersBackend:
     name = "transformers"
 
-    def __init__(self, options: LlmSection) -> None:
+    def __init__(self, options: LlmSection, index: int = 0) -> None:
         if not options.model:
             raise ConfigurationError("FULMEN_LLM_MODEL: the transformers backend needs a model directory")
         self.options = options
+        self.device = options.devices[index % len(options.devices)]
+        self.label = f"transformers#{index}@{self.device}"
         self._loaded: _Loaded | None = None
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="llm-generate")
@@ -93,32 +109,54 @@ class TransformersBackend:
         self._loader.shutdown(wait=False, cancel_futures=True)
         self._prepare.shutdown(wait=False, cancel_futures=True)
 
-    async def load_version(self, uri: str, version: int) -> None:
-        loaded = await asyncio.get_running_loop().run_in_executor(self._loader, self._load, uri, version)
-        self._loaded = loaded
-        log.info("model version %d loaded from %s; new calls use it", version, uri)
+    async def probe(self) -> None:
+        """In process: up once started."""
 
-    def _load(self, path: str, version: int | None) -> _Loaded:
+    def swaps_in_place(self, event: ModelVersion) -> bool:
+        return False  # the new copy loads beside the one serving
+
+    async def load_version(self, event: ModelVersion) -> None:
+        adapter = event.uri if event.format == "hf_lora_adapter" else None
+        base = (event.base_model or self.options.model) if adapter else event.uri
+        try:
+            loaded = await asyncio.get_running_loop().run_in_executor(
+                self._loader, self._load, base, event.version, adapter
+            )
+        except Exception as exc:  # a missing or broken checkpoint: the version serving goes on
+            raise VersionRefusedError(f"{self.label} could not load {event.uri}: {type(exc).__name__}: {exc}") from exc
+        self._loaded = loaded
+        log.info("%s: model version %d loaded from %s; new calls use it", self.label, event.version, event.uri)
+
+    def _load(self, path: str, version: int | None, adapter: str | None = None) -> _Loaded:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        if not Path(path).is_dir():
-            raise ConfigurationError(f"model directory {path} does not exist (FULMEN_LLM_MODEL or a ModelVersion uri)")
-        device = self.options.device
+        for directory in (path, adapter):
+            if directory is not None and not Path(directory).is_dir():
+                raise ConfigurationError(
+                    f"model directory {directory} does not exist (FULMEN_LLM_MODEL or a ModelVersion uri)"
+                )
+        device = self.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = "auto" if self.options.dtype == "auto" else getattr(torch, self.options.dtype)
         started = time.perf_counter()
-        with _no_progress_bars():
+        with _LOADING, _no_progress_bars():
             tokenizer = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            if adapter is not None:
+                from peft import PeftModel
+
+                model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+            model = model.to(device).eval()
         if self.options.chat_template:
             tokenizer.chat_template = chat_template_override(self.options.chat_template)
         if tokenizer.chat_template is None:
             log.warning("the tokenizer in %s has no chat template: /v1/chat/completions will answer 400", path)
         eos = set(_as_list(model.generation_config.eos_token_id)) | set(_as_list(tokenizer.eos_token_id))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
-        log.info("loaded %s on %s in %.1fs (version %s)", path, device, time.perf_counter() - started, version)
+        log.info("loaded %s%s on %s in %.1fs (version %s)", path, f" + LoRA {adapter}" if adapter else "", device,
+                 time.perf_counter() - started, version)  # fmt: skip
         longest = max((len(token.encode("utf-8", "replace")) for token in tokenizer.get_vocab()), default=64)
         return _Loaded(model, tokenizer, version, frozenset(eos), pad, max(longest, 1))
 

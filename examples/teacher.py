@@ -38,7 +38,10 @@ from fulmen.producers.llm_gateway.protocol import parse_chat
 from fulmen.producers.runner.agent import LLMEndpoint, call_agent, load_agent
 from fulmen.testing import RecordedRequest, Reply, ScriptedOpenAI
 
-__all__ = ["Demonstration", "WarmupPlan", "demonstrations", "end_token_ids", "reply_message", "samples_of", "warm_up"]
+__all__ = [
+    "Demonstration", "WarmupPlan", "conversation_texts", "demonstrations", "end_token_ids", "reply_message",
+    "samples_of", "tiny_model_for", "warm_up",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -168,11 +171,40 @@ def _recipe(example: Example, tasks: Sequence[dict[str, Any]], model: Path, chat
     return digest.hexdigest()[:16]
 
 
+def conversation_texts(shown: Sequence[Demonstration], tokenizer: Any) -> list[str]:
+    """Each demonstrated call's whole conversation (prompt and reply) as the chat template renders it: a corpus
+    to learn a tokenizer's merges from."""
+    texts = []
+    for demonstration in shown:
+        for body, reply in demonstration.calls:
+            request = parse_chat(body, max_n=1)
+            texts.append(tokenizer.apply_chat_template([*request.messages, reply_message(reply)],
+                                                       tools=request.tools, tokenize=False))  # fmt: skip
+    return texts
+
+
+def tiny_model_for(example: Example, shown: Sequence[Demonstration], out: Path) -> Path:
+    """Fulmen's tiny model (:mod:`fulmen.algorithm.tiny_model`) with its BPE merges learnt from the demonstrated
+    conversations (as the demo's are from its own): byte-level, the agents' prompts with their tool schemas are
+    600-1,200 tokens, several times what the merges leave, and a model this small learns the longer ones far
+    more slowly. Built once into ``out/tiny-<hash of the corpus>``."""
+    from fulmen.algorithm.tiny_model import build_tiny_model, build_tiny_tokenizer
+
+    corpus = conversation_texts(shown, build_tiny_tokenizer())
+    digest = hashlib.sha256(json.dumps([example.name, corpus]).encode()).hexdigest()[:16]
+    target = out / f"tiny-{digest}"
+    if not (target / "config.json").is_file():
+        build_tiny_model(target, corpus=corpus)
+    return target
+
+
 def warm_up(example: Example, model: Path, tasks: Sequence[dict[str, Any]], out: Path, *,
             plan: WarmupPlan | None = None, chat_template: str | None = None,
+            shown: Sequence[Demonstration] | None = None,
             on_step: Callable[[int, int, float], None] = lambda *_: None) -> Path:  # fmt: skip
-    """``model`` fine-tuned on the teacher's demonstrations of ``tasks``, saved as ``out/<recipe>/model`` (reused
-    when that exists). ``chat_template`` is the one the gateway will serve with (None: the model's own)."""
+    """``model`` fine-tuned on the teacher's demonstrations of ``tasks`` (recorded now unless ``shown`` holds
+    them), saved as ``out/<recipe>/model`` (reused when that exists). ``chat_template`` is the one the gateway will
+    serve with (None: the model's own)."""
     from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig
 
     plan = plan or WarmupPlan()
@@ -184,7 +216,7 @@ def warm_up(example: Example, model: Path, tasks: Sequence[dict[str, Any]], out:
                                               micro_batch_size=plan.micro_batch_size, seed=plan.seed))  # fmt: skip
     if chat_template:
         trainer.tokenizer.chat_template = chat_template
-    shown = demonstrations(example, tasks)
+    shown = list(shown) if shown is not None else demonstrations(example, tasks)
     samples = samples_of(shown, trainer.tokenizer, end_token_ids(trainer.model, trainer.tokenizer))
     if not samples:
         raise RuntimeError(f"the {example.name} teacher demonstrated nothing: no episode reached a full reward")

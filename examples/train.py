@@ -71,6 +71,7 @@ class ExampleOptions:
     warmup_steps: int = 0  # supervised steps on the teacher's demonstrations before RL (examples.teacher); 0: none
     warmup_tasks: int = 16  # demonstrated training tasks (the first ones of the training split)
     warmup_lr: float = 2e-5
+    warmup_cache: Path | None = None  # default $FULMEN_HOME/examples/warmups
     extra_train: dict[str, Any] = field(default_factory=dict)
 
 
@@ -109,15 +110,19 @@ def warmed_up(example: Example, options: ExampleOptions, model: Path, llm_env: d
     ``warmup_tasks`` training tasks (cached under ``$FULMEN_HOME/examples/warmups``)."""
     if options.warmup_steps <= 0:
         return model
-    from examples.teacher import WarmupPlan, warm_up
+    from examples.teacher import WarmupPlan, demonstrations, tiny_model_for, warm_up
     from fulmen.producers.llm_gateway.backends.transformers_backend import chat_template_override
 
     template = llm_env.get("FULMEN_LLM_CHAT_TEMPLATE")
     tasks = example.train_tasks(options.warmup_tasks)
     plan = WarmupPlan(steps=options.warmup_steps, lr=options.warmup_lr, seed=options.seed)
+    cache = options.warmup_cache or home / "examples" / "warmups"
     on_phase(f"warming up {model.name} on the teacher's demonstrations of {len(tasks)} training tasks "
-             f"({plan.steps} supervised steps; cached)")  # fmt: skip
-    return warm_up(example, model, tasks, home / "examples" / "warmups", plan=plan,
+             f"({plan.steps} supervised steps; cached in {cache})")  # fmt: skip
+    shown = demonstrations(example, tasks)
+    if options.model == "tiny":  # its tokenizer's merges learnt from these conversations
+        model = tiny_model_for(example, shown, cache)
+    return warm_up(example, model, tasks, cache, plan=plan, shown=shown,
                    chat_template=chat_template_override(template) if template else None)  # fmt: skip
 
 

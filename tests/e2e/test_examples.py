@@ -1,9 +1,13 @@
 """The three examples end to end through the whole system on the tiny model (``python -m examples.train``).
 
 Each runs two GRPO steps (validation after each) with the real framework in the runners, Kafka from the session's
-broker, and everything else started by the driver. The tiny model writes noise, so this checks the plumbing, not
-learning (``bench/scenarios.py`` measures learning with SmolLM2). While the run's ``fulmen consume`` still
-serves its store, SQL checks:
+broker, and everything else started by the driver. The tiny model is first warmed up on the example's teacher
+demonstrations of the three training tasks (``examples.teacher``; its tokenizer's merges learnt from them; cached
+in the test-model cache, ~15 s each on a quiet machine), so the episodes are real ones: tool calls, searches that
+find gold documents, the SQL graph's rewrite loop (the third task's demonstration stumbles first), rewards above
+0. This checks the plumbing, not learning (``bench/scenarios.py`` measures learning with SmolLM2; the held-out
+tasks are never demonstrated and stay unsolved here). While the run's ``fulmen consume`` still serves its store,
+SQL checks:
 
 * the framework's own spans are in the spans table (its instrumentation scope);
 * the transitions are the trained agents' calls only, in the order they were made: for LangGraph, the
@@ -12,12 +16,15 @@ serves its store, SQL checks:
 * the rewards: each transition carries its rollout's reward as the episode reward, and its intermediate reward is
   the sum of the ``fulmen.reward`` spans matched to it (the RAG example's search hits; the tiny model rarely
   searches, so they are mostly absent);
-* two steps published versions 1 and 2, and the gateway served both (the validation after each step).
+* two steps published versions 1 and 2, and the gateway served both (the validation after each step);
+* none of it is vacuous: episodes make several calls (SQL: some ``rewrite`` transitions), some rollout is
+  rewarded, and for RAG some search hit a gold document and its 0.1 is credited to a call before the answer.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +42,10 @@ SCOPES = {
     "rag_agent": "openinference.instrumentation.openai_agents",
     "calc_agent": "autogen-core",
 }
-OPTIONS = ExampleOptions(model="tiny", steps=2, train=16, heldout=4, group_size=3, groups_per_step=2,
-                         max_tokens=24, concurrency=12, extra_train={"val_every": 1})  # fmt: skip
+WARMUP_CACHE = Path(os.environ.get("FULMEN_TEST_MODEL_CACHE", Path.home() / ".cache" / "fulmen" / "test-models"))
+OPTIONS = ExampleOptions(model="tiny", steps=2, train=3, heldout=4, group_size=3, groups_per_step=2, max_tokens=64,
+                         concurrency=12, warmup_steps=120, warmup_tasks=3, warmup_lr=5e-3,
+                         warmup_cache=WARMUP_CACHE / "examples-warmups", extra_train={"val_every": 1})  # fmt: skip
 
 
 def rows(run: LocalRun, query: str) -> list[dict[str, Any]]:
@@ -48,7 +57,7 @@ def check_store(name: str, run: LocalRun, db: str) -> None:
     scope = rows(run, f"SELECT count() AS n FROM {db}.otel_traces WHERE ScopeName = '{SCOPES[name]}'")
     assert int(scope[0]["n"]) > 0, f"no {SCOPES[name]} spans"
     transitions = rows(run, f"SELECT RolloutId, Attempt, groupArray(AgentName) AS agents, "
-                            f"groupArray(EpisodeReward) AS episode, groupArray(IntermediateReward) AS intermediate "
+                            f"groupArray(EpisodeReward) AS episode, groupArray(coalesce(IntermediateReward, 0.0)) AS intermediate "
                             f"FROM (SELECT * FROM {db}.transitions FINAL WHERE Mode = 'train' ORDER BY CallIndex) "
                             f"GROUP BY RolloutId, Attempt")  # fmt: skip
     assert transitions, "no transitions"
@@ -67,6 +76,15 @@ def check_store(name: str, run: LocalRun, db: str) -> None:
         key = (row["RolloutId"], int(row["Attempt"]))
         credited = sum(value for value in row["intermediate"] if value is not None)
         assert credited == pytest.approx(hits.get(key, 0.0)), (key, row["intermediate"], hits.get(key))
+    assert max(len(row["agents"]) for row in transitions) >= 2, "no episode made two trained calls"
+    assert max((r or 0.0) for r in rewards.values()) > 0, "no training rollout was rewarded"
+    if name == "sql_agent":
+        assert any("rewrite" in row["agents"] for row in transitions), "the rewrite node never ran"
+    if name == "rag_agent":  # a search's reward goes to the call that asked for it, never to the answer
+        rewarded = [row for row in transitions if any(v for v in row["intermediate"] if v is not None)]
+        assert rewarded, "no search found a gold document"
+        last = [(row["RolloutId"], row["intermediate"]) for row in rewarded if row["intermediate"][-1]]
+        assert not last, f"rewards credited to an episode's last call: {last}"
     served = {r["version"]: int(r["calls"]) for r in rows(
         run, f"SELECT toString(ModelVersion) AS version, count() AS calls FROM {db}.otel_traces "
              f"WHERE ServiceName = 'fulmen-llm-gateway' GROUP BY version")}  # fmt: skip

@@ -99,11 +99,12 @@ class Dispatcher:
         """Nothing in flight and nothing more to dispatch."""
         return self.exhausted and not self.in_flight
 
-    async def fill(self, model_version: int) -> list[DispatchedGroup]:
-        """Dispatch groups until ``max_in_flight`` are out (or a one-pass dataset ends); the new groups."""
+    async def fill(self, model_version: int, ahead: int = 0) -> list[DispatchedGroup]:
+        """Dispatch groups until ``max_in_flight`` are out, counting ``ahead`` groups the caller holds that count
+        against the bound too (closed, not yet trained on), or a one-pass dataset ends; the new groups."""
         groups: list[DispatchedGroup] = []
         requests: list[RolloutRequest] = []
-        while len(self.in_flight) + len(groups) < self.max_in_flight and not self.exhausted:
+        while len(self.in_flight) + ahead + len(groups) < self.max_in_flight and not self.exhausted:
             group, group_requests = self._group(self._take(), model_version)
             groups.append(group)
             requests.extend(group_requests)

@@ -34,6 +34,17 @@ One step N (the policy being served is version ``N - 1``; version 0 is the base 
    done and commit the collector's offsets (only now: a crash before this point redelivers the step's
    transitions).
 
+Modes (``mode``). ``sync`` (the default) is the order above: a step dispatches and polls only while it waits for
+its groups (1.); rollouts already dispatched run on while it trains, nothing new is dispatched until the next step
+waits, so samples are at most ``max_staleness`` (default 1) versions old. ``async``: a feeder task
+(:meth:`TrainingLoop._feed`) dispatches and collects without pause, during updates, saves, publishes and
+validations, keeping ``groups_in_flight`` train groups ahead of training (dispatched or closed and waiting:
+``(max_staleness + 1) * groups_per_step`` by default) at the version being served; a step takes the groups that
+closed, drops transitions older than ``max_staleness`` versions (each call's own version: the gateways swap
+versions between calls, so one rollout may span versions), and the trainer weighs the rest against the policy that
+sampled them (the ``correction``, ``tis`` by default in this mode). Every step reports how old its samples were:
+``staleness_<k>`` (samples k versions old), ``staleness_max``, ``staleness_mean`` in ``TrainStep.extra``.
+
 Only the latest attempt of each rollout is trained on: retried attempts are never built (transitions worker)
 and the collector keeps the latest attempt per rollout (see ``fulmen.algorithm.collector``).
 
@@ -59,7 +70,7 @@ from fulmen.algorithm.collector import Collector
 from fulmen.algorithm.dispatcher import Dispatcher
 from fulmen.algorithm.groups import ClosedGroup, credit_groups, drop_stale, drop_too_long, shuffle_rewards
 from fulmen.algorithm.samples import StepSamples, build_samples, has_signal
-from fulmen.algorithm.settings import TrainSection
+from fulmen.algorithm.settings import TrainMode, TrainSection
 from fulmen.algorithm.shaping import OverlongShaping
 from fulmen.algorithm.trainer.base import StepMetrics, TrainerBackend
 from fulmen.infra.errors import RetryableError
@@ -77,6 +88,13 @@ CORRECT_ABOVE = 0.5
 VAL_REDO = 5
 """How many times validation runs again the tasks whose calls an older model version served (waiting 0.5 s,
 doubling, before each): the gateways load a new version a moment after it is published."""
+
+ARRIVAL_WAIT_S = 0.2
+"""Asynchronous mode: how long a step waiting for groups sleeps before it looks again (the feeder wakes it as soon
+as groups are filed)."""
+
+FEED_IDLE_S = 0.05
+"""Asynchronous mode: the feeder's pause when a round dispatched nothing and nothing closed."""
 
 RETRY_BACKOFF_S = (1.0, 30.0)
 """Waits between attempts to publish a model version or step metrics: the first, doubling up to the second."""
@@ -147,6 +165,11 @@ class TrainingLoop:
         limits = plan.train.overlong_limits  # ConfigurationError when shaping is on without its limit
         self.overlong = OverlongShaping(*limits) if limits else None
         self.filtered_groups = 0
+        self.feeding = plan.train.mode is TrainMode.ASYNC  # a background task dispatches and collects
+        self._arrived = asyncio.Event()  # set whenever closed groups were filed
+        self._collector_lock = asyncio.Lock()  # one poll or commit at a time on the consumer
+        self._feed_error: Exception | None = None
+        self._in_step = 0  # groups the step under way took (trained on at the version being served)
 
     async def run(self, stop: asyncio.Event | None = None) -> list[TrainStep]:
         """Train up to step ``steps`` (from ``initial_version + 1``: a resumed run continues its numbering; fewer
@@ -156,6 +179,19 @@ class TrainingLoop:
         from_base = self.options.publish_initial_version and self.plan.initial_version == 0
         if from_base and not await self._publish_version(self.plan.base_model, self.version, stop):
             return []
+        feeder = asyncio.create_task(self._feed(stop)) if self.feeding else None
+        try:
+            published = await self._steps(stop)
+        finally:
+            if feeder is not None:
+                feeder.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await feeder
+        log.info("run %s finished after %d step(s) at model version %d", self.options.run_id, len(published),
+                 self.version)  # fmt: skip
+        return published
+
+    async def _steps(self, stop: asyncio.Event) -> list[TrainStep]:
         initial = await self._validate(stop, prefix="initial_val_") if self.val else {}
         published = []
         for number in range(self.version + 1, self.options.steps + 1):
@@ -164,9 +200,38 @@ class TrainingLoop:
                 break
             published.append(event)
             initial = {}
-        log.info("run %s finished after %d step(s) at model version %d", self.options.run_id, len(published),
-                 self.version)  # fmt: skip
         return published
+
+    async def _feed(self, stop: asyncio.Event) -> None:
+        """Asynchronous mode: keep ``groups_in_flight`` train groups ahead of training (dispatched at the version
+        being served, closed and waiting for a step, or taken by the step under way: so a group dispatched at
+        version v is trained by step v + max_staleness + 1 at the latest, at most ``max_staleness`` versions old)
+        and file whatever closes, without pause, while the steps train, save, publish and validate. The only poller
+        of the collector then (the steps wait for :attr:`_arrived`). A Kafka error ends the run: it is re-raised in
+        the step that waits (:meth:`_advance`)."""
+        try:
+            while not stop.is_set():
+                ahead = len(self.waiting.train) + self._in_step  # closed, and taken by the step under way
+                dispatched = await self.train.fill(self.version, ahead=ahead)
+                self.collector.expect(dispatched)
+                if not await self._poll() and not dispatched:
+                    await asyncio.sleep(FEED_IDLE_S)  # a consumer that answers at once must not spin the loop
+        except Exception as exc:
+            self._feed_error = exc
+            self._arrived.set()
+            raise
+
+    async def _advance(self) -> None:
+        """Let more closed groups arrive: in synchronous mode by polling the collector here; in asynchronous mode
+        by waiting (at most ``ARRIVAL_WAIT_S``, then the caller looks again) for the feeder to file some."""
+        if not self.feeding:
+            await self._poll()
+            return
+        if self._feed_error is not None:
+            raise self._feed_error
+        self._arrived.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._arrived.wait(), ARRIVAL_WAIT_S)
 
     async def step(self, number: int, stop: asyncio.Event, extra: dict[str, float] | None = None) -> TrainStep | None:
         """One step (module docstring); None when ``stop`` was set while waiting for rollouts."""
@@ -181,14 +246,16 @@ class TrainingLoop:
         groups = credit_groups(groups, self.options.credit, self.options.gamma)
         data = build_samples(groups, estimator=self.options.estimator, scope=self.options.advantage_scope,
                              missing_reward=self.options.missing_reward, overlong=self.overlong)  # fmt: skip
+        staleness = staleness_counts(data.samples, self.version)
         metrics = await asyncio.to_thread(self.backend.step, data.samples)
         published = self.clock()
         path = await asyncio.to_thread(self.backend.save, checkpoint_dir(self.plan.run_dir, number))
         if not await self._publish_version(str(path), number, stop):
             return None
         self.version = number
+        self._in_step = 0
         publish_s = self.clock() - published
-        extra = {**(extra or {}), **self._extra(metrics, dropped, data)}
+        extra = {**(extra or {}), **self._extra(metrics, dropped, data), **_staleness_extra(staleness)}
         if self.val is not None and self._validation_due(number):
             extra.update(await self._validate(stop, prefix="val_"))
         event = self._train_step(number, groups, data, metrics, extra, waited=waited, publish_s=publish_s,
@@ -199,7 +266,7 @@ class TrainingLoop:
                         "published)", number, number)  # fmt: skip
             return None
         self.collector.done(g.group_id for g in groups)
-        await self.collector.commit()
+        await self._commit()
         log.info("step %d: %d transitions of %d groups, reward %.3f, loss %.4f; model version %d at %s", number,
                  event.num_transitions, event.num_groups, event.reward_mean, event.loss, number, path)  # fmt: skip
         return event
@@ -218,8 +285,9 @@ class TrainingLoop:
             if stop.is_set():
                 return None
             if not self.waiting.train:
-                self.collector.expect(await self.train.fill(self.version))
-                await self._poll()
+                if not self.feeding:
+                    self.collector.expect(await self.train.fill(self.version))
+                await self._advance()
                 continue
             group, stale = drop_stale(self.waiting.train.pop(0), self.version, self.options.max_staleness)
             group, too_long = drop_too_long(group, self.options.max_len)
@@ -233,6 +301,7 @@ class TrainingLoop:
                 log.debug("group %s: all rewards equal, not trained on (dynamic sampling)", group.group_id)
             else:
                 selected.append(group)
+                self._in_step += 1
         if skips and dropped["no_signal"] >= skips:
             dropped["exhausted"] = 1
             log.warning("dynamic sampling skipped %d groups without signal in one step (the bound, "
@@ -241,13 +310,20 @@ class TrainingLoop:
         self.filtered_groups += dropped["no_signal"]
         return selected, dropped
 
+    async def _commit(self) -> None:
+        async with self._collector_lock:
+            await self.collector.commit()
+
     def _has_signal(self, group: ClosedGroup) -> bool:
         """Whether the rewards the estimator will compare in ``group`` (credited, shaped) differ."""
         credited = credit_groups([group], self.options.credit, self.options.gamma)[0]
         return has_signal(credited, self.options.advantage_scope, self.options.missing_reward, self.overlong)
 
-    async def _poll(self) -> None:
-        for group in await self.collector.poll():
+    async def _poll(self) -> bool:
+        """File the groups that closed; whether any did."""
+        async with self._collector_lock:
+            closed = await self.collector.poll()
+        for group in closed:
             dispatcher = self.val if group.mode is RolloutMode.VAL else self.train
             if dispatcher is not None:
                 dispatcher.release(group.group_id)
@@ -258,6 +334,9 @@ class TrainingLoop:
                 self.waiting.train.append(group)
             else:
                 self.waiting.dropped_groups += 1
+        if closed:
+            self._arrived.set()
+        return bool(closed)
 
     async def _validate(self, stop: asyncio.Event, prefix: str) -> dict[str, float]:
         """Run every validation task once at the current version; accuracy and mean episode reward.
@@ -275,7 +354,7 @@ class TrainingLoop:
             self.val.rewind(only)
             while not self.val.idle and not stop.is_set():
                 self.collector.expect(await self.val.fill(self.version))
-                await self._poll()
+                await self._advance()
             groups, self.waiting.val = self.waiting.val, []
             self.collector.done(g.group_id for g in groups)
             older = [g for g in groups if _served_before(g, self.version)]
@@ -292,7 +371,7 @@ class TrainingLoop:
                      "not loaded it yet); running them again", self.version, len(older))  # fmt: skip
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=0.5 * 2**attempt)
-        await self.collector.commit()
+        await self._commit()
         rewards = [r.episode_reward for g in counted for r in g.rollouts]
         if not rewards:
             return {}
@@ -433,6 +512,28 @@ class TrainingLoop:
             rollout_wait_s=max(waited, 0.0), train_s=metrics.train_s, publish_s=max(publish_s, 0.0),
             dropped_stale=stale, extra=extra,
         )  # fmt: skip
+
+
+def staleness_counts(samples: list, version: int) -> dict[int, int]:
+    """How many of ``samples`` were produced how many versions before ``version`` (the policy they train): a
+    sample's staleness is that of its own call (``Sample.model_version``); samples of unknown version are left out."""
+    counts: dict[int, int] = {}
+    for sample in samples:
+        if sample.model_version is not None:
+            lag = max(version - sample.model_version, 0)
+            counts[lag] = counts.get(lag, 0) + 1
+    return counts
+
+
+def _staleness_extra(counts: dict[int, int]) -> dict[str, float]:
+    """``staleness_<k>``: samples k versions old; ``staleness_max``/``_mean`` over the step's samples."""
+    if not counts:
+        return {}
+    total = sum(counts.values())
+    extra = {f"staleness_{lag}": float(n) for lag, n in sorted(counts.items())}
+    extra["staleness_max"] = float(max(counts))
+    extra["staleness_mean"] = sum(lag * n for lag, n in counts.items()) / total
+    return extra
 
 
 def _served_before(group: ClosedGroup, version: int) -> bool:

@@ -25,7 +25,12 @@ from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import IDENTIFIER_PATTERN, new_id
 
-__all__ = ["AdvantageScope", "IncompletePolicy", "TrainSection", "TrainSettings"]
+__all__ = ["ASYNC_CORRECTION", "AdvantageScope", "IncompletePolicy", "TrainMode", "TrainSection", "TrainSettings"]
+
+
+ASYNC_CORRECTION = "tis"
+"""The off-policy correction asynchronous mode uses unless ``correction`` is set: truncated importance weights
+between the policy that sampled (recorded) and the weights at the start of the step (recomputed)."""
 
 
 class IncompletePolicy(StrEnum):
@@ -33,6 +38,13 @@ class IncompletePolicy(StrEnum):
 
     TRAIN_PARTIAL = "train_partial"  # train on the rollouts that arrived (at least min_group_size of them)
     DROP = "drop"  # drop the whole group
+
+
+class TrainMode(StrEnum):
+    """How generation and training overlap (see ``fulmen.algorithm.loop``)."""
+
+    SYNC = "sync"  # dispatching and collecting pause while a step trains, saves, publishes and validates
+    ASYNC = "async"  # they never pause: samples up to max_staleness versions old, importance-corrected
 
 
 class AdvantageScope(StrEnum):
@@ -63,6 +75,9 @@ class TrainSection(BaseModel):
                                    "0 = every attempt's timeout plus a minute")  # fmt: skip
     incomplete_policy: IncompletePolicy = IncompletePolicy.TRAIN_PARTIAL
     max_staleness: int = Field(default=1, ge=0, description="train on transitions of versions >= current - this")
+    mode: TrainMode = Field(default=TrainMode.SYNC, description="sync: dispatching pauses while a step trains; "
+                            "async: dispatching, generation and training overlap fully (in flight: "
+                            "(max_staleness + 1) * groups_per_step groups; correction tis unless set)")  # fmt: skip
     algorithm: str = Field(default=Algorithm.GRPO, description="grpo, dr_grpo, rloo, dapo, gspo, cispo: sets the "
                            "defaults of estimator, policy_loss, loss_aggregation, clip_eps, clip_eps_high, "
                            "dynamic_sampling and overlong_shaping (each may still be set)")  # fmt: skip
@@ -133,7 +148,8 @@ class TrainSection(BaseModel):
             recipe = ALGORITHMS.get(name)
         except ConfigurationError as exc:
             raise ValueError(f"FULMEN_TRAIN_ALGORITHM: {exc.message}") from None
-        return {**recipe.settings(), **data}
+        mode = {"correction": ASYNC_CORRECTION} if str(data.get("mode", "")) == TrainMode.ASYNC else {}
+        return {**recipe.settings(), **mode, **data}
 
     @field_validator("credit")
     @classmethod
@@ -194,8 +210,14 @@ class TrainSection(BaseModel):
 
     @property
     def groups_in_flight(self) -> int:
-        """The bound on dispatched, unfinished train groups."""
-        return self.max_groups_in_flight or 2 * self.groups_per_step
+        """The bound on dispatched, unfinished train groups: ``max_groups_in_flight``, else two steps' worth
+        (synchronous) or ``max_staleness + 1`` steps' worth, at least two (asynchronous: what can still be trained
+        on when it arrives)."""
+        if self.max_groups_in_flight:
+            return self.max_groups_in_flight
+        if self.mode is TrainMode.ASYNC:
+            return max(self.max_staleness + 1, 2) * self.groups_per_step
+        return 2 * self.groups_per_step
 
 
 class TrainSettings(FulmenSettings):

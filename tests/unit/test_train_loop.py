@@ -298,3 +298,66 @@ def test_importance_weight_statistics_reach_the_train_step(tmp_path: Path) -> No
     }  # fmt: skip
     [plain] = run(build(tmp_path / "plain", steps=1)[0])
     assert not any(k.startswith("is_") for k in plain.extra)  # no correction, no statistics
+
+
+class SlowBackend(FakeBackend):
+    """A backend whose update takes ``seconds`` (in the loop's worker thread), noting how many task requests
+    had been published when each update started and ended."""
+
+    def __init__(self, publisher: FakePublisher, seconds: float) -> None:
+        super().__init__()
+        self.publisher = publisher
+        self.seconds = seconds
+        self.requests_seen: list[tuple[int, int]] = []
+
+    def step(self, samples):
+        import time
+
+        before = len(self.publisher.events[TopicKey.TASKS])
+        time.sleep(self.seconds)
+        self.requests_seen.append((before, len(self.publisher.events[TopicKey.TASKS])))
+        return super().step(samples)
+
+
+def build_slow(tmp_path: Path, seconds: float, **train: object):
+    loop, publisher, _, _ = build(tmp_path, **train)
+    loop.backend = SlowBackend(publisher, seconds)
+    return loop, publisher, loop.backend
+
+
+def test_async_mode_dispatches_while_a_step_trains_and_keeps_its_bound(tmp_path: Path) -> None:
+    loop, publisher, backend = build_slow(tmp_path, 0.3, steps=4, mode="async", max_staleness=2)
+    assert loop.options.groups_in_flight == 6 and loop.options.correction == "tis"  # (2 + 1) x 2 groups; tis
+    steps = run(loop)
+    assert len(steps) == 4
+    # every update after the first saw new requests go out while it ran (the feeder refilled what it took)
+    assert all(after > before for before, after in backend.requests_seen[1:]), backend.requests_seen
+    # never more ahead of training than the bound, counting what the step under way took: by the end at most
+    # (version 4 + max_staleness 2 + 1) steps of 2 groups, and no group waited so long that it went stale
+    assert len(publisher.events[TopicKey.TASKS]) // 2 <= (4 + 2 + 1) * 2
+    assert all(s.dropped_stale == 0 for s in steps)
+    for step in steps:
+        ages = {int(k.split("_")[1]): v for k, v in step.extra.items() if k.startswith("staleness_") and
+                k.split("_")[1].isdigit()}  # fmt: skip
+        assert sum(ages.values()) == step.num_transitions and max(ages) <= 2 == loop.options.max_staleness
+        assert step.extra["staleness_max"] == max(ages)
+
+
+def test_sync_mode_dispatches_nothing_while_a_step_trains(tmp_path: Path) -> None:
+    loop, _, backend = build_slow(tmp_path, 0.2, steps=3)
+    steps = run(loop)
+    assert len(steps) == 3 and loop.options.correction == ""
+    assert all(after == before for before, after in backend.requests_seen), backend.requests_seen
+    assert all(s.extra["staleness_max"] <= 1 for s in steps)
+
+
+def test_async_mode_stops_its_feeder_when_the_run_ends(tmp_path: Path) -> None:
+    loop, publisher, _ = build_slow(tmp_path, 0.05, steps=2, mode="async")
+
+    async def main() -> int:
+        await loop.run()
+        dispatched = len(publisher.events[TopicKey.TASKS])
+        await asyncio.sleep(0.3)  # a feeder still running would dispatch again as groups are taken
+        return len(publisher.events[TopicKey.TASKS]) - dispatched
+
+    assert asyncio.run(asyncio.wait_for(main(), 30)) == 0

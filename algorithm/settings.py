@@ -79,6 +79,13 @@ class TrainSection(BaseModel):
     lora_r: int = Field(default=0, ge=0, description="LoRA rank; 0 trains every weight")
     device: str = "auto"
     dtype: str = "auto"
+    backend: str = Field(default="torch", description="trainer backend: torch (one process, or FSDP2 over the "
+                         "ranks of a torchrun job)")  # fmt: skip
+    nproc: int = Field(default=1, ge=1, le=1024, description="training ranks on this machine: above 1, `fulmen "
+                       "train` runs itself under torchrun (FSDP2; one rank per GPU, gloo on CPU); torchrun's PET_* "
+                       "variables (PET_NNODES, PET_NODE_RANK, PET_RDZV_ENDPOINT...) join several machines")  # fmt: skip
+    dist_timeout_s: float = Field(default=600.0, gt=0, description="how long a rank waits in a training "
+                                  "collective for the others before the step fails")  # fmt: skip
     shuffle_rewards: bool = Field(default=False, description="CONTROL RUNS ONLY: permute the rewards of each "
                                   "step's rollouts at random before the advantages, destroying the learning "
                                   "signal (a run that still improves learns from something else)")  # fmt: skip

@@ -80,7 +80,8 @@ class TrainSection(BaseModel):
     device: str = "auto"
     dtype: str = "auto"
     backend: str = Field(default="torch", description="trainer backend: torch (one process, or FSDP2 over the "
-                         "ranks of a torchrun job)")  # fmt: skip
+                         "ranks of a torchrun job) or verl (verl's FSDP engine and PPO loss, one process; needs "
+                         "verl installed)")  # fmt: skip
     nproc: int = Field(default=1, ge=1, le=1024, description="training ranks on this machine: above 1, `fulmen "
                        "train` runs itself under torchrun (FSDP2; one rank per GPU, gloo on CPU); torchrun's PET_* "
                        "variables (PET_NNODES, PET_NODE_RANK, PET_RDZV_ENDPOINT...) join several machines")  # fmt: skip

@@ -204,6 +204,14 @@ def _torch_backend(options: TrainSection, model_path: str) -> TrainerBackend:
     return distributed.RankZeroBackend.start(config, distributed.join(options.device, options.dist_timeout_s))
 
 
+@TRAINER_BACKENDS.register("verl")
+def _verl_backend(options: TrainSection, model_path: str) -> TrainerBackend:
+    """verl's FSDP engine and PPO loss (:class:`~fulmen.algorithm.trainer.verl_backend.VerlTrainer`), one process."""
+    from fulmen.algorithm.trainer.verl_backend import VerlTrainer
+
+    return VerlTrainer(torch_config(options, model_path))
+
+
 async def train(
     settings: TrainSettings,
     tasks: list[DatasetTask],

@@ -314,6 +314,9 @@ def plain_model(model: torch.nn.Module, state: dict[str, Tensor], *, lora: bool)
             from peft import get_peft_model
 
             skeleton = get_peft_model(skeleton, model.peft_config["default"])
+    if lora:  # merging adds the adapter into the base weights IN PLACE: never into the live model's tensors (a
+        # shard that is the whole tensor, as with one rank on the CPU, comes back from the gather uncopied)
+        state = {name: value.clone() if ".base_layer." in name else value for name, value in state.items()}
     skeleton.load_state_dict(state, assign=True)
     # gathered separately, tied weights (embeddings and head) arrive as two equal tensors: tie them again first
     # (peft would take them for untied after the merge and save the head twice, with tie_word_embeddings=false)

@@ -3,8 +3,8 @@
     torchrun --nproc-per-node N tests/unit/sharded_steps.py MODEL_DIR OUT_DIR
 
 For each case of :data:`CASES` every rank builds a :class:`ShardedTrainer`; rank 0 hands the ranks their shards
-through :class:`RankZeroBackend` (as ``fulmen train`` does), takes the steps and saves the checkpoint to
-``OUT_DIR/<case>``; ``OUT_DIR/metrics.json`` holds each case's step metrics. The samples are those of
+through :class:`RankZeroBackend` (as ``fulmen train`` does), takes the steps, saves the checkpoint to
+``OUT_DIR/<case>`` and takes an SFT step; ``OUT_DIR/metrics.json`` holds each case's step metrics. The samples are those of
 ``test_torch_trainer.make_samples``; half the rows carry recorded old logprobs (the rest are computed), so ranks
 disagree on whether a micro-batch needs the old-logprob pass.
 """
@@ -59,8 +59,8 @@ def main() -> int:
     for case in CASES:
         backend = distributed.RankZeroBackend.start(config_of(model_dir, case), world)
         metrics[case] = [backend.step(samples_of(*step)).as_dict() for step in STEPS[case]]
-        metrics[case].append(backend.sft_step(make_samples(9)).as_dict())
         backend.save(out / case)
+        metrics[case].append(backend.sft_step(make_samples(9)).as_dict())  # the model trains on after a save
     (out / "metrics.json").write_text(json.dumps(metrics))
     backend.close()
     return 0

@@ -50,8 +50,8 @@ def one_process(model_dir: Path, case: str, out: Path) -> list[dict[str, float]]
     """The case's steps with TorchTrainer in this process; its checkpoint goes to ``out``."""
     trainer = TorchTrainer(sharded_steps.config_of(model_dir, case))
     metrics = [trainer.step(sharded_steps.samples_of(*step)).as_dict() for step in sharded_steps.STEPS[case]]
-    metrics.append(trainer.sft_step(make_samples(9)).as_dict())
     trainer.save(out)
+    metrics.append(trainer.sft_step(make_samples(9)).as_dict())
     return metrics
 
 

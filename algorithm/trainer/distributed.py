@@ -47,6 +47,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from fulmen.algorithm.batch import Sample, TrainBatch, collate
 from fulmen.algorithm.errors import ConfigurationError, FulmenError
@@ -208,9 +209,8 @@ class ShardedTrainer(TorchTrainer):
         if self.reference is not None and self.reference.model is not self.model:
             shard(self.reference.model)  # the frozen copy of a full-weight run; LoRA's reference is the model
         for module in self.model.modules():
-            if hasattr(module, "set_gradient_divide_factor"):  # sum the ranks' gradients (losses are whole-batch
-                module.set_gradient_divide_factor(1.0)  # already) with a plain SUM: gloo has no PREMUL_SUM
-                module.set_force_sum_reduction_for_comms(True)
+            if isinstance(module, FSDPModule):
+                sum_gradients(module)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]  # the sharded parameters
         self.optimizer = torch.optim.AdamW(
             self.trainable, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
@@ -292,14 +292,23 @@ class ShardedTrainer(TorchTrainer):
 def shard(model: torch.nn.Module) -> None:
     """``fully_shard`` each decoder layer (the classes the model names in ``_no_split_modules``), then the root
     (embeddings, final norm, head: tied weights stay in one group)."""
-    from torch.distributed.fsdp import fully_shard
-
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     layers = set(getattr(base, "_no_split_modules", None) or ())
     for module in list(model.modules()):
         if module is not model and type(module).__name__ in layers:
             fully_shard(module)
     fully_shard(model)
+
+
+def sum_gradients(module: FSDPModule) -> None:
+    """Make FSDP sum the ranks' gradients instead of averaging them (the losses are whole-batch already): divide
+    factor 1, with a plain SUM where the collective has no PREMUL_SUM (gloo). Older torch names the first
+    ``set_reduce_scatter_divide_factor`` and has no second (NCCL needs none)."""
+    set_factor = getattr(module, "set_gradient_divide_factor", None) or module.set_reduce_scatter_divide_factor
+    set_factor(1.0)
+    force_sum = getattr(module, "set_force_sum_reduction_for_comms", None)
+    if force_sum is not None:
+        force_sum(True)
 
 
 def plain_model(model: torch.nn.Module, state: dict[str, Tensor], *, lora: bool) -> torch.nn.Module:

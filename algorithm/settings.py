@@ -106,6 +106,9 @@ class TrainSection(BaseModel):
     def _bounds_fit(self) -> TrainSection:
         if self.min_group_size > self.group_size:
             raise ValueError(f"min_group_size ({self.min_group_size}) exceeds group_size ({self.group_size})")
+        if self.backend == "verl" and self.nproc > 1:
+            raise ValueError("FULMEN_TRAIN_BACKEND=verl trains in one process; for FSDP over several ranks use "
+                             "FULMEN_TRAIN_BACKEND=torch with FULMEN_TRAIN_NPROC")  # fmt: skip
         if self.max_groups_in_flight and self.max_groups_in_flight < self.groups_per_step:
             raise ValueError(
                 f"max_groups_in_flight ({self.max_groups_in_flight}) below groups_per_step ({self.groups_per_step})"

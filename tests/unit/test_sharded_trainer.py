@@ -136,3 +136,12 @@ def test_an_unknown_trainer_backend_is_a_configuration_error_listing_the_valid_o
 
     with pytest.raises(ConfigurationError, match=r"unknown trainer backend 'deepspeed'; valid: torch, verl"):
         build_backend(TrainSection(backend="deepspeed"), "unused")
+
+
+def test_the_verl_backend_with_several_ranks_is_refused_at_start() -> None:
+    from pydantic import ValidationError
+
+    from fulmen.algorithm.settings import TrainSection
+
+    with pytest.raises(ValidationError, match="verl trains in one process"):
+        TrainSection(backend="verl", nproc=2)

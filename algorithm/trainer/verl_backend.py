@@ -271,7 +271,6 @@ def verl_batch(rows: TrainBatch, micro_batch_size: int):  # -> tensordict.Tensor
     """The batch as verl's PPO trainer hands it to the engine: ``prompts [B, P]`` left-padded, ``responses [B, R]``
     right-padded, ``input_ids``/``attention_mask``/``position_ids [B, P + R]``, ``response_mask``, ``old_log_probs``,
     ``advantages [B, R]``, converted with ``left_right_2_no_padding`` and the engine's settings attached."""
-    from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import left_right_2_no_padding
 
@@ -292,14 +291,11 @@ def verl_batch(rows: TrainBatch, micro_batch_size: int):  # -> tensordict.Tensor
         old[i, :r] = rows.old_logprobs[i, p : p + r]
         mask[i, width_p - p : width_p + r] = 1
         response_mask[i, :r] = 1.0
-    data = TensorDict(
-        {
-            "prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], dim=1),
-            "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp_min(0), "response_mask": response_mask,
-            "old_log_probs": old, "advantages": rows.advantages[:, None] * response_mask,
-        },
-        batch_size=[size],
-    )  # fmt: skip
+    data = tu.get_tensordict({
+        "prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp_min(0), "response_mask": response_mask,
+        "old_log_probs": old, "advantages": rows.advantages[:, None] * response_mask,
+    })  # fmt: skip
     data = left_right_2_no_padding(data)
     tu.assign_non_tensor(data, use_remove_padding=False, use_dynamic_bsz=False, use_fused_kernels=False,
                          micro_batch_size_per_gpu=micro_batch_size, max_token_len_per_gpu=0, temperature=1.0,

@@ -38,6 +38,7 @@ import datetime
 import heapq
 import logging
 import os
+import signal
 import socket
 import sys
 from collections.abc import Sequence
@@ -420,10 +421,15 @@ def serve(world: World) -> None:
     """A worker rank (not rank 0): build the trainer when told, run each command rank 0 sends, return on stop.
 
     An error in a command ends the process with its traceback (torchrun names the rank); rank 0 then fails too.
+    SIGINT and SIGTERM are ignored meanwhile: rank 0 decides when the run stops (torchrun's agent kills what is
+    left 30 s after it forwarded a signal).
     """
     if world.main:
         raise ValueError("rank 0 drives the workers; serve() runs on the other ranks")
     trainer: ShardedTrainer | None = None
+    # Ctrl-C and SIGTERM reach every rank (the terminal's process group; torchrun forwards them): rank 0 stops the
+    # run after the step in progress and then tells this rank to stop; dying here would lose that step
+    handlers = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         while True:
             kind, payload = _receive(world)
@@ -441,6 +447,8 @@ def serve(world: World) -> None:
             else:
                 raise RuntimeError(f"unknown command {kind!r} from rank 0")
     finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
         _leave()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -66,3 +67,42 @@ async def test_a_dead_rank_ends_the_run_unpublished_and_a_restart_on_two_ranks_r
     steps = await read_topic(settings, TopicKey.METRICS, TrainStep)
     assert [(s.run_id, s.step) for s in steps] == [("dist-run", 1), ("dist-run", 2)]
     assert all(s.loss == s.loss and s.tokens_per_s > 0 for s in steps)
+
+
+async def test_ctrl_c_on_two_ranks_finishes_the_step_it_is_in_and_every_rank_exits(
+    settings: FulmenSettings, tmp_path: Path
+) -> None:
+    """SIGINT to torchrun (it forwards it to both ranks, as Ctrl-C reaches the whole process group): rank 0 stops
+    after the step in progress, which is saved and published; rank 1 does not die mid-step but is told to stop."""
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text('{"question": "1 + 1"}\n{"question": "2 + 2"}\n')
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
+        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap, "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "FULMEN_HOME": str(tmp_path), "FULMEN_TRAIN_RUN_DIR": str(run_dir), "FULMEN_TRAIN_GROUP_SIZE": "2",
+        "FULMEN_TRAIN_GROUPS_PER_STEP": "1", "FULMEN_TRAIN_DEVICE": "cpu", "FULMEN_TRAIN_RUN_ID": "sigint-run",
+    }  # fmt: skip
+    stop = asyncio.Event()
+    runners = asyncio.create_task(simulated_runners(settings, stop))
+    process = await asyncio.create_subprocess_exec(
+        *FULMEN, "train", "--dataset", str(dataset), "--model", "tiny", "--steps", "50", "--nproc", "2", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        while not await read_topic(settings, TopicKey.MODELS, ModelVersion):
+            await asyncio.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        out, _ = await asyncio.wait_for(process.communicate(), 120)
+    finally:
+        if process.returncode is None:
+            process.kill()
+        stop.set()
+        await asyncio.wait_for(runners, 60)
+    output = out.decode()
+    versions = await read_topic(settings, TopicKey.MODELS, ModelVersion)
+    assert 1 <= len(versions) < 50 and [v.version for v in versions] == list(range(1, len(versions) + 1)), output
+    assert all((Path(v.uri) / "config.json").is_file() for v in versions)
+    assert f"sigint-run: {len(versions)} step(s) trained" in output, output  # rank 0 ended the run itself
+    assert "rank 1: stopping, as rank 0 asked" in output, output  # rank 1 did not die mid-step: it was told to stop
+    assert "Root Cause" not in output and "[rank1]: Traceback" not in output, output  # no rank failed (torchrun's
+    # agent itself still ends with its SignalException traceback, as torchrun does on SIGINT)

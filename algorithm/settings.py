@@ -84,7 +84,7 @@ class TrainSection(BaseModel):
                          "verl installed)")  # fmt: skip
     nproc: int = Field(default=1, ge=1, le=1024, description="training ranks on this machine: above 1, `fulmen "
                        "train` runs itself under torchrun (FSDP2; one rank per GPU, gloo on CPU); torchrun's PET_* "
-                       "variables (PET_NNODES, PET_NODE_RANK, PET_RDZV_ENDPOINT...) join several machines")  # fmt: skip
+                       "variables (PET_NNODES, PET_RDZV_BACKEND, PET_RDZV_ENDPOINT) join several machines")  # fmt: skip
     dist_timeout_s: float = Field(default=600.0, gt=0, description="how long a rank waits in a training "
                                   "collective for the others before the step fails")  # fmt: skip
     shuffle_rewards: bool = Field(default=False, description="CONTROL RUNS ONLY: permute the rewards of each "

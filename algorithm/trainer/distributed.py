@@ -101,7 +101,7 @@ MULTI_MACHINE_VARIABLES = ("PET_NNODES", "PET_RDZV_ENDPOINT", "PET_MASTER_ADDR")
 def relaunch_command(nproc: int, args: Sequence[str]) -> list[str]:
     """The torchrun command running ``python <args>`` as ``nproc`` ranks on this machine: ``--standalone`` (a
     rendezvous on a free local port) unless torchrun's PET_* variables describe a job of several machines, which
-    torchrun then reads (``PET_NNODES=2 PET_NODE_RANK=0 PET_RDZV_ENDPOINT=host:29400 PET_RDZV_BACKEND=c10d``)."""
+    torchrun then reads (``PET_NNODES=2 PET_RDZV_BACKEND=c10d PET_RDZV_ENDPOINT=host:29400``)."""
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
     if not any(name in os.environ for name in MULTI_MACHINE_VARIABLES):
         command.append("--standalone")

@@ -366,10 +366,6 @@ class RankZeroBackend:
         logger.info("sharded trainer ready on %d ranks (%s)", world.size, world.device.type)
         return cls(trainer, world)
 
-    @property
-    def steps(self) -> int:
-        return self.trainer.steps
-
     def step(self, batch: TrainBatch | Sequence[Sample]) -> StepMetrics:
         return self._run("step", batch)
 
@@ -378,8 +374,7 @@ class RankZeroBackend:
 
     def save(self, directory: Path | str) -> Path:
         what = f"saving the checkpoint after step {self.trainer.steps}"
-        return self._guarded(what, lambda: (_send(self.world, _SAVE, [directory] * self.world.size),
-                                            self.trainer.save(directory))[1])  # fmt: skip
+        return self._command(what, _SAVE, [directory] * self.world.size, lambda: self.trainer.save(directory))
 
     def close(self) -> None:
         """Let the workers return from :func:`serve` (unless a rank failed: torchrun ends them) and leave."""
@@ -400,12 +395,14 @@ class RankZeroBackend:
             lengths = batch.attention_mask.sum(dim=-1).tolist()
         shards = [_take(batch, rows) for rows in shard_by_tokens(lengths, self.world.size)]
         what = f"{kind.replace('_', ' ')} {self.trainer.steps + 1}"
-        return self._guarded(what, lambda: (_send(self.world, kind, shards),
-                                            getattr(self.trainer, kind)(shards[0]))[1])  # fmt: skip
+        return self._command(what, kind, shards, lambda: getattr(self.trainer, kind)(shards[0]))
 
-    def _guarded(self, what: str, call):
+    def _command(self, what: str, kind: str, payloads: list[object], own_part):
+        """Send ``kind`` with each rank's payload, then do rank 0's part (``own_part()``); its result. A collective
+        that fails because another rank is gone or silent becomes a :class:`DistributedTrainingError`."""
         try:
-            return call()
+            _send(self.world, kind, payloads)
+            return own_part()
         except (RuntimeError, dist.DistError) as exc:
             if not _is_collective_failure(exc):
                 raise

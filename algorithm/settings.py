@@ -131,6 +131,14 @@ class TrainSection(BaseModel):
     lora_r: int = Field(default=0, ge=0, description="LoRA rank; 0 trains every weight")
     device: str = "auto"
     dtype: str = "auto"
+    backend: str = Field(default="torch", description="trainer backend: torch (one process, or FSDP2 over the "
+                         "ranks of a torchrun job) or verl (verl's FSDP engine and PPO loss, one process; needs "
+                         "verl installed)")  # fmt: skip
+    nproc: int = Field(default=1, ge=1, le=1024, description="training ranks on this machine: above 1, `fulmen "
+                       "train` runs itself under torchrun (FSDP2; one rank per GPU, gloo on CPU); torchrun's PET_* "
+                       "variables (PET_NNODES, PET_RDZV_BACKEND, PET_RDZV_ENDPOINT) join several machines")  # fmt: skip
+    dist_timeout_s: float = Field(default=600.0, gt=0, description="how long a rank waits in a training "
+                                  "collective for the others before the step fails")  # fmt: skip
     shuffle_rewards: bool = Field(default=False, description="CONTROL RUNS ONLY: permute the rewards of each "
                                   "step's rollouts at random before the advantages, destroying the learning "
                                   "signal (a run that still improves learns from something else)")  # fmt: skip
@@ -164,6 +172,9 @@ class TrainSection(BaseModel):
     def _bounds_fit(self) -> TrainSection:
         if self.min_group_size > self.group_size:
             raise ValueError(f"min_group_size ({self.min_group_size}) exceeds group_size ({self.group_size})")
+        if self.backend == "verl" and self.nproc > 1:
+            raise ValueError("FULMEN_TRAIN_BACKEND=verl trains in one process; for FSDP over several ranks use "
+                             "FULMEN_TRAIN_BACKEND=torch with FULMEN_TRAIN_NPROC")  # fmt: skip
         if self.max_groups_in_flight and self.max_groups_in_flight < self.groups_per_step:
             raise ValueError(
                 f"max_groups_in_flight ({self.max_groups_in_flight}) below groups_per_step ({self.groups_per_step})"

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from aiokafka import TopicPartition
@@ -30,6 +31,7 @@ from fulmen.algorithm.collector import Collector
 from fulmen.algorithm.dispatcher import DatasetTask, Dispatcher
 from fulmen.algorithm.groups import GroupBook
 from fulmen.algorithm.loop import LoopPlan, TrainingLoop
+from fulmen.algorithm.registry import Registry
 from fulmen.algorithm.settings import TrainSection, TrainSettings
 from fulmen.algorithm.trainer.base import TEMPORARY_MARK, TrainerBackend
 from fulmen.infra.errors import BrokerUnavailableError, ConfigurationError, DecodeError, RetryableError
@@ -43,11 +45,13 @@ from fulmen.schemas.events import ModelVersion, RolloutMode, TrainStep
 from fulmen.schemas.topics import TopicKey, topic_name
 
 __all__ = [
+    "TRAINER_BACKENDS",
     "build_backend",
     "check_training_settings",
     "latest_checkpoint",
     "model_versions",
     "resolve_model",
+    "torch_config",
     "train",
     "version_on_topic",
 ]
@@ -192,22 +196,53 @@ def check_training_settings(options: TrainSection) -> None:
     _ = options.overlong_limits  # raises when overlong shaping is on without its limit
 
 
+BackendBuilder = Callable[[TrainSection, str], TrainerBackend]
+
+TRAINER_BACKENDS: Registry[BackendBuilder] = Registry("trainer backend")
+"""``FULMEN_TRAIN_BACKEND`` -> ``build(options, model_path)``: the backend that trains the run's model."""
+
+
 def build_backend(options: TrainSection, model_path: str) -> TrainerBackend:
-    """The torch trainer for ``model_path`` with the section's optimisation settings (loads the model)."""
-    from fulmen.algorithm.trainer.torch_backend import LoraSettings, TorchTrainer, TorchTrainerConfig
+    """The section's backend (``options.backend``) for ``model_path`` (loads the model); ConfigurationError
+    listing the valid names for an unknown one."""
+    return TRAINER_BACKENDS.get(options.backend)(options, model_path)
+
+
+def torch_config(options: TrainSection, model_path: str):  # -> TorchTrainerConfig
+    """The torch trainer's config from the section's optimisation settings."""
+    from fulmen.algorithm.trainer.torch_backend import LoraSettings, TorchTrainerConfig
 
     lora = LoraSettings(r=options.lora_r, alpha=2.0 * options.lora_r) if options.lora_r else None
-    return TorchTrainer(
-        TorchTrainerConfig(
-            model_path=model_path, device=options.device, dtype=options.dtype, lr=options.lr,
-            micro_batch_size=options.micro_batch_size, epochs_per_batch=options.epochs_per_batch,
-            clip_eps=options.clip_eps, clip_eps_high=options.clip_eps_high, policy_loss=options.policy_loss,
-            aggregation=options.loss_aggregation, kl_coef=options.kl_coef, lora=lora, seed=options.seed,
-            max_len=options.max_len, recompute_old_logprobs=options.recompute_old_logprobs,
-            correction=options.correction or None, correction_level=options.correction_level,
-            correction_low=options.correction_low, correction_high=options.correction_high,
-        )
+    return TorchTrainerConfig(
+        model_path=model_path, device=options.device, dtype=options.dtype, lr=options.lr,
+        micro_batch_size=options.micro_batch_size, epochs_per_batch=options.epochs_per_batch,
+        clip_eps=options.clip_eps, clip_eps_high=options.clip_eps_high, policy_loss=options.policy_loss,
+        aggregation=options.loss_aggregation, kl_coef=options.kl_coef, lora=lora, seed=options.seed,
+        max_len=options.max_len, recompute_old_logprobs=options.recompute_old_logprobs,
+        correction=options.correction or None, correction_level=options.correction_level,
+        correction_low=options.correction_low, correction_high=options.correction_high,
     )  # fmt: skip
+
+
+@TRAINER_BACKENDS.register("torch")
+def _torch_backend(options: TrainSection, model_path: str) -> TrainerBackend:
+    """One process (:class:`TorchTrainer`); as rank 0 of a torchrun job, FSDP2 over its ranks
+    (:class:`~fulmen.algorithm.trainer.distributed.RankZeroBackend`, the other ranks run ``serve``)."""
+    from fulmen.algorithm.trainer import distributed
+    from fulmen.algorithm.trainer.torch_backend import TorchTrainer
+
+    config = torch_config(options, model_path)
+    if not distributed.launched():
+        return TorchTrainer(config)
+    return distributed.RankZeroBackend.start(config, distributed.join(options.device, options.dist_timeout_s))
+
+
+@TRAINER_BACKENDS.register("verl")
+def _verl_backend(options: TrainSection, model_path: str) -> TrainerBackend:
+    """verl's FSDP engine and PPO loss (:class:`~fulmen.algorithm.trainer.verl_backend.VerlTrainer`), one process."""
+    from fulmen.algorithm.trainer.verl_backend import VerlTrainer
+
+    return VerlTrainer(torch_config(options, model_path))
 
 
 async def train(
@@ -228,8 +263,22 @@ async def train(
     if resumed is not None:
         log.info("run %s resumes from its checkpoint v%d (%s); the optimizer state starts afresh", options.run_id,
                  resumed[0], resumed[1])  # fmt: skip
-    if backend is None:
-        backend = await asyncio.to_thread(build_backend, options, str(resumed[1]) if resumed else base_model)
+    if backend is not None:
+        return await _train_with(backend, settings, base_model, resumed, tasks, val_tasks, stop)
+    built = await asyncio.to_thread(build_backend, options, str(resumed[1]) if resumed else base_model)
+    try:
+        return await _train_with(built, settings, base_model, resumed, tasks, val_tasks, stop)
+    finally:
+        close = getattr(built, "close", None)  # a sharded backend lets its other ranks end
+        if close is not None:
+            await asyncio.to_thread(close)
+
+
+async def _train_with(backend: TrainerBackend, settings: TrainSettings, base_model: str,
+                      resumed: tuple[int, Path] | None, tasks: list[DatasetTask], val_tasks: list[DatasetTask] | None,
+                      stop: asyncio.Event | None) -> list[TrainStep]:  # fmt: skip
+    options = settings.train
+    run_dir = settings.run_dir
     broker = kafka_broker(settings)
     source = consumer(settings, options.consumer_group, topic_name(TopicKey.TRANSITIONS, settings.kafka.topic_prefix))
     await start_or_raise(broker, settings, "trainer publisher")

@@ -1,10 +1,11 @@
-"""Trainer backends behind one interface (:class:`TrainerBackend`); one exists, ``torch_backend``.
+"""Trainer backends behind one interface (:class:`TrainerBackend`), chosen by ``FULMEN_TRAIN_BACKEND``.
 
-``torch_backend`` trains a Hugging Face causal LM in one process, on the CPU or one GPU, with optional LoRA.
-There is no verl backend (nor FSDP sharding): verl is used only as the reference the advantages and losses
-are checked against (``tests/unit/test_verl_parity.py``, with the optional ``gpu`` extra).
+- ``torch_backend``: a Hugging Face causal LM in one process, on the CPU or one GPU, with optional LoRA;
+- ``distributed``: the same, sharded with FSDP2 over the ranks of a torchrun job (``fulmen train --nproc N``):
+  rank 0 keeps the Kafka side, the other ranks train their shards;
+- ``verl_backend``: verl's own FSDP engine and PPO loss fed the same samples (one process; needs verl).
 
-``fulmen.algorithm.trainer.torch_backend`` (transformers, peft) is imported on demand, not from here.
+Those modules (transformers, peft, verl) are imported on demand, not from here.
 """
 
 from fulmen.algorithm.trainer.base import StepMetrics, TrainerBackend

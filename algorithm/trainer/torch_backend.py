@@ -159,8 +159,8 @@ class TorchTrainer:
         """One policy update on ``batch`` (see the module docstring); returns its metrics."""
         started = time.perf_counter()
         batch = self._prepare(batch)
-        normalizer = batch_normalizer(batch.response_mask, self.config.aggregation)
-        micro = [self._with_old_logprobs(mb) for mb in batch.split(self.config.micro_batch_size)]
+        normalizer = self._normalizer(batch.response_mask, self.config.aggregation)
+        micro = [self._with_old_logprobs(mb) for mb in self._micro_batches(batch)]
         refs = [self.reference.logprobs(mb, self._autocast) for mb in micro] if self.reference else [None] * len(micro)
         weights, importance = self._importance_weights(micro)
         options = {
@@ -185,12 +185,12 @@ class TorchTrainer:
         """One supervised update: mean negative log-likelihood of the response tokens of the whole batch."""
         started = time.perf_counter()
         batch = self._prepare(batch)
-        normalizer = batch_normalizer(batch.response_mask, LossAggregation.TOKEN_MEAN)
+        normalizer = self._normalizer(batch.response_mask, LossAggregation.TOKEN_MEAN)
 
         def loss_of(index: int, mb: TrainBatch, logprobs: Tensor) -> tuple[Tensor, None]:
             return -aggregate(logprobs, mb.response_mask, LossAggregation.TOKEN_MEAN, normalizer), None
 
-        return self._train(batch, batch.split(self.config.micro_batch_size), loss_of, started, epochs=1)
+        return self._train(batch, self._micro_batches(batch), loss_of, started, epochs=1)
 
     def save(self, directory: Path | str) -> Path:
         """Write a full model directory (float32 safetensors, config, tokenizer); with LoRA, the merged model.
@@ -215,6 +215,17 @@ class TorchTrainer:
         if not isinstance(batch, TrainBatch):
             batch = collate(batch, self.pad_id, self.config.max_len)
         return batch.to(self.device)
+
+    # The three places a sharded subclass (``fulmen.algorithm.trainer.distributed``) hooks into: the batch it is
+    # handed is then its rank's shard of the step's batch.
+
+    def _normalizer(self, mask: Tensor, mode: str) -> float:
+        """The loss normaliser of the WHOLE batch (:func:`batch_normalizer`; sharded: summed over the ranks)."""
+        return batch_normalizer(mask, mode)
+
+    def _micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
+        """The micro-batches of ``batch`` (sharded: as many on every rank, each forward being a collective)."""
+        return batch.split(self.config.micro_batch_size)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         enabled = self.compute_dtype != torch.float32

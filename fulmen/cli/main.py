@@ -19,6 +19,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fulmen.infra.errors import FulmenError
@@ -73,7 +74,8 @@ def friendly(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except FulmenError as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+            # the message is text, not markup: a "[/path/file.cc:545]" in it (gloo's errors) made rich fail
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True, soft_wrap=True)
             raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
@@ -428,21 +430,45 @@ def train(
     ] = None,
     val: Annotated[Path | None, typer.Option(help="JSONL of validation tasks")] = None,
     steps: Annotated[int | None, typer.Option(help="optimisation steps (FULMEN_TRAIN_STEPS)")] = None,
+    nproc: Annotated[
+        int | None, typer.Option(help="training ranks on this machine, FSDP2 under torchrun (FULMEN_TRAIN_NPROC)")
+    ] = None,
 ) -> None:
     """Train with GRPO on rollouts of the dataset: dispatch tasks, collect transitions, update, publish versions.
 
-    Needs only Kafka; runners (`fulmen runner`), `fulmen consume` and `fulmen llm-gateway` run separately."""
+    Needs only Kafka; runners (`fulmen runner`), `fulmen consume` and `fulmen llm-gateway` run separately. With
+    --nproc N (N > 1) it runs itself under torchrun: rank 0 does this, the other ranks train their shards.
+    Started by torchrun (RANK, WORLD_SIZE... set), it runs as that rank."""
+    import os
+
     from fulmen.algorithm.settings import TrainSettings
-    from fulmen.algorithm.train import train as run_training
-    from fulmen.infra.services import ensure_kafka
-    from fulmen.schemas.task_file import load_task_file
+    from fulmen.algorithm.trainer import distributed
 
     settings = _settings(TrainSettings, service=True)
-    overrides = {"model_path": model, "agent": agent, "steps": steps}
+    overrides = {"model_path": model, "agent": agent, "steps": steps, "nproc": nproc}
     for name, value in overrides.items():
         if value is not None:
             setattr(settings.train, name, value)
     settings = TrainSettings.model_validate(settings.model_dump())  # re-check what the options changed
+    if distributed.launched() and distributed.rank() != 0:
+        distributed.serve(distributed.join(settings.train.device, settings.train.dist_timeout_s))
+        return
+    if not distributed.launched() and settings.train.nproc > 1:
+        options = {"--dataset": dataset, "--model": model, "--agent": agent, "--val": val, "--steps": steps}
+        args = [str(part) for name, value in options.items() if value is not None for part in (name, value)]
+        command = distributed.relaunch_command(settings.train.nproc, ["-m", "fulmen.cli.main", "train", *args])
+        os.environ["FULMEN_TRAIN_RUN_ID"] = settings.train.run_id  # one run id for every rank (the default is random)
+        err.print(f"run {settings.train.run_id}: training on {settings.train.nproc} ranks: {' '.join(command)}")
+        os.execv(command[0], command)
+    _train_here(settings, dataset, val)
+
+
+def _train_here(settings: Any, dataset: Path, val: Path | None) -> None:
+    """``fulmen train`` in this process: one process, or rank 0 of a torchrun job."""
+    from fulmen.algorithm.train import train as run_training
+    from fulmen.infra.services import ensure_kafka
+    from fulmen.schemas.task_file import load_task_file
+
     tasks, val_tasks = load_task_file(dataset), load_task_file(val) if val else None
     ensure_kafka(settings)
 

@@ -36,11 +36,13 @@ def accuracy_curve(run: DemoRun) -> list[tuple[int, float]]:
     return points
 
 
-def report_dict(run: DemoRun, plot: Path | None, shuffle_rewards: bool) -> dict[str, Any]:
+def report_dict(run: DemoRun, plot: Path | None, shuffle_rewards: bool, algorithm: str = "grpo",
+                mode: str = "sync") -> dict[str, Any]:  # fmt: skip
     """The JSON report (``fulmen demo --json``'s last line)."""
     curve = accuracy_curve(run)
     return {
-        "run_id": run.run_id, "shuffle_rewards": shuffle_rewards, "steps": len(run.steps),
+        "run_id": run.run_id, "shuffle_rewards": shuffle_rewards, "algorithm": algorithm, "mode": mode,
+        "steps": len(run.steps),
         "accuracy_before": curve[0][1] if curve else None, "accuracy_after": curve[-1][1] if len(curve) > 1 else None,
         "accuracy_curve": curve, "reward_curve": [(s.step, round(s.reward_mean, 4)) for s in run.steps],
         "wall_s": round(run.wall_s, 1), "warmup_s": round(run.warmup_s, 1), "startup_s": round(run.startup_s, 1),

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fulmen.algorithm.demo.agent import CALL_TOKENS
 from fulmen.algorithm.demo.tasks import heldout_tasks, train_tasks
 from fulmen.algorithm.demo.warmup import WarmupPlan, warm_up
 from fulmen.algorithm.local import LocalPlan, LocalRun, run_locally
@@ -35,6 +36,10 @@ class DemoOptions:
 
     steps: int = 30
     shuffle_rewards: bool = False
+    algorithm: str = "grpo"  # FULMEN_TRAIN_ALGORITHM: grpo, dr_grpo, rloo, dapo, gspo, cispo
+    mode: str = "sync"  # FULMEN_TRAIN_MODE: sync or async
+    max_staleness: int = 1  # async: how many versions old a sample may be
+    agent: str = AGENT  # module:function the runners run (a bench wraps the demo's agent)
     group_size: int = 8
     groups_per_step: int = 12  # four of each untaught wording (dispatched in order); see tasks.py
     lr: float = 1e-3
@@ -60,7 +65,7 @@ def run_demo(settings: FulmenSettings, options: DemoOptions, *, on_phase: Callab
     on_phase("warming up the tiny model (cached after the first run)")
     model = warm_up(options.warmup_dir or settings.home / "demo-warmup", options.warmup, on_warmup)
     warmup_s = time.perf_counter() - started
-    plan = LocalPlan(AGENT, model, runners=options.runners, concurrency=options.concurrency, run_prefix="demo")
+    plan = LocalPlan(options.agent, model, runners=options.runners, concurrency=options.concurrency, run_prefix="demo")
     heldout = heldout_tasks(options.heldout, warmup_count=options.warmup.steps * options.warmup.batch)
     run = run_locally(settings, plan, _train_fields(options), train_tasks(), heldout, run_dir=options.run_dir,
                       on_phase=on_phase, on_step=on_step, after=after)  # fmt: skip
@@ -72,9 +77,12 @@ def run_demo(settings: FulmenSettings, options: DemoOptions, *, on_phase: Callab
 def _train_fields(options: DemoOptions) -> dict[str, object]:
     return {
         "steps": options.steps, "group_size": options.group_size, "groups_per_step": options.groups_per_step,
-        "lr": options.lr, "clip_eps": 0.2, "max_staleness": 1, "val_every": options.val_every, "val_group_size": 1,
+        "lr": options.lr, "val_every": options.val_every, "val_group_size": 1,
         "rollout_timeout_s": 120.0, "max_attempts": 2,
         "micro_batch_size": 32, "device": "cpu", "dtype": "float32", "seed": options.seed,
         "shuffle_rewards": options.shuffle_rewards, "epochs_per_batch": options.epochs_per_batch,
-        "kl_coef": options.kl_coef, "shuffle": False,
+        "kl_coef": options.kl_coef, "shuffle": False, "algorithm": options.algorithm, "mode": options.mode,
+        "max_staleness": options.max_staleness,
+        # DAPO's overlong shaping needs the calls' length limit: the demo agent's longer call asks for this many
+        "overlong_max_tokens": CALL_TOKENS,
     }  # fmt: skip

@@ -15,12 +15,13 @@ __all__ = ["run_demo_command"]
 
 
 def run_demo_command(settings: FulmenSettings, console: Console, *, steps: int | None, shuffle_rewards: bool,
-                     as_json: bool) -> dict[str, Any]:  # fmt: skip
+                     as_json: bool, algorithm: str = "grpo", mode: str = "sync") -> dict[str, Any]:  # fmt: skip
     """Run the demo with a live progress bar, print the report; the report dict (also the JSON line)."""
     from fulmen.algorithm.demo.report import plot_curves, report_dict, run_queries
     from fulmen.algorithm.demo.run import DemoOptions, run_demo
 
-    options = DemoOptions(shuffle_rewards=shuffle_rewards, **({"steps": steps} if steps else {}))
+    options = DemoOptions(shuffle_rewards=shuffle_rewards, algorithm=algorithm, mode=mode,
+                          **({"steps": steps} if steps else {}))  # fmt: skip
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[info]}"),
                         TimeElapsedColumn(), console=console, transient=False)  # fmt: skip
@@ -52,7 +53,7 @@ def run_demo_command(settings: FulmenSettings, console: Console, *, steps: int |
     with progress:
         run = run_demo(settings, options, on_phase=on_phase, on_step=on_step, on_warmup=on_warmup, after=after)
     plot = plot_curves(run, run.run_dir / "curves.png")
-    report = report_dict(run, plot, shuffle_rewards)
+    report = report_dict(run, plot, shuffle_rewards, algorithm, mode)
     _print_report(console, report, run, queries)
     if as_json:
         print(json.dumps(report))

@@ -539,13 +539,18 @@ def demo(
     shuffle_rewards: Annotated[
         bool, typer.Option("--shuffle-rewards", help="CONTROL run: rewards shuffled within each step")
     ] = False,
+    algorithm: Annotated[
+        str, typer.Option(help="grpo, dr_grpo, rloo, dapo, gspo or cispo (FULMEN_TRAIN_ALGORITHM's recipes)")
+    ] = "grpo",
+    mode: Annotated[str, typer.Option(help="sync, or async: generation and training overlap fully")] = "sync",
 ) -> None:
     """An agent visibly learning through the whole system: warm up a tiny model, start Kafka, the store, the
-    gateways and a runner, train with GRPO on arithmetic word problems, report held-out accuracy before and
-    after, the curves and the SQL to explore the stored data; stop everything it started."""
+    gateways and a runner, train with GRPO (or --algorithm) on arithmetic word problems, report held-out
+    accuracy before and after, the curves and the SQL to explore the stored data; stop everything it started."""
     from fulmen.cli.demo import run_demo_command
 
-    run_demo_command(_settings(), console, steps=steps, shuffle_rewards=shuffle_rewards, as_json=as_json)
+    run_demo_command(_settings(), console, steps=steps, shuffle_rewards=shuffle_rewards, as_json=as_json,
+                     algorithm=algorithm, mode=mode)  # fmt: skip
 
 
 @app.command("smoke")

@@ -329,7 +329,7 @@ def test_async_mode_keeps_max_staleness_steps_of_rollouts_ahead_of_training(tmp_
     """Rollouts answer at once here, so the feeder is always at its bound: when update k starts (version k is
     served) rollouts for at least k + max_staleness steps are out (sync mode: at most k + 2), and never more than
     k + max_staleness + 1 steps' worth, so nothing goes stale."""
-    loop, publisher, backend = build_slow(tmp_path, 0.3, steps=4, mode="async", max_staleness=2)
+    loop, _, backend = build_slow(tmp_path, 0.3, steps=4, mode="async", max_staleness=2)
     assert loop.options.groups_in_flight == 6 and loop.options.correction == "tis"  # (2 + 1) x 2 groups; tis
     steps = run(loop)
     assert len(steps) == 4

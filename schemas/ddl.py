@@ -175,10 +175,19 @@ CREATE TABLE IF NOT EXISTS {db}.train_steps (
 ORDER BY (RunId, Step)
 """
 
+# The Collector exporter's two derived columns (its newer table versions have them; Grafana's trace views and its
+# full-text search use them): each attribute as "key=value". ALIAS columns: computed on read, nothing stored.
+_ATTRIBUTE_ITEMS = tuple(
+    f"ALTER TABLE {{db}}.otel_traces ADD COLUMN IF NOT EXISTS {items} Array(String) "
+    f"ALIAS arrayMap((key, value) -> concat(key, '=', value), mapKeys({column}), mapValues({column}))"
+    for items, column in (("ResourceAttributeItems", "ResourceAttributes"), ("SpanAttributeItems", "SpanAttributes"))
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "spans (otel_traces)", (_SPANS,)),
     Migration(2, "rollouts", (_ROLLOUTS,)),
     Migration(3, "transitions", (_TRANSITIONS,)),
     Migration(4, "model_versions", (_MODEL_VERSIONS,)),
     Migration(5, "train_steps", (_TRAIN_STEPS,)),
+    Migration(6, "otel_traces: the Collector exporter's attribute item columns", _ATTRIBUTE_ITEMS),
 )

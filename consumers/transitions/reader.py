@@ -36,7 +36,8 @@ SELECT RolloutId, Attempt, TraceId, SpanId, ParentSpanId, SpanName, toUnixTimest
        arrayMap(t -> toUnixTimestamp64Nano(t), `Events.Timestamp`),
        arrayMap(a -> a[{reward_a:String}], `Events.Attributes`),
        arrayMap(a -> a[{reward_b:String}], `Events.Attributes`),
-       `Links.TraceId`, `Links.SpanId`
+       `Links.TraceId`, `Links.SpanId`,
+       arrayMap(a -> a[{response_id:String}], `Events.Attributes`)
 FROM __TABLE__
 WHERE (RolloutId, Attempt) IN {keys:Array(Tuple(String, UInt32))}
 """
@@ -109,11 +110,11 @@ class SpanReader:
 
 def _record(row: Sequence[Any]) -> SpanRecord:
     start = int(row[6])
-    event_rewards = tuple(
-        (int(at), value)
-        for at, first, second in zip(row[16], row[17], row[18], strict=True)
+    rewarded = [
+        ((int(at), value), response_id)
+        for at, first, second, response_id in zip(row[16], row[17], row[18], row[21], strict=True)
         if (value := _number(first) if first else _number(second)) is not None
-    )
+    ]
     return SpanRecord(
         trace_id=row[2], span_id=row[3], parent_span_id=row[4], name=row[5], start_ns=start,
         end_ns=start + int(row[7]), agent_name=row[8],
@@ -121,7 +122,9 @@ def _record(row: Sequence[Any]) -> SpanRecord:
         prompt_token_ids=tuple(row[10]), response_token_ids=tuple(row[11]),
         response_logprobs=tuple(float(x) for x in row[12]),
         model_version=int(row[9]) if row[9] is not None else None, reward=row[13],
-        event_rewards=event_rewards, links=tuple(zip(row[19], row[20], strict=True)),
+        event_rewards=tuple(reward for reward, _ in rewarded),
+        event_response_ids=tuple(response_id for _, response_id in rewarded),
+        links=tuple(zip(row[19], row[20], strict=True)),
     )  # fmt: skip
 
 

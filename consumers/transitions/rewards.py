@@ -7,6 +7,9 @@ the episode reward, which comes from the rollout event.
 
 Each observation goes to one selected call, by the first rule that applies:
 
+0. it names the response it rates (``gen_ai.response.id`` on the event, else on the span that carries it, as
+   on the agent's own LLM span that a ``gen_ai.evaluation.result`` event is attached to) and a selected call
+   returned that response (the LLM gateway records the id it answered with): that call;
 1. it is recorded on a selected call or inside one (a descendant span, an event of the call span): that call;
 2. its span links to selected calls: the last of them;
 3. (spans only) its span encloses selected calls in the tree (an agent or evaluation span around the work it
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 
 from fulmen.consumers.transitions.selection import Call
 from fulmen.consumers.transitions.tree import SpanKey, TraceTree
+from fulmen.schemas import semconv
 
 __all__ = ["RewardMatch", "RewardObservation", "match_rewards", "observe_rewards"]
 
@@ -38,6 +42,7 @@ class RewardObservation:
     time_ns: int
     owner: SpanKey
     on_event: bool = False
+    response_id: str = ""  # the response it names (rule 0), "" when none
 
 
 @dataclass(frozen=True)
@@ -52,10 +57,12 @@ def observe_rewards(tree: TraceTree) -> list[RewardObservation]:
     """Every reward recorded in the rollout's spans, in time order."""
     observed = []
     for key, span in tree.spans.items():
+        own = span.attributes.get(semconv.GEN_AI_RESPONSE_ID, "")
         if span.reward is not None and not span.is_rollout_root:
-            observed.append(RewardObservation(span.reward, span.start_ns, key))
-        for time_ns, value in span.event_rewards:
-            observed.append(RewardObservation(value, time_ns, key, on_event=True))
+            observed.append(RewardObservation(span.reward, span.start_ns, key, response_id=own))
+        named = span.event_response_ids or ("",) * len(span.event_rewards)
+        for (time_ns, value), response_id in zip(span.event_rewards, named, strict=True):
+            observed.append(RewardObservation(value, time_ns, key, on_event=True, response_id=response_id or own))
     observed.sort(key=lambda o: (o.time_ns, tree.position[o.owner]))
     return observed
 
@@ -65,10 +72,14 @@ def match_rewards(tree: TraceTree, calls: Sequence[Call]) -> RewardMatch:
     per_call: list[float | None] = [None] * len(calls)
     unmatched = []
     index_of = {call.key: i for i, call in enumerate(calls)}
+    by_response = {response: i for i, call in enumerate(calls)
+                   if (response := call.span.attributes.get(semconv.GEN_AI_RESPONSE_ID))}  # fmt: skip
     by_end = sorted(range(len(calls)), key=lambda i: (calls[i].span.end_ns, calls[i].span.start_ns, i))
     ends = [calls[i].span.end_ns for i in by_end]
     for observation in observe_rewards(tree):
-        index = _inside_call(tree, observation.owner, index_of)
+        index = by_response.get(observation.response_id) if observation.response_id else None
+        if index is None:
+            index = _inside_call(tree, observation.owner, index_of)
         if index is None:
             index = _linked_call(tree, observation.owner, index_of)
         if index is None and not observation.on_event:

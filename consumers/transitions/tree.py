@@ -35,8 +35,9 @@ class SpanRecord:
     """What the transitions consumer reads of one span (a row of ``otel_traces``).
 
     ``attributes`` holds only the few attributes the selection reads (see ``reader.EXTRA_ATTRIBUTES``);
-    ``event_rewards`` are (time in ns, value) of the span's events that carry a reward; ``links`` are the
-    spans this one links to.
+    ``event_rewards`` are (time in ns, value) of the span's events that carry a reward (such as the gen_ai
+    ``gen_ai.evaluation.result`` event), ``event_response_ids`` the ``gen_ai.response.id`` each of those events
+    names ("" when none; aligned with ``event_rewards``); ``links`` are the spans this one links to.
     """
 
     trace_id: str
@@ -53,6 +54,7 @@ class SpanRecord:
     model_version: int | None = None
     reward: float | None = None
     event_rewards: tuple[tuple[int, float], ...] = ()
+    event_response_ids: tuple[str, ...] = ()
     links: tuple[SpanKey, ...] = ()
 
     @property

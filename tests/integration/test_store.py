@@ -44,7 +44,7 @@ def test_migrations_are_idempotent(store: Store) -> None:
         assert engines[table] == "ReplacingMergeTree"
     store.command(f"DELETE FROM {store.database}.schema_migrations WHERE Version = 3")  # as if interrupted
     assert [m.version for m in store.migrate()] == [3]
-    assert [r[0] for r in store.query(f"SELECT count() FROM {store.database}.schema_migrations").rows] == [5]
+    assert [r[0] for r in store.query(f"SELECT count() FROM {store.database}.schema_migrations").rows] == [len(MIGRATIONS)]
 
 
 def test_rollouts_keep_the_latest_state_per_attempt(store: Store) -> None:
@@ -149,3 +149,18 @@ def test_a_second_process_gets_a_clear_error(store: Store, store_path: Path) -> 
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
     assert "CONFIG:" in out and "open in another process" in out and "fulmen sql" in out
+
+
+def test_otel_traces_has_the_collector_exporter_s_columns_and_types(store: Store) -> None:
+    """Every column of the Collector's ClickHouse exporter's traces table is in ``otel_traces`` with its type
+    (``DateTime64(9, 'UTC')`` for its ``DateTime64(9)``: Fulmen pins the time zone), so Grafana's ClickHouse trace
+    views and the exporter's queries work on it; the derived attribute items read as the exporter's do."""
+    from tests.fixtures.collector_clickhouse_traces import COLUMNS
+
+    described = {row[0]: row[1] for row in store.query(f"DESCRIBE TABLE {store.database}.otel_traces").rows}
+    ours = {name: kind.replace("DateTime64(9, 'UTC')", "DateTime64(9)") for name, kind in described.items()}
+    assert {name: ours.get(name) for name in COLUMNS} == COLUMNS
+    store.command(f"INSERT INTO {store.database}.otel_traces (TraceId, SpanId, SpanAttributes) "
+                  "VALUES ('t', 's', map('gen_ai.system', 'fulmen', 'k', 'v'))")  # fmt: skip
+    items = store.query(f"SELECT SpanAttributeItems FROM {store.database}.otel_traces WHERE TraceId = 't'").rows
+    assert [list(row) for row in items] == [[["gen_ai.system=fulmen", "k=v"]]]

@@ -211,6 +211,23 @@ def test_rewards_inside_linked_and_around_calls() -> None:
     assert match_rewards(tree, calls).per_call == [0.4, 0.2, None]
 
 
+def test_an_evaluation_that_names_a_response_goes_to_the_call_that_returned_it() -> None:
+    """gen_ai.evaluation.result events: one carries gen_ai.response.id (recorded long after, on an unrelated span),
+    one is attached to the agent's own LLM span, which carries the response id the gateway answered with."""
+    spans = [
+        span("agent", 0, 1000, agent="solver"),
+        call("c1", 10, 100, "agent", response_id="chatcmpl-1"),
+        span("c2-client", 190, 310, "agent", response_id="chatcmpl-2", events=((900, 0.7),)),  # the agent's span
+        call("c2", 200, 300, trace=1, response_id="chatcmpl-2"),
+        call("c3", 400, 500, "agent", response_id="chatcmpl-3"),
+        span("judge", 950, 990, "agent", events=((960, 0.25), (970, 0.5)), event_responses=("chatcmpl-1", "")),
+    ]
+    tree = TraceTree.build(spans)
+    calls, _ = select_calls(tree)
+    # by time alone all three would go to c3; the first names c1, the agent-span event rates c2's response
+    assert match_rewards(tree, calls).per_call == [0.25, 0.7, 0.5]
+
+
 def test_a_reward_on_a_span_around_calls_goes_to_the_last_of_them() -> None:
     spans = [
         span("agent", 0, 1000, agent="solver", reward=0.9),  # e.g. gen_ai.evaluation.score.value on the agent span

@@ -36,6 +36,7 @@ def span(
     logprobs: tuple[float, ...] = (),
     reward: float | None = None,
     events: tuple[tuple[int, float], ...] = (),
+    event_responses: tuple[str, ...] = (),
     links: tuple[str, ...] = (),
     response_id: str = "",
     version: int | None = None,
@@ -51,7 +52,7 @@ def span(
         trace_id=tid(trace), span_id=sid(name), parent_span_id=sid(parent) if parent else "",
         name=span_name if span_name is not None else name, start_ns=start, end_ns=end, agent_name=agent,
         attributes=attributes, prompt_token_ids=prompt, response_token_ids=response, response_logprobs=logprobs,
-        model_version=version, reward=reward, event_rewards=events,
+        model_version=version, reward=reward, event_rewards=events, event_response_ids=event_responses,
         links=tuple((tid(0), sid(link)) for link in links),
     )  # fmt: skip
 

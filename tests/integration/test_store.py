@@ -44,7 +44,9 @@ def test_migrations_are_idempotent(store: Store) -> None:
         assert engines[table] == "ReplacingMergeTree"
     store.command(f"DELETE FROM {store.database}.schema_migrations WHERE Version = 3")  # as if interrupted
     assert [m.version for m in store.migrate()] == [3]
-    assert [r[0] for r in store.query(f"SELECT count() FROM {store.database}.schema_migrations").rows] == [len(MIGRATIONS)]
+    assert [r[0] for r in store.query(f"SELECT count() FROM {store.database}.schema_migrations").rows] == [
+        len(MIGRATIONS)
+    ]
 
 
 def test_rollouts_keep_the_latest_state_per_attempt(store: Store) -> None:

@@ -37,8 +37,9 @@ One step N (the policy being served is version ``N - 1``; version 0 is the base 
 Modes (``mode``). ``sync`` (the default) is the order above: a step dispatches and polls only while it waits for
 its groups (1.); rollouts already dispatched run on while it trains, nothing new is dispatched until the next step
 waits, so samples are at most ``max_staleness`` (default 1) versions old. ``async``: a feeder task
-(:meth:`TrainingLoop._feed`) dispatches and collects without pause, during updates, saves, publishes and
-validations, keeping ``groups_in_flight`` train groups ahead of training (dispatched or closed and waiting:
+(:meth:`TrainingLoop._feed`) dispatches and collects without pause during updates, saves and publishes (during
+validations it collects but dispatches no train groups, which would queue ahead of the validation's rollouts),
+keeping ``groups_in_flight`` train groups ahead of training (dispatched or closed and waiting:
 ``(max_staleness + 1) * groups_per_step`` by default) at the version being served; a step takes the groups that
 closed, drops transitions older than ``max_staleness`` versions (each call's own version: the gateways swap
 versions between calls, so one rollout may span versions), and the trainer weighs the rest against the policy that
@@ -170,6 +171,7 @@ class TrainingLoop:
         self._collector_lock = asyncio.Lock()  # one poll or commit at a time on the consumer
         self._feed_error: Exception | None = None
         self._in_step = 0  # groups the step under way took (trained on at the version being served)
+        self._validating = False  # a validation pass is under way: the feeder dispatches no train groups
 
     async def run(self, stop: asyncio.Event | None = None) -> list[TrainStep]:
         """Train up to step ``steps`` (from ``initial_version + 1``: a resumed run continues its numbering; fewer
@@ -206,13 +208,14 @@ class TrainingLoop:
         """Asynchronous mode: keep ``groups_in_flight`` train groups ahead of training (dispatched at the version
         being served, closed and waiting for a step, or taken by the step under way: so a group dispatched at
         version v is trained by step v + max_staleness + 1 at the latest, at most ``max_staleness`` versions old)
-        and file whatever closes, without pause, while the steps train, save, publish and validate. The only poller
-        of the collector then (the steps wait for :attr:`_arrived`). A Kafka error ends the run: it is re-raised in
-        the step that waits (:meth:`_advance`)."""
+        and file whatever closes, without pause, while the steps train, save and publish (during a validation pass
+        it dispatches no train groups: they would queue at the gateways ahead of the validation's rollouts, and
+        the train groups under way keep running). The only poller of the collector then (the steps wait for
+        :attr:`_arrived`). A Kafka error ends the run: it is re-raised in the step that waits (:meth:`_advance`)."""
         try:
             while not stop.is_set():
                 ahead = len(self.waiting.train) + self._in_step  # closed, and taken by the step under way
-                dispatched = await self.train.fill(self.version, ahead=ahead)
+                dispatched = [] if self._validating else await self.train.fill(self.version, ahead=ahead)
                 self.collector.expect(dispatched)
                 if not await self._poll() and not dispatched:
                     await asyncio.sleep(FEED_IDLE_S)  # a consumer that answers at once must not spin the loop
@@ -347,6 +350,13 @@ class TrainingLoop:
         is counted with a warning). ``<prefix>redone`` says how many groups ran again."""
         if self.val is None:
             return {}
+        self._validating = True
+        try:
+            return await self._validation_pass(stop, prefix)
+        finally:
+            self._validating = False
+
+    async def _validation_pass(self, stop: asyncio.Event, prefix: str) -> dict[str, float]:
         counted: list[ClosedGroup] = []
         only: set[str] | None = None
         redone = 0

@@ -15,7 +15,7 @@ cached), and "before" means after that warm-up. N is small (each step trains on 
 on 2 cores), so the figures are a measurement of what these settings give in ~10 minutes a scenario, not of what
 the model can reach.
 
-    .venv/bin/python bench/scenarios.py [--steps 4] [--only calc_agent] [--no-control]
+    .venv/bin/python bench/scenarios.py [--steps 6] [--only calc_agent] [--no-control]
 
 Prints one JSON object on its last line keyed by scenario (``sql_agent``, ``rag_agent``, ``calc_agent``), each
 with ``s_per_step``, ``calls_per_episode``, ``reward_before``, ``reward_after``, ``heldout_before``,

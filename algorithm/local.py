@@ -7,7 +7,7 @@ store ``<run dir>/chdb``, so runs never mix, even on a shared broker, and then:
 2. ``fulmen consume`` (owns the store, serves read-only SQL on a free port; ``FULMEN_TRANSITIONS_AGENT_PATTERN``
    when the plan selects agents), ``fulmen otlp-gateway``, ``fulmen llm-gateway`` on the plan's model as version
    0 (it follows ``fulmen.models``), and ``runners`` ``fulmen runner --agent <plan.agent>`` processes, each the
-   real command in its own process (:mod:`fulmen.algorithm.demo.services`);
+   real command in its own process, configured as ``fulmen up`` configures them (:mod:`fulmen.infra.stack`);
 3. the trainer in this process (:func:`fulmen.algorithm.train.train`) with the given ``FULMEN_TRAIN_*`` fields;
    its validation pass runs the held-out tasks through the same runners, gateway, spans and transitions before
    step 1, every ``val_every`` steps and after the last step (``initial_val_accuracy`` / ``val_accuracy`` in
@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fulmen.algorithm.demo.services import Services, ServiceSpec, free_port
 from fulmen.algorithm.dispatcher import DatasetTask
 from fulmen.algorithm.settings import TrainSettings
+from fulmen.infra.processes import Services
 from fulmen.infra.settings import FulmenSettings
+from fulmen.infra.stack import StackPorts, core_services, runner_spec
 from fulmen.schemas.events import TrainStep, new_id
 
 __all__ = ["LocalPlan", "LocalRun", "run_locally"]
@@ -88,8 +89,9 @@ def run_locally(settings: FulmenSettings, plan: LocalPlan, train: dict[str, Any]
     on_phase("starting Kafka (the first run downloads its jars) and creating this run's topics")
     ready = ensure_kafka(run_settings)
     try:
-        with Services(run_dir / "logs", _base_env(run_settings, ready.bootstrap, run)) as services:
-            _start_services(services, run, plan, on_phase)
+        ports = StackPorts.free()
+        with Services(run_dir / "logs", _base_env(run_settings, ready.bootstrap, run, ports)) as services:
+            _start_services(services, run, plan, ports, on_phase)
             run.startup_s = time.perf_counter() - started
             on_phase("training")
             train_settings = _train_settings(run_settings, ready.bootstrap, run, plan, train)
@@ -105,36 +107,35 @@ def run_locally(settings: FulmenSettings, plan: LocalPlan, train: dict[str, Any]
     return run
 
 
-def _base_env(settings: FulmenSettings, bootstrap: str, run: LocalRun) -> dict[str, str]:
+def _base_env(settings: FulmenSettings, bootstrap: str, run: LocalRun, ports: StackPorts) -> dict[str, str]:
     run.env = {
         "FULMEN_KAFKA_BOOTSTRAP": bootstrap, "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
         "FULMEN_HOME": str(settings.home), "FULMEN_CLICKHOUSE_PATH": str(run.store_path),
         "FULMEN_CLICKHOUSE_DATABASE": settings.clickhouse.database,
-        "FULMEN_CLICKHOUSE_READ_PORT": str(free_port()),
+        "FULMEN_CLICKHOUSE_READ_PORT": str(ports.read),
     }  # fmt: skip
     return run.env | {"FULMEN_LOG_LEVEL": "INFO"}
 
 
-def _start_services(services: Services, run: LocalRun, plan: LocalPlan, on_phase: Callable[[str], None]) -> None:
-    read_port, otlp_port, llm_port = run.env["FULMEN_CLICKHOUSE_READ_PORT"], free_port(), free_port()
-    on_phase("starting fulmen consume (spans, rollouts, transitions -> the store)")
+PHASES = {
+    "consume": "starting fulmen consume (spans, rollouts, transitions -> the store)",
+    "otlp-gateway": "starting the OTLP gateway",
+    "llm-gateway": "starting the LLM gateway on {model} (version 0)",
+}
+
+
+def _start_services(services: Services, run: LocalRun, plan: LocalPlan, ports: StackPorts,
+                    on_phase: Callable[[str], None]) -> None:  # fmt: skip
     consume_env = {"FULMEN_TRANSITIONS_AGENT_PATTERN": plan.agent_pattern} if plan.agent_pattern else {}
-    services.start(ServiceSpec("consume", ("consume",), consume_env, f"http://127.0.0.1:{read_port}/ping"))
-    on_phase("starting the OTLP gateway")
-    services.start(ServiceSpec("otlp-gateway", ("otlp-gateway",), {"FULMEN_OTLP_PORT": str(otlp_port)},
-                               f"http://127.0.0.1:{otlp_port}/readyz"))  # fmt: skip
-    on_phase(f"starting the LLM gateway on {plan.model} (version 0)")
-    llm_env = {"FULMEN_LLM_MODEL": str(plan.model), "FULMEN_LLM_PORT": str(llm_port), "FULMEN_LLM_MODEL_VERSION": "0",
-               "FULMEN_LLM_DEVICE": "cpu", "FULMEN_LLM_MAX_BATCH_ROWS": "64",
+    llm_env = {"FULMEN_LLM_DEVICE": "cpu", "FULMEN_LLM_MAX_BATCH_ROWS": "64",
                "FULMEN_LLM_BATCH_WAIT_MS": "20"} | plan.llm_env  # fmt: skip
-    services.start(ServiceSpec("llm-gateway", ("llm-gateway",), llm_env, f"http://127.0.0.1:{llm_port}/readyz"))
+    for spec in core_services(ports, model=str(plan.model), consume_env=consume_env, llm_env=llm_env):
+        on_phase(PHASES[spec.name].format(model=plan.model))
+        services.start(spec)
     on_phase(f"starting {plan.runners} runner(s) x {plan.concurrency} concurrent rollouts of {plan.agent}")
-    runner_env = {"FULMEN_RUNNER_LLM_BASE_URL": f"http://127.0.0.1:{llm_port}",
-                  "FULMEN_RUNNER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp_port}/v1/traces",
-                  "FULMEN_RUNNER_GROUP": f"{run.run_id}.runners"}  # fmt: skip
     for index in range(plan.runners):
-        args = ("runner", "--agent", plan.agent, "--concurrency", str(plan.concurrency))
-        services.start(ServiceSpec(f"runner-{index + 1}", args, runner_env))
+        services.start(runner_spec(index + 1, ports, agent=plan.agent, concurrency=plan.concurrency,
+                                   group=f"{run.run_id}.runners"))  # fmt: skip
 
 
 def _train_settings(settings: FulmenSettings, bootstrap: str, run: LocalRun, plan: LocalPlan,

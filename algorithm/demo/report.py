@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fulmen.algorithm.demo.run import DemoRun
-from fulmen.algorithm.demo.services import FULMEN
+from fulmen.infra.processes import FULMEN
 
 __all__ = ["QueryResult", "accuracy_curve", "demo_queries", "plot_curves", "report_dict", "run_queries"]
 

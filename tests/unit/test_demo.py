@@ -138,7 +138,7 @@ def test_a_demo_service_dies_with_a_killed_demo(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
     parent = (
         "import subprocess, sys, time\n"
-        "from fulmen.algorithm.demo.services import _die_with_parent\n"
+        "from fulmen.infra.processes import _die_with_parent\n"
         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
         " start_new_session=True, preexec_fn=_die_with_parent)\n"
         f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"

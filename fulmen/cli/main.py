@@ -419,6 +419,85 @@ def rollouts(
     render(_query(reader, f"SELECT * FROM ({latest}) ORDER BY Updated DESC LIMIT {int(limit)}"), "table", console)
 
 
+# --- the stack -----------------------------------------------------------------------------------------------
+@app.command("up")
+@friendly
+def up(
+    model: Annotated[
+        str | None, typer.Option(help="model directory, 'tiny', or the upstream's model (FULMEN_LLM_MODEL, or tiny)")
+    ] = None,
+    backend: Annotated[str | None, typer.Option(help="transformers, vllm or openai (FULMEN_LLM_BACKEND)")] = None,
+    detach: Annotated[bool, typer.Option("--detach", help="run in the background; `fulmen down` stops it")] = False,
+    max_restarts: Annotated[int, typer.Option(help="restarts of one service within --window, then stop", min=0)] = 3,
+    window: Annotated[float, typer.Option(help="seconds of the restart window", min=1.0)] = 60.0,
+) -> None:
+    """Start the stack an agent needs: Kafka (unless FULMEN_KAFKA_BOOTSTRAP), `fulmen consume`, the OTLP and LLM
+    gateways and the dashboard (when installed); print the two settings for the agent; restart a service that
+    dies (at most --max-restarts within --window seconds, then stop everything); stop on Ctrl-C / SIGTERM."""
+    from fulmen.cli.stack import StackOptions, supervise
+    from fulmen.cli.stack import detach as run_detached
+    from fulmen.producers.llm_gateway import LlmGatewaySettings
+    from fulmen.producers.otlp_gateway import OtlpGatewaySettings
+
+    settings = _settings(service=True)
+    llm, otlp = _settings(LlmGatewaySettings, service=True).llm, _settings(OtlpGatewaySettings, service=True).otlp
+    if backend is not None and backend not in ("transformers", "vllm", "openai"):
+        raise FulmenError("--backend must be transformers, vllm or openai")
+    options = StackOptions(model=model or llm.model or "tiny", backend=backend, max_restarts=max_restarts,
+                           window_s=window)  # fmt: skip
+
+    def say(line: str) -> None:
+        print(line, flush=True)  # plain lines: the daemon's log and a test read them as they are
+
+    if detach:
+        raise typer.Exit(run_detached(settings, options, say))
+    raise typer.Exit(supervise(settings, _stack_ports(settings, llm.port, otlp.port), options, say))
+
+
+def _stack_ports(settings: FulmenSettings, llm_port: int, otlp_port: int) -> Any:
+    """The ports the services' own settings name (0: a free one)."""
+    import os
+
+    from fulmen.infra.processes import free_port
+    from fulmen.infra.stack import DASHBOARD_PORT, StackPorts
+
+    read_port = settings.clickhouse.read_port
+    dashboard = os.environ.get("FULMEN_DASHBOARD_PORT", "")  # the dashboard's own section names it
+    if dashboard and not dashboard.isdigit():
+        raise FulmenError(f"FULMEN_DASHBOARD_PORT={dashboard!r} is not a port number")
+    ports = [read_port, otlp_port, llm_port, int(dashboard or DASHBOARD_PORT)]
+    return StackPorts(*(port or free_port() for port in ports))
+
+
+@app.command("down")
+@friendly
+def down() -> None:
+    """Stop the stack `fulmen up --detach` started (and the local Kafka it started), and remove its pid files."""
+    from fulmen.cli.stack import down as stop_stack
+
+    raise typer.Exit(stop_stack(_settings(), console.print))
+
+
+@app.command("status")
+@friendly
+def status() -> None:
+    """Each service of the stack `fulmen up` runs: pid, state, URL, uptime. Exit 1 when one is down, 3 when no
+    stack runs."""
+    from fulmen.cli.stack import stack_dir, status_rows
+
+    settings = _settings()
+    rows, code = status_rows(settings)
+    if not rows:
+        console.print(f"no stack runs ({stack_dir(settings)} has no up.pid): start one with `fulmen up`")
+        raise typer.Exit(code)
+    table = Table("service", "pid", "state", "url", "uptime")
+    for row in rows:
+        shown = row[2] if row[2] == "up" else f"[red]{row[2]}[/]"
+        table.add_row(row[0], row[1], shown, row[3], row[4])
+    console.print(table)
+    raise typer.Exit(code)
+
+
 # --- algorithm -----------------------------------------------------------------------------------------------
 @app.command("train")
 @friendly

@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 
 from fulmen.infra.errors import FulmenError
+from fulmen.infra.kafka.local import process_alive
 from fulmen.infra.processes import FULMEN, RestartPolicy, Services, ServiceSpec
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.stack import StackPorts, core_services, dashboard_available, dashboard_spec
@@ -152,7 +153,7 @@ def _watch(home: Path, state: dict[str, Any], services: Services, policy: Restar
 # --- the stack directory -------------------------------------------------------------------------------------
 def _claim(home: Path) -> None:
     pid = _read_pid(home / "up.pid")
-    if pid is not None and _alive(pid):
+    if pid is not None and process_alive(pid):
         raise FulmenError(f"a stack already runs (pid {pid}, {home}): `fulmen status` shows it, `fulmen down` "
                           "stops it")  # fmt: skip
     if pid is not None:
@@ -219,27 +220,12 @@ def _read_pid(path: Path) -> int | None:
         return None
 
 
-def _alive(pid: int) -> bool:
-    """The process exists and is not a zombie (one that exited and was not reaped yet)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def _is_fulmen(pid: int) -> bool:
     """Whether ``pid`` is a ``fulmen`` process (a pid file's number may have been reused by another process)."""
     try:
         return b"fulmen" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return _alive(pid)
+        return process_alive(pid)
 
 
 # --- what users see ------------------------------------------------------------------------------------------
@@ -264,7 +250,7 @@ def detach(settings: FulmenSettings, options: StackOptions, say: Say, timeout_s:
     """Start ``fulmen up`` as a daemon (its output in ``stack/up.log``), return once it is ready (0) or failed."""
     home = stack_dir(settings)
     pid = _read_pid(home / "up.pid")
-    if pid is not None and _alive(pid):
+    if pid is not None and process_alive(pid):
         raise FulmenError(f"a stack already runs (pid {pid}): `fulmen status` shows it, `fulmen down` stops it")
     home.mkdir(parents=True, exist_ok=True)
     (home / "state.json").unlink(missing_ok=True)
@@ -296,13 +282,13 @@ def down(settings: FulmenSettings, say: Say, grace_s: float = 120.0) -> int:
     if pid is None:
         say(f"no stack runs (no {home / 'up.pid'})")
         return 0
-    if _alive(pid) and _is_fulmen(pid):
+    if process_alive(pid) and _is_fulmen(pid):
         say(f"stopping the stack (pid {pid})")
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while _alive(pid) and time.monotonic() < deadline:
+        while process_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if _alive(pid):
+        if process_alive(pid):
             say(f"the supervisor did not stop within {grace_s:.0f}s: killing it")
             os.kill(pid, signal.SIGKILL)
     else:
@@ -318,14 +304,14 @@ def _kill_leftovers(home: Path, state: dict[str, Any], say: Say) -> None:
     stopping) and the local Kafka it started."""
     for path in home.glob("*.pid"):
         pid = _read_pid(path)
-        if path.name == "up.pid" or pid is None or not _alive(pid) or not _is_fulmen(pid):
+        if path.name == "up.pid" or pid is None or not process_alive(pid) or not _is_fulmen(pid):
             continue
         say(f"stopping {path.stem} (pid {pid}), left behind")
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 30
-        while _alive(pid) and time.monotonic() < deadline:
+        while process_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if _alive(pid):
+        if process_alive(pid):
             os.kill(pid, signal.SIGKILL)
     kafka = state.get("kafka") or {}
     if kafka.get("started"):
@@ -343,7 +329,7 @@ def status_rows(settings: FulmenSettings) -> tuple[list[tuple[str, str, str, str
     if pid is None or state is None:
         return [], 3
     now = time.time()
-    alive = _alive(pid)
+    alive = process_alive(pid)
     rows = [("supervisor", str(pid), "up" if alive else "down (stale pid file)", str(home), _uptime(now, state))]
     kafka = state.get("kafka")
     if kafka:
@@ -358,7 +344,7 @@ def status_rows(settings: FulmenSettings) -> tuple[list[tuple[str, str, str, str
 
 
 def _service_state(entry: dict[str, Any]) -> str:
-    if entry["pid"] is None or not _alive(entry["pid"]):
+    if entry["pid"] is None or not process_alive(entry["pid"]):
         return "down"
     if entry["ready_url"] is None:
         return "up"

@@ -1,0 +1,90 @@
+"""`fulmen up/down/status` without services: stale pid files, nothing running, the printed lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fulmen.cli.stack import StackOptions, _claim, down, ready_lines, stack_dir, status_rows
+from fulmen.infra.errors import FulmenError
+from fulmen.infra.settings import FulmenSettings
+from fulmen.infra.stack import StackPorts
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and was reaped)."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    return int(done.stdout)
+
+
+def state(pid: int, service_pid: int) -> dict:
+    ports = StackPorts(1, 2, 3, 4)
+    service = {"name": "consume", "pid": service_pid, "url": "http://127.0.0.1:1", "ready_url": None,
+               "started_at": time.time(), "restarts": 0, "log": "x"}  # fmt: skip
+    return {"pid": pid, "started_at": time.time(), "ready": True, "services": [service],
+            "agent": ports.agent_settings()}  # fmt: skip
+
+
+def write_stack(home: Path, up_pid: int, service_pid: int) -> Path:
+    stack = home / "stack"
+    stack.mkdir(parents=True)
+    (stack / "up.pid").write_text(str(up_pid))
+    (stack / "consume.pid").write_text(str(service_pid))
+    (stack / "state.json").write_text(json.dumps(state(up_pid, service_pid)))
+    return stack
+
+
+def test_nothing_runs(tmp_path: Path) -> None:
+    settings = FulmenSettings(home=tmp_path)
+    assert status_rows(settings) == ([], 3)
+    said: list[str] = []
+    assert down(settings, said.append) == 0
+    assert said == [f"no stack runs (no {stack_dir(settings) / 'up.pid'})"]
+
+
+def test_a_stale_stack_is_reported_and_cleaned_up(tmp_path: Path) -> None:
+    settings = FulmenSettings(home=tmp_path)
+    stack = write_stack(tmp_path, dead_pid(), dead_pid())
+    rows, code = status_rows(settings)
+    assert code == 3
+    assert rows[0][:3] == ("supervisor", rows[0][1], "down (stale pid file)")
+    assert rows[1][0] == "consume" and rows[1][2] == "down"
+    said: list[str] = []
+    assert down(settings, said.append) == 0
+    assert "is gone: cleaning up" in said[0] and said[-1] == "stack stopped"
+    assert list(stack.glob("*.pid")) == [] and not (stack / "state.json").exists()
+
+
+def test_a_service_down_under_a_live_supervisor_is_exit_code_1(tmp_path: Path) -> None:
+    write_stack(tmp_path, os.getpid(), dead_pid())  # this process stands in for the supervisor
+    rows, code = status_rows(FulmenSettings(home=tmp_path))
+    assert code == 1 and [row[2] for row in rows] == ["up", "down"]
+
+
+def test_up_refuses_a_second_stack_and_replaces_a_stale_one(tmp_path: Path) -> None:
+    stack = write_stack(tmp_path, os.getpid(), os.getpid())
+    with pytest.raises(FulmenError, match="a stack already runs"):
+        _claim(stack)
+    (stack / "up.pid").write_text(str(dead_pid()))
+    _claim(stack)
+    assert (stack / "up.pid").read_text() == str(os.getpid())
+    assert not (stack / "consume.pid").exists() and not (stack / "state.json").exists()
+
+
+def test_the_ready_lines_name_the_two_settings() -> None:
+    lines = ready_lines(state(1, 2))
+    assert "  export OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:2" in lines
+    assert "  export OPENAI_BASE_URL=http://127.0.0.1:3/v1" in lines
+    assert "dashboard: not running (not installed)" in lines
+
+
+def test_the_daemon_gets_the_same_options() -> None:
+    options = StackOptions(model="tiny", backend="openai", max_restarts=2, window_s=30.0)
+    assert options.args() == ["--model", "tiny", "--backend", "openai", "--max-restarts", "2", "--window", "30.0"]

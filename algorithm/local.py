@@ -36,7 +36,7 @@ from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.stack import StackPorts, core_services, runner_spec
 from fulmen.schemas.events import TrainStep, new_id
 
-__all__ = ["LocalPlan", "LocalRun", "run_locally"]
+__all__ = ["LocalPlan", "LocalRun", "TrainReport", "run_locally"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,42 @@ class LocalRun:
     startup_s: float = 0.0
     train_s: float = 0.0
     wall_s: float = 0.0
+
+    def accuracy_curve(self) -> list[tuple[int, float]]:
+        """``(step, held-out accuracy)`` points: step 0 (before training), then each validation."""
+        points = []
+        if self.steps and "initial_val_accuracy" in self.steps[0].extra:
+            points.append((0, self.steps[0].extra["initial_val_accuracy"]))
+        return points + [(s.step, s.extra["val_accuracy"]) for s in self.steps if "val_accuracy" in s.extra]
+
+    def report(self) -> TrainReport:
+        """What the run gave, without its events (``fulmen.train``'s answer)."""
+        return TrainReport(
+            run_id=self.run_id, run_dir=self.run_dir, steps=len(self.steps), final_model=self.final_model,
+            reward_curve=[(s.step, s.reward_mean) for s in self.steps],
+            val_accuracy_curve=self.accuracy_curve(), loss_curve=[(s.step, s.loss) for s in self.steps],
+            wall_s=self.wall_s,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    """A local training run's report: steps trained, the curves as ``(step, value)`` points (held-out accuracy
+    at step 0 is before the first update; empty without held-out tasks), the last checkpoint (a Hugging Face
+    directory; None when no step was trained), the run's id and directory, and its wall time (seconds)."""
+
+    run_id: str
+    run_dir: Path
+    steps: int
+    final_model: Path | None
+    reward_curve: list[tuple[int, float]]
+    val_accuracy_curve: list[tuple[int, float]]
+    loss_curve: list[tuple[int, float]]
+    wall_s: float
+
+    @property
+    def curves(self) -> dict[str, list[tuple[int, float]]]:
+        return {"reward": self.reward_curve, "val_accuracy": self.val_accuracy_curve, "loss": self.loss_curve}
 
 
 def run_locally(settings: FulmenSettings, plan: LocalPlan, train: dict[str, Any], tasks: Sequence[DatasetTask],

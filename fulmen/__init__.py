@@ -8,6 +8,8 @@ The public API, for agent authors and for code that reads Fulmen's events::
     fulmen.emit_annotation("retrieval", hits=3)
     async def solve(task: dict, llm: fulmen.LLMEndpoint) -> float: ...
 
+    report = fulmen.train(agent="my_agents.solver:solve", dataset="train.jsonl", val="val.jsonl", model="tiny")
+
 Everything else lives in the subpackages, whose imports flow one way: ``fulmen.schemas`` (the contracts) <-
 ``fulmen.infra`` (settings, Kafka, the store) <- ``fulmen.producers`` / ``fulmen.consumers`` /
 ``fulmen.algorithm`` <- ``fulmen`` itself (this API and ``fulmen.cli``, the composition root).
@@ -30,12 +32,14 @@ __all__ = [
     "RolloutMode",
     "RolloutRequest",
     "RolloutStatus",
+    "TrainReport",
     "TrainStep",
     "Transition",
     "TransitionBatch",
     "__version__",
     "emit_annotation",
     "emit_reward",
+    "train",
 ]
 
 try:
@@ -48,6 +52,8 @@ _HOMES = {
     "emit_reward": "fulmen.producers.agent_helpers",
     "emit_annotation": "fulmen.producers.agent_helpers",
     "LLMEndpoint": "fulmen.producers.runner.agent",
+    "train": "fulmen.training",
+    "TrainReport": "fulmen.algorithm.local",
     **dict.fromkeys(
         (
             "DeadLetterHeaders",
@@ -65,6 +71,7 @@ _HOMES = {
 }
 
 if TYPE_CHECKING:
+    from fulmen.algorithm.local import TrainReport
     from fulmen.producers.agent_helpers import emit_annotation, emit_reward
     from fulmen.producers.runner.agent import LLMEndpoint
     from fulmen.schemas.events import (
@@ -78,6 +85,7 @@ if TYPE_CHECKING:
         Transition,
         TransitionBatch,
     )
+    from fulmen.training import train
 
 
 def __getattr__(name: str) -> Any:

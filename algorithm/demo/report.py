@@ -29,11 +29,7 @@ class QueryResult:
 
 def accuracy_curve(run: DemoRun) -> list[tuple[int, float]]:
     """``(model version, held-out accuracy)`` points: version 0 (before training), then each validation."""
-    points = []
-    if run.steps and "initial_val_accuracy" in run.steps[0].extra:
-        points.append((0, run.steps[0].extra["initial_val_accuracy"]))
-    points += [(s.step, s.extra["val_accuracy"]) for s in run.steps if "val_accuracy" in s.extra]
-    return points
+    return run.accuracy_curve()
 
 
 def report_dict(run: DemoRun, plot: Path | None, shuffle_rewards: bool, algorithm: str = "grpo",

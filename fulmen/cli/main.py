@@ -512,10 +512,16 @@ def train(
     nproc: Annotated[
         int | None, typer.Option(help="training ranks on this machine, FSDP2 under torchrun (FULMEN_TRAIN_NPROC)")
     ] = None,
+    local: Annotated[
+        bool, typer.Option("--local", help="start Kafka, consume, both gateways and the runners for this run")
+    ] = False,
+    runners: Annotated[int, typer.Option(help="--local: runner processes of the agent", min=1)] = 1,
+    concurrency: Annotated[int, typer.Option(help="--local: rollouts at once per runner", min=1)] = 32,
 ) -> None:
     """Train with GRPO on rollouts of the dataset: dispatch tasks, collect transitions, update, publish versions.
 
-    Needs only Kafka; runners (`fulmen runner`), `fulmen consume` and `fulmen llm-gateway` run separately. With
+    Needs only Kafka; runners (`fulmen runner`), `fulmen consume` and `fulmen llm-gateway` run separately, unless
+    --local: then this run starts them (and Kafka if none runs), trains, stops them, and prints the report. With
     --nproc N (N > 1) it runs itself under torchrun: rank 0 does this, the other ranks train their shards.
     Started by torchrun (RANK, WORLD_SIZE... set), it runs as that rank."""
     import os
@@ -529,6 +535,9 @@ def train(
         if value is not None:
             setattr(settings.train, name, value)
     settings = TrainSettings.model_validate(settings.model_dump())  # re-check what the options changed
+    if local:
+        _train_locally(settings, dataset, val, runners, concurrency)
+        return
     if distributed.launched() and distributed.rank() != 0:
         distributed.serve(distributed.join(settings.train.device, settings.train.dist_timeout_s))
         return
@@ -540,6 +549,38 @@ def train(
         err.print(f"run {settings.train.run_id}: training on {settings.train.nproc} ranks: {' '.join(command)}")
         os.execv(command[0], command)
     _train_here(settings, dataset, val)
+
+
+def _train_locally(settings: Any, dataset: Path, val: Path | None, runners: int, concurrency: int) -> None:
+    """``fulmen train --local``: :func:`fulmen.train` (the stack and the runners for this run), then its report."""
+    from fulmen.training import train as train_here
+
+    if not settings.train.agent:
+        raise FulmenError("--local runs the agent: pass --agent package.module:function (or FULMEN_TRAIN_AGENT)")
+    if settings.train.nproc > 1:
+        raise FulmenError("--local trains in one process: drop --nproc (or FULMEN_TRAIN_NPROC)")
+
+    def on_step(event: Any) -> None:
+        held_out = event.extra.get("val_accuracy")
+        shown = f", held-out accuracy {held_out:.3f}" if held_out is not None else ""
+        console.print(f"step {event.step}: reward {event.reward_mean:.3f}, loss {event.loss:.4f}{shown}")
+
+    report = train_here(settings.train.agent, dataset, settings.train.model_path or "tiny", val=val,
+                        runners=runners, concurrency=concurrency, settings=settings, on_step=on_step,
+                        on_phase=lambda text: console.print(f"[green]•[/] {text}"))  # fmt: skip
+    _print_train_report(report)
+
+
+def _print_train_report(report: Any) -> None:
+    accuracy = dict(report.val_accuracy_curve)
+    table = Table("step", "reward", "loss", "held-out accuracy")
+    if 0 in accuracy:
+        table.add_row("0 (before)", "-", "-", f"{accuracy[0]:.3f}")
+    for (step, reward), (_, loss) in zip(report.reward_curve, report.loss_curve, strict=True):
+        table.add_row(str(step), f"{reward:.3f}", f"{loss:.4f}", f"{accuracy[step]:.3f}" if step in accuracy else "-")
+    console.print(table)
+    console.print(f"run {report.run_id}: {report.steps} step(s) in {report.wall_s:.0f}s; run dir {report.run_dir}")
+    console.print(f"final model: {report.final_model or '- (no step trained)'}")
 
 
 def _train_here(settings: Any, dataset: Path, val: Path | None) -> None:

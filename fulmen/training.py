@@ -1,0 +1,102 @@
+"""``fulmen.train(...)``: train any agent through the whole system on this machine, in one call.
+
+    report = fulmen.train(agent="my_agents.solver:run", dataset="train.jsonl", val="val.jsonl", model="tiny",
+                          steps=10, group_size=8, lr=1e-5)
+    report.final_model, report.curves["val_accuracy"]
+
+It starts what the run needs (Kafka unless ``FULMEN_KAFKA_BOOTSTRAP``, ``fulmen consume``, the OTLP and LLM
+gateways, ``runners`` runners of the agent), trains, stops them, and returns the run's
+:class:`fulmen.algorithm.local.TrainReport`: :func:`fulmen.algorithm.local.run_locally`, the one mechanism
+``fulmen train --local``, ``fulmen demo`` and ``examples.train`` go through. The training settings are the
+``FULMEN_TRAIN_*`` variables in force, then the keyword arguments (``TrainSection``'s field names; an unknown
+one is a ConfigurationError naming the valid ones). The LLM gateway gets the ``FULMEN_LLM_*`` variables in force
+(its port and model are the run's own).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fulmen.infra.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from fulmen.algorithm.local import TrainReport
+    from fulmen.algorithm.settings import TrainSettings
+    from fulmen.schemas.events import TrainStep
+    from fulmen.schemas.task_file import TaskSpec
+
+__all__ = ["train"]
+
+Tasks = str | Path | Sequence["Mapping[str, Any] | TaskSpec"]
+# identity of the run: run_locally sets these (run id, run dir, model, agent, the trainer's consumer group)
+_RUN_OWN = ("run_id", "run_dir", "model_path", "agent", "consumer_group")
+_LLM_RUN_OWN = ("FULMEN_LLM_PORT", "FULMEN_LLM_HOST", "FULMEN_LLM_MODEL", "FULMEN_LLM_MODEL_VERSION")
+
+
+def train(agent: str | Callable[..., Any], dataset: Tasks, model: str | Path = "tiny", *, val: Tasks | None = None,
+          steps: int | None = None, runners: int = 1, concurrency: int = 32, agent_pattern: str | None = None,
+          settings: TrainSettings | None = None, on_step: Callable[[TrainStep], None] | None = None,
+          on_phase: Callable[[str], None] | None = None, **train_settings: Any) -> TrainReport:  # fmt: skip
+    """Train ``agent`` (``"module:function"``, or a function defined in an importable module) on ``dataset`` (a
+    task file, or task inputs) from ``model`` (a Hugging Face directory or ``"tiny"``), validating on ``val``;
+    see the module docstring. ``agent_pattern``: train only the calls of matching agents
+    (``FULMEN_TRANSITIONS_AGENT_PATTERN``). Raises ConfigurationError for bad arguments, FulmenError when a
+    service fails."""
+    from fulmen.algorithm.local import LocalPlan, run_locally
+    from fulmen.algorithm.settings import TrainSettings
+
+    settings = settings or TrainSettings()
+    fields = settings.train.model_dump(exclude=set(_RUN_OWN))
+    unknown = set(train_settings) - set(fields)
+    if unknown:
+        raise ConfigurationError(f"unknown training setting(s) {', '.join(sorted(unknown))}; valid: "
+                                 f"{', '.join(sorted(fields))}")  # fmt: skip
+    fields |= train_settings | ({"steps": steps} if steps is not None else {})
+    if runners < 1 or concurrency < 1:
+        raise ConfigurationError("runners and concurrency must be at least 1")
+    tasks, val_tasks = _tasks(dataset), _tasks(val) if val is not None else None
+    llm_env = {k: v for k, v in os.environ.items() if k.startswith("FULMEN_LLM_") and k not in _LLM_RUN_OWN}
+    plan = LocalPlan(_agent_name(agent), _model_dir(model, settings.home), runners=runners, concurrency=concurrency,
+                     agent_pattern=agent_pattern, llm_env=llm_env, run_prefix="train")  # fmt: skip
+    run = run_locally(settings, plan, fields, tasks, val_tasks, on_phase=on_phase or (lambda _: None),
+                      on_step=on_step or (lambda _: None))  # fmt: skip
+    return run.report()
+
+
+def _agent_name(agent: str | Callable[..., Any]) -> str:
+    if isinstance(agent, str):
+        if ":" not in agent:
+            raise ConfigurationError(f"agent {agent!r}: give it as module:function (my_agents.solver:run)")
+        return agent
+    module, name = getattr(agent, "__module__", None), getattr(agent, "__qualname__", "")
+    if not module or module == "__main__" or "<" in name:
+        raise ConfigurationError(f"the agent {agent!r} must be a function defined at the top of an importable module "
+                                 "(the runners import it in their own processes): pass 'module:function'")  # fmt: skip
+    return f"{module}:{name}"
+
+
+def _model_dir(model: str | Path, home: Path) -> Path:
+    """The model's directory; ``"tiny"``: the tiny offline model, built once under ``$FULMEN_HOME/models``."""
+    if str(model) == "tiny":
+        from fulmen.algorithm.tiny_model import build_tiny_model
+        from fulmen.producers.llm_gateway.tiny import build_once, tiny_model_dir
+
+        return build_once(tiny_model_dir(home), build_tiny_model)
+    path = Path(model)
+    if not (path / "config.json").is_file():
+        raise ConfigurationError(f"model {model}: not 'tiny' nor a Hugging Face model directory (no config.json)")
+    return path
+
+
+def _tasks(tasks: Tasks) -> list[TaskSpec]:
+    from fulmen.schemas.task_file import TaskSpec, load_task_file, stable_task_id
+
+    if isinstance(tasks, str | Path):
+        return load_task_file(tasks)
+    specs = [t if isinstance(t, TaskSpec) else TaskSpec(stable_task_id(dict(t)), dict(t)) for t in tasks]
+    if not specs:
+        raise ConfigurationError("no tasks: the dataset is empty")
+    return specs

@@ -60,15 +60,18 @@ class StackPorts:
 
 
 def core_services(ports: StackPorts, *, model: str, consume_env: Mapping[str, str] | None = None,
-                  llm_env: Mapping[str, str] | None = None) -> list[ServiceSpec]:  # fmt: skip
+                  llm_env: Mapping[str, str] | None = None, embedded: bool = True) -> list[ServiceSpec]:  # fmt: skip
     """``fulmen consume`` (owns the store, serves reads on ``ports.read``), the OTLP gateway and the LLM gateway
     serving ``model`` as version 0 (it follows the models topic), in start order; ``consume_env`` /
-    ``llm_env``: more ``FULMEN_*`` for those two (``FULMEN_LLM_BACKEND``, a device...)."""
+    ``llm_env``: more ``FULMEN_*`` for those two (``FULMEN_LLM_BACKEND``, a device...). ``embedded=False`` (a
+    ClickHouse server, ``FULMEN_CLICKHOUSE_URL``): ``fulmen consume`` serves no reads, so it has no probe."""
     read = {"FULMEN_CLICKHOUSE_READ_PORT": str(ports.read)}
     llm = {"FULMEN_LLM_MODEL": model, "FULMEN_LLM_PORT": str(ports.llm), "FULMEN_LLM_MODEL_VERSION": "0"}
     otlp = {"FULMEN_OTLP_PORT": str(ports.otlp)}
     return [
-        ServiceSpec("consume", ("consume",), read | dict(consume_env or {}), f"{ports.read_url}/ping"),
+        ServiceSpec(
+            "consume", ("consume",), read | dict(consume_env or {}), f"{ports.read_url}/ping" if embedded else None
+        ),
         ServiceSpec("otlp-gateway", ("otlp-gateway",), otlp, f"{ports.otlp_url}/readyz"),
         ServiceSpec("llm-gateway", ("llm-gateway",), llm | dict(llm_env or {}), f"{ports.llm_url}/readyz"),
     ]

@@ -86,7 +86,7 @@ def supervise(settings: FulmenSettings, ports: StackPorts, options: StackOptions
         base_env = {k: v for k, v in os.environ.items() if k.startswith("FULMEN_")}
         base_env |= {"FULMEN_KAFKA_BOOTSTRAP": ready.bootstrap, "FULMEN_HOME": str(settings.home)}
         services = Services(home / "logs", base_env)
-        for spec in _specs(ports, options, say):
+        for spec in _specs(ports, options, say, embedded=settings.clickhouse.url is None):
             say(f"starting {spec.name}")
             services.start(spec)
             _record(home, state, services, spec)
@@ -116,9 +116,9 @@ def _raise_stop(signum: int, frame: object) -> None:
     raise _Stop(signal.Signals(signum).name)
 
 
-def _specs(ports: StackPorts, options: StackOptions, say: Say) -> list[ServiceSpec]:
+def _specs(ports: StackPorts, options: StackOptions, say: Say, *, embedded: bool) -> list[ServiceSpec]:
     llm_env = {"FULMEN_LLM_BACKEND": options.backend} if options.backend else {}
-    specs = core_services(ports, model=options.model, llm_env=llm_env)
+    specs = core_services(ports, model=options.model, llm_env=llm_env, embedded=embedded)
     if dashboard_available():
         specs.append(dashboard_spec(ports))
     else:

@@ -88,3 +88,28 @@ def test_the_ready_lines_name_the_two_settings() -> None:
 def test_the_daemon_gets_the_same_options() -> None:
     options = StackOptions(model="tiny", backend="openai", max_restarts=2, window_s=30.0)
     assert options.args() == ["--model", "tiny", "--backend", "openai", "--max-restarts", "2", "--window", "30.0"]
+
+
+def test_a_service_past_its_restarts_stops_the_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watch restarts a service that exits, reports each exit with its log's tail, and gives up (exit code 1,
+    the state says which) once it exited more than ``max_restarts`` times within the window. The service is a
+    stand-in command that fails at once."""
+    from fulmen.cli.stack import _watch
+    from fulmen.infra.processes import RestartPolicy, Services, ServiceSpec
+
+    monkeypatch.setattr("fulmen.infra.processes.FULMEN", [sys.executable, "-c", "print('boom'); raise SystemExit(3)"])
+    said: list[str] = []
+    home = tmp_path / "stack"
+    home.mkdir()
+    run_state = {"pid": os.getpid(), "started_at": time.time(), "ready": True, "services": []}
+    with Services(home / "logs", {}, grace_s=5.0) as services:
+        services.start(ServiceSpec("flaky", (), {}))
+        assert _watch(home, run_state, services, RestartPolicy(max_restarts=2, window_s=600.0), said.append) == 1
+    assert run_state["failed"] == "flaky"
+    assert [line for line in said if line.startswith("restarting")] == [
+        "restarting flaky (restart 1 of at most 2 within 600s)", "restarting flaky (restart 2 of at most 2 within 600s)"
+    ]  # fmt: skip
+    assert sum(line.startswith("flaky exited with 3") for line in said) == 3
+    assert sum("boom" in line for line in said) == 3
+    assert said[-1] == "flaky exited 3 times within 600s: stopping the stack"
+    assert json.loads((home / "state.json").read_text())["services"][0]["restarts"] == 2

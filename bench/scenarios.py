@@ -15,7 +15,7 @@ cached), and "before" means after that warm-up. N is small (each step trains on 
 on 2 cores), so the figures are a measurement of what these settings give in ~10 minutes a scenario, not of what
 the model can reach.
 
-    .venv/bin/python bench/scenarios.py [--steps 6] [--only calc_agent] [--no-control]
+    .venv/bin/python bench/scenarios.py [--steps 6] [--only calc_agent] [--no-control | --control-only]
 
 Prints one JSON object on its last line keyed by scenario (``sql_agent``, ``rag_agent``, ``calc_agent``), each
 with ``s_per_step``, ``calls_per_episode``, ``reward_before``, ``reward_after``, ``heldout_before``,
@@ -83,10 +83,11 @@ def main() -> int:
     parser.add_argument("--only", choices=SCENARIOS, action="append", help="run only these (repeatable)")
     parser.add_argument("--control-scenario", choices=SCENARIOS, default="calc_agent")
     parser.add_argument("--no-control", action="store_true")
+    parser.add_argument("--control-only", action="store_true", help="run only the shuffled-reward control")
     parser.add_argument("--home", type=Path, default=Path.home() / ".cache" / "fulmen" / "bench-scenarios")
     args = parser.parse_args()
     results: dict[str, Any] = {}
-    for name in args.only or SCENARIOS:
+    for name in () if args.control_only else args.only or SCENARIOS:
         print(f"--- {name}", file=sys.stderr, flush=True)
         results[name] = run_scenario(name, args)
     if not args.no_control:

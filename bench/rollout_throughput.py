@@ -1,14 +1,26 @@
-"""Rollouts per second through the runner: from submit to the terminal event, for agents that do nothing.
+"""Rollouts per second through the runner, done = the terminal state queryable in the store, as a user sees it.
 
-Starts a Kafka broker and, per case, one ``fulmen runner`` process with N workers (``--concurrency``); for the
-ten-span case also ``fulmen otlp-gateway``, to which the runner exports its spans by OTLP (each rollout's spans
-are flushed before its end is reported, so they are in Kafka when the rollout ends). Submits ``--rollouts``
-requests at once and reads the rollouts topic until every rollout has its terminal event. Time per rollout =
-terminal event timestamp - submit time.
+Starts what a deployment runs: a local Kafka broker, ``fulmen consume`` (owns a fresh embedded store, serves
+read-only SQL), and per case one ``fulmen runner`` process with 16 workers (``--concurrency``); for the ten-span
+case also ``fulmen otlp-gateway``, to which the runner exports each rollout's spans by OTLP. Each case:
 
-    .venv/bin/python bench/rollout_throughput.py [--rollouts 3000]
+1. warm-up: a burst of ``--warmup`` rollouts (start-up costs), then one of ``--burst`` whose rate sizes the bursts
+   that follow so that each lasts at least ``--seconds`` (the window; ``--burst`` is the smallest burst); neither
+   is counted;
+2. three repetitions (``--repetitions``): the burst is published at once on the tasks topic; two clocks run from
+   the publish: **in store**, polling ``fulmen.rollouts`` until every rollout of the burst has a terminal row
+   (and, for ten spans, ``fulmen.otel_traces`` until all 10 x N spans are there: the rollout is not done for a
+   user before its spans are queryable), and **Kafka only**, reading the rollouts topic until every terminal
+   event was read (the figure this bench gave before: nothing stored).
 
-Prints one JSON object on its last line; ``rollouts_per_s`` is the 16-worker no-op case.
+Latency percentiles are from the store's clock: when 50% / 99% of the burst was queryable (the poll's time;
+polls every 0.1 s). CPU per rollout is the runner's. The JSON has the medians at the top level (``spread`` holds
+min and max, ``runs`` each repetition, the load average before and after).
+
+    .venv/bin/python bench/rollout_throughput.py [--seconds 10] [--burst 2000] [--repetitions 3]
+
+Prints one JSON object on its last line: ``rollouts_per_s`` (no-op, done in store, median),
+``rollouts_per_s_10_spans`` (ten stored spans each), ``kafka_only_rollouts_per_s`` (no-op, Kafka only).
 """
 
 from __future__ import annotations
@@ -18,7 +30,6 @@ import asyncio
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aiokafka import TopicPartition
 
+from bench.harness import load_average, summarise
 from bench.span_ingest import _ready, cpu_seconds, free_port, wait_for
 from fulmen.infra.kafka.admin import ensure_topics, partition_count
 from fulmen.infra.kafka.broker import kafka_broker
@@ -36,95 +48,154 @@ from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
 from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
+from fulmen.infra.store import RemoteReader
 from fulmen.schemas import RolloutEvent, RolloutRequest, TopicKey, decode, topic_name
+from fulmen.schemas.events import TERMINAL_STATUSES
+
+TERMINAL = ", ".join(f"'{status.value}'" for status in TERMINAL_STATUSES)
 
 
-async def run_case(settings: FulmenSettings, count: int, tag: str) -> dict:
-    requests = [RolloutRequest(rollout_id=f"{tag}-{i}", task_id=f"t{i}", group_id=f"g{i // 8}", input={"i": i})
+def stored_counts(reader: RemoteReader, tag: str, spans: bool) -> tuple[int, int]:
+    """(rollouts of the burst with a terminal row, the burst's agent spans) in the store now; ``tag`` is the bench's
+    own (letters, digits, dashes)."""
+    done = reader.query(f"SELECT uniqExact(RolloutId) FROM fulmen.rollouts WHERE startsWith(RolloutId, '{tag}-') "
+                        f"AND Status IN ({TERMINAL})", final=False).rows[0][0]  # fmt: skip
+    if not spans:
+        return done, 0
+    count = reader.query(f"SELECT count() FROM fulmen.otel_traces WHERE startsWith(RolloutId, '{tag}-') "
+                         "AND startsWith(SpanName, 'step ')", final=False).rows[0][0]  # fmt: skip
+    return done, count
+
+
+async def burst(settings: FulmenSettings, reader: RemoteReader, count: int, tag: str, spans: bool) -> dict:
+    """Publish ``count`` requests at once; the time until all are terminal in the store and in Kafka."""
+    requests = [RolloutRequest(rollout_id=f"{tag}-{i}", task_id=f"t{i}", group_id=f"{tag}-g{i // 8}", input={"i": i})
                 for i in range(count)]  # fmt: skip
     kafka = kafka_broker(settings)
     await start_or_raise(kafka, settings)
-    reader = consumer(settings, None)
-    await start_or_raise(reader, settings)
+    events = consumer(settings, None)
+    await start_or_raise(events, settings)
     name = topic_name(TopicKey.ROLLOUTS, settings.kafka.topic_prefix)
     partitions = [TopicPartition(name, p) for p in range(await partition_count(settings, name))]
-    reader.assign(partitions)
-    await reader.seek_to_end(*partitions)
+    events.assign(partitions)
+    await events.seek_to_end(*partitions)
     for tp in partitions:
-        await reader.position(tp)
+        await events.position(tp)
+    want_spans = 10 * count if spans else 0
+    marks: dict[float, float] = {}  # share of the burst queryable -> seconds after the publish
+
+    async def kafka_clock() -> float:
+        ended: set[str] = set()
+        while len(ended) < count:
+            for records in (await events.getmany(timeout_ms=200)).values():
+                for record in records:
+                    event = decode(RolloutEvent, record.value)
+                    if event.status.terminal and event.rollout_id.startswith(f"{tag}-"):
+                        ended.add(event.rollout_id)
+        return time.perf_counter() - start
+
+    async def store_clock() -> tuple[float, int]:
+        while True:
+            done, stored_spans = await asyncio.to_thread(stored_counts, reader, tag, spans)
+            now = time.perf_counter() - start
+            for share in (0.5, 0.99):
+                if done >= share * count:
+                    marks.setdefault(share, now)
+            if done >= count and stored_spans >= want_spans:
+                return now, stored_spans
+            await asyncio.sleep(0.1)
+
     try:
-        submitted = time.time()
+        start = time.perf_counter()
         await EventPublisher(kafka, timeout_s=120).publish_many(TopicKey.TASKS, requests)
-        ended: dict[str, float] = {}
-        async with asyncio.timeout(600):
-            while len(ended) < count:
-                for records in (await reader.getmany(timeout_ms=500)).values():
-                    for record in records:
-                        event = decode(RolloutEvent, record.value)
-                        if event.status.terminal and event.rollout_id.startswith(f"{tag}-"):
-                            ended.setdefault(event.rollout_id, event.timestamp.timestamp())
+        async with asyncio.timeout(900):
+            kafka_s, (store_s, stored_spans) = await asyncio.gather(kafka_clock(), store_clock())
     finally:
-        await close_quietly([kafka, reader])
-    latencies = sorted(end - submitted for end in ended.values())
-    wall = max(ended.values()) - submitted
+        await close_quietly([kafka, events])
     return {
-        "rollouts_per_s": count / wall,
-        "p50_s": statistics.median(latencies),
-        "p99_s": latencies[int(0.99 * (len(latencies) - 1))],
-        "wall_s": wall,
-    }
+        "rollouts": count, "rollouts_per_s": count / store_s, "kafka_only_rollouts_per_s": count / kafka_s,
+        "wall_s": store_s, "p50_s": marks[0.5], "p99_s": marks[0.99],
+        "spans_expected": want_spans, "spans_stored": stored_spans,
+    }  # fmt: skip
+
+
+def run_case(settings: FulmenSettings, reader: RemoteReader, tag: str, spans: bool, args: argparse.Namespace,
+             runner_pid: int) -> dict:  # fmt: skip
+    asyncio.run(burst(settings, reader, args.warmup, f"{tag}-warm", spans))  # start-up: groups join, JIT, caches
+    warm = asyncio.run(burst(settings, reader, args.burst, f"{tag}-size", spans))  # the rate that sizes the bursts
+    size = max(args.burst, int(warm["rollouts_per_s"] * args.seconds * 1.2))
+    print(f"{tag}: warm-up {warm['rollouts_per_s']:.0f}/s; bursts of {size}", file=sys.stderr, flush=True)
+    load = load_average()
+    runs = []
+    for rep in range(args.repetitions):
+        cpu_before = cpu_seconds(runner_pid)
+        result = asyncio.run(burst(settings, reader, size, f"{tag}-r{rep}", spans))
+        result["runner_cpu_ms_per_rollout"] = 1000 * (cpu_seconds(runner_pid) - cpu_before) / size
+        print(f"{tag} #{rep + 1}: {json.dumps({k: round(v, 3) for k, v in result.items()})}", file=sys.stderr)
+        runs.append({key: round(value, 4) for key, value in result.items()})
+    return summarise(runs, load)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rollouts", type=int, default=3000)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="each measured burst lasts at least this long")
+    parser.add_argument("--burst", type=int, default=2000, help="the smallest measured burst")
+    parser.add_argument("--warmup", type=int, default=1000)
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--only", choices=("noop", "ten_spans"), action="append")
     parser.add_argument("--profile", type=Path, default=None, help="write a cProfile of each runner here")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="fulmen-bench-rollouts-"))
     broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")
     broker.start()
-    otlp_port = free_port()
+    otlp_port, read_port = free_port(), free_port()
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
         "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap, "FULMEN_HOME": str(home), "FULMEN_LOG_LEVEL": "WARNING",
-        "FULMEN_OTLP_PORT": str(otlp_port), "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+        "FULMEN_OTLP_PORT": str(otlp_port), "FULMEN_CLICKHOUSE_READ_PORT": str(read_port),
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
     }  # fmt: skip
     fulmen = [sys.executable, "-m", "fulmen.cli.main"]
     report: dict = {}
-    cases = [("noop", 4, False), ("noop", 16, False), ("ten_spans", 16, True)]
+    logs = open(home / "services.log", "wb")  # noqa: SIM115
+    asyncio.run(ensure_topics(FulmenSettings(kafka={"bootstrap": broker.bootstrap})))
+    services = [subprocess.Popen([*fulmen, "consume"], env=base_env, stdout=logs, stderr=logs),
+                subprocess.Popen([*fulmen, "otlp-gateway"], env=base_env, stdout=logs, stderr=logs)]  # fmt: skip
     try:
         print(f"logs in {home}", file=sys.stderr)
-        for agent, workers, spans in cases:
-            tag = f"{agent}-w{workers}"
-            prefix = f"{tag}."
-            settings = FulmenSettings(kafka={"bootstrap": broker.bootstrap, "topic_prefix": prefix})
-            asyncio.run(ensure_topics(settings))
+        reader = wait_for(lambda: RemoteReader.find("127.0.0.1", read_port), 120, "the store's read endpoint")
+        wait_for(lambda: _ready(otlp_port), 60, "the OTLP gateway")
+        settings = FulmenSettings(kafka={"bootstrap": broker.bootstrap})
+        for agent in args.only or ("noop", "ten_spans"):
+            spans = agent == "ten_spans"
             otlp = f"http://127.0.0.1:{otlp_port}/v1/traces" if spans else ""
-            env = base_env | {"FULMEN_KAFKA_TOPIC_PREFIX": prefix, "FULMEN_RUNNER_OTLP_ENDPOINT": otlp}
-            log = open(home / f"{tag}.log", "wb")  # noqa: SIM115
-            processes = []
-            if spans:
-                processes.append(subprocess.Popen([*fulmen, "otlp-gateway"], env=env, stdout=log, stderr=log))
-                wait_for(lambda: _ready(otlp_port), 60, "the OTLP gateway")
-            profile = ["-m", "cProfile", "-o", str(args.profile / f"{tag}.prof")] if args.profile else []
-            command = [sys.executable, *profile, "-m", "fulmen.cli.main"]
-            runner = subprocess.Popen([*command, "runner", "--agent", f"bench.agents:{agent}", "--concurrency",
-                                       str(workers)], env=env, stdout=log, stderr=log)  # fmt: skip
-            processes.append(runner)
-            time.sleep(3)  # the runner joins its group
-            cpu_before = cpu_seconds(runner.pid)
-            result = asyncio.run(run_case(settings, args.rollouts, tag))
-            result["runner_cpu_ms_per_rollout"] = 1000 * (cpu_seconds(runner.pid) - cpu_before) / args.rollouts
-            print(f"{tag}: {result}", file=sys.stderr)
-            report[tag] = {k: round(v, 4) for k, v in result.items()}
-            for process in processes:
-                process.send_signal(signal.SIGTERM)
-            for process in processes:
-                process.wait(timeout=60)
+            env = base_env | {"FULMEN_RUNNER_OTLP_ENDPOINT": otlp}
+            profile = ["-m", "cProfile", "-o", str(args.profile / f"{agent}.prof")] if args.profile else []
+            runner = subprocess.Popen([sys.executable, *profile, "-m", "fulmen.cli.main", "runner", "--agent",
+                                       f"bench.agents:{agent}", "--concurrency", str(args.workers)], env=env,
+                                      stdout=logs, stderr=logs)  # fmt: skip
+            try:
+                time.sleep(3)  # the runner joins its group
+                report[agent] = run_case(settings, reader, agent, spans, args, runner.pid)
+            finally:
+                runner.send_signal(signal.SIGTERM)
+                runner.wait(timeout=60)
     finally:
+        for process in services:
+            process.send_signal(signal.SIGTERM)
+        for process in services:
+            process.wait(timeout=60)
         broker.stop()
-    report["rollouts_per_s"] = report["noop-w16"]["rollouts_per_s"]
-    report["rollouts_per_s_4_workers"] = report["noop-w4"]["rollouts_per_s"]
-    report["ten_span_rollouts_per_s"] = report["ten_spans-w16"]["rollouts_per_s"]
+    if "noop" in report:
+        report["rollouts_per_s"] = report["noop"]["rollouts_per_s"]
+        report["kafka_only_rollouts_per_s"] = report["noop"]["kafka_only_rollouts_per_s"]
+    if "ten_spans" in report:
+        report["rollouts_per_s_10_spans"] = report["ten_spans"]["rollouts_per_s"]
+        report["all_spans_stored"] = all(run["spans_stored"] >= run["spans_expected"]
+                                         for run in report["ten_spans"]["runs"])  # fmt: skip
+    report["done"] = "the terminal state of every rollout of a burst queryable in fulmen.rollouts (and its 10 spans "
+    report["done"] += "in fulmen.otel_traces); kafka_only: every terminal event read back from the rollouts topic"
+    report["workers"] = args.workers
     print(json.dumps(report))
 
 

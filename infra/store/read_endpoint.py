@@ -8,8 +8,9 @@ everyone else (``fulmen sql``, reports, dashboards). Every query runs through th
 Routes:
 
 * ``GET /ping``: who answers here (no query; open).
-* ``POST /query`` with ``{"sql": "...", "final": true}``: an Arrow IPC stream (exact types), used by
-  :class:`RemoteReader`.
+* ``POST /query`` with ``{"sql": "...", "final": true, "parameters": {...}}``: an Arrow IPC stream (exact
+  types), used by :class:`RemoteReader`. ``parameters`` (optional) fill the query's ``%(name)s`` placeholders,
+  bound before the check (:func:`~fulmen.infra.store.reads.bind_parameters`).
 * ``GET|POST /?query=...`` in the manner of ClickHouse's HTTP interface, for curl and scripts:
   ``curl 'http://127.0.0.1:8124/?query=SELECT+count()+FROM+fulmen.otel_traces'``. The answer is in the
   query's own ``FORMAT`` if it has one, else in ``default_format`` (TabSeparated).
@@ -127,11 +128,14 @@ class ReadEndpoint:
         try:
             payload = json.loads(body)
             sql, final = payload["sql"], payload.get("final", True)
-            if not isinstance(sql, str) or not isinstance(final, bool):
+            parameters = payload.get("parameters") or {}
+            if not isinstance(sql, str) or not isinstance(final, bool) or not isinstance(parameters, dict):
                 raise TypeError
         except (ValueError, KeyError, TypeError, RecursionError):
-            return web.Response(status=400, text='body must be JSON {"sql": "...", "final": true}\n')
-        return await self._answer(request, lambda tag: (self.reader.arrow_ipc(sql, final=final, tag=tag), None))
+            return web.Response(status=400, text='body must be JSON {"sql": "...", "final": true, "parameters": {}}\n')
+        return await self._answer(
+            request, lambda tag: (self.reader.arrow_ipc(sql, parameters, final=final, tag=tag), None)
+        )
 
     async def _clickhouse_style(self, request: web.Request) -> web.Response:
         sql = request.query.get("query", "")
@@ -212,13 +216,10 @@ class RemoteReader:
         return None
 
     def query(self, sql: str, parameters: Any = None, *, final: bool = True, read_only: bool = True) -> QueryResult:
-        if parameters:
-            raise ValueError("the read endpoint takes no query parameters: inline them")
+        """Run a read there; ``parameters`` fill its ``%(name)s`` placeholders (bound by the endpoint)."""
+        body = {"sql": sql, "final": final, "parameters": dict(parameters or {})}
         try:
-            answer = httpx.post(
-                f"{self.base_url}/query", json={"sql": sql, "final": final}, headers=self._headers,
-                timeout=self.timeout_s,
-            )  # fmt: skip
+            answer = httpx.post(f"{self.base_url}/query", json=body, headers=self._headers, timeout=self.timeout_s)
         except httpx.HTTPError as exc:
             raise RetryableError(f"the read endpoint at {self.base_url} did not answer: {exc}") from exc
         if answer.status_code == 401:

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from fulmen.infra.errors import ConfigurationError, PoisonInputError
-from fulmen.infra.store import ReadEndpoint, ReadOnlyError, Store
+from fulmen.infra.store import ReadEndpoint, ReadOnlyError, RemoteReader, Store
 from tests.conftest import make_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
@@ -274,6 +274,36 @@ def test_the_endpoint_answers_in_the_querys_own_format(db_store: Store) -> None:
     assert (own.status_code, own.text) == (200, '{"a":1}\n')
     assert (default.status_code, default.text) == (200, "1\n")
     assert injected.status_code == 403 and "output format" in injected.text
+
+
+HOSTILE_VALUES = [
+    "x' OR 1=1 --",
+    "x\\' OR 1=1 --",
+    "'; DROP TABLE model_versions; --",
+    "%(other)s",
+    "{x:String}",
+    "\u00e9\n\t\\",
+]
+
+
+def test_parameters_are_values_never_sql(db_store: Store) -> None:
+    """A dashboard's filters travel as parameters: each hostile value comes back as itself, through the
+    reader and over HTTP (RemoteReader), and a value that is not a scalar is refused."""
+    _insert_version(db_store, 1)
+    sql = "SELECT %(value)s AS v, count() AS n FROM model_versions WHERE ModelName = %(value)s"
+    with _Endpoint(db_store) as served:
+        remote = RemoteReader(served.url)
+        for value in HOSTILE_VALUES:
+            for reader in (db_store.reader(), remote):
+                assert reader.query(sql, {"value": value}).rows == [[value, 0]], (reader, value)
+        assert remote.query("SELECT count() AS n FROM model_versions WHERE Version IN %(v)s", {"v": [1, 2]}).rows == [
+            [1]
+        ]
+        with pytest.raises(ReadOnlyError, match="only strings, numbers"):
+            remote.query(sql, {"value": {"nested": 1}})
+        with pytest.raises(ReadOnlyError, match="placeholders"):
+            db_store.reader().query(sql, {"other": "x"})
+    assert _count(db_store) == 1
 
 
 def test_who_may_ask(db_store: Store) -> None:

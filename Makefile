@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
+# Playwright drives the system chromium (the browser tests): it must never fetch a browser build of its own.
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
 .PHONY: install chromium demo test test-unit lint lock clean-local
 

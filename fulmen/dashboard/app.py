@@ -76,11 +76,14 @@ class Dashboard:
         self.port = port
         self.poll_s = poll_s
         self._runner: web.AppRunner | None = None
+        self._owned: Any = None  # the reader from_settings opened, closed by stop()
 
     @classmethod
     def from_settings(cls, settings: DashboardProcessSettings) -> Dashboard:
-        section = settings.dashboard
-        return cls(DashboardQueries(dashboard_reader(settings)), section.host, section.port, poll_s=section.poll_s)
+        section, reader = settings.dashboard, dashboard_reader(settings)
+        dashboard = cls(DashboardQueries(reader), section.host, section.port, poll_s=section.poll_s)
+        dashboard._owned = reader
+        return dashboard
 
     @property
     def url(self) -> str:
@@ -113,6 +116,9 @@ class Dashboard:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._owned is not None:
+            self._owned.close()
+            self._owned = None
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.start()

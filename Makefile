@@ -36,6 +36,7 @@ UPLOT_VERSION := 1.6.32
 UPLOT_SHA256 := 4b8a8191e425658e3ea8c8c1314b0fc679c861ee3a1af2b20c7b16ba50b5133d
 VENDOR := fulmen/dashboard/static/vendor
 $(VENDOR)/uPlot.iife.min.js:
+	@command -v npm >/dev/null || { echo "npm (Node.js) is needed once, to fetch the dashboard's chart library"; exit 1; }
 	@echo "fetching uPlot $(UPLOT_VERSION) from npm into $(VENDOR)..."
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 		(cd "$$tmp" && npm pack --silent uplot@$(UPLOT_VERSION) >/dev/null) && \

@@ -8,7 +8,9 @@ dashboard starts before ``fulmen consume`` and shows the store's state instead o
 Routes: the pages (``/`` runs and their steps, ``/rollouts``, ``/rollout``, ``/dead-letters``), ``/static/*``
 (one script, one stylesheet, uPlot vendored at install: no page needs the internet; a Content-Security-Policy
 of ``'self'`` says so to the browser), and ``/api/*`` (JSON from :class:`DashboardQueries`). A bad query
-parameter is a 400 naming it; a store that does not answer is a 503 with the reason. Only GET is served.
+parameter is a 400 naming it; a store that does not answer is a 503 with the reason. Only GET is served. On
+loopback (the default) a request whose ``Host`` is not loopback is refused (DNS rebinding), and so is a
+cross-site call of the API; there is no login, so beyond loopback put it behind a proxy that has one.
 
 Reads go to the read endpoint that ``fulmen consume`` serves (embedded store: the dashboard never opens the
 store itself, so it never holds chdb's lock) or to the ClickHouse server (``FULMEN_CLICKHOUSE_URL``).
@@ -27,7 +29,7 @@ from aiohttp import web
 
 from fulmen.dashboard.queries import DashboardQueries, FilterError, Reader, jsonable
 from fulmen.infra.errors import ConfigurationError, FulmenError, RetryableError
-from fulmen.infra.http import server_options
+from fulmen.infra.http import is_loopback, server_options
 from fulmen.infra.settings import DashboardProcessSettings
 from fulmen.infra.store import ReadOnlyError, RemoteReader, Store
 
@@ -90,7 +92,7 @@ class Dashboard:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> None:
-        app = web.Application(middlewares=[_security_headers])
+        app = web.Application(middlewares=[_security_headers, self._same_site])
         template = (STATIC / "page.html").read_text()
         for path, (name, title) in PAGES.items():
             app.router.add_get(path, self._page(template, name, title))
@@ -126,6 +128,19 @@ class Dashboard:
             await stop.wait()
         finally:
             await self.stop()
+
+    # --- who may ask --------------------------------------------------------------------------------------
+    @web.middleware
+    async def _same_site(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """On loopback, only this machine's pages: a ``Host`` that is not loopback (a DNS-rebinding page) is
+        refused, and so are cross-site calls of the API (another site's script reading the store)."""
+        if is_loopback(self.host) and not is_loopback(request.url.host or ""):
+            return _error(403, f"Host {request.host!r} is not this dashboard's loopback address")
+        if request.path.startswith("/api/") and request.headers.get("Sec-Fetch-Site", "none") not in (
+            "none", "same-origin"
+        ):  # fmt: skip
+            return _error(403, "cross-site requests of the API are refused")
+        return await handler(request)
 
     # --- routes -----------------------------------------------------------------------------------------
     def _page(self, template: str, name: str, title: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

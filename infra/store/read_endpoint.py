@@ -24,7 +24,6 @@ of another site, or ``Sec-Fetch-Site: cross-site``. Only GET and POST are served
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 from typing import Any
@@ -34,7 +33,7 @@ import pyarrow as pa
 from aiohttp import web
 
 from fulmen.infra.errors import ConfigurationError, PoisonInputError, RetryableError
-from fulmen.infra.http import bearer_auth_middleware, body_limit_middleware, read_body, server_options
+from fulmen.infra.http import bearer_auth_middleware, body_limit_middleware, is_loopback, read_body, server_options
 from fulmen.infra.store.reads import QueryResult, SqlReader
 from fulmen.infra.store.sql_guard import ReadOnlyError
 from fulmen.infra.store.store import Store
@@ -54,7 +53,7 @@ class ReadEndpoint:
     """Serves the store's :class:`SqlReader` over HTTP. ``port=0`` picks a free port (see :attr:`port`)."""
 
     def __init__(self, store: Store, host: str, port: int, *, token: str | None = None) -> None:
-        if not token and not _is_loopback(host):
+        if not token and not is_loopback(host):
             raise ConfigurationError(
                 f"the read endpoint would listen on {host} without a token: set FULMEN_CLICKHOUSE_READ_TOKEN, "
                 "or FULMEN_CLICKHOUSE_READ_HOST=127.0.0.1"
@@ -115,7 +114,7 @@ class ReadEndpoint:
         origin = request.headers.get("Origin")
         if origin is not None and origin != f"http://{request.host}":
             return f"requests from origin {origin!r} are refused"
-        if self.token is None and not _is_loopback(request.url.host or ""):
+        if self.token is None and not is_loopback(request.url.host or ""):
             return f"Host {request.host!r} is not this endpoint's loopback address"
         return None
 
@@ -180,16 +179,6 @@ def _text(status: int, exc: Exception) -> web.Response:
 
 def _encodable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _is_loopback(host: str) -> bool:
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class RemoteReader:

@@ -120,6 +120,14 @@ def test_the_pages_need_nothing_from_elsewhere(http: httpx.Client) -> None:
     assert http.post("/api/runs").status_code == 405
 
 
+def test_only_this_machine_may_ask(http: httpx.Client) -> None:
+    rebinding = http.get("/api/runs", headers={"Host": "evil.example:8890"})
+    assert rebinding.status_code == 403 and "loopback" in rebinding.json()["error"]
+    assert http.get("/", headers={"Host": "evil.example"}).status_code == 403
+    assert http.get("/api/runs", headers={"Sec-Fetch-Site": "cross-site"}).status_code == 403
+    assert http.get("/api/runs", headers={"Sec-Fetch-Site": "same-origin"}).status_code == 200
+
+
 def test_health_says_when_the_store_does_not_answer(store: Store) -> None:
     dashboard = Dashboard(DashboardQueries(RemoteReader("http://127.0.0.1:9", timeout_s=2)), "127.0.0.1", 0)
     with Served(dashboard.start, dashboard.stop), httpx.Client(base_url=dashboard.url, timeout=30) as client:

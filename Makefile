@@ -4,8 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
+# Playwright drives the system chromium (the browser tests): it must never fetch a browser build of its own.
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: install demo test test-unit lint lock clean-local
+.PHONY: install chromium demo test test-unit lint lock clean-local
 
 NATIVE := native/otlp_rows
 NATIVE_SOURCES := $(NATIVE)/Cargo.toml $(NATIVE)/pyproject.toml $(wildcard $(NATIVE)/src/*.rs)
@@ -28,8 +30,29 @@ $(STAMP): pyproject.toml requirements.lock $(NATIVE_SOURCES)
 	fi
 	@touch $(STAMP)
 
-# The venv plus the Kafka jars (`fulmen kafka fetch`: Maven and Java), for what starts a broker.
-install: $(STAMP)
+# The dashboard's chart library, uPlot, from the npm registry: the pinned tarball (its sha256 checked), of which
+# the minified script, its stylesheet and its licence ship in the package (no page needs the internet).
+UPLOT_VERSION := 1.6.32
+UPLOT_SHA256 := 4b8a8191e425658e3ea8c8c1314b0fc679c861ee3a1af2b20c7b16ba50b5133d
+VENDOR := fulmen/dashboard/static/vendor
+$(VENDOR)/uPlot.iife.min.js:
+	@command -v npm >/dev/null || { echo "npm (Node.js) is needed once, to fetch the dashboard's chart library"; exit 1; }
+	@echo "fetching uPlot $(UPLOT_VERSION) from npm into $(VENDOR)..."
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+		(cd "$$tmp" && npm pack --silent uplot@$(UPLOT_VERSION) >/dev/null) && \
+		echo "$(UPLOT_SHA256)  $$tmp/uplot-$(UPLOT_VERSION).tgz" | sha256sum -c --quiet && \
+		tar -xzf "$$tmp/uplot-$(UPLOT_VERSION).tgz" -C "$$tmp" package/dist/uPlot.iife.min.js package/dist/uPlot.min.css package/LICENSE && \
+		mkdir -p $(VENDOR) && cp "$$tmp/package/dist/uPlot.min.css" $(VENDOR)/ && \
+		cp "$$tmp/package/LICENSE" $(VENDOR)/uPlot.LICENSE && cp "$$tmp/package/dist/uPlot.iife.min.js" $(VENDOR)/
+
+# The browser tests (marker `browser`) drive Debian's Chromium: installed once, when it is missing.
+chromium:
+	@test -x /usr/bin/chromium || { echo "installing Debian's chromium (browser tests)..."; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+# The venv plus the Kafka jars (`fulmen kafka fetch`: Maven and Java), for what starts a broker, the dashboard's
+# chart library and the browser the dashboard's tests drive.
+install: $(STAMP) $(VENDOR)/uPlot.iife.min.js chromium
 	@$(VENV)/bin/fulmen kafka fetch >/dev/null
 
 demo: install

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from fulmen.consumers.batch import BatchConsumer, Sink
+from fulmen.consumers.dead_letters import DeadLetterSink
 from fulmen.consumers.event_sinks import EVENT_SINKS, EventSink, SinkHandler, subscribe
 from fulmen.consumers.spans import SpanSink
 from fulmen.consumers.transitions import ConsumersSettings, TransitionBuilderSink, TransitionsSection
@@ -33,8 +34,8 @@ log = logging.getLogger(__name__)
 
 
 def default_sinks() -> list[Sink]:
-    """Every sink: spans, then the JSON event topics."""
-    return [SpanSink(), *EVENT_SINKS.values()]
+    """Every sink: spans, the JSON event topics, then the dead-letter topic."""
+    return [SpanSink(), *EVENT_SINKS.values(), DeadLetterSink()]
 
 
 @runtime_checkable

@@ -66,8 +66,10 @@ NOT_ON_FASTSTREAM: tuple[Endpoint, ...] = (
              "On restart, reads the topic to its end to see whether an unacknowledged version landed."),
     Endpoint("consumers", "send", TopicKey.DLQ,
              "Every sink: records that cannot be decoded or stored, headers saying why (aiokafka producer)."),
+    Endpoint("consumers.dead_letters", "receive", TopicKey.DLQ,
+             "The dead-letters sink's batch consumer (aiokafka): where and why, into the dead_letters table."),
     Endpoint("operators", "receive", TopicKey.DLQ,
-             "People and their tools inspect and replay parked records; no Fulmen process consumes them."),
+             "People and their tools inspect and replay parked records (the topic keeps the whole record)."),
 )  # fmt: skip
 """The endpoints faststream does not run, and the parties outside Fulmen."""
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import logging
 import re
 import zlib
@@ -51,6 +52,7 @@ __all__ = [
     "ErrorResponder",
     "bearer_auth_middleware",
     "body_limit_middleware",
+    "is_loopback",
     "mask_url",
     "read_body",
     "server_options",
@@ -64,6 +66,17 @@ ErrorResponder = Callable[[web.Request, int, str, dict[str, str]], web.StreamRes
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _SECRET_PARAM = re.compile(r"pass|pwd|token|secret|key|auth|credential|signature|^sig$|session", re.IGNORECASE)
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (``127.0.0.0/8``, ``::1``, bracketed or not)."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def server_options(

@@ -20,6 +20,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 __all__ = [
     "BrokerSettings",
     "ClickHouseSettings",
+    "DashboardProcessSettings",
+    "DashboardSettings",
     "FulmenSettings",
     "KafkaSettings",
     "LogSettings",
@@ -121,6 +123,15 @@ class LogSettings(BaseModel):
     file: Path | None = None
 
 
+class DashboardSettings(BaseModel):
+    """The read-only dashboard (``fulmen dashboard``; ``fulmen up`` starts it): where it listens, how often
+    its pages poll. It has no login: keep it on loopback, or behind a proxy that has one."""
+
+    host: str = Field(default="127.0.0.1", description="listen address")
+    port: int = Field(default=8890, ge=0, le=65535, description="listen port; 0 = any free port")
+    poll_s: float = Field(default=3.0, ge=0.5, le=300, description="how often the pages fetch new data")
+
+
 class FulmenSettings(BaseSettings):
     """The sections every process shares. Subclass it to add a process's own section."""
 
@@ -209,3 +220,9 @@ def settings_help(section: type[BaseModel], env_prefix: str) -> list[str]:
         meaning = f": {field.description}" if field.description else ""
         lines.append(f"{env_prefix}{name.upper()} (default {shown}){meaning}")
     return lines
+
+
+class DashboardProcessSettings(FulmenSettings):
+    """Settings of ``fulmen dashboard``: the shared sections plus ``FULMEN_DASHBOARD_*``."""
+
+    dashboard: DashboardSettings = Field(default_factory=DashboardSettings)

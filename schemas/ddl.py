@@ -34,6 +34,7 @@ TABLES = {
     "transitions": "transitions",
     "model_versions": "model_versions",
     "train_steps": "train_steps",
+    "dead_letters": "dead_letters",
 }
 
 
@@ -175,6 +176,28 @@ CREATE TABLE IF NOT EXISTS {db}.train_steps (
 ORDER BY (RunId, Step)
 """
 
+# The dead-letter topic's records, for people (the dashboard): where each came from, why, and a preview of its
+# bytes (the topic keeps the whole record for replay). Keyed by its place in the dead-letter topic.
+_DEAD_LETTERS = """
+CREATE TABLE IF NOT EXISTS {db}.dead_letters (
+    Topic String,
+    Partition UInt32,
+    Offset UInt64,
+    SourceTopic String,
+    SourcePartition Int32,
+    SourceOffset Int64,
+    ErrorType LowCardinality(String),
+    Error String CODEC(ZSTD(1)),
+    ConsumerGroup LowCardinality(String),
+    FailedAt DateTime64(6, 'UTC') CODEC(Delta, ZSTD(1)),
+    Key String CODEC(ZSTD(1)),
+    ValuePreview String CODEC(ZSTD(1)),
+    ValueBytes UInt64,
+    Timestamp DateTime64(3, 'UTC') CODEC(Delta, ZSTD(1))
+) ENGINE = ReplacingMergeTree
+ORDER BY (Topic, Partition, Offset)
+"""
+
 # The Collector exporter's two derived columns (its newer table versions have them; Grafana's trace views and its
 # full-text search use them): each attribute as "key=value". ALIAS columns: computed on read, nothing stored.
 _ATTRIBUTE_ITEMS = tuple(
@@ -190,4 +213,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "model_versions", (_MODEL_VERSIONS,)),
     Migration(5, "train_steps", (_TRAIN_STEPS,)),
     Migration(6, "otel_traces: the Collector exporter's attribute item columns", _ATTRIBUTE_ITEMS),
+    Migration(7, "dead_letters", (_DEAD_LETTERS,)),
 )

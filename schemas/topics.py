@@ -126,7 +126,7 @@ TOPICS: dict[TopicKey, Topic] = {
             TopicKey.DLQ, "fulmen.dlq", "original key", None, "original bytes", 1,
             {"retention.ms": str(30 * _DAY_MS), "max.message.bytes": str(8 * 1024 * 1024)},
             "Records that could not be processed; headers say where from and why (DeadLetterHeaders).",
-            ("every consumer",), ("operators",),
+            ("every consumer",), ("consumers: dead_letters", "operators"),
         ),
     )
 }  # fmt: skip

@@ -308,6 +308,26 @@ def llm_gateway(
     _run_until_signal(lambda: LlmGateway(settings))
 
 
+@app.command("dashboard")
+@friendly
+def dashboard(
+    host: Annotated[str | None, typer.Option(help="listen address (FULMEN_DASHBOARD_HOST, default 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="listen port (FULMEN_DASHBOARD_PORT, default 8890)")] = None,
+) -> None:
+    """Serve the read-only dashboard (runs and their steps, rollouts and their traces, dead letters) over the
+    store: the read endpoint of `fulmen consume`, or the ClickHouse server. GET /healthz answers when ready."""
+    from fulmen.dashboard import Dashboard
+    from fulmen.infra.settings import DashboardProcessSettings
+
+    settings = _settings(DashboardProcessSettings, service=True)
+    if host is not None:
+        settings.dashboard.host = host
+    if port is not None:
+        settings.dashboard.port = port
+    settings = DashboardProcessSettings.model_validate(settings.model_dump())  # re-check what the options changed
+    _run_until_signal(lambda: Dashboard.from_settings(settings))
+
+
 def _run_until_signal(build: Callable[[], Any]) -> None:
     """Build the component inside the event loop (aiokafka clients need one), run it until SIGINT/SIGTERM."""
 
@@ -618,15 +638,17 @@ def _query(reader: Any, sql: str, *, final: bool = True) -> Any:
 @friendly
 def config_show() -> None:
     """Print the settings in force, secrets masked: the shared sections (home, kafka, broker, clickhouse, log) and
-    every process's own (runner, otlp, llm, transitions, train)."""
+    every process's own (runner, otlp, llm, transitions, train, dashboard)."""
     from fulmen.algorithm.settings import TrainSettings
     from fulmen.consumers.transitions.settings import ConsumersSettings
+    from fulmen.infra.settings import DashboardProcessSettings
     from fulmen.producers.llm_gateway.settings import LlmGatewaySettings
     from fulmen.producers.otlp_gateway.settings import OtlpGatewaySettings
     from fulmen.producers.runner.settings import RunnerSettings
 
     shown: dict[str, Any] = {}
-    for cls in (RunnerSettings, OtlpGatewaySettings, LlmGatewaySettings, ConsumersSettings, TrainSettings):
+    for cls in (RunnerSettings, OtlpGatewaySettings, LlmGatewaySettings, ConsumersSettings, TrainSettings,
+                DashboardProcessSettings):  # fmt: skip
         shown.update(_settings(cls).masked())  # each has the shared sections too
     console.print_json(json.dumps(shown))
 

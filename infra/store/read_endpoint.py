@@ -8,8 +8,9 @@ everyone else (``fulmen sql``, reports, dashboards). Every query runs through th
 Routes:
 
 * ``GET /ping``: who answers here (no query; open).
-* ``POST /query`` with ``{"sql": "...", "final": true}``: an Arrow IPC stream (exact types), used by
-  :class:`RemoteReader`.
+* ``POST /query`` with ``{"sql": "...", "final": true, "parameters": {...}}``: an Arrow IPC stream (exact
+  types), used by :class:`RemoteReader`. ``parameters`` (optional) fill the query's ``%(name)s`` placeholders,
+  bound before the check (:func:`~fulmen.infra.store.reads.bind_parameters`).
 * ``GET|POST /?query=...`` in the manner of ClickHouse's HTTP interface, for curl and scripts:
   ``curl 'http://127.0.0.1:8124/?query=SELECT+count()+FROM+fulmen.otel_traces'``. The answer is in the
   query's own ``FORMAT`` if it has one, else in ``default_format`` (TabSeparated).
@@ -23,7 +24,6 @@ of another site, or ``Sec-Fetch-Site: cross-site``. Only GET and POST are served
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 from typing import Any
@@ -33,7 +33,7 @@ import pyarrow as pa
 from aiohttp import web
 
 from fulmen.infra.errors import ConfigurationError, PoisonInputError, RetryableError
-from fulmen.infra.http import bearer_auth_middleware, body_limit_middleware, read_body, server_options
+from fulmen.infra.http import bearer_auth_middleware, body_limit_middleware, is_loopback, read_body, server_options
 from fulmen.infra.store.reads import QueryResult, SqlReader
 from fulmen.infra.store.sql_guard import ReadOnlyError
 from fulmen.infra.store.store import Store
@@ -53,7 +53,7 @@ class ReadEndpoint:
     """Serves the store's :class:`SqlReader` over HTTP. ``port=0`` picks a free port (see :attr:`port`)."""
 
     def __init__(self, store: Store, host: str, port: int, *, token: str | None = None) -> None:
-        if not token and not _is_loopback(host):
+        if not token and not is_loopback(host):
             raise ConfigurationError(
                 f"the read endpoint would listen on {host} without a token: set FULMEN_CLICKHOUSE_READ_TOKEN, "
                 "or FULMEN_CLICKHOUSE_READ_HOST=127.0.0.1"
@@ -114,7 +114,7 @@ class ReadEndpoint:
         origin = request.headers.get("Origin")
         if origin is not None and origin != f"http://{request.host}":
             return f"requests from origin {origin!r} are refused"
-        if self.token is None and not _is_loopback(request.url.host or ""):
+        if self.token is None and not is_loopback(request.url.host or ""):
             return f"Host {request.host!r} is not this endpoint's loopback address"
         return None
 
@@ -127,11 +127,14 @@ class ReadEndpoint:
         try:
             payload = json.loads(body)
             sql, final = payload["sql"], payload.get("final", True)
-            if not isinstance(sql, str) or not isinstance(final, bool):
+            parameters = payload.get("parameters") or {}
+            if not isinstance(sql, str) or not isinstance(final, bool) or not isinstance(parameters, dict):
                 raise TypeError
         except (ValueError, KeyError, TypeError, RecursionError):
-            return web.Response(status=400, text='body must be JSON {"sql": "...", "final": true}\n')
-        return await self._answer(request, lambda tag: (self.reader.arrow_ipc(sql, final=final, tag=tag), None))
+            return web.Response(status=400, text='body must be JSON {"sql": "...", "final": true, "parameters": {}}\n')
+        return await self._answer(
+            request, lambda tag: (self.reader.arrow_ipc(sql, parameters, final=final, tag=tag), None)
+        )
 
     async def _clickhouse_style(self, request: web.Request) -> web.Response:
         sql = request.query.get("query", "")
@@ -178,16 +181,6 @@ def _encodable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _is_loopback(host: str) -> bool:
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 class RemoteReader:
     """Queries a :class:`ReadEndpoint`; answers like :meth:`Store.query`."""
 
@@ -196,6 +189,12 @@ class RemoteReader:
         self.timeout_s = timeout_s
         self.location = base_url
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # One client for every query (thread-safe, keeps connections): building one costs ~0.1 s (its TLS
+        # context), which a dashboard polling several queries a second would pay on each.
+        self._http = httpx.Client(timeout=timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
 
     @classmethod
     def find(cls, host: str, port: int, token: str | None = None) -> RemoteReader | None:
@@ -212,13 +211,10 @@ class RemoteReader:
         return None
 
     def query(self, sql: str, parameters: Any = None, *, final: bool = True, read_only: bool = True) -> QueryResult:
-        if parameters:
-            raise ValueError("the read endpoint takes no query parameters: inline them")
+        """Run a read there; ``parameters`` fill its ``%(name)s`` placeholders (bound by the endpoint)."""
+        body = {"sql": sql, "final": final, "parameters": dict(parameters or {})}
         try:
-            answer = httpx.post(
-                f"{self.base_url}/query", json={"sql": sql, "final": final}, headers=self._headers,
-                timeout=self.timeout_s,
-            )  # fmt: skip
+            answer = self._http.post(f"{self.base_url}/query", json=body, headers=self._headers)
         except httpx.HTTPError as exc:
             raise RetryableError(f"the read endpoint at {self.base_url} did not answer: {exc}") from exc
         if answer.status_code == 401:

@@ -12,7 +12,9 @@ Every user query (``fulmen sql``, the read endpoint that ``fulmen consume`` serv
 * reads never share a handle with inserts, so a long read does not hold ingestion back, and at most
   ``read_concurrency`` run at once (the rest wait, then get a :class:`RetryableError`);
 * each read is tagged, so :meth:`SqlReader.cancel` stops it in the engine (``KILL QUERY``) when its client
-  goes away or the process stops.
+  goes away or the process stops;
+* values from outside (a dashboard's filters) travel as ``parameters`` for ``%(name)s`` placeholders: bound by
+  :func:`bind_parameters` (clickhouse-connect's quoting) before the check, so the guard sees the final text.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ import logging
 import queue
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import clickhouse_connect
 import pyarrow as pa
+from clickhouse_connect.driver.binding import finalize_query
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
@@ -33,11 +36,15 @@ from fulmen.infra.errors import PoisonInputError, RetryableError
 from fulmen.infra.settings import ClickHouseSettings
 from fulmen.infra.store.sql_guard import OUTPUT_FORMAT, ReadOnlyError, ReadStatement, check_read
 
-__all__ = ["QueryResult", "SqlReader", "read_limits"]
+__all__ = ["Parameters", "QueryResult", "SqlReader", "bind_parameters", "read_limits"]
 
 log = logging.getLogger(__name__)
 
 _WAIT_FOR_HANDLE_S = 10.0
+_SCALARS = (str, int, float, bool)
+
+# Values for ``%(name)s`` placeholders: scalars, or lists of scalars (for ``IN %(names)s``).
+Parameters = Mapping[str, Any]
 
 
 class QueryResult:
@@ -51,6 +58,23 @@ class QueryResult:
     def from_arrow(cls, table: pa.Table) -> QueryResult:
         columns = [column.to_pylist() for column in table.columns]
         return cls(table.column_names, [list(row) for row in zip(*columns, strict=True)])
+
+
+def bind_parameters(sql: str, parameters: Parameters | None) -> str:
+    """``sql`` with each ``%(name)s`` replaced by its value as a ClickHouse literal (strings quoted and escaped
+    by clickhouse-connect's binder). Without parameters the text is returned untouched (a ``%`` in a LIKE
+    pattern stays as written). A value that is not a scalar or a list of scalars is a :class:`ReadOnlyError`.
+    """
+    if not parameters:
+        return sql
+    for name, value in parameters.items():
+        items = value if isinstance(value, list | tuple) else [value]
+        if not isinstance(name, str) or not all(isinstance(item, _SCALARS) for item in items):
+            raise ReadOnlyError(f"parameter {name!r}: only strings, numbers, booleans and lists of them")
+    try:
+        return finalize_query(sql, {name: list(v) if isinstance(v, tuple) else v for name, v in parameters.items()})
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ReadOnlyError(f"the parameters do not fit the query's placeholders: {exc}") from exc
 
 
 def read_limits(settings: ClickHouseSettings) -> dict[str, Any]:
@@ -116,17 +140,24 @@ class SqlReader:
         text = statement.sql if statement.output_format else f"{statement.sql} FORMAT {fmt}"
         return self._run(text, final=final, tag=tag), output
 
-    def query(self, sql: str, *, final: bool = True, tag: str | None = None) -> QueryResult:
+    def query(
+        self, sql: str, parameters: Parameters | None = None, *, final: bool = True, tag: str | None = None
+    ) -> QueryResult:
         """Run a read and return its rows (the query may not carry its own FORMAT here)."""
-        return QueryResult.from_arrow(self.arrow(sql, final=final, tag=tag))
+        return QueryResult.from_arrow(self.arrow(sql, parameters, final=final, tag=tag))
 
-    def arrow(self, sql: str, *, final: bool = True, tag: str | None = None) -> pa.Table:
-        data = self.arrow_ipc(sql, final=final, tag=tag)
+    def arrow(
+        self, sql: str, parameters: Parameters | None = None, *, final: bool = True, tag: str | None = None
+    ) -> pa.Table:
+        data = self.arrow_ipc(sql, parameters, final=final, tag=tag)
         return pa.ipc.open_stream(data).read_all() if data else pa.table({})
 
-    def arrow_ipc(self, sql: str, *, final: bool = True, tag: str | None = None) -> bytes:
-        """Run a read and return an Arrow IPC stream (the query may not carry its own FORMAT here)."""
-        statement = self.check(sql)
+    def arrow_ipc(
+        self, sql: str, parameters: Parameters | None = None, *, final: bool = True, tag: str | None = None
+    ) -> bytes:
+        """Run a read and return an Arrow IPC stream (the query may not carry its own FORMAT here); the
+        ``parameters`` are bound (:func:`bind_parameters`) before the statement is checked."""
+        statement = self.check(bind_parameters(sql, parameters))
         if statement.output_format:
             raise ReadOnlyError(f"remove FORMAT {statement.output_format}: the format is chosen by the caller here")
         return self._run(f"{statement.sql} FORMAT ArrowStream", final=final, tag=tag)

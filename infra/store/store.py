@@ -168,11 +168,11 @@ class Store:
         """Run a SELECT; ``final`` deduplicates ReplacingMergeTree tables.
 
         ``read_only`` is for SQL from outside (a user, a script): it goes through :meth:`reader`, which refuses
-        anything but a read and bounds it. Fulmen's own queries pass ``parameters`` instead of text they built.
+        anything but a read and bounds it. Fulmen's own queries pass ``parameters`` instead of text they built
+        (``{name:Type}`` placeholders here; ``%(name)s`` ones with ``read_only``, bound before the check).
         """
         if read_only:
-            _no_parameters(parameters)
-            return self.reader().query(sql, final=final)
+            return self.reader().query(sql, parameters, final=final)
         result = self.client.query(sql, parameters=dict(parameters or {}), settings=_final(final))
         return QueryResult(result.column_names, result.result_rows)
 
@@ -180,18 +180,12 @@ class Store:
         self, sql: str, parameters: Mapping[str, Any] | None = None, *, final: bool = True, read_only: bool = False
     ) -> pa.Table:
         if read_only:
-            _no_parameters(parameters)
-            return self.reader().arrow(sql, final=final)
+            return self.reader().arrow(sql, parameters, final=final)
         return self.client.query_arrow(sql, parameters=dict(parameters or {}), settings=_final(final))
 
 
 def _final(final: bool) -> dict[str, Any]:
     return {"final": 1} if final else {}
-
-
-def _no_parameters(parameters: Mapping[str, Any] | None) -> None:
-    if parameters:
-        raise ReadOnlyError("read-only SQL takes no query parameters: inline them")
 
 
 def _embedded_client(path: Path) -> Client:

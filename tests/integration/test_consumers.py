@@ -84,6 +84,8 @@ async def test_a_poison_record_is_dead_lettered_on_its_own_and_the_records_aroun
                 while sink.stats.committed.get(TopicPartition(rollouts, 0)) != 7:
                     await asyncio.sleep(0.05)
             assert (sink.stats.records, sink.stats.dead_lettered) == (6, 1)
+            # ... and the dead-letters sink stores it with where it came from and why (the dashboard's page)
+            assert await wait_rows(linked_store, f"SELECT count() FROM {db}.dead_letters", 1) == 1
     finally:
         await raw.stop()
     ids = linked_store.query(f"SELECT RolloutId FROM {db}.rollouts ORDER BY RolloutId").rows
@@ -93,6 +95,12 @@ async def test_a_poison_record_is_dead_lettered_on_its_own_and_the_records_aroun
     assert record.value == poison and record.key == b"r1"
     assert (headers.source_topic, headers.source_partition, headers.source_offset) == (rollouts, 0, 3)
     assert headers.error_type == "DecodeError" and headers.consumer_group.endswith(".rollouts")
+    [row] = linked_store.query(
+        f"SELECT SourceTopic, SourcePartition, SourceOffset, ErrorType, Key, ValuePreview, ValueBytes, Error "
+        f"FROM {db}.dead_letters"
+    ).rows
+    assert row[:7] == [rollouts, 0, 3, "DecodeError", "r1", poison.decode(), len(poison)]
+    assert row[7] == headers.error
 
 
 async def dead_letters(settings: FulmenSettings) -> list:

@@ -7,7 +7,6 @@ reader (what ``fulmen sql`` uses on the embedded store) and the HTTP endpoint ``
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import threading
 import time
@@ -18,8 +17,9 @@ import httpx
 import pytest
 
 from fulmen.infra.errors import ConfigurationError, PoisonInputError
-from fulmen.infra.store import ReadEndpoint, ReadOnlyError, Store
+from fulmen.infra.store import ReadEndpoint, ReadOnlyError, RemoteReader, Store
 from tests.conftest import make_settings
+from tests.serving import ServedEndpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
 
@@ -227,28 +227,10 @@ def _wait_running(store: Store, tag: str, timeout_s: float = 30) -> None:
 
 
 # --- the HTTP endpoint ----------------------------------------------------------------------------------------
-class _Endpoint:
-    def __init__(self, store: Store, token: str | None = None) -> None:
-        self.endpoint = ReadEndpoint(store, "127.0.0.1", 0, token=token)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-
-    def __enter__(self) -> _Endpoint:
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self.endpoint.start(), self.loop).result(timeout=30)
-        self.url = f"http://127.0.0.1:{self.endpoint.port}"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self.endpoint.stop(), self.loop).result(timeout=60)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-
-
 def test_every_escape_is_refused_over_http(db_store: Store, tmp_path: Path) -> None:
     out = tmp_path / "escaped.pth"
     let_through = []
-    with _Endpoint(db_store) as served, httpx.Client(base_url=served.url, timeout=30) as http:
+    with ServedEndpoint(db_store) as served, httpx.Client(base_url=served.url, timeout=30) as http:
         for version, payload in enumerate(ESCAPES, start=1):
             sql = payload.format(db=db_store.database, out=out)
             answers = (
@@ -265,7 +247,7 @@ def test_every_escape_is_refused_over_http(db_store: Store, tmp_path: Path) -> N
 
 
 def test_the_endpoint_answers_in_the_querys_own_format(db_store: Store) -> None:
-    with _Endpoint(db_store) as served:
+    with ServedEndpoint(db_store) as served:
         own = httpx.get(f"{served.url}/", params={"query": "SELECT 1 AS a FORMAT JSONEachRow"}, timeout=30)
         default = httpx.get(f"{served.url}/", params={"query": "SELECT 1 AS a", "default_format": "CSV"}, timeout=30)
         injected = httpx.get(
@@ -276,8 +258,38 @@ def test_the_endpoint_answers_in_the_querys_own_format(db_store: Store) -> None:
     assert injected.status_code == 403 and "output format" in injected.text
 
 
+HOSTILE_VALUES = [
+    "x' OR 1=1 --",
+    "x\\' OR 1=1 --",
+    "'; DROP TABLE model_versions; --",
+    "%(other)s",
+    "{x:String}",
+    "\u00e9\n\t\\",
+]
+
+
+def test_parameters_are_values_never_sql(db_store: Store) -> None:
+    """A dashboard's filters travel as parameters: each hostile value comes back as itself, through the
+    reader and over HTTP (RemoteReader), and a value that is not a scalar is refused."""
+    _insert_version(db_store, 1)
+    sql = "SELECT %(value)s AS v, count() AS n FROM model_versions WHERE ModelName = %(value)s"
+    with ServedEndpoint(db_store) as served:
+        remote = RemoteReader(served.url)
+        for value in HOSTILE_VALUES:
+            for reader in (db_store.reader(), remote):
+                assert reader.query(sql, {"value": value}).rows == [[value, 0]], (reader, value)
+        assert remote.query("SELECT count() AS n FROM model_versions WHERE Version IN %(v)s", {"v": [1, 2]}).rows == [
+            [1]
+        ]
+        with pytest.raises(ReadOnlyError, match="only strings, numbers"):
+            remote.query(sql, {"value": {"nested": 1}})
+        with pytest.raises(ReadOnlyError, match="placeholders"):
+            db_store.reader().query(sql, {"other": "x"})
+    assert _count(db_store) == 1
+
+
 def test_who_may_ask(db_store: Store) -> None:
-    with _Endpoint(db_store) as served:
+    with ServedEndpoint(db_store) as served:
         query = {"query": "SELECT 1"}
         assert httpx.get(f"{served.url}/", params=query, timeout=30).status_code == 200
         rebinding = httpx.get(f"{served.url}/", params=query, headers={"Host": "evil.example:8124"}, timeout=30)
@@ -297,7 +309,7 @@ def test_who_may_ask(db_store: Store) -> None:
 
 
 def test_a_token_is_required_when_set(db_store: Store) -> None:
-    with _Endpoint(db_store, token="s3cret") as served:
+    with ServedEndpoint(db_store, token="s3cret") as served:
         query = {"query": "SELECT 1"}
         assert httpx.get(f"{served.url}/", params=query, timeout=30).status_code == 401
         wrong = httpx.get(f"{served.url}/", params=query, headers={"Authorization": "Bearer nope"}, timeout=30)
@@ -314,7 +326,7 @@ def test_listening_beyond_loopback_needs_a_token(db_store: Store) -> None:
 
 def test_a_read_whose_client_leaves_is_cancelled(db_store: Store) -> None:
     """The client sends a read that would run 60 s and hangs up: the engine stops the read soon after."""
-    with _Endpoint(db_store) as served:
+    with ServedEndpoint(db_store) as served:
         sock = socket.create_connection(("127.0.0.1", served.endpoint.port))
         body = b"SELECT count() FROM numbers(1000000000000)"
         sock.sendall(

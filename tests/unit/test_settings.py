@@ -85,6 +85,7 @@ def test_config_show_prints_every_section_masked(monkeypatch: pytest.MonkeyPatch
         "llm",
         "transitions",
         "train",
+        "dashboard",
     }
     for (section, name), (_, masked) in SECRET_IN_EACH_SECTION.items():
         assert shown[section][name].startswith(masked), (section, name, shown[section][name])
@@ -113,3 +114,12 @@ def test_cli_reports_bad_settings_without_traceback(monkeypatch: pytest.MonkeyPa
     assert result.exit_code == 1
     assert "invalid settings" in result.output and "host:port" in result.output
     assert "Traceback" not in result.output
+
+
+def test_the_dashboard_section_reads_its_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fulmen.infra.settings import DashboardProcessSettings
+
+    assert DashboardProcessSettings().dashboard.model_dump() == {"host": "127.0.0.1", "port": 8890, "poll_s": 3.0}
+    monkeypatch.setenv("FULMEN_DASHBOARD_PORT", "9001")
+    monkeypatch.setenv("FULMEN_DASHBOARD_HOST", "::1")
+    assert DashboardProcessSettings().dashboard.model_dump() == {"host": "::1", "port": 9001, "poll_s": 3.0}

@@ -1,0 +1,136 @@
+"""The dashboard's JSON over a real store, read through the read endpoint as ``fulmen dashboard`` reads it:
+what each API answers matches SQL, filters are validated and travel as values, and the pages are served
+with nothing from elsewhere."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from bench.dashboard_data import Filled, fill_store
+from fulmen.dashboard import Dashboard, DashboardQueries
+from fulmen.infra.store import RemoteReader, Store
+from tests.serving import Served, ServedEndpoint
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def filled(store: Store) -> Filled:
+    return fill_store(store, rollouts=40, calls=2, steps=4, dead_letters=3)
+
+
+@pytest.fixture
+def http(store: Store, filled: Filled) -> Iterator[httpx.Client]:
+    with ServedEndpoint(store) as reads:
+        dashboard = Dashboard(DashboardQueries(RemoteReader(reads.url)), "127.0.0.1", 0, poll_s=1.0)
+        with Served(dashboard.start, dashboard.stop), httpx.Client(base_url=dashboard.url, timeout=30) as client:
+            yield client
+
+
+def get(http: httpx.Client, path: str, **params: Any) -> Any:
+    answer = http.get(path, params=params)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def sql(store: Store, text: str) -> list[list[Any]]:
+    return store.query(text.replace("{db}", store.database)).rows
+
+
+def test_runs_and_steps_match_the_store(http: httpx.Client, store: Store, filled: Filled) -> None:
+    [run] = get(http, "/api/runs")
+    assert (run["RunId"], run["Steps"], run["LastStep"]) == (filled.run_id, 4, 4)
+    answer = get(http, "/api/steps", run=filled.run_id)
+    expected = sql(store, "SELECT Step, RewardMean, Extra['val_accuracy'] FROM {db}.train_steps ORDER BY Step")
+    assert [[s["Step"], s["RewardMean"], s["HeldOut"]] for s in answer["steps"]] == expected
+    assert [s["Step"] for s in get(http, "/api/steps", run=filled.run_id, after=2)["steps"]] == [3, 4]  # polling
+
+
+def test_rollouts_filter_by_status_mode_and_attempt(http: httpx.Client, store: Store) -> None:
+    everything = get(http, "/api/rollouts", limit=500)
+    assert everything["total"] == 40 == len(everything["rollouts"])
+    failed = get(http, "/api/rollouts", status="failed", mode="train", attempt=1)
+    expected = sql(
+        store, "SELECT RolloutId FROM {db}.rollouts WHERE Status = 'failed' AND Mode = 'train' ORDER BY Timestamp DESC"
+    )
+    assert [[r["RolloutId"]] for r in failed["rollouts"]] == expected and expected
+    assert get(http, "/api/rollouts", attempt=2)["total"] == 0
+    page = get(http, "/api/rollouts", limit=10, offset=35)
+    assert len(page["rollouts"]) == 5 and page["total"] == 40
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "named"),
+    [
+        ("/api/rollouts", {"status": "failed' OR 1=1 --"}, "status"),
+        ("/api/rollouts", {"mode": "x"}, "mode"),
+        ("/api/rollouts", {"attempt": "1 OR 1"}, "attempt"),
+        ("/api/rollouts", {"limit": "100000"}, "limit"),
+        ("/api/rollouts", {"run": "x'; DROP TABLE rollouts; --"}, "run"),
+        ("/api/rollout", {"id": "r' OR '1'='1"}, "id"),
+        ("/api/rollout", {"id": "r0000001", "credit": "nope"}, "credit"),
+        ("/api/rollout", {"id": "r0000001", "gamma": "2"}, "gamma"),
+        ("/api/steps", {}, "run"),
+        ("/api/dead-letters", {"limit": "-1"}, "limit"),
+    ],
+)
+def test_a_bad_filter_is_a_400_naming_it(http: httpx.Client, path: str, params: dict, named: str) -> None:
+    answer = http.get(path, params=params)
+    assert answer.status_code == 400 and answer.json()["error"].startswith(named), answer.text
+
+
+def test_one_rollout_has_its_trace_tree_calls_and_credit(http: httpx.Client, store: Store, filled: Filled) -> None:
+    rollout = next(r for r, _, status in filled.rollouts if status == "succeeded")
+    answer = get(http, "/api/rollout", id=rollout)
+    spans = answer["spans"]
+    assert (
+        len(spans)
+        == 3 + 2 * 2
+        == sql(store, f"SELECT count() FROM {{db}}.otel_traces WHERE RolloutId = '{rollout}'")[0][0]
+    )
+    assert spans[0]["Depth"] == 0 and spans[0]["SpanName"] == "fulmen.rollout"
+    assert {s["Depth"] for s in spans[1:]} == {1, 2}  # the agent under the rollout, calls and tools under the agent
+    calls = [s for s in spans if s["InputMessages"]]
+    assert len(calls) == 2 and calls[0]["InputMessages"][0]["content"].startswith("Ann has")
+    assert calls[0]["PromptTokens"] == 80 and calls[0]["ResponseTokens"] == 12 and calls[0]["ModelVersion"] is not None
+    reward = sql(store, f"SELECT Reward FROM {{db}}.rollouts WHERE RolloutId = '{rollout}'")[0][0]
+    assert [t["Credited"] for t in answer["transitions"]] == [reward, reward]  # broadcast
+    discounted = get(http, "/api/rollout", id=rollout, credit="discounted", gamma="0.5")["transitions"]
+    assert [t["Credited"] for t in discounted] == [0.5 * reward, reward]
+
+
+def test_dead_letters_and_health(http: httpx.Client) -> None:
+    answer = get(http, "/api/dead-letters")
+    assert answer["total"] == 3 and answer["records"][0]["ErrorType"] == "DecodeError"
+    assert get(http, "/healthz") == {"status": "ok", "store": True}
+
+
+def test_the_pages_need_nothing_from_elsewhere(http: httpx.Client) -> None:
+    for path in ("/", "/rollouts", "/rollout?id=x", "/dead-letters"):
+        page = http.get(path)
+        assert page.status_code == 200 and "default-src 'self'" in page.headers["Content-Security-Policy"]
+        assert "http://" not in page.text and "https://" not in page.text
+    for asset in ("/static/dashboard.js", "/static/vendor/uPlot.iife.min.js", "/static/vendor/uPlot.min.css"):
+        assert http.get(asset).status_code == 200, asset
+    assert http.get("/static/../app.py").status_code in (403, 404)
+    assert http.post("/api/runs").status_code == 405
+
+
+def test_only_this_machine_may_ask(http: httpx.Client) -> None:
+    rebinding = http.get("/api/runs", headers={"Host": "evil.example:8890"})
+    assert rebinding.status_code == 403 and "loopback" in rebinding.json()["error"]
+    assert http.get("/", headers={"Host": "evil.example"}).status_code == 403
+    assert http.get("/api/runs", headers={"Sec-Fetch-Site": "cross-site"}).status_code == 403
+    assert http.get("/api/runs", headers={"Sec-Fetch-Site": "same-origin"}).status_code == 200
+
+
+def test_health_says_when_the_store_does_not_answer(store: Store) -> None:
+    dashboard = Dashboard(DashboardQueries(RemoteReader("http://127.0.0.1:9", timeout_s=2)), "127.0.0.1", 0)
+    with Served(dashboard.start, dashboard.stop), httpx.Client(base_url=dashboard.url, timeout=30) as client:
+        assert client.get("/healthz").json() == {"status": "ok", "store": False}
+        answer = client.get("/api/runs")
+        assert answer.status_code == 503 and "did not answer" in answer.json()["error"]

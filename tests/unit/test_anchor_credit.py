@@ -253,3 +253,24 @@ def test_anchor_advantages_checks_its_inputs() -> None:
         anchor_advantages(one, torch.zeros(2), torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match=">= 0"):
         anchor_advantages(one, one, torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long), weight=-1)
+
+
+# --- the training loop uses it ---------------------------------------------------------------------------------
+def test_the_training_loop_trains_on_anchor_advantages(tmp_path) -> None:
+    from tests.unit.test_train_loop import build, reply, run
+
+    def two_calls(request, number):  # the same two states in every rollout; reward by arrival parity
+        batch = reply(request, number)
+        second = batch.transitions[0].model_copy(update={"index": 1, "span_id": "d" * 16, "prompt_token_ids": [1, 9]})
+        return batch.model_copy(update={"transitions": [batch.transitions[0], second]})
+
+    trained = {}
+    for credit in ("broadcast", "anchor"):
+        loop, _, backend, _ = build(tmp_path / credit, answer=two_calls, steps=1, credit=credit)
+        run(loop)
+        trained[credit] = [s.advantage for s in backend.batches[0]]
+    assert any(trained["broadcast"]) and len(trained["anchor"]) == len(trained["broadcast"]) == 8
+    # every call has a peer with another return: its step advantage equals its episode advantage (the rollouts'
+    # order within a group follows their random ids, so the runs are compared as sorted values)
+    assert sorted(trained["anchor"]) == pytest.approx(sorted(2 * a for a in trained["broadcast"]), abs=1e-5)
+    assert trained["anchor"][0::2] == pytest.approx(trained["anchor"][1::2], abs=1e-6)  # both calls of a rollout

@@ -24,6 +24,10 @@ Tasks (both multi-call, so ``anchor`` differs from ``broadcast``):
   ``--calc-warmup-steps`` supervised steps on the teacher's replies (training tasks only; cached in ``--home``).
 
     .venv/bin/python bench/credit.py [--steps 12] [--calc-steps 8] [--seed 0] [--tasks demo,calc_agent]
+        [--demo-warmup-steps 600] [--demo-groups 12] [--calc-warmup-steps 300] [--threads 1] [--warmup-only]
+
+On shared cores keep ``--threads 1`` (two torch threads spun for each other there, ~8x slower). The warm-ups
+are cached in ``--home``; ``--warmup-only`` builds them and stops, so that a timed run measures only training.
 
 Last line: one JSON object keyed by strategy (``broadcast``, ``anchor``). Each holds the calc example's figures
 at its top level (``reward_by_step``, ``heldout_before``, ``heldout_after``, ``heldout_by_step`` as
@@ -34,6 +38,7 @@ keys); ``"about"`` records the settings.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import re
@@ -133,8 +138,12 @@ def _demo_accuracy(episodes: DemoEpisodes, problems: list[Problem]) -> float:
 
 
 def demo_setup(args: argparse.Namespace) -> Setup:
-    options = DemoOptions()
-    model = warm_up(args.home / "demo-warmup", options.warmup)
+    demo = DemoOptions()
+    steps = args.demo_warmup_steps
+    options = dataclasses.replace(demo, warmup=dataclasses.replace(demo.warmup, steps=steps),
+                                  groups_per_step=args.demo_groups)  # fmt: skip
+    cache = "demo-warmup" if steps == demo.warmup.steps else f"demo-warmup-{steps}"  # the demo's own: shared
+    model = warm_up(args.home / cache, options.warmup)
     held = demo_learning._problems(
         heldout_tasks(options.heldout, warmup_count=options.warmup.steps * options.warmup.batch)
     )
@@ -242,6 +251,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="demo,calc_agent")
     parser.add_argument("--steps", type=int, default=12, help="demo GRPO steps per strategy")
+    parser.add_argument("--demo-groups", type=int, default=12, help="demo tasks per step (the demo's 12: four of "
+                        "each untaught wording)")  # fmt: skip
+    parser.add_argument("--demo-warmup-steps", type=int, default=600, help="the demo's supervised warm-up (600, "
+                        "~3 min on 2 free cores; cached in --home)")  # fmt: skip
     parser.add_argument("--every", type=int, default=2, help="held-out accuracy every N steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--calc-steps", type=int, default=8)

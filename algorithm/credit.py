@@ -11,6 +11,9 @@ lists of floats (no torch, no I/O), registered by name in a :class:`CreditStrate
 * ``intermediate``: r_t = sum_{k=t}^{T-1} gamma^(k-t) * i_k  +  gamma^(T-1-t) * R
   (returns-to-go of the intermediate rewards, i_k = 0 where none was observed, plus the discounted episode
   reward, as if R arrived right after the last call)
+* ``anchor``:       r_t as ``intermediate`` (the call's own return); the trainer then compares each call with
+  the calls of its group that saw the same prompt and adds that step advantage to the episode advantage
+  (GiGPO's anchor states, length-normalised: ``fulmen.algorithm.anchor``, which states the estimator)
 
 Where a strategy has nothing to credit (R is None; for ``intermediate``, R is None and no call has an
 intermediate reward) every r_t is None: "no reward", which the trainer must not read as 0. When only R is
@@ -50,6 +53,7 @@ class CreditStrategy(StrEnum):
     BROADCAST = "broadcast"
     DISCOUNTED = "discounted"
     INTERMEDIATE = "intermediate"
+    ANCHOR = "anchor"
 
 
 class CreditFn(Protocol):
@@ -115,3 +119,8 @@ def intermediate(
         credited[t] = following
         following *= gamma
     return credited
+
+
+# The anchor strategy's per-call reward is the return from that call on (what the step groups compare); its
+# cross-rollout part needs the whole group and lives with the advantages (fulmen.algorithm.anchor).
+register_credit(CreditStrategy.ANCHOR)(intermediate)

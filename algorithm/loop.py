@@ -11,7 +11,8 @@ One step N (the policy being served is version ``N - 1``; version 0 is the base 
    next), credit each call from its rollout's episode reward and the calls' intermediate rewards with the run's
    strategy (``credit``, ``gamma``: :func:`~fulmen.algorithm.groups.credit_groups`; the transitions topic carries
    only what was observed), build one sample per transition with its group advantage
-   (:func:`~fulmen.algorithm.samples.build_samples`, estimator and scope from the settings; with
+   (:func:`~fulmen.algorithm.samples.build_samples`, estimator and scope from the settings; with the ``anchor``
+   credit, plus each call's advantage within the calls of its group that saw the same prompt; with
    ``overlong_shaping`` each call's length penalty is added to the rewards first);
    with ``dynamic_sampling`` (DAPO) a group whose rewards are all equal (:func:`~fulmen.algorithm.samples.has_signal`)
    is done with, not trained on, and the step waits for the next group instead: at most
@@ -248,7 +249,8 @@ class TrainingLoop:
             groups = shuffle_rewards(groups, seed=self.options.seed * 100_003 + number)
         groups = credit_groups(groups, self.options.credit, self.options.gamma)
         data = build_samples(groups, estimator=self.options.estimator, scope=self.options.advantage_scope,
-                             missing_reward=self.options.missing_reward, overlong=self.overlong)  # fmt: skip
+                             missing_reward=self.options.missing_reward, overlong=self.overlong,
+                             step_weight=self.options.step_advantage_weight)  # fmt: skip
         staleness = staleness_counts(data.samples, self.version)
         metrics = await asyncio.to_thread(self.backend.step, data.samples)
         published = self.clock()

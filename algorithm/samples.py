@@ -19,6 +19,11 @@ shaping (:class:`~fulmen.algorithm.shaping.OverlongShaping`, DAPO) every call's 
 is added to its unit's reward: a rollout's return gets the sum of its calls' penalties. :func:`has_signal` says
 whether a group's (shaped) rewards differ at all, for DAPO's dynamic sampling.
 
+With the ``anchor`` credit (``step_weight`` set: :func:`fulmen.algorithm.anchor.anchor_advantages`) each call's
+advantage becomes ``lambda * (A_scope + step_weight * A_step)``: ``A_step`` compares the call's credited return
+with those of the calls of its group that saw the same prompt (0 without such a peer), ``lambda`` weighs each
+call ``1 / T`` of its episode (rescaled by the step's mean calls per episode), so longer episodes gain nothing.
+
 Only rollouts that still have transitions enter the estimator (staleness may have emptied some). Transitions
 keep their exact token ids and recorded logprobs (``Sample.old_logprobs``, the behaviour policy's; None when
 not recorded).
@@ -34,6 +39,7 @@ import torch
 from torch import Tensor
 
 from fulmen.algorithm.advantages import compute_advantages, encode_group_ids
+from fulmen.algorithm.anchor import anchor_advantages, step_group_ids
 from fulmen.algorithm.batch import Sample
 from fulmen.algorithm.groups import ClosedGroup
 from fulmen.algorithm.registry import Registry
@@ -146,22 +152,52 @@ def build_samples(
     scope: str = AdvantageScope.EPISODE,
     missing_reward: float = 0.0,
     overlong: OverlongShaping | None = None,
+    step_weight: float | None = None,
 ) -> StepSamples:
-    """One sample per transition of ``groups`` (see the module docstring), in group, rollout, call order."""
+    """One sample per transition of ``groups`` (see the module docstring), in group, rollout, call order.
+    ``step_weight``: the anchor credit's weight (``TrainSection.step_advantage_weight``); None: no step groups."""
     units, rewards, penalties = scope_rewards(groups, scope, missing_reward, overlong)
     returns = [rollout_return(r, missing_reward) for g in groups for r in g.rollouts if r.transitions]
     if not units:
         return StepSamples([], returns, [])
-    advantages = compute_advantages(estimator, rewards, encode_group_ids(u.group_id for u in units)).tolist()
+    advantages = compute_advantages(estimator, rewards, encode_group_ids(u.group_id for u in units))
+    per_call = [(unit.group_id, t, advantage) for unit, advantage in zip(units, advantages.tolist(), strict=True)
+                for t in unit.transitions]  # fmt: skip
+    if step_weight is not None:
+        per_call = _with_step_advantages(groups, per_call, estimator, missing_reward, step_weight)
     samples = [
         Sample(
             prompt_token_ids=t.prompt_token_ids, response_token_ids=t.response_token_ids, advantage=advantage,
-            old_logprobs=t.response_logprobs, group_id=unit.group_id, model_version=t.model_version,
+            old_logprobs=t.response_logprobs, group_id=group_id, model_version=t.model_version,
         )
-        for unit, advantage in zip(units, advantages, strict=True) for t in unit.transitions
+        for group_id, t, advantage in per_call
     ]  # fmt: skip
     penalized = int((penalties < 0).sum()) if overlong is not None else 0
     return StepSamples(samples, returns, [s.advantage for s in samples], penalized)
+
+
+def _with_step_advantages(
+    groups: Sequence[ClosedGroup],
+    per_call: list[tuple[str, Transition, float]],
+    estimator: str,
+    missing_reward: float,
+    weight: float,
+) -> list[tuple[str, Transition, float]]:
+    """``per_call`` (group, call, scope advantage; group, rollout, call order) with the anchor advantages."""
+    rollouts = [r for g in groups for r in g.rollouts if r.transitions]
+    episodes = torch.tensor([k for k, r in enumerate(rollouts) for _ in r.transitions], dtype=torch.long)
+    calls = [t for _, t, _ in per_call]
+    if len(calls) != episodes.numel():  # the scopes list calls in group, rollout, call order: a defect otherwise
+        raise ValueError(f"{len(calls)} scoped calls for {episodes.numel()} calls of the groups' rollouts")
+    combined = anchor_advantages(
+        torch.tensor([a for _, _, a in per_call], dtype=torch.float64),
+        torch.tensor([missing_reward if t.reward is None else float(t.reward) for t in calls], dtype=torch.float64),
+        step_group_ids([g for g, _, _ in per_call], [t.prompt_token_ids for t in calls]),
+        episodes,
+        estimator=estimator,
+        weight=weight,
+    )
+    return [(g, t, a) for (g, t, _), a in zip(per_call, combined.tolist(), strict=True)]
 
 
 def _mean(values: Sequence[float]) -> float:

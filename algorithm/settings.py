@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from fulmen.algorithm.credit import credit_strategy
+from fulmen.algorithm.credit import CreditStrategy, credit_strategy
 from fulmen.algorithm.recipes import ALGORITHMS, Algorithm
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas.errors import ConfigurationError
@@ -84,8 +84,12 @@ class TrainSection(BaseModel):
     estimator: str = Field(default="grpo", description="advantage estimator: grpo, dr_grpo, rloo")
     advantage_scope: AdvantageScope = AdvantageScope.EPISODE
     credit: str = Field(default="broadcast", description="credit assignment from the episode and per-call rewards "
-                        "to each call: broadcast, discounted, intermediate (fulmen.algorithm.credit)")  # fmt: skip
-    gamma: float = Field(default=1.0, gt=0, le=1, description="discount of the discounted/intermediate credit")
+                        "to each call: broadcast, discounted, intermediate, anchor (calls with the same prompt "
+                        "in a group compared with each other: fulmen.algorithm.anchor)")  # fmt: skip
+    gamma: float = Field(default=1.0, gt=0, le=1, description="discount of the discounted/intermediate/anchor "
+                         "credit")  # fmt: skip
+    anchor_weight: float = Field(default=1.0, ge=0, description="anchor credit: weight of the step advantage "
+                                 "added to the episode advantage (GiGPO's omega)")  # fmt: skip
     missing_reward: float = Field(default=0.0, description="reward of a transition/rollout that has none")
     rollout_timeout_s: float = Field(default=600.0, gt=0, le=7 * 24 * 3600, description="timeout_s of each request")
     max_attempts: int = Field(default=3, ge=1, le=100, description="max_attempts of each RolloutRequest")
@@ -202,6 +206,12 @@ class TrainSection(BaseModel):
             )
         buffer = self.overlong_buffer_tokens or max(1, self.overlong_max_tokens // 5)
         return self.overlong_max_tokens, buffer, self.overlong_penalty
+
+    @property
+    def step_advantage_weight(self) -> float | None:
+        """The anchor credit's ``anchor_weight`` when ``credit`` is ``anchor`` (the samples then get step
+        advantages, ``fulmen.algorithm.anchor``), else None."""
+        return self.anchor_weight if self.credit == CreditStrategy.ANCHOR else None
 
     @property
     def dynamic_sampling_bound(self) -> int:

@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["summarise", "load_average"]
+__all__ = ["load_average", "summarise"]
 
 
 def load_average() -> list[float]:
@@ -21,7 +21,9 @@ def load_average() -> list[float]:
     return [round(value, 2) for value in os.getloadavg()]
 
 
-def summarise(runs: Sequence[dict[str, Any]], load_before: list[float], *, totals: Sequence[str] = ()) -> dict[str, Any]:
+def summarise(
+    runs: Sequence[dict[str, Any]], load_before: list[float], *, totals: Sequence[str] = ()
+) -> dict[str, Any]:
     """Medians of the numeric figures of ``runs`` at the top level (sums for the keys in ``totals``: a span lost
     in one repetition is lost), with ``spread`` (min, max per figure), ``runs`` (each repetition as measured),
     ``repetitions`` and ``load_average`` (before, after)."""

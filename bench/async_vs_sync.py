@@ -15,7 +15,11 @@ last), the final held-out accuracy, how old the trained samples were (``stalenes
 versions behind, over the run), and where each run waited (per step: rollouts, update, save+publish; and the
 validations). ``speedup_to_accuracy`` = sync's time to the mark / async's (None when one never reached it).
 
-    .venv/bin/python bench/async_vs_sync.py [--steps 30] [--quick-s 1.0] [--staleness 2] [--only async]
+    .venv/bin/python bench/async_vs_sync.py [--steps 30] [--quick-s 1.0] [--staleness 2] [--threads 1] [--only async]
+
+``--threads 1`` gives the trainer and each service one torch thread: on 2 cores, the overlap async mode exists for
+(an update while the gateway generates) otherwise runs 2 + 2 spinning OpenMP threads on 2 cores, and a torch step
+with 2 threads on a loaded core pair was measured ~8x slower than with one (``bench/credit.py``'s warm-up).
 
 Prints one JSON object on its last line.
 """
@@ -98,8 +102,15 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", choices=("sync", "async"), action="append")
     parser.add_argument("--home", type=Path, default=Path.home() / ".cache" / "fulmen" / "bench-async")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads of the trainer and of each service "
+                        "(OMP_NUM_THREADS); 0: torch's default (all cores, in every process)")  # fmt: skip
     args = parser.parse_args()
     os.environ["STRAGGLER_QUICK_S"] = str(args.quick_s)
+    if args.threads:
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the services inherit it
+        torch.set_num_threads(args.threads)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "bench"), os.environ.get("PYTHONPATH")]))
     results = {mode: run_mode(mode, args) for mode in args.only or ("sync", "async")}
     sync, asyn = results.get("sync"), results.get("async")
@@ -111,7 +122,8 @@ def main() -> int:
         out["final_accuracy_sync"], out["final_accuracy_async"] = sync["final_accuracy"], asyn["final_accuracy"]
         out["staleness_histogram"] = asyn["staleness_histogram"]
     out["settings"] = {"steps": args.steps, "quick_s": args.quick_s, "slow": "1 in 10, 10x", "mark": args.mark,
-                       "async_max_staleness": args.staleness, "loadavg": os.getloadavg()}  # fmt: skip
+                       "async_max_staleness": args.staleness, "threads": args.threads or "default",
+                       "loadavg": os.getloadavg()}  # fmt: skip
     print(json.dumps(out))
     return 0
 

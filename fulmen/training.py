@@ -42,9 +42,9 @@ def train(agent: str | Callable[..., Any], dataset: Tasks, model: str | Path = "
           on_phase: Callable[[str], None] | None = None, **train_settings: Any) -> TrainReport:  # fmt: skip
     """Train ``agent`` (``"module:function"``, or a function defined in an importable module) on ``dataset`` (a
     task file, or task inputs) from ``model`` (a Hugging Face directory or ``"tiny"``), validating on ``val``;
-    see the module docstring. ``agent_pattern``: train only the calls of matching agents
-    (``FULMEN_TRANSITIONS_AGENT_PATTERN``). Raises ConfigurationError for bad arguments, FulmenError when a
-    service fails."""
+    see the module docstring. ``agent_pattern``: train only the calls of matching agents (default: the
+    ``FULMEN_TRANSITIONS_AGENT_PATTERN`` in force, as ``fulmen consume`` would read it). Raises ConfigurationError
+    for bad arguments, FulmenError when a service fails."""
     from fulmen.algorithm.local import LocalPlan, run_locally
     from fulmen.algorithm.settings import TrainSettings
 
@@ -59,6 +59,7 @@ def train(agent: str | Callable[..., Any], dataset: Tasks, model: str | Path = "
         raise ConfigurationError("runners and concurrency must be at least 1")
     tasks, val_tasks = _tasks(dataset), _tasks(val) if val is not None else None
     llm_env = {k: v for k, v in os.environ.items() if k.startswith("FULMEN_LLM_") and k not in _LLM_RUN_OWN}
+    agent_pattern = agent_pattern or os.environ.get("FULMEN_TRANSITIONS_AGENT_PATTERN") or None
     plan = LocalPlan(_agent_name(agent), _model_dir(model, settings.home), runners=runners, concurrency=concurrency,
                      agent_pattern=agent_pattern, llm_env=llm_env, run_prefix="train")  # fmt: skip
     run = run_locally(settings, plan, fields, tasks, val_tasks, on_phase=on_phase or (lambda _: None),

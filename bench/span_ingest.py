@@ -6,10 +6,17 @@ comes from concurrent exporters posting OTLP protobuf batches of 512 spans (the 
 each span ~1.2 KB with ~20 attributes; batches are encoded before the clock starts, so the load generator's
 own encoding does not compete for the two cores.
 
-Latency of a batch = when its last span became queryable (the row's IngestedAt) - when its POST started.
-Prints one JSON object on the last line.
+Two latencies per batch: **export -> queryable** = when its last span became queryable (the row's IngestedAt) -
+when its POST started; **request** = POST -> 200 (what the exporter waits for: the gateway answers once Kafka
+acknowledged the batch). A warm-up (``--warmup-s`` of the same load, not counted) comes first, then
+``--repetitions`` windows of ``--seconds``, each with its own fresh batches; the JSON has the medians at the top
+level (``lost``, ``duplicated`` and ``refused_503`` summed over the windows), ``spread`` (min, max), ``runs`` and the
+load average. Done = every span of the window queryable in ``fulmen.otel_traces``.
 
-    .venv/bin/python bench/span_ingest.py [--seconds 20] [--exporters 4] [--batch 512]
+    .venv/bin/python bench/span_ingest.py [--seconds 10] [--exporters 4] [--batch 512] [--rate 25000]
+
+Prints one JSON object on the last line: ``spans_per_s``, ``p99_ms`` (export -> queryable), ``request_p99_ms``,
+``lost``, ``duplicated``, ...
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.harness import load_average, summarise
 from bench.otlp_payloads import make_request
 from fulmen.infra.kafka.admin import ensure_topics
 from fulmen.infra.kafka.local import LocalKafka
@@ -37,14 +45,14 @@ from fulmen.infra.settings import BrokerSettings, FulmenSettings
 from fulmen.infra.store import RemoteReader
 
 
-def encode_batches(count: int, size: int) -> list[tuple[str, bytes]]:
-    """``count`` distinct batches (fresh ids, one marker each) made by patching one template."""
+def encode_batches(count: int, size: int, prefix: str = "") -> list[tuple[str, bytes]]:
+    """``count`` distinct batches (fresh ids, one marker ``<prefix>b<i>`` each) made by patching one template."""
     template = make_request(size, seed=7)
     spans = template.resource_spans[0].scope_spans[0].spans
     marker_index = next(i for i, kv in enumerate(spans[0].attributes) if kv.key == "bench.marker")
     batches = []
     for b in range(count):
-        marker = f"b{b}"
+        marker = f"{prefix}b{b}"
         for i, span in enumerate(spans):
             if i % 10 == 0:
                 trace_id = os.urandom(16)
@@ -82,10 +90,11 @@ def peak_rss_mb(pid: int) -> float:
 
 async def send_all(
     url: str, batches: list[tuple[str, bytes]], exporters: int, seconds: float, rate: float | None, batch_spans: int
-) -> tuple[dict, int, float]:
+) -> tuple[dict, int, float, list[float]]:
     """Each exporter posts its next batch when the previous one is answered (closed loop), or, with ``rate``,
     on a fixed schedule that offers ``rate`` spans/s in total (open loop: a slow system falls behind it)."""
     sent: dict[str, float] = {}
+    answered: list[float] = []  # POST -> 200, seconds
     refused = 0
     queue = iter(batches)
     begin = time.monotonic()
@@ -109,6 +118,7 @@ async def send_all(
                     await response.read()
                     if response.status == 200:
                         sent[marker] = started
+                        answered.append(time.time() - started)
                         break
                     refused += 1
                     await asyncio.sleep(float(response.headers.get("Retry-After", "1")))
@@ -116,12 +126,14 @@ async def send_all(
     started = time.time()
     async with aiohttp.ClientSession() as session:
         await asyncio.gather(*(exporter(session) for _ in range(exporters)))
-    return sent, refused, started
+    return sent, refused, started, answered
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=10.0, help="each measured window")
+    parser.add_argument("--warmup-s", type=float, default=3.0)
+    parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--exporters", type=int, default=4)
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--max-rate", type=float, default=60_000, help="spans/s the pre-encoded batches can cover")
@@ -147,32 +159,19 @@ def main() -> None:
     )
     try:
         print(f"logs in {home}", file=sys.stderr)
-        count = int(args.max_rate * args.seconds / args.batch) + args.exporters
-        print(f"encoding {count} batches of {args.batch} spans...", file=sys.stderr)
-        batches = encode_batches(count, args.batch)
         reader = wait_for(lambda: RemoteReader.find("127.0.0.1", read_port), 120, "the consumers' read endpoint")
         url = f"http://127.0.0.1:{gateway_port}/v1/traces"
         wait_for(lambda: _ready(gateway_port), 60, "the gateway")
-        print(f"sending for {args.seconds:.0f}s with {args.exporters} exporters...", file=sys.stderr)
         pids = {"gateway": gateway.pid, "consumer": consume.pid, "kafka": broker.status().pid or 0, "load": os.getpid()}
-        cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-        sent, refused, t0 = asyncio.run(send_all(url, batches, args.exporters, args.seconds, args.rate, args.batch))
-        send_end = time.time()
-        total = len(sent) * args.batch
-        stored = wait_stored(reader, total, timeout_s=180)
-        rows = reader.query(
-            "SELECT SpanAttributes['bench.marker'] AS m, count(), toUnixTimestamp64Milli(max(IngestedAt)) "
-            "FROM fulmen.otel_traces GROUP BY m"
-        ).rows
-        doubled = reader.query(
-            "SELECT count() FROM (SELECT 1 FROM fulmen.otel_traces GROUP BY TraceId, SpanId HAVING count() > 1)"
-        ).rows[0][0]
-        cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
-        report = summarize(sent, rows, args, t0, send_end, total, stored, doubled, refused)
-        # Where the time goes: CPU microseconds per stored span, by process (2 cores = 2 s of CPU per second).
-        report["cpu_us_per_span"] = {name: round(seconds * 1e6 / max(total, 1), 1) for name, seconds in cpu.items()}
+        window(reader, url, args, "w-", args.warmup_s, pids)
+        load = load_average()
+        runs = [window(reader, url, args, f"r{rep}-", args.seconds, pids) for rep in range(args.repetitions)]
+        report = summarise(runs, load, totals=("lost", "duplicated", "refused_503"))
         report["peak_rss_mb"] = {"gateway": peak_rss_mb(gateway.pid), "consumer": peak_rss_mb(consume.pid),
                                  "kafka": peak_rss_mb(broker.status().pid or 0)}  # fmt: skip
+        report |= {"offered_rate": args.rate or "closed loop", "exporters": args.exporters, "batch": args.batch,
+                   "seconds": args.seconds, "span_bytes": 1200,
+                   "done": "every span of the window queryable in fulmen.otel_traces"}  # fmt: skip
     finally:
         for process in (gateway, consume):
             process.send_signal(signal.SIGTERM)
@@ -183,6 +182,37 @@ def main() -> None:
                 process.kill()
         broker.stop()
     print(json.dumps(report))
+
+
+def window(reader: RemoteReader, url: str, args: argparse.Namespace, prefix: str, seconds: float,
+           pids: dict[str, int]) -> dict:  # fmt: skip
+    """One window of load with fresh batches (markers ``<prefix>b<i>``), until all its spans are queryable."""
+    count = int(args.max_rate * seconds / args.batch) + args.exporters
+    print(f"{prefix}: encoding {count} batches of {args.batch} spans...", file=sys.stderr, flush=True)
+    batches = encode_batches(count, args.batch, prefix)
+    # the wait polls a plain count (cheap for the store, which shares the consumer's process) of all windows so far
+    before = reader.query("SELECT count() FROM fulmen.otel_traces", final=False).rows[0][0]
+    cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    sent, refused, t0, answered = asyncio.run(send_all(url, batches, args.exporters, seconds, args.rate, args.batch))
+    send_end = time.time()
+    total = len(sent) * args.batch
+    mine = f"startsWith(SpanAttributes['bench.marker'], '{prefix}')"
+    stored = wait_stored(reader, before + total, timeout_s=180) - before
+    rows = reader.query(
+        "SELECT SpanAttributes['bench.marker'] AS m, count(), toUnixTimestamp64Milli(max(IngestedAt)) "
+        f"FROM fulmen.otel_traces WHERE {mine} GROUP BY m"
+    ).rows
+    doubled = reader.query(
+        f"SELECT count() FROM (SELECT 1 FROM fulmen.otel_traces WHERE {mine} GROUP BY TraceId, SpanId "
+        "HAVING count() > 1)"
+    ).rows[0][0]
+    cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+    result = summarize(sent, rows, args, t0, send_end, total, stored, doubled, refused, answered)
+    # Where the time goes: CPU microseconds per stored span, by process (2 cores = 2 s of CPU per second).
+    for name, used in cpu.items():
+        result[f"cpu_us_per_span_{name}"] = round(used * 1e6 / max(total, 1), 1)
+    print(f"{prefix}: {json.dumps(result)}", file=sys.stderr, flush=True)
+    return result
 
 
 def _ready(port: int) -> bool:
@@ -208,21 +238,23 @@ def wait_stored(reader: RemoteReader, total: int, timeout_s: float) -> int:
     deadline = time.monotonic() + timeout_s
     stored = 0
     while time.monotonic() < deadline:
-        stored = reader.query("SELECT count() FROM fulmen.otel_traces").rows[0][0]
+        stored = reader.query("SELECT count() FROM fulmen.otel_traces", final=False).rows[0][0]
         if stored >= total:
             break
         time.sleep(0.25)
     return stored
 
 
-def summarize(sent, rows, args, t0, send_end, total, stored, doubled, refused) -> dict:
+def summarize(sent, rows, args, t0, send_end, total, stored, doubled, refused, answered) -> dict:
     by_marker = {m: (n, ms / 1000) for m, n, ms in rows}
     latencies = sorted((by_marker[m][1] - at) * 1000 for m, at in sent.items() if m in by_marker)
     last_queryable = max((by_marker[m][1] for m in sent if m in by_marker), default=send_end)
     complete = sum(1 for m in sent if m in by_marker and by_marker[m][0] == args.batch)
 
-    def pct(p: float) -> float:
-        return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))], 1) if latencies else -1.0
+    requests = sorted(1000 * seconds for seconds in answered)
+
+    def pct(p: float, values: list[float] = latencies) -> float:
+        return round(values[min(len(values) - 1, int(p * len(values)))], 1) if values else -1.0
 
     return {
         "spans_per_s": round(total / (last_queryable - t0), 1),
@@ -230,17 +262,14 @@ def summarize(sent, rows, args, t0, send_end, total, stored, doubled, refused) -
         "p50_ms": pct(0.50),
         "p99_ms": pct(0.99),
         "max_ms": round(latencies[-1], 1) if latencies else -1.0,
+        "request_p50_ms": pct(0.50, requests),
+        "request_p99_ms": pct(0.99, requests),
         "spans_sent": total,
         "spans_stored": stored,
         "lost": max(0, total - stored),
         "duplicated": doubled,
         "batches_complete": complete,
         "refused_503": refused,
-        "offered_rate": args.rate or "closed loop",
-        "exporters": args.exporters,
-        "batch": args.batch,
-        "seconds": args.seconds,
-        "span_bytes": 1200,
     }
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from fulmen.algorithm.demo.services import Services, ServiceSpec, free_port
+from fulmen.infra.processes import Services, ServiceSpec, free_port
 from fulmen.algorithm.dispatcher import DatasetTask
 from fulmen.algorithm.local import LocalPlan, LocalRun, run_locally
 from fulmen.infra.kafka.local import LocalKafka

@@ -5,9 +5,11 @@ Starts a Kafka broker, a trivial OpenAI-compatible upstream (``bench/upstream_st
 token ids, as vLLM gives them) and ``fulmen llm-gateway --backend vllm`` in front of it, each its own process.
 Then, with 1 and with 16 concurrent clients (closed loop, aiohttp, keep-alive), calls the upstream directly and
 through the gateway for ``--seconds`` each. Through the gateway every call is parsed, forwarded, turned into a
-span with its token ids and published to the spans topic, acknowledged by Kafka (acks=all) before the answer.
+span with its token ids and published to the spans topic, acknowledged by Kafka (acks=all) before the answer;
+done = the answer received. A warm-up pass (2 s of each, not counted) comes first, then ``--repetitions`` passes;
+the JSON has the medians at the top level, ``spread`` (min, max), ``runs`` and the load average.
 
-    .venv/bin/python bench/gateway_overhead.py [--seconds 10]
+    .venv/bin/python bench/gateway_overhead.py [--seconds 10] [--repetitions 3]
 
 Prints one JSON object on its last line: ``added_p50_ms_c1``, ``added_p99_ms_c1``, ``calls_per_s_c16``,
 ``direct_calls_per_s_c16``... and CPU per call by process.
@@ -31,6 +33,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.harness import load_average, summarise
 from bench.span_ingest import _ready, cpu_seconds, free_port, peak_rss_mb, wait_for
 from fulmen.infra.kafka.admin import ensure_topics
 from fulmen.infra.kafka.local import LocalKafka
@@ -80,6 +83,7 @@ async def load(url: str, clients: int, seconds: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--repetitions", type=int, default=3)
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="fulmen-bench-gw-"))
     broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")
@@ -105,25 +109,14 @@ def main() -> None:
         gateway_url = f"http://127.0.0.1:{gateway_port}/rollout/bench/attempt/1/v1/chat/completions"
         pids = {"gateway": gateway.pid, "upstream": upstream.pid, "kafka": broker.status().pid or 0,
                 "load": os.getpid()}  # fmt: skip
-        cpu: dict[str, float] = {}
-        for clients in (1, 16):
-            direct = asyncio.run(load(direct_url, clients, args.seconds))
-            before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-            through = asyncio.run(load(gateway_url, clients, args.seconds))
-            if clients == 16:
-                cpu = {n: 1e6 * (cpu_seconds(p) - before[n]) / max(through["calls"], 1) for n, p in pids.items()}
-            print(f"c{clients}: direct {direct}\n     gateway {through}", file=sys.stderr)
-            report |= {
-                f"added_p50_ms_c{clients}": through["p50_ms"] - direct["p50_ms"],
-                f"added_p99_ms_c{clients}": through["p99_ms"] - direct["p99_ms"],
-                f"calls_per_s_c{clients}": through["calls_per_s"],
-                f"direct_calls_per_s_c{clients}": direct["calls_per_s"],
-                f"gateway_p50_ms_c{clients}": through["p50_ms"],
-                f"gateway_p99_ms_c{clients}": through["p99_ms"],
-                f"direct_p50_ms_c{clients}": direct["p50_ms"],
-                f"errors_c{clients}": through["errors"] + direct["errors"],
-            }
-        report["cpu_us_per_call_c16"] = {name: round(value, 1) for name, value in cpu.items()}
+        urls = (direct_url, gateway_url)
+        one_pass(urls, pids, 2.0)  # warm-up
+        load_before = load_average()
+        runs = []
+        for rep in range(args.repetitions):
+            runs.append(one_pass(urls, pids, args.seconds))
+            print(f"#{rep + 1}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
+        report = summarise(runs, load_before, totals=("errors_c1", "errors_c16"))
         report["peak_rss_mb"] = {"gateway": peak_rss_mb(gateway.pid), "kafka": peak_rss_mb(broker.status().pid or 0)}
     finally:
         for process in (gateway, upstream):
@@ -134,8 +127,32 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 process.kill()
         broker.stop()
-    report = {k: round(v, 3) if isinstance(v, float) else v for k, v in report.items()}
     print(json.dumps(report))
+
+
+def one_pass(urls: tuple[str, str], pids: dict[str, int], seconds: float) -> dict:
+    """1 and 16 clients, each directly and through the gateway; the figures, CPU per call by process at 16."""
+    direct_url, gateway_url = urls
+    result: dict = {}
+    for clients in (1, 16):
+        direct = asyncio.run(load(direct_url, clients, seconds))
+        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        through = asyncio.run(load(gateway_url, clients, seconds))
+        if clients == 16:
+            for name, pid in pids.items():
+                used = 1e6 * (cpu_seconds(pid) - before[name]) / max(through["calls"], 1)
+                result[f"cpu_us_per_call_c16_{name}"] = round(used, 1)
+        result |= {
+            f"added_p50_ms_c{clients}": through["p50_ms"] - direct["p50_ms"],
+            f"added_p99_ms_c{clients}": through["p99_ms"] - direct["p99_ms"],
+            f"calls_per_s_c{clients}": through["calls_per_s"],
+            f"direct_calls_per_s_c{clients}": direct["calls_per_s"],
+            f"gateway_p50_ms_c{clients}": through["p50_ms"],
+            f"gateway_p99_ms_c{clients}": through["p99_ms"],
+            f"direct_p50_ms_c{clients}": direct["p50_ms"],
+            f"errors_c{clients}": through["errors"] + direct["errors"],
+        }
+    return {key: round(value, 3) if isinstance(value, float) else value for key, value in result.items()}
 
 
 if __name__ == "__main__":

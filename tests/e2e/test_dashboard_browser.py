@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from fulmen.infra.processes import Services, ServiceSpec, free_port
 from fulmen.algorithm.dispatcher import DatasetTask
 from fulmen.algorithm.local import LocalPlan, LocalRun, run_locally
 from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.processes import Services, ServiceSpec, free_port
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import RemoteReader
 from fulmen.schemas.topics import TopicKey, topic_name

@@ -7,10 +7,6 @@ plumbing and the report, not learning (the demo's e2e test does that).
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -66,24 +62,3 @@ def test_bad_arguments_are_refused_before_anything_starts(tmp_path: Path, monkey
         fulmen.train(agent="a:b", dataset=[{"q": 1}], model=tmp_path)
     with pytest.raises(ConfigurationError, match="no such task file"):
         fulmen.train(agent="a:b", dataset=tmp_path / "missing.jsonl", model="tiny")
-
-
-def test_fulmen_train_local_runs_the_same_and_prints_the_report(kafka_broker: LocalKafka, tiny_model: Path,
-                                                                tmp_path: Path) -> None:  # fmt: skip
-    dataset = tmp_path / "train.jsonl"
-    dataset.write_text("".join(f'{{"question": "{q}"}}\n' for q in QUESTIONS[:2]))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
-        "FULMEN_KAFKA_BOOTSTRAP": kafka_broker.bootstrap, "FULMEN_HOME": str(tmp_path), "PYTHONPATH": str(ROOT),
-        "FULMEN_TRAIN_DEVICE": "cpu", "FULMEN_TRAIN_GROUP_SIZE": "2", "FULMEN_TRAIN_GROUPS_PER_STEP": "2",
-        "FULMEN_TRAIN_MICRO_BATCH_SIZE": "8", "COLUMNS": "200",
-    }  # fmt: skip
-    command = [sys.executable, "-m", "fulmen.cli.main", "train", "--local", "--dataset", str(dataset)]
-    refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
-    assert refused.returncode == 1 and "--local runs the agent: pass --agent" in refused.stderr
-    done = subprocess.run([*command, "--agent", "tests.agents.chat:ask", "--model", str(tiny_model), "--steps", "1"],
-                          env=env, capture_output=True, text=True, timeout=500, check=False)  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "step 1: reward 1.000" in done.stdout
-    final = re.search(r"final model: (\S+)", done.stdout)
-    assert final and Path(final.group(1)).name == "v1" and (Path(final.group(1)) / "config.json").is_file()
-    assert re.search(r"run train-\w+: 1 step\(s\)", done.stdout)

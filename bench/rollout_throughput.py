@@ -6,7 +6,7 @@ case also ``fulmen otlp-gateway``, to which the runner exports each rollout's sp
 
 1. warm-up: a burst of ``--warmup`` rollouts (start-up costs), then one of ``--burst`` whose rate sizes the bursts
    that follow so that each lasts at least ``--seconds`` (the window; ``--burst`` is the smallest burst); neither
-   is counted;
+   is counted, nor is a burst that took less than the window (the next one is made bigger);
 2. three repetitions (``--repetitions``): the burst is published at once on the tasks topic; two clocks run from
    the publish: **in store**, polling ``fulmen.rollouts`` until every rollout of the burst has a terminal row
    (and, for ten spans, ``fulmen.otel_traces`` until all 10 x N spans are there: the rollout is not done for a
@@ -126,12 +126,17 @@ def run_case(settings: FulmenSettings, reader: RemoteReader, tag: str, spans: bo
     size = max(args.burst, int(warm["rollouts_per_s"] * args.seconds * 1.2))
     print(f"{tag}: warm-up {warm['rollouts_per_s']:.0f}/s; bursts of {size}", file=sys.stderr, flush=True)
     load = load_average()
-    runs = []
-    for rep in range(args.repetitions):
+    runs: list[dict] = []
+    attempt = 0
+    while len(runs) < args.repetitions and attempt < args.repetitions + 3:
         cpu_before = cpu_seconds(runner_pid)
-        result = asyncio.run(burst(settings, reader, size, f"{tag}-r{rep}", spans))
+        result = asyncio.run(burst(settings, reader, size, f"{tag}-r{attempt}", spans))
         result["runner_cpu_ms_per_rollout"] = 1000 * (cpu_seconds(runner_pid) - cpu_before) / size
-        print(f"{tag} #{rep + 1}: {json.dumps({k: round(v, 3) for k, v in result.items()})}", file=sys.stderr)
+        print(f"{tag} #{attempt + 1}: {json.dumps({k: round(v, 3) for k, v in result.items()})}", file=sys.stderr)
+        attempt += 1
+        if result["wall_s"] < args.seconds:  # shorter than the window: not counted, the next burst is bigger
+            size = int(size * args.seconds / result["wall_s"] * 1.2)
+            continue
         runs.append({key: round(value, 4) for key, value in result.items()})
     return summarise(runs, load)
 

@@ -12,8 +12,9 @@ shape (``{"error": {"message", "type", "param", "code"}}``).
 Edges (``fulmen.infra.http``): with ``FULMEN_LLM_BEARER_TOKEN`` set every route but ``/healthz`` and ``/readyz`` needs
 ``Authorization: Bearer <token>`` (401 otherwise); a body over ``FULMEN_LLM_MAX_BODY_BYTES`` is refused (413)
 from its ``Content-Length`` before it is read; headers and then the body must arrive within
-``FULMEN_LLM_READ_TIMEOUT_S`` (the connection is closed, or 408). JSON decoding, validation, tokenizing, span
-encoding and response encoding run on threads, so a large request never stalls the event loop.
+``FULMEN_LLM_READ_TIMEOUT_S`` (the connection is closed, or 408). For a large call (a body over ``INLINE_BYTES``
+or more than ``INLINE_TOKENS`` tokens) JSON decoding, validation, span encoding and response encoding run on
+threads, so it never stalls the event loop; a small one stays on the loop (a thread hop costs more than the work).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ from fulmen.producers.llm_gateway.spans import CallContext, build_record, parse_
 from fulmen.schemas import ModelVersion, TopicKey, semconv, topic_name
 from fulmen.schemas.events import IDENTIFIER_PATTERN
 
+INLINE_BYTES = 64 * 1024  # requests up to this size are parsed, recorded and answered on the event loop
+INLINE_TOKENS = 8192  # ... and calls up to this many prompt + completion tokens
 _ATTEMPT = re.compile(r"[0-9]{1,9}")  # ASCII digits only ("²".isdigit() is true), and bounded
 
 __all__ = ["LlmGateway", "LlmGatewayStats"]
@@ -157,7 +160,7 @@ class LlmGateway(Gateway):
             rollout_id, attempt = _rollout(request)
             raw = await read_body(request, max_bytes=self.options.max_body_bytes, timeout_s=self.options.read_timeout_s)
             chat = operation == semconv.OPERATION_CHAT
-            body, parsed = await self._off_loop(_parse, raw, chat, self.options.max_n)
+            body, parsed = await self._off_loop(len(raw) > INLINE_BYTES, _parse, raw, chat, self.options.max_n)
             self._check_model(parsed.model)
             started = time.time_ns()
             call = self.backend.chat if chat else self.backend.complete
@@ -172,7 +175,8 @@ class LlmGateway(Gateway):
                 rollout_id,
                 attempt,
             )
-            await self._record(context, result)
+            big = len(raw) > INLINE_BYTES or result.prompt_tokens + result.completion_tokens > INLINE_TOKENS
+            await self._record(context, result, big)
         except ApiError as exc:
             self.stats.errors += 1
             if exc.status >= 500:
@@ -184,7 +188,8 @@ class LlmGateway(Gateway):
             response.force_close()  # the body was not read to its end: the connection cannot be reused
             return response
         if not parsed.stream:
-            payload = await self._off_loop(_json_bytes, chat_response(result) if chat else completion_response(result))
+            response = chat_response(result) if chat else completion_response(result)
+            payload = await self._off_loop(big, _json_bytes, response)
             return web.Response(body=payload, content_type="application/json")
         chunks = chat_chunks if chat else completion_chunks
         return await self._stream(request, chunks(result, parsed.include_usage))
@@ -199,9 +204,9 @@ class LlmGateway(Gateway):
                 code="model_not_found",
             )
 
-    async def _record(self, context: CallContext, result: CallResult) -> None:
+    async def _record(self, context: CallContext, result: CallResult, big: bool) -> None:
         """Publish the call's spans and wait for the acknowledgement (503 when Kafka does not take them)."""
-        key, value = await self._off_loop(build_record, context, result)
+        key, value = await self._off_loop(big, build_record, context, result)
         try:
             async with asyncio.timeout(self.options.publish_timeout_s):
                 await self.producer.send_and_wait(self.topic, value=value, key=key)
@@ -214,7 +219,12 @@ class LlmGateway(Gateway):
         self.stats.records += 1
         self.stats.spans += len(result.choices)
 
-    async def _off_loop(self, function: Any, *args: Any) -> Any:
+    async def _off_loop(self, big: bool, function: Any, *args: Any) -> Any:
+        """``function(*args)`` on the CPU threads for a big call, inline for a small one: a hop to a thread costs
+        more than parsing or encoding a small call (three hops a call tripled the gateway's CPU per call and
+        its added latency), while a big one must not stall the event loop."""
+        if not big:
+            return function(*args)
         return await asyncio.get_running_loop().run_in_executor(self._cpu, function, *args)
 
     async def _stream(self, request: web.Request, chunks) -> web.StreamResponse:

@@ -59,6 +59,7 @@ class Sample:
     old_logprobs: Sequence[float] | None = None
     group_id: str = ""
     model_version: int | None = None
+    agent: str = ""  # the agent that made the call (per-agent adapters train each agent's samples apart)
 
     @property
     def length(self) -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -40,6 +40,7 @@ __all__ = [
     "credit_groups",
     "drop_stale",
     "drop_too_long",
+    "keep_agents",
     "shuffle_rewards",
 ]
 
@@ -172,6 +173,13 @@ def drop_too_long(group: ClosedGroup, max_len: int | None) -> tuple[ClosedGroup,
     if max_len is None:
         return group, 0
     return _keep_transitions(group, lambda t, b: len(t.prompt_token_ids) + len(t.response_token_ids) <= max_len)
+
+
+def keep_agents(group: ClosedGroup, agents: Collection[str]) -> tuple[ClosedGroup, int]:
+    """``group`` with only the calls that ``agents`` made, and how many other calls were dropped (per-agent
+    adapters: each agent's own group). Credit first: a call's credit comes from its whole rollout. A rollout where
+    none of them made a call is left without transitions (the advantages skip it)."""
+    return _keep_transitions(group, lambda t, b: t.agent_name in agents)
 
 
 def shuffle_rewards(groups: list[ClosedGroup], seed: int) -> list[ClosedGroup]:

@@ -47,6 +47,15 @@ versions between calls, so one rollout may span versions), and the trainer weigh
 sampled them (the ``correction``, ``tis`` by default in this mode). Every step reports how old its samples were:
 ``staleness_<k>`` (samples k versions old), ``staleness_max``, ``staleness_mean`` in ``TrainStep.extra``.
 
+Per-agent adapters (``adapters`` = per_agent, ``adapter_agents``): the backend keeps one LoRA adapter per agent
+(:class:`~fulmen.algorithm.trainer.adapters.PerAgentTrainer`). A step keeps only the calls of those agents (the rest
+are counted as ``dropped_other_agents``), builds each agent's samples within its own groups
+(:func:`~fulmen.algorithm.samples.build_agent_samples`) and updates each adapter from its own; every step publishes
+one ``ModelVersion`` per adapter (``adapter`` = the agent, ``format`` = hf_lora_adapter, uri
+``<checkpoint>/<agent>``, all at version N: staleness and validation compare versions as for one model). A run
+that starts from the base publishes the base (version 0) and then each adapter's initial state (version 0: the
+base's outputs exactly), so every call of a trained agent is served by its adapter from the first.
+
 Only the latest attempt of each rollout is trained on: retried attempts are never built (transitions worker)
 and the collector keeps the latest attempt per rollout (see ``fulmen.algorithm.collector``).
 
@@ -70,8 +79,8 @@ from pathlib import Path
 
 from fulmen.algorithm.collector import Collector
 from fulmen.algorithm.dispatcher import Dispatcher
-from fulmen.algorithm.groups import ClosedGroup, credit_groups, drop_stale, drop_too_long, shuffle_rewards
-from fulmen.algorithm.samples import StepSamples, build_samples, has_signal
+from fulmen.algorithm.groups import ClosedGroup, credit_groups, drop_stale, drop_too_long, keep_agents, shuffle_rewards
+from fulmen.algorithm.samples import StepSamples, build_agent_samples, build_samples, has_signal
 from fulmen.algorithm.settings import TrainMode, TrainSection
 from fulmen.algorithm.shaping import OverlongShaping
 from fulmen.algorithm.trainer.base import StepMetrics, TrainerBackend
@@ -173,6 +182,7 @@ class TrainingLoop:
         self._feed_error: Exception | None = None
         self._in_step = 0  # groups the step under way took (trained on at the version being served)
         self._validating = False  # a validation pass is under way: the feeder dispatches no train groups
+        self.agents = plan.train.per_agent  # per-agent adapters: their agents; None: one policy
 
     async def run(self, stop: asyncio.Event | None = None) -> list[TrainStep]:
         """Train up to step ``steps`` (from ``initial_version + 1``: a resumed run continues its numbering; fewer
@@ -180,7 +190,7 @@ class TrainingLoop:
         stop = stop or asyncio.Event()
         # the base model is version 0 only; a resumed run serves a checkpoint (train() calls publish_resumed)
         from_base = self.options.publish_initial_version and self.plan.initial_version == 0
-        if from_base and not await self._publish_version(self.plan.base_model, self.version, stop):
+        if from_base and not await self._publish_initial(stop):
             return []
         feeder = asyncio.create_task(self._feed(stop)) if self.feeding else None
         try:
@@ -248,9 +258,10 @@ class TrainingLoop:
         if self.options.shuffle_rewards:  # the control run: rewards detached from the answers they scored
             groups = shuffle_rewards(groups, seed=self.options.seed * 100_003 + number)
         groups = credit_groups(groups, self.options.credit, self.options.gamma)
-        data = build_samples(groups, estimator=self.options.estimator, scope=self.options.advantage_scope,
-                             missing_reward=self.options.missing_reward, overlong=self.overlong,
-                             step_weight=self.options.step_advantage_weight)  # fmt: skip
+        options = {"estimator": self.options.estimator, "scope": self.options.advantage_scope,
+                   "missing_reward": self.options.missing_reward, "overlong": self.overlong,
+                   "step_weight": self.options.step_advantage_weight}  # fmt: skip
+        data = build_agent_samples(groups, self.agents, **options) if self.agents else build_samples(groups, **options)
         staleness = staleness_counts(data.samples, self.version)
         metrics = await asyncio.to_thread(self.backend.step, data.samples)
         published = self.clock()
@@ -284,7 +295,7 @@ class TrainingLoop:
         ``exhausted`` = 1 when its bound was reached). A group left without transitions, or without signal, is
         done with and replaced."""
         selected: list[ClosedGroup] = []
-        dropped = {"stale": 0, "too_long": 0, "no_signal": 0, "exhausted": 0}
+        dropped = {"stale": 0, "too_long": 0, "no_signal": 0, "exhausted": 0, "other_agents": 0}
         skips = self.options.dynamic_sampling_bound
         while len(selected) < self.options.groups_per_step:
             if stop.is_set():
@@ -298,6 +309,9 @@ class TrainingLoop:
             group, too_long = drop_too_long(group, self.options.max_len)
             dropped["stale"] += stale
             dropped["too_long"] += too_long
+            if self.agents:  # per-agent adapters: only the calls of the agents that have one
+                group, others = keep_agents(group, self.agents)
+                dropped["other_agents"] += others
             if not group.num_transitions:
                 self.collector.done([group.group_id])
             elif dropped["no_signal"] < skips and not self._has_signal(group):
@@ -369,7 +383,7 @@ class TrainingLoop:
                 await self._advance()
             groups, self.waiting.val = self.waiting.val, []
             self.collector.done(g.group_id for g in groups)
-            older = [g for g in groups if _served_before(g, self.version)]
+            older = [g for g in groups if _served_before(g, self.version, self.agents)]
             counted += [g for g in groups if g not in older]
             if not older or stop.is_set() or attempt == VAL_REDO:
                 if older:
@@ -409,24 +423,48 @@ class TrainingLoop:
         check = self.version_published
         if self.version == 0 or check is None:
             return True
-        event = self._model_version(str(checkpoint_dir(self.plan.run_dir, self.version)), self.version)
-        on_topic = await self._retrying(lambda retry: check(event), stop, f"reading model version {self.version}")
-        if on_topic is None:
-            return self._unpublished(event)
-        if on_topic:
-            log.info("model version %d of %s is on the models topic already", event.version, event.model_name)
-            return True
-        log.info("model version %d of %s was saved at %s but never published: publishing it now", event.version,
-                 event.model_name, event.uri)  # fmt: skip
-        return await self._publish_event(event, stop)
+        for event in self._versions(str(checkpoint_dir(self.plan.run_dir, self.version)), self.version):
+            on_topic = await self._retrying(lambda retry, e=event: check(e), stop,
+                                            f"reading model version {self.version}")  # fmt: skip
+            if on_topic is None:
+                return self._unpublished(event)
+            if on_topic:
+                log.info("model version %d of %s%s is on the models topic already", event.version, event.model_name,
+                         f" (agent {event.adapter})" if event.adapter else "")  # fmt: skip
+                continue
+            log.info("model version %d of %s was saved at %s but never published: publishing it now", event.version,
+                     event.model_name, event.uri)  # fmt: skip
+            if not await self._publish_event(event, stop):
+                return False
+        return True
 
-    def _model_version(self, uri: str, version: int) -> ModelVersion:
-        return ModelVersion(model_name=self.options.model_name, version=version, uri=uri, format="hf",
+    def _model_version(self, uri: str, version: int, adapter: str = "") -> ModelVersion:
+        return ModelVersion(model_name=self.options.model_name, version=version, uri=uri,
+                            format="hf_lora_adapter" if adapter else "hf", adapter=adapter,
                             base_model=self.plan.base_model, run_id=self.options.run_id, step=version)  # fmt: skip
 
+    def _versions(self, path: str, version: int) -> list[ModelVersion]:
+        """What a checkpoint at ``path`` publishes: the model, or (per-agent adapters) one event per adapter."""
+        if not self.agents:
+            return [self._model_version(path, version)]
+        return [self._model_version(str(Path(path) / agent), version, agent) for agent in self.agents]
+
+    async def _publish_initial(self, stop: asyncio.Event) -> bool:
+        """Version 0: the base model; with per-agent adapters, then each adapter's initial state (saved first)."""
+        if not await self._publish_event(self._model_version(self.plan.base_model, 0), stop):
+            return False
+        if not self.agents:
+            return True
+        path = await asyncio.to_thread(self.backend.save, checkpoint_dir(self.plan.run_dir, 0))
+        return await self._publish_version(str(path), 0, stop)
+
     async def _publish_version(self, uri: str, version: int, stop: asyncio.Event) -> bool:
-        """Publish ``version`` at ``uri`` until acknowledged; False when ``stop`` was set first (said in the log)."""
-        return await self._publish_event(self._model_version(uri, version), stop)
+        """Publish ``version`` at ``uri`` (per-agent adapters: each adapter's) until acknowledged; False when
+        ``stop`` was set first (said in the log)."""
+        for event in self._versions(uri, version):
+            if not await self._publish_event(event, stop):
+                return False
+        return True
 
     async def _publish_event(self, event: ModelVersion, stop: asyncio.Event) -> bool:
         check = self.version_published
@@ -504,6 +542,11 @@ class TrainingLoop:
             "ignored_batches_total": float(self.collector.ignored), "dropped_too_long": float(dropped["too_long"]),
             "dataset_passes": float(self.train.passes),
         }  # fmt: skip
+        if self.agents:  # per-agent adapters: what each agent's update did
+            extra["dropped_other_agents"] = float(dropped["other_agents"])
+            for agent, part in getattr(self.backend, "agent_metrics", {}).items():
+                extra[f"agent_{agent}_loss"] = part.loss
+                extra[f"agent_{agent}_tokens"] = float(part.tokens)
         # the off-policy correction's importance-weight statistics (is_weight_mean, ...), when one is in force
         extra.update({k: v for k, v in metrics.as_dict().items() if k.startswith("is_")})
         if self.options.dynamic_sampling:
@@ -548,7 +591,8 @@ def _staleness_extra(counts: dict[int, int]) -> dict[str, float]:
     return extra
 
 
-def _served_before(group: ClosedGroup, version: int) -> bool:
-    """True when a call of the group was served by a model version older than ``version``."""
-    return any(t.model_version is not None and t.model_version < version
+def _served_before(group: ClosedGroup, version: int, agents: list[str] | None = None) -> bool:
+    """True when a call of the group was served by a model version older than ``version`` (per-agent adapters:
+    a call of one of ``agents``, the others are served by the base model, version 0)."""
+    return any(t.model_version is not None and t.model_version < version and (agents is None or t.agent_name in agents)
                for batch in group.rollouts for t in batch.transitions)  # fmt: skip

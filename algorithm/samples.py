@@ -31,9 +31,11 @@ not recorded).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -41,13 +43,22 @@ from torch import Tensor
 from fulmen.algorithm.advantages import compute_advantages, encode_group_ids
 from fulmen.algorithm.anchor import anchor_advantages, step_group_ids
 from fulmen.algorithm.batch import Sample
-from fulmen.algorithm.groups import ClosedGroup
+from fulmen.algorithm.groups import ClosedGroup, keep_agents
 from fulmen.algorithm.registry import Registry
 from fulmen.algorithm.settings import AdvantageScope
 from fulmen.algorithm.shaping import OverlongShaping
 from fulmen.schemas.events import Transition, TransitionBatch
 
-__all__ = ["ADVANTAGE_SCOPES", "StepSamples", "Unit", "build_samples", "has_signal", "rollout_return", "scope_rewards"]
+__all__ = [
+    "ADVANTAGE_SCOPES",
+    "StepSamples",
+    "Unit",
+    "build_agent_samples",
+    "build_samples",
+    "has_signal",
+    "rollout_return",
+    "scope_rewards",
+]
 
 
 @dataclass(frozen=True)
@@ -173,6 +184,23 @@ def build_samples(
         for group_id, t, advantage in per_call
     ]  # fmt: skip
     penalized = int((penalties < 0).sum()) if overlong is not None else 0
+    return StepSamples(samples, returns, [s.advantage for s in samples], penalized)
+
+
+def build_agent_samples(groups: Sequence[ClosedGroup], agents: Sequence[str], **options: Any) -> StepSamples:
+    """Per-agent adapters (``FULMEN_TRAIN_ADAPTERS=per_agent``): for each of ``agents``, the samples of its own
+    calls with advantages computed within its own groups (:func:`~fulmen.algorithm.groups.keep_agents`: the rollouts
+    of a group in which it acted, each with its calls' credit), tagged with the agent; calls of other agents are
+    not trained. ``returns`` are those of the whole rollouts, as :func:`build_samples` reports them. ``options``:
+    those of :func:`build_samples`."""
+    missing = options.get("missing_reward", 0.0)
+    returns = [rollout_return(r, missing) for g in groups for r in g.rollouts if r.transitions]
+    samples: list[Sample] = []
+    penalized = 0
+    for agent in agents:
+        part = build_samples([keep_agents(g, {agent})[0] for g in groups], **options)
+        samples += [dataclasses.replace(s, agent=agent) for s in part.samples]
+        penalized += part.overlong_penalized
     return StepSamples(samples, returns, [s.advantage for s in samples], penalized)
 
 

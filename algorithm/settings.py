@@ -25,7 +25,15 @@ from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import IDENTIFIER_PATTERN, new_id
 
-__all__ = ["ASYNC_CORRECTION", "AdvantageScope", "IncompletePolicy", "TrainMode", "TrainSection", "TrainSettings"]
+__all__ = [
+    "ASYNC_CORRECTION",
+    "AdapterMode",
+    "AdvantageScope",
+    "IncompletePolicy",
+    "TrainMode",
+    "TrainSection",
+    "TrainSettings",
+]
 
 
 ASYNC_CORRECTION = "tis"
@@ -47,11 +55,22 @@ class TrainMode(StrEnum):
     ASYNC = "async"  # they never pause: samples up to max_staleness versions old, importance-corrected
 
 
+class AdapterMode(StrEnum):
+    """What the trainer updates when it trains with LoRA (see ``fulmen.algorithm.trainer.adapters``)."""
+
+    SHARED = "shared"  # one policy for every trained agent (one adapter with lora_r, or every weight)
+    PER_AGENT = "per_agent"  # one LoRA adapter per agent of adapter_agents on one frozen base
+
+
 class AdvantageScope(StrEnum):
     """Which rewards the advantage estimator compares within a group (see ``fulmen.algorithm.samples``)."""
 
     EPISODE = "episode"  # the rollouts' returns, broadcast to each rollout's transitions
     TRANSITION = "transition"  # every transition's credited reward against all transitions of the group
+
+
+def _names(value: str) -> list[str]:
+    return [name.strip() for name in value.split(",") if name.strip()]
 
 
 class TrainSection(BaseModel):
@@ -132,7 +151,15 @@ class TrainSection(BaseModel):
                                    "ratios above it set to 0")  # fmt: skip
     kl_coef: float = Field(default=0.0, ge=0)
     max_len: int | None = Field(default=None, ge=2)
-    lora_r: int = Field(default=0, ge=0, description="LoRA rank; 0 trains every weight")
+    lora_r: int = Field(default=0, ge=0, description="LoRA rank; 0 trains every weight (per_agent adapters: "
+                        "0 = rank 16)")  # fmt: skip
+    adapters: AdapterMode = Field(default=AdapterMode.SHARED, description="shared: one policy for every trained "
+                                  "agent; per_agent: one LoRA adapter per agent of adapter_agents on a frozen base, "
+                                  "each trained on its agent's calls only (its own groups and advantages) and "
+                                  "published as its own versions")  # fmt: skip
+    adapter_agents: str = Field(default="", description="per_agent: the agents that get an adapter "
+                                      "(comma-separated names, as the transitions name them); their calls must "
+                                      "name them too (.../agent/{name}/v1), or they get the base model")  # fmt: skip
     device: str = "auto"
     dtype: str = "auto"
     backend: str = Field(default="torch", description="trainer backend: torch (one process, or FSDP2 over the "
@@ -163,6 +190,17 @@ class TrainSection(BaseModel):
         mode = {"correction": ASYNC_CORRECTION} if str(data.get("mode", "")) == TrainMode.ASYNC else {}
         return {**recipe.settings(), **mode, **data}
 
+    @field_validator("adapter_agents")
+    @classmethod
+    def _agent_names(cls, value: str) -> str:
+        names = _names(value)
+        for name in names:
+            if not IDENTIFIER_PATTERN.fullmatch(name):
+                raise ValueError(f"FULMEN_TRAIN_ADAPTER_AGENTS: {name!r} is not a valid identifier")
+        if len(set(names)) < len(names):
+            raise ValueError(f"FULMEN_TRAIN_ADAPTER_AGENTS: an agent is listed twice ({value})")
+        return value
+
     @field_validator("credit")
     @classmethod
     def _registered(cls, value: str) -> str:
@@ -184,6 +222,13 @@ class TrainSection(BaseModel):
                 f"max_groups_in_flight ({self.max_groups_in_flight}) below groups_per_step ({self.groups_per_step})"
                 " would never fill a step; raise it or set 0 (= 2 * groups_per_step)"
             )
+        if self.adapters is AdapterMode.PER_AGENT:
+            if not self.adapter_agents:
+                raise ValueError("FULMEN_TRAIN_ADAPTERS=per_agent needs the agents to train: set FULMEN_TRAIN_"
+                                 "ADAPTER_AGENTS=name1,name2 (the agent names of their calls)")  # fmt: skip
+            if self.backend != "torch" or self.nproc > 1:
+                raise ValueError("FULMEN_TRAIN_ADAPTERS=per_agent trains with the torch backend in one process "
+                                 "(FULMEN_TRAIN_BACKEND=torch, FULMEN_TRAIN_NPROC=1)")  # fmt: skip
         if self.correction_low > self.correction_high:
             raise ValueError(f"correction_low ({self.correction_low}) exceeds correction_high ({self.correction_high})")
         if self.overlong_max_tokens and self.overlong_buffer_tokens > self.overlong_max_tokens:
@@ -206,6 +251,11 @@ class TrainSection(BaseModel):
             )
         buffer = self.overlong_buffer_tokens or max(1, self.overlong_max_tokens // 5)
         return self.overlong_max_tokens, buffer, self.overlong_penalty
+
+    @property
+    def per_agent(self) -> list[str] | None:
+        """The agents that get their own adapter (``adapters`` = per_agent), else None."""
+        return _names(self.adapter_agents) if self.adapters is AdapterMode.PER_AGENT else None
 
     @property
     def step_advantage_weight(self) -> float | None:

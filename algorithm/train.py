@@ -33,7 +33,7 @@ from fulmen.algorithm.groups import GroupBook
 from fulmen.algorithm.loop import LoopPlan, TrainingLoop
 from fulmen.algorithm.registry import Registry
 from fulmen.algorithm.settings import TrainSection, TrainSettings
-from fulmen.algorithm.trainer.base import TEMPORARY_MARK, TrainerBackend
+from fulmen.algorithm.trainer.base import ADAPTERS_FILE, TEMPORARY_MARK, TrainerBackend
 from fulmen.infra.errors import BrokerUnavailableError, ConfigurationError, DecodeError, RetryableError
 from fulmen.infra.kafka.admin import partition_count
 from fulmen.infra.kafka.broker import kafka_broker
@@ -80,7 +80,8 @@ def resolve_model(model_path: str, run_dir: Path) -> str:
 
 
 def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
-    """The highest ``<run_dir>/checkpoints/v<N>`` that holds a model (``config.json``), or None.
+    """The highest ``<run_dir>/checkpoints/v<N>`` that holds a model (``config.json``) or per-agent adapters
+    (``adapters.json``), or None.
 
     A directory still being written (``v<N>.tmp-<pid>``, see :func:`fulmen.algorithm.trainer.base.atomic_directory`)
     is never a checkpoint; one whose writer is gone (killed during a save) is removed."""
@@ -88,7 +89,7 @@ def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     for path in (run_dir / "checkpoints").glob("v*"):
         if TEMPORARY_MARK in path.name:
             _remove_if_stale(path)
-        elif path.name[1:].isdigit() and (path / "config.json").is_file():
+        elif path.name[1:].isdigit() and any((path / name).is_file() for name in ("config.json", ADAPTERS_FILE)):
             found.append((int(path.name[1:]), path))
     return max(found, default=None)
 
@@ -160,10 +161,10 @@ def _model_versions(records: list, model_name: str) -> list[ModelVersion]:
 
 
 async def version_on_topic(settings: FulmenSettings, event: ModelVersion) -> bool:
-    """Whether the models topic holds version ``event.version`` of ``event.model_name`` from run
-    ``event.run_id`` (the same version of another run is a different model)."""
+    """Whether the models topic holds version ``event.version`` of ``event.model_name`` (of its adapter
+    ``event.adapter``) from run ``event.run_id`` (the same version of another run is a different model)."""
     return any(
-        found.version == event.version and found.run_id == event.run_id
+        found.version == event.version and found.run_id == event.run_id and found.adapter == event.adapter
         for found in await model_versions(settings, event.model_name)
     )
 
@@ -237,6 +238,18 @@ def _torch_backend(options: TrainSection, model_path: str) -> TrainerBackend:
     return distributed.RankZeroBackend.start(config, distributed.join(options.device, options.dist_timeout_s))
 
 
+def _per_agent_backend(options: TrainSection, base_model: str, resume_from: Path | None) -> TrainerBackend:
+    """One LoRA adapter per agent of ``adapter_agents`` on ``base_model``
+    (:class:`~fulmen.algorithm.trainer.adapters.PerAgentTrainer`), resumed from a per-agent checkpoint if given."""
+    from fulmen.algorithm.trainer.adapters import PerAgentTrainer, is_adapter_checkpoint
+
+    if resume_from is not None and not is_adapter_checkpoint(resume_from):
+        raise ConfigurationError(f"FULMEN_TRAIN_ADAPTERS=per_agent, but the checkpoint to resume from, {resume_from}, "
+                                 "holds a whole model (this run trained without per-agent adapters): start a new run "
+                                 "(another FULMEN_TRAIN_RUN_ID)")  # fmt: skip
+    return PerAgentTrainer(torch_config(options, base_model), options.per_agent or [], resume_from)
+
+
 @TRAINER_BACKENDS.register("verl")
 def _verl_backend(options: TrainSection, model_path: str) -> TrainerBackend:
     """verl's FSDP engine and PPO loss (:class:`~fulmen.algorithm.trainer.verl_backend.VerlTrainer`), one process."""
@@ -265,7 +278,10 @@ async def train(
                  resumed[0], resumed[1])  # fmt: skip
     if backend is not None:
         return await _train_with(backend, settings, base_model, resumed, tasks, val_tasks, stop)
-    built = await asyncio.to_thread(build_backend, options, str(resumed[1]) if resumed else base_model)
+    if options.per_agent:
+        built = await asyncio.to_thread(_per_agent_backend, options, base_model, resumed[1] if resumed else None)
+    else:
+        built = await asyncio.to_thread(build_backend, options, str(resumed[1]) if resumed else base_model)
     try:
         return await _train_with(built, settings, base_model, resumed, tasks, val_tasks, stop)
     finally:

@@ -15,7 +15,7 @@ cached), and "before" means after that warm-up. N is small (each step trains on 
 on 2 cores), so the figures are a measurement of what these settings give in ~10 minutes a scenario, not of what
 the model can reach.
 
-    .venv/bin/python bench/scenarios.py [--steps 6] [--only calc_agent] [--no-control | --control-only]
+    .venv/bin/python bench/scenarios.py [--steps 4] [--only calc_agent] [--no-control | --control-only]
 
 Prints one JSON object on its last line keyed by scenario (``sql_agent``, ``rag_agent``, ``calc_agent``), each
 with ``s_per_step``, ``calls_per_episode``, ``reward_before``, ``reward_after``, ``heldout_before``,
@@ -46,7 +46,8 @@ def run_scenario(name: str, args: argparse.Namespace, *extra: str) -> dict[str, 
                "--group-size", str(args.group_size), "--groups-per-step", str(args.groups_per_step),
                "--heldout", str(args.heldout), "--train", str(args.steps * args.groups_per_step),
                "--max-tokens", str(args.max_tokens), "--lr", str(args.lr), "--warmup-steps", str(args.warmup_steps),
-               "--warmup-tasks", str(args.warmup_tasks), "--warmup-lr", str(args.warmup_lr), "--json",
+               "--warmup-tasks", str(args.warmup_tasks), "--warmup-lr", str(args.warmup_lr),
+               "--concurrency", str(args.concurrency), "--rollout-timeout-s", str(args.rollout_timeout_s), "--json",
                *extra]  # fmt: skip
     started = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False,
@@ -65,10 +66,10 @@ def run_scenario(name: str, args: argparse.Namespace, *extra: str) -> dict[str, 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--groups-per-step", type=int, default=4)
-    parser.add_argument("--heldout", type=int, default=24)
+    parser.add_argument("--groups-per-step", type=int, default=2)
+    parser.add_argument("--heldout", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument(
@@ -79,6 +80,10 @@ def main() -> int:
         "demonstrations first (0: none; zero-shot SmolLM2-135M solves none of the three)",
     )
     parser.add_argument("--warmup-tasks", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=8, help="rollouts a runner runs at once: on 2 cores a "
+                        "batch of 16 SQL calls (~400-token prompts) took over a minute, so 16 episodes of 6 calls hit "
+                        "a 300 s limit")  # fmt: skip
+    parser.add_argument("--rollout-timeout-s", type=float, default=900.0)
     parser.add_argument("--warmup-lr", type=float, default=1e-4)
     parser.add_argument("--only", choices=SCENARIOS, action="append", help="run only these (repeatable)")
     parser.add_argument("--control-scenario", choices=SCENARIOS, default="calc_agent")
@@ -95,6 +100,7 @@ def main() -> int:
         results["control"] = {"scenario": args.control_scenario, "shuffle_rewards": True,
                               **run_scenario(args.control_scenario, args, "--shuffle-rewards")}  # fmt: skip
     results["settings"] = {"steps": args.steps, "group_size": args.group_size, "groups_per_step": args.groups_per_step,
+                           "concurrency": args.concurrency, "rollout_timeout_s": args.rollout_timeout_s,
                            "heldout": args.heldout, "max_tokens": args.max_tokens, "lr": args.lr,
                            "warmup": {"steps": args.warmup_steps, "tasks": args.warmup_tasks, "lr": args.warmup_lr},
                            "peak_rss_mb_bench": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,

@@ -120,14 +120,16 @@ def transition_rows(batch: TransitionBatch) -> list[dict[str, Any]]:
 
 MODEL_VERSION_SCHEMA = pa.schema([
     ("ModelName", pa.string()), ("Version", pa.uint64()), ("Uri", pa.string()), ("Format", pa.string()),
-    ("BaseModel", pa.string()), ("RunId", pa.string()), ("Step", pa.uint64()), ("CreatedAt", _TS6),
+    ("BaseModel", pa.string()), ("RunId", pa.string()), ("Step", pa.uint64()), ("Adapter", pa.string()),
+    ("CreatedAt", _TS6),
 ])  # fmt: skip
 
 
 def model_version_rows(event: ModelVersion) -> list[dict[str, Any]]:
     return [{
         "ModelName": event.model_name, "Version": event.version, "Uri": event.uri, "Format": event.format,
-        "BaseModel": event.base_model, "RunId": event.run_id, "Step": event.step, "CreatedAt": event.created_at,
+        "BaseModel": event.base_model, "RunId": event.run_id, "Step": event.step, "Adapter": event.adapter,
+        "CreatedAt": event.created_at,
     }]  # fmt: skip
 
 

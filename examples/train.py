@@ -72,6 +72,7 @@ class ExampleOptions:
     warmup_tasks: int = 16  # demonstrated training tasks (the first ones of the training split)
     warmup_lr: float = 2e-5
     warmup_cache: Path | None = None  # default $FULMEN_HOME/examples/warmups
+    adapters: str = "shared"  # per_agent: one LoRA adapter per trained agent (FULMEN_TRAIN_ADAPTERS)
     extra_train: dict[str, Any] = field(default_factory=dict)
 
 
@@ -144,7 +145,14 @@ def train_fields(example: Example, options: ExampleOptions) -> dict[str, Any]:
         "credit": example.credit, "gamma": example.gamma, "max_staleness": 1, "val_group_size": 1,
         "rollout_timeout_s": options.rollout_timeout_s, "max_attempts": 2, "micro_batch_size": 8,
         "device": "cpu", "dtype": "float32", "seed": options.seed, "shuffle_rewards": options.shuffle_rewards,
-    } | options.extra_train  # fmt: skip
+    } | _adapter_fields(example, options) | options.extra_train  # fmt: skip
+
+
+def _adapter_fields(example: Example, options: ExampleOptions) -> dict[str, Any]:
+    """``--adapters per_agent``: one adapter per trained agent of the example."""
+    if options.adapters == "shared":
+        return {}
+    return {"adapters": options.adapters, "adapter_agents": ",".join(example.trained_agents)}
 
 
 def sql(run: LocalRun, query: str) -> list[dict[str, Any]]:
@@ -229,9 +237,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     parser.add_argument("--max-tokens", type=int, default=None, help="per LLM call (default: the agent's)")
     parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--rollout-timeout-s", type=float, default=defaults.rollout_timeout_s,
+                        help="each rollout's time limit (a real model on a CPU needs minutes an episode)")  # fmt: skip
     parser.add_argument("--warmup-lr", type=float, default=defaults.warmup_lr)
     parser.add_argument("--kl-coef", type=float, default=defaults.kl_coef)
     parser.add_argument("--shuffle-rewards", action="store_true", help="control run: rewards permuted each step")
+    parser.add_argument("--adapters", choices=("shared", "per_agent"), default=defaults.adapters,
+                        help="per_agent: one LoRA adapter per trained agent on a frozen base")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the report as one JSON line at the end")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")

@@ -206,6 +206,13 @@ _ATTRIBUTE_ITEMS = tuple(
     for items, column in (("ResourceAttributeItems", "ResourceAttributes"), ("SpanAttributeItems", "SpanAttributes"))
 )
 
+# One LoRA adapter per trained agent (``FULMEN_TRAIN_ADAPTERS=per_agent``): each adapter has its own versions, so the
+# adapter joins the sorting key (a column added in the same ALTER may, if it has no default expression: '' anyway).
+_MODEL_VERSION_ADAPTER = (
+    "ALTER TABLE {db}.model_versions ADD COLUMN IF NOT EXISTS Adapter String, "
+    "MODIFY ORDER BY (ModelName, Version, Adapter)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "spans (otel_traces)", (_SPANS,)),
     Migration(2, "rollouts", (_ROLLOUTS,)),
@@ -214,4 +221,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "train_steps", (_TRAIN_STEPS,)),
     Migration(6, "otel_traces: the Collector exporter's attribute item columns", _ATTRIBUTE_ITEMS),
     Migration(7, "dead_letters", (_DEAD_LETTERS,)),
+    Migration(8, "model_versions: the agent's adapter", _MODEL_VERSION_ADAPTER),
 )

@@ -222,7 +222,13 @@ class TransitionBatch(Event):
 
 
 class ModelVersion(Event):
-    """A trained model ready to serve; published to the compacted models topic, keyed by model name."""
+    """A trained model ready to serve; published to the compacted models topic, keyed by :attr:`topic_key`.
+
+    ``adapter`` names one agent's LoRA adapter (``FULMEN_TRAIN_ADAPTERS=per_agent``: one adapter per trained agent
+    on a frozen ``base_model``; then ``format`` is ``hf_lora_adapter`` and ``version`` is that adapter's); empty for
+    the model itself (full weights, or the one adapter every agent shares). The gateway serves an adapter to the
+    calls that name its agent, and the model to every other call.
+    """
 
     schema_version: Literal[1] = 1
     model_name: Identifier
@@ -232,7 +238,22 @@ class ModelVersion(Event):
     base_model: str = ""
     run_id: str = ""
     step: int = Field(default=0, ge=0)
+    adapter: Annotated[str, StringConstraints(max_length=128, pattern=r"^[A-Za-z0-9._:\-]*$")] = Field(
+        default="", description="the agent whose LoRA adapter this is; empty: the model every other call uses"
+    )
     created_at: UtcDatetime = Field(default_factory=utc_now)
+
+    @model_validator(mode="after")
+    def _adapter_is_lora(self) -> ModelVersion:
+        if self.adapter and self.format != "hf_lora_adapter":
+            raise ValueError(f"format: an agent's adapter ({self.adapter}) is an hf_lora_adapter, not {self.format}")
+        return self
+
+    @property
+    def topic_key(self) -> str:
+        """The record key on the compacted models topic: the model name, with ``/<adapter>`` for an agent's
+        adapter (so compaction keeps the latest version of the model and of each adapter)."""
+        return f"{self.model_name}/{self.adapter}" if self.adapter else self.model_name
 
 
 class TrainStep(Event):

@@ -111,9 +111,9 @@ TOPICS: dict[TopicKey, Topic] = {
             ("consumers: transitions",), ("algorithm collector", "consumers: transitions table"),
         ),
         Topic(
-            TopicKey.MODELS, "fulmen.models", "model_name", ModelVersion, "json", 1,
+            TopicKey.MODELS, "fulmen.models", "topic_key", ModelVersion, "json", 1,
             {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"},
-            "Model versions; compacted, so the latest version of each model is always there to read.",
+            "Model versions; compacted, so the latest of each model (and of each agent's adapter) is there to read.",
             ("algorithm trainer",), ("llm-gateway", "consumers: model_versions"),
         ),
         Topic(

@@ -23,8 +23,12 @@ from typing import Protocol, runtime_checkable
 
 from fulmen.algorithm.batch import Sample, TrainBatch
 
-__all__ = ["TEMPORARY_MARK", "StepMetrics", "TrainerBackend", "atomic_directory"]
+__all__ = ["ADAPTERS_FILE", "TEMPORARY_MARK", "StepMetrics", "TrainerBackend", "atomic_directory"]
 
+
+ADAPTERS_FILE = "adapters.json"
+"""A per-agent checkpoint (``fulmen.algorithm.trainer.adapters``) holds this file: ``{"agents": [...],
+"base_model": ...}``."""
 
 TEMPORARY_MARK = ".tmp-"
 """A directory still being written is named ``<final name>.tmp-<pid>`` (the pid of the writing process)."""

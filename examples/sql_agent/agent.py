@@ -3,7 +3,10 @@
 Plain LangGraph code; the Fulmen-specific lines are the ``base_url`` the runner hands it and the OpenTelemetry
 instrumentation LangChain users already turn on (openinference's ``LangChainInstrumentor``), which records each
 node and each LLM call with the node's name (``langgraph_node``): that is the agent name Fulmen selects by, so
-``FULMEN_TRANSITIONS_AGENT_PATTERN='write|rewrite'`` trains the writer and the rewriter, not the checker.
+``FULMEN_TRANSITIONS_AGENT_PATTERN='write|rewrite'`` trains the writer and the rewriter, not the checker. Each node
+has its own ``ChatOpenAI`` on its own ``base_url`` (``llm.for_agent(node)``: the runner's URL with the node's name),
+so that with ``FULMEN_TRAIN_ADAPTERS=per_agent`` the gateway serves each node its own LoRA adapter (and the checker,
+which has none, the base model).
 
 The graph: ``write`` drafts a query from the question and the schema; the query runs (read-only, 1 s limit) and
 ``check`` sees the query with its result or error and answers ``OK`` or a short critique; on a critique
@@ -26,7 +29,7 @@ from openinference.instrumentation.langchain import LangChainInstrumentor
 from examples.sql_agent.database import SCHEMA, database_path, run_query
 from examples.sql_agent.reward import reward
 
-__all__ = ["MAX_CALLS", "MAX_REWRITES", "build_graph", "extract_sql", "run"]
+__all__ = ["MAX_CALLS", "MAX_REWRITES", "NODES", "build_graph", "extract_sql", "run"]
 
 MAX_REWRITES = 2
 MAX_CALLS = 2 + 2 * MAX_REWRITES
@@ -73,23 +76,28 @@ def _show(query: str) -> str:
     return f"{len(outcome.rows)} rows, first: {outcome.rows[:3]}"[:200]
 
 
-def build_graph(chat: ChatOpenAI) -> Any:
-    def ask(system: str, user: str) -> str:
-        reply = chat.invoke([SystemMessage(system), HumanMessage(user)])
+NODES = ("write", "check", "rewrite")
+
+
+def build_graph(chats: dict[str, ChatOpenAI]) -> Any:
+    """The graph; ``chats``: each node's chat model."""
+
+    def ask(node: str, system: str, user: str) -> str:
+        reply = chats[node].invoke([SystemMessage(system), HumanMessage(user)])
         return reply.content if isinstance(reply.content, str) else str(reply.content)
 
     def write(state: SqlState) -> SqlState:
-        query = extract_sql(ask(WRITE, state["question"]))
+        query = extract_sql(ask("write", WRITE, state["question"]))
         return {"query": query, "result": _show(query), "rewrites": 0}
 
     def check(state: SqlState) -> SqlState:
         user = f"Question: {state['question']}\nQuery: {state['query'][:300]}\nResult: {state['result']}"
-        return {"verdict": ask(CHECK, user)[:300]}
+        return {"verdict": ask("check", CHECK, user)[:300]}
 
     def rewrite(state: SqlState) -> SqlState:
         user = (f"Question: {state['question']}\nQuery: {state['query'][:300]}\nResult: {state['result']}\n"
                 f"Review: {state['verdict']}")  # fmt: skip
-        query = extract_sql(ask(REWRITE, user))
+        query = extract_sql(ask("rewrite", REWRITE, user))
         return {"query": query, "result": _show(query), "rewrites": state.get("rewrites", 0) + 1}
 
     def after_check(state: SqlState) -> str:
@@ -110,8 +118,11 @@ def build_graph(chat: ChatOpenAI) -> Any:
 def run(task: dict[str, Any], llm: Any) -> float:
     """One episode on ``task["question"]``; 1.0 when the final query returns what ``task["gold_sql"]`` returns."""
     instrument_once()
-    chat = ChatOpenAI(base_url=llm.base_url, api_key=llm.api_key, model=llm.model, max_retries=0, timeout=300,
-                      max_tokens=int(task.get("max_tokens", DEFAULT_MAX_TOKENS)),
-                      temperature=0.0 if task.get("greedy") else 1.0)  # fmt: skip
-    state = build_graph(chat).invoke({"question": str(task["question"])}, {"recursion_limit": 20})
+    chats = {
+        node: ChatOpenAI(base_url=llm.for_agent(node).base_url, api_key=llm.api_key, model=llm.model, max_retries=0,
+                         timeout=300, max_tokens=int(task.get("max_tokens", DEFAULT_MAX_TOKENS)),
+                         temperature=0.0 if task.get("greedy") else 1.0)
+        for node in NODES
+    }  # fmt: skip
+    state = build_graph(chats).invoke({"question": str(task["question"])}, {"recursion_limit": 20})
     return reward(database_path(), state.get("query", ""), str(task["gold_sql"]))

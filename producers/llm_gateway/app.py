@@ -1,8 +1,11 @@
 """``fulmen llm-gateway``: an OpenAI-compatible server that records every call as a span with its token ids.
 
 Routes (each also under ``/rollout/{rollout_id}/attempt/{attempt}``, which ties the call to a rollout with no
-header or SDK): ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``; plus ``/healthz``
-and ``/readyz``.
+header or SDK, and under either with ``/agent/{name}`` after it, which names the agent that calls, for agents that
+give each of their agents its own ``base_url``): ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``GET /v1/models``; plus ``/healthz`` and ``/readyz``. A call that names an agent is served by that agent's LoRA
+adapter when one is loaded (``FULMEN_TRAIN_ADAPTERS=per_agent`` publishes one per trained agent), else by the model;
+its span says which (``fulmen.llm.agent``, ``fulmen.llm.adapter``: the agent's name, or ``base``).
 
 A call is answered only after its span is acknowledged by Kafka (``acks=all``), so every LLM span of a
 rollout is in Kafka by the time the agent has its answer. When the span cannot be recorded the call fails
@@ -20,6 +23,7 @@ threads, so it never stalls the event loop; a small one stays on the loop (a thr
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import re
@@ -104,7 +108,7 @@ class LlmGateway(Gateway):
         self.options: LlmSection = settings.llm  # the base knows only its ListenOptions
         self.backend = backend or build_backend(settings.llm)
         self.follower = ModelsFollower(
-            settings, self.options.served_model_name, lambda: self.backend.model_version, self._load_version
+            settings, self.options.served_model_name, self._served_version, self._load_version
         )
         self.stats = LlmGatewayStats()
         # JSON decoding and checks, span and response encoding: CPU work kept off the event loop.
@@ -112,7 +116,8 @@ class LlmGateway(Gateway):
 
     # --- lifecycle hooks (the order is Gateway's) ---------------------------------------------------------------
     def _add_routes(self, app: web.Application) -> None:
-        for prefix in ("", "/rollout/{rollout_id}/attempt/{attempt}"):
+        for prefix in ("", "/agent/{agent}", "/rollout/{rollout_id}/attempt/{attempt}",
+                       "/rollout/{rollout_id}/attempt/{attempt}/agent/{agent}"):  # fmt: skip
             app.router.add_post(f"{prefix}/v1/chat/completions", self.handle_chat)
             app.router.add_post(f"{prefix}/v1/completions", self.handle_completion)
             app.router.add_get(f"{prefix}/v1/models", self.handle_models)
@@ -136,6 +141,11 @@ class LlmGateway(Gateway):
     async def _load_version(self, event: ModelVersion) -> None:
         await self.backend.load_version(event)
 
+    def _served_version(self, adapter: str) -> int | None:
+        """The version served of the model (``adapter`` empty) or of an agent's adapter (the models follower's
+        question)."""
+        return self.backend.adapter_version(adapter) if adapter else self.backend.model_version
+
     # --- handlers -------------------------------------------------------------------------------------------
     async def handle_models(self, request: web.Request) -> web.Response:
         model = {
@@ -158,10 +168,13 @@ class LlmGateway(Gateway):
         self.stats.requests += 1
         try:
             rollout_id, attempt = _rollout(request)
+            agent = _agent(request)
             raw = await read_body(request, max_bytes=self.options.max_body_bytes, timeout_s=self.options.read_timeout_s)
             chat = operation == semconv.OPERATION_CHAT
             body, parsed = await self._off_loop(len(raw) > INLINE_BYTES, _parse, raw, chat, self.options.max_n)
             self._check_model(parsed.model)
+            if agent is not None:
+                parsed = dataclasses.replace(parsed, agent=agent)
             started = time.time_ns()
             call = self.backend.chat if chat else self.backend.complete
             result = await call(parsed, affinity=rollout_id)  # type: ignore[arg-type]
@@ -174,6 +187,7 @@ class LlmGateway(Gateway):
                 parse_traceparent(request.headers.get("traceparent")),
                 rollout_id,
                 attempt,
+                agent,
             )
             big = len(raw) > INLINE_BYTES or result.prompt_tokens + result.completion_tokens > INLINE_TOKENS
             await self._record(context, result, big)
@@ -251,6 +265,13 @@ def _error_response(request: web.Request, status: int, message: str, headers: di
     """An error from the HTTP guards (401, 408, 413...) in OpenAI's shape."""
     error = ApiError(status, message, code={401: "invalid_api_key", 413: "request_too_large"}.get(status))
     return web.json_response(error.body(), status=status, headers=headers)
+
+
+def _agent(request: web.Request) -> str | None:
+    agent = request.match_info.get("agent")
+    if agent is not None and not IDENTIFIER_PATTERN.fullmatch(agent):
+        raise ApiError(400, f"agent {agent[:200]!r} in the path is not a valid identifier", param="agent")
+    return agent
 
 
 def _rollout(request: web.Request) -> tuple[str | None, int | None]:

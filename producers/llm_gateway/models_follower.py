@@ -1,16 +1,18 @@
 """Follows ``fulmen.models`` and hands each newer version of the served model to the backend.
 
-The topic is compacted and keyed by model name, so reading it from the beginning gives the latest version of
-each model. The follower is a faststream batch subscriber with no consumer group (every gateway sees every
-version) that starts from the earliest offset, as there are no committed offsets to start from; its
-acknowledgement policy is ``AckPolicy.MANUAL`` and it never commits (without a group there is nothing to commit
-to: its position lives in memory and each start reads the topic again).
+The topic is compacted and keyed by model name (and agent, for an agent's adapter: ``ModelVersion.topic_key``), so
+reading it from the beginning gives the latest version of each model and of each of its agents' adapters, which
+the follower tracks apart: the model's versions and each adapter's are compared and loaded on their own. The
+follower is a faststream batch subscriber with no consumer group (every gateway sees every version) that starts
+from the earliest offset, as there are no committed offsets to start from; its acknowledgement policy is
+``AckPolicy.MANUAL`` and it never commits (without a group there is nothing to commit to: its position lives in
+memory and each start reads the topic again).
 
 At start (:meth:`ModelsFollower.catch_up`) the follower reads up to the end offsets it finds and loads the
-newest version seen if it is newer than what the backend serves; then (:meth:`ModelsFollower.run`) it loads,
-for each batch it receives, the newest version in it if newer. A version that fails to load is logged and
-skipped: the gateway keeps serving the one it has. An unreadable record is logged and skipped (the gateway has
-no dead-letter topic of its own; the ``model_versions`` sink dead-letters it).
+newest version seen (of the model, and of each adapter) if it is newer than what the backend serves; then
+(:meth:`ModelsFollower.run`) it loads, for each batch it receives, the newest versions in it if newer. A version
+that fails to load is logged and skipped: the gateway keeps serving the one it has. An unreadable record is logged
+and skipped (the gateway has no dead-letter topic of its own; the ``model_versions`` sink dead-letters it).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ __all__ = ["ModelsFollower", "subscribe"]
 log = logging.getLogger(__name__)
 
 Loader = Callable[[ModelVersion], Awaitable[None]]
+Current = Callable[[str], int | None]
+"""The version the backend serves of the model (``""``) or of an agent's adapter (its name); None: none."""
 
 _POLL_S = 0.5
 
@@ -55,9 +59,7 @@ def subscribe(broker: KafkaBroker) -> Any:
 class ModelsFollower:
     """Build with the model name to follow and a loader; :meth:`catch_up` once, then :meth:`run`."""
 
-    def __init__(
-        self, settings: FulmenSettings, model_name: str, current: Callable[[], int | None], load: Loader
-    ) -> None:
+    def __init__(self, settings: FulmenSettings, model_name: str, current: Current, load: Loader) -> None:
         self.settings = settings
         self.model_name = model_name
         self.current = current
@@ -66,7 +68,7 @@ class ModelsFollower:
         self.subscriber = subscribe(self.broker)
         self.subscriber(self._handler())
         self.topic = self.subscriber.topics[0].name
-        self.newest: ModelVersion | None = None  # the newest version of the model seen so far
+        self.newest: dict[str, ModelVersion] = {}  # the newest version seen so far, of the model ("") and per adapter
         self._read: dict[TopicPartition, int] = {}  # per partition, the offset after the last record handled
         self._caught_up = False
         self._loading = asyncio.Lock()
@@ -93,8 +95,8 @@ class ModelsFollower:
             await self.close()
             raise
         self._caught_up = True
-        if self.newest is not None:
-            await self._maybe_load(self.newest)
+        for event in self._in_load_order(self.newest.values()):
+            await self._maybe_load(event)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow until ``stop`` is set, then stop the subscriber."""
@@ -117,19 +119,25 @@ class ModelsFollower:
     async def handle(self, records: Sequence[ConsumerRecord]) -> None:
         """One batch: note the newest version of the model in it; once caught up, load it if newer (full weights
         or a LoRA adapter: the backend refuses what it cannot serve, and the failure is logged)."""
-        newest = None
+        newest: dict[str, ModelVersion] = {}
         for record in records:
             event = self._decode(record)
             if event is not None and event.model_name == self.model_name:
-                newest = event if newest is None or event.version > newest.version else newest
+                seen = newest.get(event.adapter)
+                newest[event.adapter] = event if seen is None or event.version > seen.version else seen
             tp = TopicPartition(record.topic, record.partition)
             self._read[tp] = max(self._read.get(tp, 0), record.offset + 1)
-        if newest is None:
-            return
-        if self.newest is None or newest.version > self.newest.version:
-            self.newest = newest
+        for adapter, event in newest.items():
+            if adapter not in self.newest or event.version > self.newest[adapter].version:
+                self.newest[adapter] = event
         if self._caught_up:
-            await self._maybe_load(newest)
+            for event in self._in_load_order(newest.values()):
+                await self._maybe_load(event)
+
+    @staticmethod
+    def _in_load_order(events) -> list[ModelVersion]:
+        """The model first (a full-weight version starts without adapters), then the adapters."""
+        return sorted(events, key=lambda event: event.adapter != "")
 
     def _decode(self, record: ConsumerRecord) -> ModelVersion | None:
         try:
@@ -141,12 +149,12 @@ class ModelsFollower:
 
     async def _maybe_load(self, event: ModelVersion) -> None:
         async with self._loading:  # catch_up's load and the handler's never overlap
-            current = self.current()
+            current = self.current(event.adapter)
             if current is not None and event.version <= current:
                 return
             try:
                 await self.load(event)
             except Exception:
-                log.exception(
-                    "could not load model version %d from %s; still serving %s", event.version, event.uri, current
-                )
+                what = f"agent {event.adapter}'s adapter" if event.adapter else "model"
+                log.exception("could not load %s version %d from %s; still serving %s", what, event.version, event.uri,
+                              current)  # fmt: skip

@@ -91,6 +91,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     raw: dict[str, Any] = field(default_factory=dict, repr=False)  # the body as sent (upstream backends forward it)
+    agent: str | None = None  # the agent the call names (``.../agent/{name}/v1``): its adapter serves it, if any
 
     @property
     def parse_tool_calls(self) -> bool:
@@ -107,6 +108,7 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    agent: str | None = None  # as ChatRequest.agent
 
 
 def load_body(body: bytes) -> dict[str, Any]:

@@ -58,6 +58,7 @@ class CallContext:
     parent: TraceParent | None = None
     rollout_id: str | None = None
     attempt: int | None = None
+    agent: str | None = None  # the agent the call named in its path
 
 
 def build_record(call: CallContext, result: CallResult) -> tuple[bytes, bytes]:
@@ -125,6 +126,9 @@ def _attributes(call: CallContext, result: CallResult, choice: Choice) -> dict[s
         attributes[semconv.MODEL_VERSION] = result.model_version
     if result.replica is not None:
         attributes[semconv.LLM_REPLICA] = result.replica
+    if call.agent is not None:  # which agent called, and whose adapter served it (``base``: the model's own weights)
+        attributes[semconv.LLM_AGENT] = call.agent
+        attributes[semconv.LLM_ADAPTER] = result.adapter or semconv.ADAPTER_NONE
     if call.rollout_id is not None:
         attributes[semconv.ROLLOUT_ID] = call.rollout_id
         attributes[semconv.ROLLOUT_ATTEMPT] = call.attempt or 1

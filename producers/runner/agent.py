@@ -8,14 +8,19 @@ no header or SDK). It returns the episode reward as a number, or None when it ha
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import inspect
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fulmen.infra.errors import ConfigurationError
+from fulmen.schemas.events import IDENTIFIER_PATTERN
+
+_AGENT_SUFFIX = re.compile(r"/agent/[^/]+$")
 
 __all__ = ["AgentError", "LLMEndpoint", "call_agent", "check_reward", "load_agent"]
 
@@ -27,6 +32,15 @@ class LLMEndpoint:
     base_url: str
     model: str
     api_key: str = "fulmen"
+
+    def for_agent(self, name: str) -> LLMEndpoint:
+        """The endpoint for one agent of a multi-agent workflow: its calls name it (``.../agent/{name}/v1``), so
+        the gateway serves that agent's own adapter when it has one (``FULMEN_TRAIN_ADAPTERS=per_agent``) and the
+        model otherwise; its spans record the agent either way."""
+        if not IDENTIFIER_PATTERN.fullmatch(name):
+            raise ConfigurationError(f"agent name {name!r}: use letters, digits and . _ : - (at most 128)")
+        root = _AGENT_SUFFIX.sub("", self.base_url.rstrip("/").removesuffix("/v1"))  # another agent's: replaced
+        return dataclasses.replace(self, base_url=f"{root}/agent/{name}/v1")
 
 
 class AgentError(Exception):

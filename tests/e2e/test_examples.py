@@ -19,10 +19,16 @@ SQL checks:
 * two steps published versions 1 and 2, and the gateway served both (the validation after each step);
 * none of it is vacuous: episodes make several calls (SQL: some ``rewrite`` transitions), some rollout is
   rewarded, and for RAG some search hit a gold document and its 0.1 is credited to a call before the answer.
+
+The SQL example trains ``write`` and ``rewrite`` as two LoRA adapters on one frozen base (``--adapters per_agent``,
+marker ``multiagent``): after two steps the two adapters differ; every gateway call was served by the adapter of
+the node that made it (the nodes' LLM spans and the gateway's spans of each rollout, in time order, by SQL), at
+that adapter's version; ``check`` stayed on the base model (version 0, ``fulmen.llm.adapter`` = base).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -34,6 +40,7 @@ from examples.train import ExampleOptions, load_example, sql, train_example
 from fulmen.algorithm.local import LocalRun
 from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas import semconv
 
 pytestmark = [pytest.mark.scenarios, pytest.mark.timeout(900)]
 
@@ -93,6 +100,40 @@ def check_store(name: str, run: LocalRun, db: str) -> None:
     assert served.get("1", 0) > 0 and served.get("2", 0) > 0, served
 
 
+def check_adapters(run: LocalRun, db: str) -> None:
+    """Per-agent adapters (SQL example): each gateway call was served as its node's adapter, the checker's by the
+    base model."""
+    nodes = rows(run, f"SELECT RolloutId, Attempt, arrayMap(x -> x.2, arraySort(groupArray((Timestamp, "
+                      f"JSONExtractString(SpanAttributes['metadata'], 'langgraph_node'))))) AS nodes "
+                      f"FROM {db}.otel_traces WHERE ScopeName = '{SCOPES['sql_agent']}' "
+                      f"AND SpanAttributes['openinference.span.kind'] = 'LLM' GROUP BY RolloutId, Attempt")  # fmt: skip
+    served = rows(run, f"SELECT RolloutId, Attempt, arrayMap(x -> x.2, arraySort(groupArray((Timestamp, "
+                       f"(SpanAttributes['fulmen.llm.agent'], SpanAttributes['fulmen.llm.adapter'], "
+                       f"toString(ModelVersion)))))) AS calls FROM {db}.otel_traces "
+                       f"WHERE ServiceName = 'fulmen-llm-gateway' GROUP BY RolloutId, Attempt")  # fmt: skip
+    by_rollout = {(r["RolloutId"], int(r["Attempt"])): r["calls"] for r in served}
+    versions: dict[str, set[str]] = {}
+    for row in nodes:
+        calls = by_rollout[(row["RolloutId"], int(row["Attempt"]))]
+        assert [agent for agent, _, _ in calls] == row["nodes"], (row["nodes"], calls)
+        for agent, adapter, version in calls:
+            assert adapter == (semconv.ADAPTER_NONE if agent == "check" else agent), (agent, adapter)
+            versions.setdefault(agent, set()).add(version)
+    assert versions["check"] == {"0"} and {"1", "2"} <= versions["write"], versions
+    published = rows(run, f"SELECT Adapter, groupArray(Version) AS versions FROM {db}.model_versions GROUP BY Adapter")
+    assert {r["Adapter"]: sorted(map(int, r["versions"])) for r in published} == {
+        "": [0], "write": [0, 1, 2], "rewrite": [0, 1, 2]}, published  # fmt: skip
+
+
+def adapters_differ(run_dir: Path) -> bool:
+    from safetensors.torch import load_file
+
+    last = run_dir / "checkpoints" / "v2"
+    write, rewrite = (load_file(last / agent / "adapter_model.safetensors") for agent in ("write", "rewrite"))
+    assert set(write) == set(rewrite)
+    return any(not write[key].equal(rewrite[key]) for key in write)
+
+
 def expected_agents(name: str, run: LocalRun, db: str, agent: str) -> dict[tuple[str, int], list[str]]:
     """Per training rollout, the agent names of the calls that must be transitions, in the order they were made."""
     if name == "sql_agent":
@@ -108,19 +149,26 @@ def expected_agents(name: str, run: LocalRun, db: str, agent: str) -> dict[tuple
     return {(r["RolloutId"], int(r["Attempt"])): [agent] * int(r["n"]) for r in calls}
 
 
-@pytest.mark.parametrize("name", ["sql_agent", "rag_agent", "calc_agent"])
+@pytest.mark.parametrize("name", [pytest.param("sql_agent", marks=pytest.mark.multiagent), "rag_agent", "calc_agent"])
 def test_example_trains_through_the_system(name: str, kafka_broker: LocalKafka, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.chdir(Path(__file__).resolve().parents[2])  # the runners import examples.<name>.agent from here
     settings = FulmenSettings(home=tmp_path, kafka={"bootstrap": kafka_broker.bootstrap})
     checked: list[str] = []
 
+    per_agent = name == "sql_agent"  # write and rewrite as two adapters
+
     def after(run: LocalRun) -> None:
         check_store(name, run, settings.clickhouse.database)
+        if per_agent:
+            check_adapters(run, settings.clickhouse.database)
         checked.append(run.run_id)
 
-    report = train_example(name, OPTIONS, settings, after=after)
+    options = dataclasses.replace(OPTIONS, adapters="per_agent") if per_agent else OPTIONS
+    report = train_example(name, options, settings, after=after)
     assert checked, "the store was not checked"
+    if per_agent:
+        assert adapters_differ(Path(report["run_dir"])), "the write and rewrite adapters are the same after two steps"
     assert report["steps"] == 2 and report["heldout_before"] is not None and report["heldout_after"] is not None
     assert report["calls_per_episode"] and report["calls_per_episode"] <= load_example(name).max_calls, report
     print(json.dumps(report))

@@ -213,3 +213,41 @@ async def test_follows_new_model_versions_without_failing_calls(
     spans = await published_spans(settings, 5)
     assert spans[-1]["attributes"][semconv.MODEL_VERSION] == 1
     assert {s["attributes"][semconv.MODEL_VERSION] for s in spans[:4]} <= {0, 1}
+
+
+@pytest.mark.multiagent
+async def test_a_call_that_names_its_agent_gets_that_agents_adapter(
+    settings: FulmenSettings, tiny_model: Path, tmp_path: Path
+) -> None:
+    """``.../agent/{name}/v1``: the gateway follows an agent's adapter on the models topic and serves it to that
+    agent's calls; another agent's calls get the model; each span says which agent called and what served it."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    adapter = tmp_path / "write"
+    get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model), LoraConfig(r=2, target_modules=["q_proj"]),
+                   adapter_name="default").save_pretrained(adapter)  # fmt: skip
+    async with (
+        event_publisher(settings) as publisher,
+        llm_gateway_running(settings, tiny_model, model_version=0) as gateway,
+    ):
+        await publisher.publish(TopicKey.MODELS, ModelVersion(model_name="fulmen", version=3, uri=str(adapter),
+                                                              format="hf_lora_adapter", adapter="write"))  # fmt: skip
+        async with asyncio.timeout(60):
+            while gateway.backend.adapter_version("write") != 3:
+                await asyncio.sleep(0.05)
+        root = base_url(gateway, "r-9").removesuffix("/v1")
+        for agent in ("write", "check"):
+            client = AsyncOpenAI(base_url=f"{root}/agent/{agent}/v1", api_key="x", max_retries=0)
+            await client.chat.completions.create(model="fulmen", messages=MESSAGES, max_tokens=4)
+        async with httpx.AsyncClient() as http:
+            bad = await http.post(
+                f"{root}/agent/a%20b/v1/chat/completions", json={"model": "fulmen", "messages": MESSAGES}
+            )
+    assert bad.status_code == 400 and "agent" in bad.json()["error"]["message"]
+    write, check = await published_spans(settings, 2)
+    assert write["attributes"][semconv.LLM_AGENT] == "write" and write["attributes"][semconv.LLM_ADAPTER] == "write"
+    assert write["attributes"][semconv.MODEL_VERSION] == 3 and write["attributes"][semconv.ROLLOUT_ID] == "r-9"
+    assert check["attributes"][semconv.LLM_AGENT] == "check"
+    assert check["attributes"][semconv.LLM_ADAPTER] == semconv.ADAPTER_NONE == "base"
+    assert check["attributes"][semconv.MODEL_VERSION] == 0

@@ -38,7 +38,7 @@ async def until(condition, timeout_s: float = 30.0) -> None:  # type: ignore[no-
 
 async def test_an_empty_topic_is_caught_up_at_once(settings: FulmenSettings) -> None:
     backend = Backend()
-    follower = ModelsFollower(settings, "m", lambda: backend.version, backend.load)
+    follower = ModelsFollower(settings, "m", lambda adapter: backend.version, backend.load)
     try:
         await asyncio.wait_for(follower.catch_up(), 60)
     finally:
@@ -50,7 +50,7 @@ async def test_catch_up_loads_the_newest_version_only_then_each_newer_one(settin
     async with event_publisher(settings) as publisher:
         await publisher.publish_many(TopicKey.MODELS, [version(1), version(2), version(9, "other"), version(3)])
         backend, stop = Backend(), asyncio.Event()
-        follower = ModelsFollower(settings, "m", lambda: backend.version, backend.load)
+        follower = ModelsFollower(settings, "m", lambda adapter: backend.version, backend.load)
         await asyncio.wait_for(follower.catch_up(), 60)
         assert backend.loaded == [3]  # read to the end first: versions 1 and 2 never loaded
         following = asyncio.create_task(follower.run(stop))
@@ -62,7 +62,7 @@ async def test_catch_up_loads_the_newest_version_only_then_each_newer_one(settin
         await asyncio.wait_for(following, 30)
     # Another gateway, started later, sees every version too: no consumer group, nothing committed.
     late = Backend()
-    second = ModelsFollower(settings, "m", lambda: late.version, late.load)
+    second = ModelsFollower(settings, "m", lambda adapter: late.version, late.load)
     try:
         await asyncio.wait_for(second.catch_up(), 60)
     finally:

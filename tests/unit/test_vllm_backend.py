@@ -175,6 +175,34 @@ async def test_lora_versions_load_beside_the_base_and_the_previous_adapter_is_un
                      {"lora_name": "fulmen-v3", "lora_path": str(checkpoints / "lora3")}]  # fmt: skip
 
 
+@pytest.mark.multiagent
+async def test_each_agents_adapter_is_a_lora_model_its_calls_name(standin: VllmStandIn, checkpoints: Path) -> None:
+    """Per-agent adapters: agent A's version N is the LoRA model ``fulmen-A-vN``; A's calls name it, any other call
+    names the base model; A's next version replaces A's adapter and leaves B's."""
+    import dataclasses
+
+    def agents(version: int, agent: str) -> ModelVersion:
+        return ModelVersion(model_name="fulmen", version=version, uri=str(checkpoints / "lora2"),
+                            format="hf_lora_adapter", adapter=agent)  # fmt: skip
+
+    backend = await backend_for(standin.url)
+    try:
+        await backend.load_version(agents(1, "write"))
+        await backend.load_version(agents(1, "re.write"))
+        calls = {agent: await backend.chat(dataclasses.replace(ask("q"), agent=agent))  # type: ignore[type-var]
+                 for agent in ("write", "re.write", "check")}  # fmt: skip
+        await backend.load_version(agents(2, "write"))
+        for task in list(backend._tasks):
+            await task
+        assert backend.adapter_version("write") == 2 and backend.adapter_version("re.write") == 1
+    finally:
+        await backend.close()
+    assert calls["write"].choices[0].text == "q | fulmen-write-v1" and calls["write"].adapter == "write"
+    assert calls["re.write"].choices[0].text == "q | fulmen-re.write-v1" and calls["re.write"].model_version == 1
+    assert calls["check"].choices[0].text == "q | weights default" and calls["check"].adapter is None  # the base
+    assert set(standin.adapters) == {"fulmen-write-v2", "fulmen-re.write-v1"}  # write's v1 unloaded
+
+
 async def test_without_runtime_lora_an_adapter_version_is_refused_with_what_to_set(checkpoints: Path) -> None:
     server = VllmStandIn(runtime_lora=False)
     url = await server.start()

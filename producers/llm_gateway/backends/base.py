@@ -83,6 +83,7 @@ class CallResult:
     prompt_text: str | None = None  # the rendered prompt (chat template applied), when known
     token_ids_absent: str | None = None  # why the token ids are missing, when they are
     replica: str | None = None  # the replica that served the call (set by the router)
+    adapter: str | None = None  # the agent whose LoRA adapter served the call (None: the model's own weights)
 
 
 class Backend(Protocol):
@@ -98,6 +99,10 @@ class Backend(Protocol):
     @property
     def context_length(self) -> int | None: ...
 
+    def adapter_version(self, agent: str) -> int | None:
+        """The version of ``agent``'s adapter every live replica has confirmed (None: it has none)."""
+        ...
+
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
@@ -109,8 +114,9 @@ class Backend(Protocol):
     async def complete(self, request: CompletionRequest, affinity: str | None = None) -> CallResult: ...
 
     async def load_version(self, event: ModelVersion) -> None:
-        """Serve ``event``'s weights (full weights, or a LoRA adapter) on every live replica; raises
-        :class:`VersionRefusedError` when some could not (they serve their previous version)."""
+        """Serve ``event``'s weights (full weights, or a LoRA adapter; with ``event.adapter``, that agent's adapter,
+        beside the model) on every live replica; raises :class:`VersionRefusedError` when some could not (they
+        serve their previous version)."""
         ...
 
 
@@ -126,11 +132,17 @@ class Replica(Protocol):
     @property
     def context_length(self) -> int | None: ...
 
+    def adapter_version(self, agent: str) -> int | None:
+        """The version of ``agent``'s adapter this replica serves (None: none; its calls get the model)."""
+        ...
+
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
 
-    async def chat(self, request: ChatRequest) -> CallResult: ...
+    async def chat(self, request: ChatRequest) -> CallResult:
+        """Serve the call; a ``request.agent`` with an adapter here gets the adapter (``CallResult.adapter``)."""
+        ...
 
     async def complete(self, request: CompletionRequest) -> CallResult: ...
 
@@ -141,8 +153,8 @@ class Replica(Protocol):
 
     def swaps_in_place(self, event: ModelVersion) -> bool:
         """Whether loading ``event`` replaces the weights calls run on (the router first drains the replica) or
-        loads beside them. Raises :class:`~fulmen.schemas.errors.ConfigurationError` when this kind of replica
-        cannot load it at all."""
+        loads beside them (an agent's adapter always does). Raises :class:`~fulmen.schemas.errors.ConfigurationError`
+        when this kind of replica cannot load it at all."""
         ...
 
     async def load_version(self, event: ModelVersion) -> None:

@@ -20,6 +20,12 @@ ever labelled with a version that did not produce it. :attr:`ReplicaRouter.model
 announces and the models follower compares with, is the oldest version a live replica serves: a version is
 announced once every live replica confirmed it. A replica that refuses a version keeps serving its previous one;
 one whose state is unknown after a failed load is out until a load succeeds.
+
+Agents' adapters (``ModelVersion.adapter``: ``FULMEN_TRAIN_ADAPTERS=per_agent``) load beside the model on every live
+replica at once, never drained; a replica that comes back loads the model's target and then every adapter's.
+:meth:`ReplicaRouter.adapter_version` is, like ``model_version``, the oldest version of that adapter a live
+replica serves. A call that names an agent (``ChatRequest.agent``) gets that agent's adapter on the replica that
+serves it, and the model's own weights on a replica that has none (the call's result says which).
 """
 
 from __future__ import annotations
@@ -85,6 +91,7 @@ class ReplicaRouter:
         self.options = options
         self.slots = [_Slot(index, replica) for index, replica in enumerate(replicas)]
         self.target: ModelVersion | None = None  # the newest version handed to the router
+        self.adapters: dict[str, ModelVersion] = {}  # per agent, the newest version of its adapter handed to it
         self.failovers = 0  # calls sent to another replica after theirs failed
         self._sticky: OrderedDict[str, int] = OrderedDict()
         self._turn = 0
@@ -102,6 +109,11 @@ class ReplicaRouter:
     @property
     def context_length(self) -> int | None:
         return next((s.replica.context_length for s in self.slots if s.replica.context_length is not None), None)
+
+    def adapter_version(self, agent: str) -> int | None:
+        versions = [s.replica.adapter_version(agent) for s in self.slots if s.state is not ReplicaState.DOWN]
+        known = [v for v in versions if v is not None]
+        return min(known) if known and len(known) == len(versions) else None
 
     def states(self) -> list[tuple[str, ReplicaState, int | None]]:
         """Each replica's label, state and version (for logs and tests)."""
@@ -242,6 +254,9 @@ class ReplicaRouter:
                 target = self.target
                 if target is not None and slot.replica.model_version != target.version:
                     await slot.replica.load_version(target)  # it takes no calls: no drain needed
+                for event in list(self.adapters.values()):  # the agents' adapters, on top of the model
+                    if slot.replica.adapter_version(event.adapter) != event.version:
+                        await slot.replica.load_version(event)
             except (VersionRefusedError, ConfigurationError) as exc:
                 slot.refused = self.target.version if self.target else None
                 log.error("replica %s refused version %s (%s); it serves version %s", slot.replica.label,
@@ -257,6 +272,9 @@ class ReplicaRouter:
 
     # --- versions -------------------------------------------------------------------------------------------
     async def load_version(self, event: ModelVersion) -> None:
+        if event.adapter:
+            await self._load_adapter(event)
+            return
         in_place = [slot.replica.swaps_in_place(event) for slot in self.slots]  # ConfigurationError: nothing done
         self.target, self._rolling = event, True
         try:
@@ -277,6 +295,31 @@ class ReplicaRouter:
             )
         log.info("model version %d from %s serves on every live replica (%d of %d)", event.version, event.uri,
                  serving, len(self.slots))  # fmt: skip
+
+    async def _load_adapter(self, event: ModelVersion) -> None:
+        """Load an agent's adapter on every live replica at once (beside the model: no drain)."""
+        for slot in self.slots:
+            slot.replica.swaps_in_place(event)  # ConfigurationError (nothing done) when this kind cannot
+        self.adapters[event.adapter] = event
+        refused = [outcome for outcome in await asyncio.gather(*(self._add(slot, event) for slot in self.slots))
+                   if outcome]  # fmt: skip
+        if refused:
+            raise VersionRefusedError(f"version {event.version} of the adapter of agent {event.adapter}: "
+                                      + "; ".join(refused))  # fmt: skip
+        log.info("version %d of agent %s's adapter from %s serves on every live replica", event.version,
+                 event.adapter, event.uri)  # fmt: skip
+
+    async def _add(self, slot: _Slot, event: ModelVersion) -> str:
+        async with slot.lock:
+            if slot.state is ReplicaState.DOWN or slot.replica.adapter_version(event.adapter) == event.version:
+                return ""  # one that is out loads it when it comes back
+            try:
+                await slot.replica.load_version(event)
+            except (VersionRefusedError, ConfigurationError) as exc:
+                return f"{slot.replica.label} refused it: {exc}"
+            except Exception as exc:
+                self._take_out(slot, f"loading agent {event.adapter}'s adapter failed: {type(exc).__name__}: {exc}")
+            return ""
 
     async def _swap(self, slot: _Slot, event: ModelVersion, *, drain: bool) -> str:
         """Load ``event`` on one replica; what went wrong, or "" (also when the replica is out: it loads the

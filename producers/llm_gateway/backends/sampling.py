@@ -39,8 +39,12 @@ class RowOutput:
 
 
 @torch.inference_mode()
-def generate(model: torch.nn.Module, rows: list[Row], pad_id: int, eos_ids: set[int]) -> list[RowOutput]:
-    """Sample every row of the batch; see the module docstring."""
+def generate(
+    model: torch.nn.Module, rows: list[Row], pad_id: int, eos_ids: set[int], adapter_names: list[str] | None = None
+) -> list[RowOutput]:
+    """Sample every row of the batch; see the module docstring. ``adapter_names``: for a PEFT model, each row's
+    adapter (``"__base__"``: none), so one batch mixes adapters."""
+    routed = {} if adapter_names is None else {"adapter_names": adapter_names}
     device = next(model.parameters()).device
     width = max(len(row.prompt_ids) for row in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
@@ -52,7 +56,7 @@ def generate(model: torch.nn.Module, rows: list[Row], pad_id: int, eos_ids: set[
     generators = [_generator(row.seed, device) for row in rows]
     outputs = [RowOutput() for _ in rows]
     active = [row.max_new_tokens > 0 for row in rows]
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, **routed)
     past, logits = out.past_key_values, out.logits[:, -1, :]
     last_positions = positions[:, -1]
     while any(active):
@@ -71,6 +75,7 @@ def generate(model: torch.nn.Module, rows: list[Row], pad_id: int, eos_ids: set[
             position_ids=last_positions.view(-1, 1),
             past_key_values=past,
             use_cache=True,
+            **routed,
         )
         past, logits = out.past_key_values, out.logits[:, -1, :]
     return outputs

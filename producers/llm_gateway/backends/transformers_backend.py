@@ -17,6 +17,13 @@ GIL while it computes), which helps little on a CPU; the point there is to run w
 Rendering, tokenizing and decoding run on a small "prepare" thread pool, never on the event loop (a 10 MB
 prompt takes seconds to tokenize). A batch whose generation raises is retried call by call, so a request
 that slipped past validation fails alone instead of failing every call it shared the batch with.
+
+Agents' adapters (``ModelVersion.adapter``, ``FULMEN_TRAIN_ADAPTERS=per_agent``): each loads, unmerged, into the
+model being served (a PEFT model with one adapter per agent on the frozen weights), on the generation thread
+between two batches, so no batch sees a half-loaded adapter; a new version of an agent's adapter replaces its
+previous one the same way. One batch mixes agents: each row runs with its call's adapter, or with none (the
+model's own weights) for a call that names no agent or an agent without one (PEFT's per-row ``adapter_names``).
+A new full-weight version starts without adapters (they were trained on the weights it replaces).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,20 +59,37 @@ log = logging.getLogger(__name__)
 _LOADING = threading.Lock()
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Loaded:
+    """One loaded version. ``model`` (wrapped in a PEFT model by the first agent's adapter) and ``adapters`` change
+    on the generation thread only, between batches; the rest never changes."""
+
     model: Any
     tokenizer: Any
     version: int | None
     eos_ids: frozenset[int]
     pad_id: int
     max_token_bytes: int = 64  # the longest token's text in UTF-8 bytes: a prompt of B bytes has >= B / this tokens
+    # per agent, (the PEFT adapter's name in ``model``, its version); changed on the generation thread only
+    adapters: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+
+_BASE = "__base__"  # PEFT's adapter name for "no adapter" in a mixed batch
 
 
 @dataclass
 class _Pending:
     rows: list[Row]
-    future: asyncio.Future[tuple[list[RowOutput], _Loaded]]
+    future: asyncio.Future[tuple[list[RowOutput], _Loaded, tuple[str, int] | None]]
+    agent: str | None = None
+
+
+@dataclass(frozen=True)
+class _Served:
+    """What served one call: the model (with its tokenizer) and the agent's adapter with its version, if any."""
+
+    loaded: _Loaded
+    adapter: tuple[str, int] | None
 
 
 class TransformersBackend:
@@ -83,6 +107,7 @@ class TransformersBackend:
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="llm-load")
         self._prepare = ThreadPoolExecutor(2, thread_name_prefix="llm-prepare")
         self._scheduler: asyncio.Task[None] | None = None
+        self._adapter_count = 0  # names the PEFT adapters loaded (agents' names may hold '.', which PEFT cannot)
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     @property
@@ -109,6 +134,10 @@ class TransformersBackend:
         self._loader.shutdown(wait=False, cancel_futures=True)
         self._prepare.shutdown(wait=False, cancel_futures=True)
 
+    def adapter_version(self, agent: str) -> int | None:
+        adapter = self._loaded.adapters.get(agent) if self._loaded else None
+        return adapter[1] if adapter else None
+
     async def probe(self) -> None:
         """In process: up once started."""
 
@@ -116,6 +145,9 @@ class TransformersBackend:
         return False  # the new copy loads beside the one serving
 
     async def load_version(self, event: ModelVersion) -> None:
+        if event.adapter:
+            await self._load_agent_adapter(event)
+            return
         adapter = event.uri if event.format == "hf_lora_adapter" else None
         base = (event.base_model or self.options.model) if adapter else event.uri
         try:
@@ -126,6 +158,37 @@ class TransformersBackend:
             raise VersionRefusedError(f"{self.label} could not load {event.uri}: {type(exc).__name__}: {exc}") from exc
         self._loaded = loaded
         log.info("%s: model version %d loaded from %s; new calls use it", self.label, event.version, event.uri)
+
+    async def _load_agent_adapter(self, event: ModelVersion) -> None:
+        loaded = self._require_loaded()
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._worker, self._add_adapter, loaded, event)
+        except Exception as exc:
+            raise VersionRefusedError(f"{self.label} could not load agent {event.adapter}'s adapter from {event.uri}: "
+                                      f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
+        log.info("%s: version %d of agent %s's adapter loaded from %s; its calls use it", self.label, event.version,
+                 event.adapter, event.uri)  # fmt: skip
+
+    def _add_adapter(self, loaded: _Loaded, event: ModelVersion) -> None:
+        """On the generation thread (no batch runs meanwhile): load the adapter beside the others, unmerged, and
+        drop the agent's previous one."""
+        from peft import PeftModel
+
+        if not Path(event.uri).is_dir():
+            raise ConfigurationError(f"adapter directory {event.uri} does not exist")
+        self._adapter_count += 1
+        name = f"agent{self._adapter_count}"
+        with _no_progress_bars():
+            if isinstance(loaded.model, PeftModel):
+                loaded.model.load_adapter(event.uri, adapter_name=name)
+            else:  # the first adapter wraps the model (its layers gain the adapters; ``loaded`` keeps the wrapper)
+                loaded.model = PeftModel.from_pretrained(loaded.model, event.uri, adapter_name=name)
+            loaded.model.eval()
+        previous = loaded.adapters.get(event.adapter)
+        loaded.adapters[event.adapter] = (name, event.version)
+        if previous is not None:
+            loaded.model.set_adapter(name)  # (rows name theirs; PEFT wants an active one that is not being deleted)
+            loaded.model.delete_adapter(previous[0])
 
     def _load(self, path: str, version: int | None, adapter: str | None = None) -> _Loaded:
         import torch
@@ -166,15 +229,16 @@ class TransformersBackend:
         if loaded.tokenizer.chat_template is None:
             raise ApiError(400, "this model has no chat template; use /v1/completions", param="messages")
         prompt, prompt_ids = await self._off_loop(_render_chat, loaded, request, self.context_length or 2048)
-        outputs, served = await self._run(prompt_ids, request.sampling, loaded.tokenizer)
-        choices = await self._off_loop(self._choices, outputs, served, request.sampling, request.parse_tool_calls)
+        outputs, served = await self._run(prompt_ids, request.sampling, loaded.tokenizer, request.agent)
+        choices = await self._off_loop(self._choices, outputs, served.loaded, request.sampling,
+                                       request.parse_tool_calls)  # fmt: skip
         return self._result("chatcmpl", request.model, choices, prompt_ids, prompt, served)
 
     async def complete(self, request: CompletionRequest) -> CallResult:
         loaded = self._require_loaded()
         prompt, prompt_ids = await self._off_loop(_tokenize_completion, loaded, request, self.context_length or 2048)
-        outputs, served = await self._run(prompt_ids, request.sampling, loaded.tokenizer)
-        choices = await self._off_loop(self._choices, outputs, served, request.sampling, False)
+        outputs, served = await self._run(prompt_ids, request.sampling, loaded.tokenizer, request.agent)
+        choices = await self._off_loop(self._choices, outputs, served.loaded, request.sampling, False)
         if request.echo:
             for choice in choices:
                 choice.text = prompt + choice.text
@@ -194,8 +258,8 @@ class TransformersBackend:
         return self._loaded
 
     async def _run(
-        self, prompt_ids: list[int], sampling: SamplingParams, tokenizer: Any
-    ) -> tuple[list[RowOutput], _Loaded]:
+        self, prompt_ids: list[int], sampling: SamplingParams, tokenizer: Any, agent: str | None = None
+    ) -> tuple[list[RowOutput], _Served]:
         limit = self.context_length or 2048
         room = limit - len(prompt_ids)
         default = min(room, self.options.default_max_tokens or room)
@@ -223,8 +287,9 @@ class TransformersBackend:
             for index in range(sampling.n)
         ]
         future: asyncio.Future = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Pending(rows, future))
-        return await future
+        await self._queue.put(_Pending(rows, future, agent))
+        outputs, loaded, adapter = await future
+        return outputs, _Served(loaded, adapter)
 
     def _choice(self, index: int, out: RowOutput, served: _Loaded, sampling: SamplingParams, tools: bool) -> Choice:
         tokenizer = served.tokenizer
@@ -251,7 +316,7 @@ class TransformersBackend:
         return Choice(index, text, finish, out.token_ids, out.logprobs, calls, detail, pieces)
 
     def _result(
-        self, kind: str, model: str, choices: list[Choice], prompt_ids: list[int], prompt: str, served: _Loaded
+        self, kind: str, model: str, choices: list[Choice], prompt_ids: list[int], prompt: str, served: _Served
     ) -> CallResult:
         return CallResult(
             id=f"{kind}-{secrets.token_hex(12)}",
@@ -260,8 +325,9 @@ class TransformersBackend:
             prompt_token_ids=list(prompt_ids),
             prompt_tokens=len(prompt_ids),
             completion_tokens=sum(len(c.token_ids or ()) for c in choices),
-            model_version=served.version,
+            model_version=served.adapter[1] if served.adapter else served.loaded.version,
             prompt_text=prompt,
+            adapter=served.adapter[0] if served.adapter else None,
         )
 
     # --- batching -------------------------------------------------------------------------------------------
@@ -284,9 +350,7 @@ class TransformersBackend:
         served = self._require_loaded()
         rows = [row for pending in batch for row in pending.rows]
         try:
-            outputs = await loop.run_in_executor(
-                self._worker, generate, served.model, rows, served.pad_id, set(served.eos_ids)
-            )
+            outputs, adapters = await loop.run_in_executor(self._worker, _generate_batch, served, batch)
         except Exception as exc:
             if len(batch) > 1:  # find the call at fault: each call alone, so only that one fails
                 log.warning("generation failed for a batch of %d calls (%s); retrying each alone", len(batch), exc)
@@ -299,11 +363,24 @@ class TransformersBackend:
                     pending.future.set_exception(ApiError(500, f"generation failed: {type(exc).__name__}: {exc}"))
             return
         position = 0
-        for pending in batch:
+        for pending, adapter in zip(batch, adapters, strict=True):
             part = outputs[position : position + len(pending.rows)]
             position += len(pending.rows)
             if not pending.future.done():
-                pending.future.set_result((part, served))
+                pending.future.set_result((part, served, adapter))
+
+
+def _generate_batch(served: _Loaded, batch: list[_Pending]) -> tuple[list[RowOutput], list[tuple[str, int] | None]]:
+    """On the generation thread: every row of the batch, each call's with its agent's adapter (looked up here, where
+    adapters are loaded, so a call is served by one adapter version); which adapter served each call, as
+    ``(agent, version)``."""
+    used = [(p.agent, *served.adapters[p.agent]) if p.agent in served.adapters else None for p in batch]
+    rows = [row for pending in batch for row in pending.rows]
+    names = None
+    if served.adapters:  # a PEFT model: every row says which adapter it runs with, or none
+        names = [u[1] if u else _BASE for u, pending in zip(used, batch, strict=True) for _ in pending.rows]
+    outputs = generate(served.model, rows, served.pad_id, set(served.eos_ids), adapter_names=names)
+    return outputs, [(u[0], u[2]) if u else None for u in used]
 
 
 def _render_chat(loaded: _Loaded, request: ChatRequest, limit: int) -> tuple[str, list[int]]:

@@ -66,6 +66,7 @@ class OpenAIUpstreamBackend:
             self.headers["Authorization"] = f"Bearer {options.upstream_api_key.get_secret_value()}"
         self.session: aiohttp.ClientSession | None = None
         self.serving = Serving(options.model_version, self.upstream_model)
+        self.agents: dict[str, Serving] = {}  # per agent, its adapter (the vllm backend loads them)
         self.calls: Counter[str] = Counter()  # calls in flight per upstream model name
         self._context: int | None = options.max_model_len
 
@@ -76,6 +77,15 @@ class OpenAIUpstreamBackend:
     @property
     def context_length(self) -> int | None:
         return self._context
+
+    def adapter_version(self, agent: str) -> int | None:
+        serving = self.agents.get(agent)
+        return serving.version if serving is not None else None
+
+    def _serving(self, agent: str | None) -> tuple[Serving, str | None]:
+        """What a call of ``agent`` is served with (its adapter, else the model), and the adapter's agent."""
+        serving = self.agents.get(agent) if agent else None
+        return (serving, agent) if serving is not None else (self.serving, None)
 
     async def start(self) -> None:
         # aiohttp rather than httpx: the gateway's own cost per call is what its overhead is made of.
@@ -144,19 +154,19 @@ class OpenAIUpstreamBackend:
         return self.options.model or self.options.served_model_name
 
     async def chat(self, request: ChatRequest) -> CallResult:
-        serving = self.serving
+        serving, agent = self._serving(request.agent)
         data = await self._post("/chat/completions", request.raw, serving)
         prompt_ids = data.get("prompt_token_ids")
         choices = [self._chat_choice(c, request.sampling.logprobs) for c in data.get("choices", [])]
-        return self._result(data, choices, prompt_ids, serving)
+        return self._result(data, choices, prompt_ids, serving, agent)
 
     async def complete(self, request: CompletionRequest) -> CallResult:
-        serving = self.serving
+        serving, agent = self._serving(request.agent)
         data = await self._post("/completions", request.raw, serving)
         raw_choices = data.get("choices", [])
         prompt_ids = raw_choices[0].get("prompt_token_ids") if raw_choices else None
         choices = [self._text_choice(c, request.sampling.logprobs) for c in raw_choices]
-        return self._result(data, choices, prompt_ids, serving)
+        return self._result(data, choices, prompt_ids, serving, agent)
 
     # --- upstream call --------------------------------------------------------------------------------------
     def _body(self, raw: dict[str, Any], chat: bool, model: str) -> dict[str, Any]:
@@ -241,8 +251,9 @@ class OpenAIUpstreamBackend:
         )
 
     def _result(
-        self, data: dict[str, Any], choices: list[Choice], prompt_ids: list[int] | None, serving: Serving
-    ) -> CallResult:
+        self, data: dict[str, Any], choices: list[Choice], prompt_ids: list[int] | None, serving: Serving,
+        agent: str | None = None,
+    ) -> CallResult:  # fmt: skip
         usage = data.get("usage") or {}
         complete = prompt_ids is not None and all(c.token_ids is not None for c in choices)
         return CallResult(
@@ -254,6 +265,7 @@ class OpenAIUpstreamBackend:
             completion_tokens=int(usage.get("completion_tokens") or sum(len(c.token_ids or ()) for c in choices)),
             model_version=self._call_version(data, serving),
             token_ids_absent=None if complete else self.absent_reason,
+            adapter=agent,
         )
 
     def _call_version(self, data: dict[str, Any], serving: Serving) -> int | None:

@@ -30,7 +30,9 @@ started with ``--enable-lora`` (and ``--max-lora-rank``) and ``VLLM_ALLOW_RUNTIM
 {"lora_name"}``; a loaded adapter is listed by ``GET /v1/models`` (``id`` its name, ``parent`` the base model),
 which is the confirmation, and a call uses it by naming it as its ``model``. Version N of model M is the adapter
 ``M-vN``: it loads beside the one serving (no drain), new calls name it, and the previous adapter is unloaded once
-the calls that use it have finished.
+the calls that use it have finished. An agent's adapter (``ModelVersion.adapter``, ``FULMEN_TRAIN_ADAPTERS=per_agent``)
+is ``M-<agent>-vN``: the calls that name that agent name it, every other call the model; a new version of it
+replaces the agent's previous one the same way.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ _DEFAULT_LABEL = "default"  # vLLM's weight version until one is set (EngineCore
 
 def adapter_name(event: ModelVersion) -> str:
     """The name a LoRA version is loaded under, and which calls name as their ``model``."""
+    if event.adapter:
+        return f"{event.model_name}-{event.adapter}-v{event.version}"
     return f"{event.model_name}-v{event.version}"
 
 
@@ -134,6 +138,9 @@ class VllmBackend(OpenAIUpstreamBackend):
             self.weights_uri = card["root"]
         if self.serving.adapter is not None and self.serving.adapter not in models:  # the server restarted
             self.serving = Serving(self.options.model_version, self.upstream_model)
+        for agent, serving in list(self.agents.items()):  # the same for the agents' adapters
+            if serving.adapter not in models:
+                del self.agents[agent]
         status, info = await self._admin("GET", "/weight_info")
         if status != 200 or not isinstance(info, dict):
             return  # not in dev mode: it cannot tell
@@ -219,8 +226,12 @@ class VllmBackend(OpenAIUpstreamBackend):
                 raise VersionRefusedError(f"vLLM could not load the LoRA adapter {event.uri}: {_error_text(body)}")
             if name not in await self.upstream_models():
                 raise ReplicaUnavailableError(f"upstream {self.shown_url} loaded {name} but does not list it")
-        previous = self.serving.adapter
-        self.serving = Serving(event.version, name, name)
+        if event.adapter:
+            previous = self.agents[event.adapter].adapter if event.adapter in self.agents else None
+            self.agents[event.adapter] = Serving(event.version, name, name)
+        else:
+            previous = self.serving.adapter
+            self.serving = Serving(event.version, name, name)
         if previous is not None and previous != name:
             self._spawn(self._unload_when_unused(previous))
         log.info("upstream %s serves version %d (LoRA adapter %s from %s)", self.shown_url, event.version, name,

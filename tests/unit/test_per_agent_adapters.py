@@ -227,3 +227,17 @@ def test_a_per_agent_run_cannot_resume_a_whole_model_checkpoint(tmp_path: Path) 
     (tmp_path / "v3" / "config.json").write_text("{}")
     with pytest.raises(ConfigurationError, match="holds a whole model"):
         _per_agent_backend(TrainSection(adapters="per_agent", adapter_agents="a"), "base", tmp_path / "v3")
+
+
+def test_an_agent_names_itself_in_the_url_the_runner_handed_it() -> None:
+    from fulmen.producers.runner.agent import LLMEndpoint
+
+    llm = LLMEndpoint(base_url="http://gw:8000/rollout/r1/attempt/2/v1", model="fulmen")
+    write = llm.for_agent("write")
+    assert write.base_url == "http://gw:8000/rollout/r1/attempt/2/agent/write/v1" and write.model == "fulmen"
+    assert write.for_agent("check").base_url == "http://gw:8000/rollout/r1/attempt/2/agent/check/v1"
+    assert (
+        LLMEndpoint(base_url="http://gw:8000/v1/", model="m").for_agent("a.b").base_url == "http://gw:8000/agent/a.b/v1"
+    )
+    with pytest.raises(ConfigurationError, match="agent name"):
+        llm.for_agent("not/allowed")

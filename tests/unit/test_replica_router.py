@@ -38,6 +38,7 @@ class FakeReplica:
         self.served: list[tuple[str, int | None]] = []  # (marker, version) of each call answered
         self.in_flight = 0
         self.loading = False
+        self.adapters: dict[str, int] = {}  # per agent, its adapter's version
 
     @property
     def model_version(self) -> int | None:
@@ -46,6 +47,9 @@ class FakeReplica:
     @property
     def context_length(self) -> int | None:
         return 2048
+
+    def adapter_version(self, agent: str) -> int | None:
+        return self.adapters.get(agent)
 
     async def start(self) -> None: ...
 
@@ -90,7 +94,10 @@ class FakeReplica:
             self.loading = False
         if self.refuse:
             raise VersionRefusedError(f"{self.label} refuses {event.uri}")
-        self.version = event.version
+        if event.adapter:
+            self.adapters[event.adapter] = event.version
+        else:
+            self.version = event.version
 
 
 def ask(marker: str) -> ChatRequest:
@@ -296,3 +303,28 @@ def test_upstream_urls_are_replicas_and_mistakes_fail_at_start_up() -> None:
         build_backend(LlmSection(backend="vllm", upstream_url="http://a/v1", replicas=2))
     with pytest.raises(ConfigurationError, match="needs the upstream's /v1 URL"):
         build_backend(LlmSection(backend="vllm", upstream_url=" , "))
+
+
+@pytest.mark.multiagent
+async def test_an_agents_adapter_loads_on_every_replica_beside_the_model_and_after_a_replica_comes_back() -> None:
+    """Adapters load at once everywhere (never drained, even beside in-place weights); one that was down gets the
+    model's target and then every adapter before it serves again; the router announces an adapter's version once
+    every live replica has it."""
+    replicas = [FakeReplica("r0", in_place=True), FakeReplica("r1", in_place=True)]
+    router = await running(replicas)
+    adapter = ModelVersion(model_name="m", version=4, uri="/ckpt/4/write", format="hf_lora_adapter", adapter="write")
+    try:
+        replicas[1].dead = True
+        router._take_out(router.slots[1], "dead")  # as a failed call does
+        await router.load_version(version(3))
+        await router.load_version(adapter)
+        assert replicas[0].adapters == {"write": 4} and replicas[1].adapters == {}
+        assert router.adapter_version("write") == 4  # the live replica has it
+        replicas[1].dead = False
+        async with asyncio.timeout(5):
+            while router.states()[1][1] is not ReplicaState.UP:
+                await asyncio.sleep(0.02)
+        assert replicas[1].version == 3 and replicas[1].adapters == {"write": 4}
+        assert router.adapter_version("write") == 4 and router.adapter_version("check") is None
+    finally:
+        await router.close()

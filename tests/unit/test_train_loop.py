@@ -363,3 +363,32 @@ def test_async_mode_stops_its_feeder_when_the_run_ends(tmp_path: Path) -> None:
         return len(publisher.events[TopicKey.TASKS]) - dispatched
 
     assert asyncio.run(asyncio.wait_for(main(), 30)) == 0
+
+
+@pytest.mark.multiagent
+def test_per_agent_adapters_train_their_agents_calls_and_publish_a_version_per_adapter(tmp_path: Path) -> None:
+    """Per-agent adapters: the base and each adapter's initial state are version 0; every step trains only the
+    calls of the agents with an adapter (each sample says whose) and publishes one version per adapter."""
+
+    def two_agents(request: RolloutRequest, number: int) -> TransitionBatch:
+        calls = [Transition(rollout_id=request.rollout_id, attempt=1, index=i, trace_id="b" * 32, span_id="c" * 16,
+                            agent_name=agent, model_version=request.model_version, prompt_token_ids=[1, 2 + i],
+                            response_token_ids=[3, 4])
+                 for i, agent in enumerate(("write", "check", "rewrite"))]  # fmt: skip
+        return TransitionBatch(rollout_id=request.rollout_id, attempt=1, task_id=request.task_id,
+                               group_id=request.group_id, mode=request.mode, status=RolloutStatus.SUCCEEDED,
+                               episode_reward=float(number % 2), model_version=request.model_version,
+                               transitions=calls)  # fmt: skip
+
+    loop, publisher, backend, _ = build(tmp_path, two_agents, adapters="per_agent", adapter_agents="write,rewrite",
+                                        publish_initial_version=True)  # fmt: skip
+    steps = run(loop)
+    versions: list[ModelVersion] = publisher.events[TopicKey.MODELS]
+    assert [(v.version, v.adapter, v.format) for v in versions] == [
+        (0, "", "hf"), (0, "write", "hf_lora_adapter"), (0, "rewrite", "hf_lora_adapter"),
+        (1, "write", "hf_lora_adapter"), (1, "rewrite", "hf_lora_adapter"),
+        (2, "write", "hf_lora_adapter"), (2, "rewrite", "hf_lora_adapter"),
+    ]  # fmt: skip
+    assert versions[3].uri == str(tmp_path / "checkpoints" / "v1" / "write") and versions[3].base_model == "base"
+    assert [sorted(s.agent for s in batch) for batch in backend.batches] == [["rewrite"] * 4 + ["write"] * 4] * 2
+    assert all(s.extra["dropped_other_agents"] == 4.0 for s in steps)  # the four rollouts' check calls

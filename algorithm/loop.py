@@ -53,8 +53,9 @@ are counted as ``dropped_other_agents``), builds each agent's samples within its
 (:func:`~fulmen.algorithm.samples.build_agent_samples`) and updates each adapter from its own; every step publishes
 one ``ModelVersion`` per adapter (``adapter`` = the agent, ``format`` = hf_lora_adapter, uri
 ``<checkpoint>/<agent>``, all at version N: staleness and validation compare versions as for one model). A run
-that starts from the base publishes the base (version 0) and then each adapter's initial state (version 0: the
-base's outputs exactly), so every call of a trained agent is served by its adapter from the first.
+that starts from the base publishes each adapter's initial state as version 0 (the base's outputs exactly; after
+the base itself with ``publish_initial_version``); until a gateway has loaded it, the agent's calls are served by
+the base model, which gives the same answers and is labelled version 0 too.
 
 Only the latest attempt of each rollout is trained on: retried attempts are never built (transitions worker)
 and the collector keeps the latest attempt per rollout (see ``fulmen.algorithm.collector``).
@@ -189,8 +190,9 @@ class TrainingLoop:
         when ``stop`` is set, which is checked between polls); the published TrainStep events."""
         stop = stop or asyncio.Event()
         # the base model is version 0 only; a resumed run serves a checkpoint (train() calls publish_resumed)
-        from_base = self.options.publish_initial_version and self.plan.initial_version == 0
-        if from_base and not await self._publish_initial(stop):
+        from_base = self.plan.initial_version == 0
+        initial = from_base and (self.options.publish_initial_version or self.agents)
+        if initial and not await self._publish_initial(stop):
             return []
         feeder = asyncio.create_task(self._feed(stop)) if self.feeding else None
         try:
@@ -450,8 +452,11 @@ class TrainingLoop:
         return [self._model_version(str(Path(path) / agent), version, agent) for agent in self.agents]
 
     async def _publish_initial(self, stop: asyncio.Event) -> bool:
-        """Version 0: the base model; with per-agent adapters, then each adapter's initial state (saved first)."""
-        if not await self._publish_event(self._model_version(self.plan.base_model, 0), stop):
+        """Version 0: the base model (``publish_initial_version``); with per-agent adapters, then (always) each
+        adapter's initial state, saved first."""
+        if self.options.publish_initial_version and not await self._publish_event(
+            self._model_version(self.plan.base_model, 0), stop
+        ):
             return False
         if not self.agents:
             return True

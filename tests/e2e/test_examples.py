@@ -23,7 +23,8 @@ SQL checks:
 The SQL example trains ``write`` and ``rewrite`` as two LoRA adapters on one frozen base (``--adapters per_agent``,
 marker ``multiagent``): after two steps the two adapters differ; every gateway call was served by the adapter of
 the node that made it (the nodes' LLM spans and the gateway's spans of each rollout, in time order, by SQL), at
-that adapter's version; ``check`` stayed on the base model (version 0, ``fulmen.llm.adapter`` = base).
+that adapter's version (at version 0 the base may serve a call before the gateway has loaded the adapter's initial
+state, which answers the same); ``check`` stayed on the base model (version 0, ``fulmen.llm.adapter`` = base).
 """
 
 from __future__ import annotations
@@ -111,18 +112,24 @@ def check_adapters(run: LocalRun, db: str) -> None:
                        f"(SpanAttributes['fulmen.llm.agent'], SpanAttributes['fulmen.llm.adapter'], "
                        f"toString(ModelVersion)))))) AS calls FROM {db}.otel_traces "
                        f"WHERE ServiceName = 'fulmen-llm-gateway' GROUP BY RolloutId, Attempt")  # fmt: skip
-    by_rollout = {(r["RolloutId"], int(r["Attempt"])): r["calls"] for r in served}
+    by_rollout = {
+        (r["RolloutId"], int(r["Attempt"])): [
+            (c["1"], c["2"], c["3"]) if isinstance(c, dict) else tuple(c) for c in r["calls"]
+        ]
+        for r in served
+    }  # tuples: JSON objects
     versions: dict[str, set[str]] = {}
     for row in nodes:
         calls = by_rollout[(row["RolloutId"], int(row["Attempt"]))]
         assert [agent for agent, _, _ in calls] == row["nodes"], (row["nodes"], calls)
         for agent, adapter, version in calls:
-            assert adapter == (semconv.ADAPTER_NONE if agent == "check" else agent), (agent, adapter)
+            if agent == "check" or version != "0":  # at version 0 the base may serve until the adapter is loaded
+                assert adapter == (semconv.ADAPTER_NONE if agent == "check" else agent), (agent, adapter, version)
             versions.setdefault(agent, set()).add(version)
     assert versions["check"] == {"0"} and {"1", "2"} <= versions["write"], versions
     published = rows(run, f"SELECT Adapter, groupArray(Version) AS versions FROM {db}.model_versions GROUP BY Adapter")
     assert {r["Adapter"]: sorted(map(int, r["versions"])) for r in published} == {
-        "": [0], "write": [0, 1, 2], "rewrite": [0, 1, 2]}, published  # fmt: skip
+        "write": [0, 1, 2], "rewrite": [0, 1, 2]}, published  # fmt: skip
 
 
 def adapters_differ(run_dir: Path) -> bool:

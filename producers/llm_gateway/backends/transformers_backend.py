@@ -379,7 +379,8 @@ def _generate_batch(served: _Loaded, batch: list[_Pending]) -> tuple[list[RowOut
     names = None
     if served.adapters:  # a PEFT model: every row says which adapter it runs with, or none
         names = [u[1] if u else _BASE for u, pending in zip(used, batch, strict=True) for _ in pending.rows]
-    outputs = generate(served.model, rows, served.pad_id, set(served.eos_ids), adapter_names=names)
+    routed = {} if names is None else {"adapter_names": names}  # only a PEFT model takes them
+    outputs = generate(served.model, rows, served.pad_id, set(served.eos_ids), **routed)
     return outputs, [(u[0], u[2]) if u else None for u in used]
 
 

@@ -139,6 +139,12 @@ class TrainBatch:
             raise ValueError(f"micro_batch_size must be >= 1; got {micro_batch_size}")
         return [self.rows(i, min(i + micro_batch_size, self.size)) for i in range(0, self.size, micro_batch_size)]
 
+    def by_length(self) -> TrainBatch:
+        """The same rows, shortest first (stable): consecutive micro-batches then hold rows of similar length, so
+        cutting each to its longest row leaves little padding. A whole-batch loss is the same in any row order."""
+        order = torch.argsort(self.attention_mask.sum(dim=-1), stable=True)
+        return TrainBatch(**{f.name: getattr(self, f.name)[order] for f in dataclasses.fields(self)})
+
     def with_old_logprobs(self, computed: Tensor, *, overwrite: bool = False) -> TrainBatch:
         """Fill the rows without recorded logprobs (all rows when ``overwrite``) from ``computed [B, T]``.
 

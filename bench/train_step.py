@@ -6,9 +6,10 @@ and "recorded" old logprobs), the same micro-batch size, the same device, float3
 dtype (float32 on CPU, bfloat16 autocast on CUDA), the same optimizer (``torch.optim.AdamW``, same lr and betas,
 weight decay 0) and gradient clipping at norm 1. One step is, on each side:
 
-- ours: ``TorchTrainer.step(batch)`` on a pre-collated :class:`TrainBatch` already on the device: split into
-  micro-batches (each cut to its longest row), per micro-batch forward (full logits ``[b, t, V]`` then the
-  chunked ``gather_logprobs``), PPO-clip loss (token mean over the WHOLE batch), backward; then clip + AdamW step.
+- ours: ``TorchTrainer.step(batch)`` on a pre-collated :class:`TrainBatch` already on the device: rows by length,
+  split into micro-batches (each cut to its longest row), per micro-batch forward (the decoder on every token, the
+  LM head and the chunked ``gather_logprobs`` on the response's predecessors only: ``token_logprobs`` with the
+  response mask), PPO-clip loss (token mean over the WHOLE batch), backward; then clip + AdamW step.
 - TRL: the inputs TRL's generation phase would hand to its loss, built before the clock starts, one dict per
   micro-batch (prompt left-padded, completion right-padded, each trimmed to that micro-batch's longest prompt
   and completion): ``prompt_ids/prompt_mask/completion_ids/completion_mask/advantages/old_per_token_logps`` and

@@ -206,6 +206,7 @@ class ShardedTrainer(TorchTrainer):
     def __init__(self, config: TorchTrainerConfig, world: World) -> None:
         super().__init__(dataclasses.replace(config, device=str(world.device)))
         self.world = world
+        self.response_only = False  # the root FSDP unit's forward gathers the head and embeddings: run it whole
         shard(self.model)
         if self.reference is not None and self.reference.model is not self.model:
             shard(self.reference.model)  # the frozen copy of a full-weight run; LoRA's reference is the model

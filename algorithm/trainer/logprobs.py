@@ -8,6 +8,12 @@ Memory: the model's logits ``[B, T, V]`` are the big tensor (V is 150k for Qwen)
 backward pass. :func:`gather_logprobs` instead computes, in float32 and a chunk of rows at a time, only the
 per-row ``logsumexp`` and the target logit; its backward recomputes the softmax chunk by chunk. So beyond the
 logits themselves (which the model produces anyway) it holds ``[B, T]`` floats plus one float32 chunk.
+
+Only the response (``response_mask``): the loss reads no other position, so for a model whose logits are exactly
+``lm_head(decoder(...))`` (:data:`PLAIN_HEAD_ARCHITECTURES`: Llama, Qwen2/3, Mistral; :func:`plain_head`) the
+output projection and the softmax run on the positions that predict a response token and nowhere else: the
+prompt's and the padding's ``[., V]`` logits (a vocabulary of 49k-150k per position, most of an agent's tokens
+being prompt) are never made. Other positions then hold 0, and the values on the response are the same.
 """
 
 from __future__ import annotations
@@ -15,9 +21,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["CHUNK_ELEMENTS", "gather_logprobs", "token_logprobs"]
+__all__ = ["CHUNK_ELEMENTS", "PLAIN_HEAD_ARCHITECTURES", "gather_logprobs", "plain_head", "token_logprobs"]
 
 CHUNK_ELEMENTS = 1 << 25  # float32 elements per chunk (128 MiB): rows per chunk = CHUNK_ELEMENTS // vocab
+# Causal LMs whose forward is ``logits = lm_head(model(...).last_hidden_state)``: no logit scaling or softcapping.
+PLAIN_HEAD_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"})
 
 
 class _GatherLogprobs(torch.autograd.Function):
@@ -66,12 +74,30 @@ def gather_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
     return flat.view(targets.shape)
 
 
-def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+def plain_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """``(decoder, lm_head)`` of a Hugging Face causal LM (or a PEFT model around one, its adapters applied in
+    place) whose logits are exactly ``lm_head(decoder(...).last_hidden_state)``; None for any other model (which
+    then runs whole). A caller whose model is wrapped (FSDP: the root's forward gathers the weights) must not
+    reach past the wrapper."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if type(inner).__name__ not in PLAIN_HEAD_ARCHITECTURES:
+        return None
+    decoder, head = inner.get_decoder(), inner.get_output_embeddings()
+    return (decoder, head) if decoder is not None and head is not None else None
+
+
+def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
+                   response_mask: Tensor | None = None) -> Tensor:  # fmt: skip
     """Logprob of every token under ``model``: float32 ``[B, T]``, 0 at position 0 and on padding.
 
-    ``input_ids``, ``attention_mask``: ``[B, T]``, right-padded. Gradient flows to the model unless called
-    under ``torch.no_grad()``. Runs the model in whatever autocast context the caller set up.
+    ``input_ids``, ``attention_mask``: ``[B, T]``, right-padded. ``response_mask`` (``[B, T]``, optional): the
+    tokens wanted; with it, and a model :func:`plain_head` knows, only those positions are computed (the others
+    hold 0). Gradient flows to the model unless called under ``torch.no_grad()``. Runs the model in whatever
+    autocast context the caller set up.
     """
+    parts = plain_head(model) if response_mask is not None else None
+    if parts is not None:
+        return _response_logprobs(*parts, input_ids, attention_mask, response_mask.bool())
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
     # logits[:, t] predicts token t + 1; the last position predicts nothing we keep (its target is a dummy).
     next_tokens = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)
@@ -79,3 +105,17 @@ def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
         predicted = gather_logprobs(logits, next_tokens)
     shifted = torch.cat([predicted.new_zeros(predicted.shape[0], 1), predicted[:, :-1]], dim=1)
     return shifted * attention_mask.to(shifted.dtype)
+
+
+def _response_logprobs(decoder: torch.nn.Module, head: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
+                       wanted: Tensor) -> Tensor:  # fmt: skip
+    """The logprobs of the ``wanted`` tokens, the output projection applied to their predecessors' states only."""
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    predictors = torch.zeros_like(wanted)
+    predictors[:, :-1] = wanted[:, 1:]  # the state at t - 1 predicts token t (position 0 is never wanted)
+    wanted = wanted.clone()
+    wanted[:, 0] = False
+    logits = head(hidden[predictors])  # [N, V]: both masks list the same tokens in the same (row-major) order
+    with torch.autocast(device_type=logits.device.type, enabled=False):
+        picked = gather_logprobs(logits, input_ids[wanted])
+    return torch.zeros(wanted.shape, dtype=picked.dtype, device=picked.device).masked_scatter(wanted, picked)

@@ -2,7 +2,8 @@
 
 :class:`TorchTrainer` implements :class:`fulmen.algorithm.trainer.base.TrainerBackend`. One ``step``:
 
-1. collate the samples (right-padded :class:`TrainBatch`), move them to the device, split into micro-batches;
+1. collate the samples (right-padded :class:`TrainBatch`), move them to the device, split into micro-batches
+   (rows by length first, so each micro-batch, cut to its longest row, holds little padding);
 2. fill the old logprobs the inference backend did not record (all of them with ``recompute_old_logprobs`` or
    an off-policy ``correction``: then they are the proximal policy's, the weights at the start of the step)
    from the current model, without gradient, before any update; with ``kl_coef > 0`` compute the reference
@@ -13,6 +14,9 @@
    (``policy_loss``: ``ppo_clip``, ``dapo``, ``gspo``, ``cispo``; the weights multiplying its per-token term)
    reduced relative to the WHOLE batch (so the accumulated gradient is the full-batch gradient), clip the
    gradient norm, take one AdamW step.
+
+Every forward computes the logprobs of the response tokens only where the model allows
+(``token_logprobs(..., response_mask)``: the output projection and softmax skip the prompt and the padding).
 
 Precision: weights and optimizer state stay float32; ``dtype`` is the compute dtype of the forward pass
 (autocast). bfloat16 weights would round away AdamW updates smaller than 1/256 of a weight.
@@ -152,6 +156,7 @@ class TorchTrainer:
         self.policy_loss = get_policy_loss_fn(config.policy_loss)
         self.correction = get_correction_fn(config.correction) if config.correction is not None else None
         self.steps = 0
+        self.response_only = True  # logprobs of the response tokens only (sharded: the whole model's forward)
 
     # -- the TrainerBackend interface -------------------------------------------------------------------
 
@@ -161,7 +166,8 @@ class TorchTrainer:
         batch = self._prepare(batch)
         normalizer = self._normalizer(batch.response_mask, self.config.aggregation)
         micro = [self._with_old_logprobs(mb) for mb in self._micro_batches(batch)]
-        refs = [self.reference.logprobs(mb, self._autocast) for mb in micro] if self.reference else [None] * len(micro)
+        refs = [self.reference.logprobs(mb, self._autocast, self._logprobs) for mb in micro] if self.reference else [
+            None] * len(micro)  # fmt: skip
         weights, importance = self._importance_weights(micro)
         options = {
             "clip_eps": self.config.clip_eps,
@@ -224,8 +230,15 @@ class TorchTrainer:
         return batch_normalizer(mask, mode)
 
     def _micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
-        """The micro-batches of ``batch`` (sharded: as many on every rank, each forward being a collective)."""
-        return batch.split(self.config.micro_batch_size)
+        """The micro-batches of ``batch``, its rows by length first (little padding; sharded: as many on every
+        rank, each forward being a collective)."""
+        return batch.by_length().split(self.config.micro_batch_size)
+
+    def _logprobs(self, model: torch.nn.Module, mb: TrainBatch) -> Tensor:
+        """``[B, T]`` logprobs of ``mb``'s tokens under ``model``; where the model allows, the response's only (the
+        loss reads nothing else; ``token_logprobs``)."""
+        mask = mb.response_mask if self.response_only else None
+        return token_logprobs(model, mb.input_ids, mb.attention_mask, mask)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         enabled = self.compute_dtype != torch.float32
@@ -240,7 +253,7 @@ class TorchTrainer:
             return mb
         self.model.eval()
         with self._autocast():
-            computed = token_logprobs(self.model, mb.input_ids, mb.attention_mask)
+            computed = self._logprobs(self.model, mb)
         return mb.with_old_logprobs(computed, overwrite=overwrite)
 
     def _importance_weights(self, micro: list[TrainBatch]) -> tuple[list[Tensor | None], dict[str, float] | None]:
@@ -276,7 +289,7 @@ class TorchTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             for index, mb in enumerate(micro):
                 with self._autocast():
-                    logprobs = token_logprobs(self.model, mb.input_ids, mb.attention_mask)
+                    logprobs = self._logprobs(self.model, mb)
                 loss, metrics = loss_of(index, mb, logprobs)
                 loss.backward()
                 tally.add_micro(loss, metrics)
@@ -366,12 +379,13 @@ class _Reference:
         return cls(frozen, contextlib.nullcontext)
 
     @torch.no_grad()
-    def logprobs(self, mb: TrainBatch, autocast: Callable[[], contextlib.AbstractContextManager]) -> Tensor:
+    def logprobs(self, mb: TrainBatch, autocast: Callable[[], contextlib.AbstractContextManager],
+                 compute: Callable[[torch.nn.Module, TrainBatch], Tensor]) -> Tensor:  # fmt: skip
         was_training = self.model.training
         self.model.eval()
         try:
             with self.disable(), autocast():
-                return token_logprobs(self.model, mb.input_ids, mb.attention_mask)
+                return compute(self.model, mb)
         finally:
             self.model.train(was_training)
 

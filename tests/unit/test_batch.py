@@ -47,6 +47,16 @@ def test_split_cuts_each_micro_batch_to_its_longest_row() -> None:
         collate(SAMPLES, pad_id=0).split(0)
 
 
+def test_by_length_orders_rows_shortest_first_keeping_each_row_whole() -> None:
+    batch = collate(SAMPLES, pad_id=0)
+    ordered = batch.by_length()
+    assert ordered.attention_mask.sum(dim=-1).tolist() == [3, 5, 5]
+    assert ordered.input_ids.tolist() == [[4, 4, 2, 0, 0], [5, 6, 7, 8, 9], [5, 10, 11, 12, 13]]  # stable for ties
+    assert ordered.advantages.tolist() == [0.5, 1.0, -1.0]
+    assert ordered.old_logprobs[0].tolist() == [0, 0, -1.0, 0, 0]
+    assert ordered.has_old_logprobs.tolist() == [True, True, False]
+
+
 def test_with_old_logprobs_fills_only_missing_rows_unless_told_to_overwrite() -> None:
     batch = collate(SAMPLES, pad_id=0)
     computed = torch.full(batch.old_logprobs.shape, -9.0)

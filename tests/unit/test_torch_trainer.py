@@ -220,6 +220,44 @@ def test_token_logprobs_match_log_softmax_and_ignore_padding(model_dir: Path) ->
     torch.testing.assert_close(alone[0, :width], got[2, :width], rtol=1e-5, atol=1e-5)  # padding changes nothing
 
 
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_response_only_logprobs_equal_the_full_forward_in_values_and_gradients(model_dir: Path, lora: bool) -> None:
+    """With the response mask, the head runs on the response's predecessors only: the same logprobs there (0
+    elsewhere) and the same gradient of a loss over the response, for the model and for a PEFT model around it."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    assert logprobs_module.plain_head(model) is not None  # a Qwen2 (bare or in PEFT): the head-only path runs
+    batch = collate(make_samples(13), pad_id=0)
+    weights = torch.randn(batch.input_ids.shape)
+
+    def run(mask: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        got = token_logprobs(model, batch.input_ids, batch.attention_mask, mask)
+        (got * weights * batch.response_mask).sum().backward()
+        return got.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    full, full_grads = run(None)
+    only, only_grads = run(batch.response_mask)
+    torch.testing.assert_close(only, full * batch.response_mask, rtol=1e-5, atol=1e-6)
+    assert bool((only[batch.response_mask == 0] == 0).all())
+    assert full_grads.keys() == only_grads.keys() and full_grads
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(only_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_model_with_another_head_runs_whole() -> None:
+    """plain_head knows Llama, Qwen2/3, Mistral only: any other model (a scaled or soft-capped head, or one
+    wrapped by FSDP) is run whole, its full logits gathered."""
+
+    class Other(torch.nn.Module):
+        pass
+
+    assert logprobs_module.plain_head(Other()) is None
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])  # float32: the backward works in place
 def test_gather_logprobs_values_and_gradients_in_small_chunks(monkeypatch: pytest.MonkeyPatch, dtype) -> None:
     monkeypatch.setattr(logprobs_module, "CHUNK_ELEMENTS", 3 * 11)  # 3 rows of vocab 11 per chunk: 5 chunks

@@ -6,6 +6,7 @@ import math
 import random
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -249,13 +250,19 @@ def test_response_only_logprobs_equal_the_full_forward_in_values_and_gradients(m
 
 
 def test_a_model_with_another_head_runs_whole() -> None:
-    """plain_head knows Llama, Qwen2/3, Mistral only: any other model (a scaled or soft-capped head, or one
-    wrapped by FSDP) is run whole, its full logits gathered."""
+    """plain_head knows Llama, Qwen2/3, Mistral only: any other model (its head may scale or soft-cap the logits) is
+    run whole, its own logits gathered, also when a response mask is given."""
 
-    class Other(torch.nn.Module):
-        pass
+    class Other(torch.nn.Module):  # uniform logits over a vocabulary of 8: every logprob is log(1/8)
+        def forward(self, input_ids, attention_mask, use_cache):
+            return types.SimpleNamespace(logits=torch.zeros(*input_ids.shape, 8))
 
     assert logprobs_module.plain_head(Other()) is None
+    batch = collate([Sample([1, 2], [3, 4, 5]), Sample([1], [2])], pad_id=0)
+    got = token_logprobs(Other(), batch.input_ids, batch.attention_mask, batch.response_mask)
+    expected = torch.full(batch.input_ids.shape, -math.log(8)) * batch.attention_mask
+    expected[:, 0] = 0
+    torch.testing.assert_close(got, expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])  # float32: the backward works in place

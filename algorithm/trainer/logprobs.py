@@ -80,8 +80,9 @@ def plain_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module
     then runs whole). A caller whose model is wrapped (FSDP: the root's forward gathers the weights) must not
     reach past the wrapper."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if type(inner).__name__ not in PLAIN_HEAD_ARCHITECTURES:
-        return None
+    kind = type(inner)
+    if kind.__name__ not in PLAIN_HEAD_ARCHITECTURES or not kind.__module__.startswith("transformers.models."):
+        return None  # another head, or remote code under a known name
     decoder, head = inner.get_decoder(), inner.get_output_embeddings()
     return (decoder, head) if decoder is not None and head is not None else None
 

@@ -3,11 +3,13 @@
 For each model (the tiny Qwen2 of :mod:`fulmen.algorithm.tiny_model`, then SmolLM2-135M-Instruct) both sides train on
 the SAME batch: the same samples (prompt and response token ids, GRPO advantages from binary rewards in groups,
 and "recorded" old logprobs), the same micro-batch size, the same device, float32 weights with the same compute
-dtype (float32 on CPU, bfloat16 autocast on CUDA), the same optimizer (``torch.optim.AdamW``, same lr and betas,
-weight decay 0) and gradient clipping at norm 1. One step is, on each side:
+dtype (float32 on CPU, bfloat16 autocast on CUDA), the same optimizer (``torch.optim.AdamW(fused=True)``, what
+both sides use by default; same lr and betas, weight decay 0) and gradient clipping at norm 1. One step is, on each
+side:
 
 - ours: ``TorchTrainer.step(batch)`` on a pre-collated :class:`TrainBatch` already on the device: rows by length,
-  split into micro-batches (each cut to its longest row), per micro-batch forward (the decoder on every token, the
+  split into micro-batches (each cut to its longest row, or packed into one row where that saves work: not in these
+  batches, whose sorted rows differ little), per micro-batch forward (the decoder on every token, the
   LM head and the chunked ``gather_logprobs`` on the response's predecessors only: ``token_logprobs`` with the
   response mask), PPO-clip loss (token mean over the WHOLE batch), backward; then clip + AdamW step.
 - TRL: the inputs TRL's generation phase would hand to its loss, built before the clock starts, one dict per
@@ -73,6 +75,7 @@ logger = logging.getLogger("bench.train_step")
 LR = 1e-6
 BETAS = (0.9, 0.999)
 MAX_GRAD_NORM = 1.0
+FUSED_ADAMW = True  # TRL's default (transformers' ``adamw_torch_fused`` with torch >= 2.8) and TorchTrainer's
 
 
 @dataclass(frozen=True)
@@ -279,7 +282,7 @@ def run_trl(model_dir: Path, work: Workload, device: torch.device, dtype: str, r
         trainer = build_grpo_trainer(model, tokenizer, work, device, dtype, out_dir)
         model = trainer.model
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=LR, betas=BETAS, weight_decay=0.0)
+        optimizer = torch.optim.AdamW(params, lr=LR, betas=BETAS, weight_decay=0.0, fused=FUSED_ADAMW)
         micro = trl_inputs(batch, work.micro_batch)
 
         def step() -> float:

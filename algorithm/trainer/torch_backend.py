@@ -13,10 +13,11 @@
 3. ``epochs_per_batch`` times: zero the gradients, run every micro-batch forward and backward with the loss
    (``policy_loss``: ``ppo_clip``, ``dapo``, ``gspo``, ``cispo``; the weights multiplying its per-token term)
    reduced relative to the WHOLE batch (so the accumulated gradient is the full-batch gradient), clip the
-   gradient norm, take one AdamW step.
+   gradient norm, take one AdamW step (torch's fused kernel on CPU and CUDA).
 
 Every forward computes the logprobs of the response tokens only where the model allows
-(``token_logprobs(..., response_mask)``: the output projection and softmax skip the prompt and the padding).
+(``token_logprobs(..., response_mask)``: the output projection and softmax skip the prompt and the padding, and
+a micro-batch of rows of unequal length runs packed into one row when that saves work).
 
 Precision: weights and optimizer state stay float32; ``dtype`` is the compute dtype of the forward pass
 (autocast). bfloat16 weights would round away AdamW updates smaller than 1/256 of a weight.
@@ -149,9 +150,10 @@ class TorchTrainer:
         self.model = _load_model(config, self.device)
         self.reference = _Reference.build(self.model, config) if config.kl_coef > 0 else None
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            self.trainable, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
-        )
+        self.optimizer = torch.optim.AdamW(  # fused: one kernel for all tensors (a third of the for-loop's time)
+            self.trainable, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
+            fused=self.device.type in ("cpu", "cuda"),
+        )  # fmt: skip
         self.pad_id = _pad_id(self.tokenizer, self.model)
         self.policy_loss = get_policy_loss_fn(config.policy_loss)
         self.correction = get_correction_fn(config.correction) if config.correction is not None else None

@@ -221,10 +221,15 @@ def test_token_logprobs_match_log_softmax_and_ignore_padding(model_dir: Path) ->
     torch.testing.assert_close(alone[0, :width], got[2, :width], rtol=1e-5, atol=1e-5)  # padding changes nothing
 
 
+@pytest.mark.parametrize("pack", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_response_only_logprobs_equal_the_full_forward_in_values_and_gradients(model_dir: Path, lora: bool) -> None:
+def test_response_only_logprobs_equal_the_full_forward_in_values_and_gradients(
+    model_dir: Path, lora: bool, pack: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With the response mask, the head runs on the response's predecessors only: the same logprobs there (0
-    elsewhere) and the same gradient of a loss over the response, for the model and for a PEFT model around it."""
+    elsewhere) and the same gradient of a loss over the response, for the model and for a PEFT model around it,
+    with the rows padded or packed into one (a sequence sees none of the others' tokens)."""
+    monkeypatch.setattr(logprobs_module, "worth_packing", lambda *_: pack)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if lora:
         from peft import LoraConfig, get_peft_model
@@ -247,6 +252,17 @@ def test_response_only_logprobs_equal_the_full_forward_in_values_and_gradients(m
     assert full_grads.keys() == only_grads.keys() and full_grads
     for name, grad in full_grads.items():
         torch.testing.assert_close(only_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_packing_is_chosen_when_it_saves_work() -> None:
+    """A batch of unequal rows packs; equal rows, one row, or rows so long that the packed mask would be large,
+    stay padded (the block mask is a full [N, N] square)."""
+    worth = logprobs_module.worth_packing
+    assert worth(torch.tensor([30, 60, 90, 100]), 100, hidden_size=576)  # short agent turns, a quarter padding
+    assert not worth(torch.tensor([100, 100, 100]), 100, hidden_size=576)  # nothing to save
+    assert not worth(torch.tensor([70]), 100, hidden_size=576)
+    assert not worth(torch.tensor([3000, 4096]), 4096, hidden_size=4096)  # N^2 = 50M > PACKED_MASK_ELEMENTS
+    assert not worth(torch.tensor([1000, 1024]), 1024, hidden_size=64)  # attention would cost more than it saves
 
 
 def test_a_model_with_another_head_runs_whole() -> None:

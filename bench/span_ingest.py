@@ -14,9 +14,13 @@ level (``lost``, ``duplicated`` and ``refused_503`` summed over the windows), ``
 load average. Done = every span of the window queryable in ``fulmen.otel_traces``.
 
     .venv/bin/python bench/span_ingest.py [--seconds 10] [--exporters 4] [--batch 512] [--rate 25000]
+        [--compression none|gzip|snappy|lz4|zstd]
+
+``--compression`` sets the gateway's ``FULMEN_KAFKA_COMPRESSION``; ``kafka_bytes_per_span`` is the spans topic's
+log on disk per span, what the codec saves on the network and the brokers' disks.
 
 Prints one JSON object on the last line: ``spans_per_s``, ``p99_ms`` (export -> queryable), ``request_p99_ms``,
-``lost``, ``duplicated``, ...
+``lost``, ``duplicated``, ``compression``, ``kafka_bytes_per_span``, ...
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from fulmen.infra.kafka.admin import ensure_topics
 from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
 from fulmen.infra.store import RemoteReader
+from fulmen.schemas import TopicKey, topic_name
 
 
 def encode_batches(count: int, size: int, prefix: str = "") -> list[tuple[str, bytes]]:
@@ -140,6 +145,8 @@ def main() -> None:
     parser.add_argument(
         "--rate", type=float, default=None, help="offer this many spans/s (open loop); default: as fast as answered"
     )
+    parser.add_argument("--compression", default="none", choices=("none", "gzip", "snappy", "lz4", "zstd"),
+                        help="FULMEN_KAFKA_COMPRESSION of the gateway (the spans topic's record batches)")  # fmt: skip
     args = parser.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="fulmen-bench-"))
@@ -149,6 +156,7 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
         "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap, "FULMEN_HOME": str(home), "FULMEN_LOG_LEVEL": "WARNING",
         "FULMEN_CLICKHOUSE_READ_PORT": str(read_port), "FULMEN_OTLP_PORT": str(gateway_port),
+        "FULMEN_KAFKA_COMPRESSION": args.compression,
     }  # fmt: skip
     asyncio.run(ensure_topics(FulmenSettings(kafka={"bootstrap": broker.bootstrap})))
     fulmen = [sys.executable, "-m", "fulmen.cli.main"]
@@ -169,7 +177,11 @@ def main() -> None:
         report = summarise(runs, load, totals=("lost", "duplicated", "refused_503"))
         report["peak_rss_mb"] = {"gateway": peak_rss_mb(gateway.pid), "consumer": peak_rss_mb(consume.pid),
                                  "kafka": peak_rss_mb(broker.status().pid or 0)}  # fmt: skip
-        report |= {"offered_rate": args.rate or "closed loop", "exporters": args.exporters, "batch": args.batch,
+        # the spans topic's log on disk (record batches as produced) per span of all windows and the warm-up
+        log_bytes = sum(f.stat().st_size for f in broker.logs_dir.glob(f"{topic_name(TopicKey.SPANS, '')}-*/*.log"))
+        all_spans = reader.query("SELECT count() FROM fulmen.otel_traces", final=False).rows[0][0]
+        report |= {"compression": args.compression, "kafka_bytes_per_span": round(log_bytes / max(all_spans, 1), 1),
+                   "offered_rate": args.rate or "closed loop", "exporters": args.exporters, "batch": args.batch,
                    "seconds": args.seconds, "span_bytes": 1200,
                    "done": "every span of the window queryable in fulmen.otel_traces"}  # fmt: skip
     finally:

@@ -81,6 +81,8 @@ def kafka_broker(settings: FulmenSettings, **overrides: Any) -> KafkaBroker:
         "logger": log,
         "log_level": logging.DEBUG,  # faststream's per-message lines; each handler logs its unit of work at INFO
     }
+    if settings.kafka.compression != "none":
+        options["compression_type"] = settings.kafka.compression
     options.update(overrides)
     broker = KafkaBroker(**options)
     # KafkaBroker takes no prefix (KafkaRouter and include_router do); its own config holds the field that routers

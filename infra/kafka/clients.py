@@ -91,9 +91,12 @@ def _ssl_context(settings: FulmenSettings) -> ssl.SSLContext:
 
 
 def producer(settings: FulmenSettings, **overrides: Any) -> AIOKafkaProducer:
-    """An idempotent producer with ``acks="all"``; start it with :func:`start_or_raise`."""
+    """An idempotent producer with ``acks="all"``, its batches compressed with ``FULMEN_KAFKA_COMPRESSION``;
+    start it with :func:`start_or_raise`."""
     kwargs = connection_kwargs(settings)
     kwargs.update(acks="all", enable_idempotence=True, linger_ms=5, max_batch_size=1024 * 1024)
+    if settings.kafka.compression != "none":
+        kwargs["compression_type"] = settings.kafka.compression
     kwargs.update(overrides)
     return AIOKafkaProducer(**kwargs)
 

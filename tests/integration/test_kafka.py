@@ -84,6 +84,44 @@ async def test_every_event_type_travels_keyed_as_registered(settings: FulmenSett
         assert record.key == str(getattr(sent, topic(key).record_key)).encode()
 
 
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+async def test_compressed_batches_travel_and_are_stored_compressed(
+    settings: FulmenSettings, kafka_broker: LocalKafka, codec: str
+) -> None:
+    """FULMEN_KAFKA_COMPRESSION: both producers (the span producer and the event publisher) write batches in the
+    codec, the broker stores them so (the topic's log is a fraction of the records' size), a consumer reads them."""
+    settings = settings.model_copy(update={"kafka": settings.kafka.model_copy(update={"compression": codec})})
+    prefix = settings.kafka.topic_prefix
+    spans = topic_name(TopicKey.SPANS, prefix)
+    body = b"span attribute " * 700  # ~10 KB a record, very compressible
+    raw = producer(settings)
+    await start_or_raise(raw, settings)
+    try:
+        for i in range(50):
+            await raw.send(spans, body + str(i).encode(), key=str(i).encode())
+        await raw.flush()
+    finally:
+        await raw.stop()
+    async with event_publisher(settings) as publisher:
+        await publisher.publish_many(TopicKey.METRICS, [
+            TrainStep(run_id="run", step=i, model_version=i, num_transitions=1, num_groups=1, reward_mean=0,
+                      reward_std=0, loss=0) for i in range(3)
+        ])  # fmt: skip
+    reader = consumer(settings, "compressed", spans, topic_name(TopicKey.METRICS, prefix))
+    await start_or_raise(reader, settings)
+    try:
+        got: list = []
+        while len(got) < 53:
+            batches = await asyncio.wait_for(reader.getmany(timeout_ms=1000), 20)
+            got += [r for records in batches.values() for r in records]
+    finally:
+        await reader.stop()
+    assert sorted(r.value for r in got if r.topic == spans) == sorted(body + str(i).encode() for i in range(50))
+    assert sorted(decode(TrainStep, r.value).step for r in got if r.topic != spans) == [0, 1, 2]
+    stored = sum(f.stat().st_size for f in kafka_broker.logs_dir.glob(f"{spans}-*/*.log"))
+    assert 0 < stored < 50 * len(body) / 5, f"{codec}: {stored} bytes on disk for {50 * len(body)} bytes of records"
+
+
 async def test_publishing_the_wrong_event_or_an_undeclared_topic_is_refused(settings: FulmenSettings) -> None:
     async with event_publisher(settings, sender=Sender("test", (TopicKey.TASKS,))) as publisher:
         with pytest.raises(TypeError, match="carries RolloutRequest, not ModelVersion"):

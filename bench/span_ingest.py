@@ -16,8 +16,9 @@ load average. Done = every span of the window queryable in ``fulmen.otel_traces`
     .venv/bin/python bench/span_ingest.py [--seconds 10] [--exporters 4] [--batch 512] [--rate 25000]
         [--compression none|gzip|snappy|lz4|zstd]
 
-``--compression`` sets the gateway's ``FULMEN_KAFKA_COMPRESSION``; ``kafka_bytes_per_span`` is the spans topic's
-log on disk per span, what the codec saves on the network and the brokers' disks.
+``--compression`` sets the gateway's ``FULMEN_KAFKA_COMPRESSION`` (default: the setting's, zstd);
+``kafka_bytes_per_span`` is the spans topic's log on disk per span, what the codec saves on the network and the
+brokers' disks.
 
 Prints one JSON object on the last line: ``spans_per_s``, ``p99_ms`` (export -> queryable), ``request_p99_ms``,
 ``lost``, ``duplicated``, ``compression``, ``kafka_bytes_per_span``, ...
@@ -45,7 +46,7 @@ from bench.harness import load_average, summarise
 from bench.otlp_payloads import make_request
 from fulmen.infra.kafka.admin import ensure_topics
 from fulmen.infra.kafka.local import LocalKafka
-from fulmen.infra.settings import BrokerSettings, FulmenSettings
+from fulmen.infra.settings import BrokerSettings, FulmenSettings, KafkaSettings
 from fulmen.infra.store import RemoteReader
 from fulmen.schemas import TopicKey, topic_name
 
@@ -145,9 +146,10 @@ def main() -> None:
     parser.add_argument(
         "--rate", type=float, default=None, help="offer this many spans/s (open loop); default: as fast as answered"
     )
-    parser.add_argument("--compression", default="none", choices=("none", "gzip", "snappy", "lz4", "zstd"),
-                        help="FULMEN_KAFKA_COMPRESSION of the gateway (the spans topic's record batches)")  # fmt: skip
+    parser.add_argument("--compression", choices=("none", "gzip", "snappy", "lz4", "zstd"),
+                        help="FULMEN_KAFKA_COMPRESSION of the gateway (default: the setting's default)")  # fmt: skip
     args = parser.parse_args()
+    args.compression = args.compression or KafkaSettings().compression
 
     home = Path(tempfile.mkdtemp(prefix="fulmen-bench-"))
     broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")

@@ -52,7 +52,7 @@ class KafkaSettings(BaseModel):
     request_timeout_ms: int = Field(default=30_000, ge=1000)
     connect_timeout_s: float = Field(default=15.0, gt=0, description="how long to wait for a broker to answer")
     compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = Field(
-        default="none", description="codec of every record batch Fulmen produces (consumers read any codec)"
+        default="zstd", description="codec of every record batch Fulmen produces (consumers read any codec)"
     )
 
     @field_validator("bootstrap")

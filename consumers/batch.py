@@ -2,7 +2,7 @@
 
 Lifecycle of a batch: poll until ``max_records`` units or ``max_wait_s`` since the first one; decode each
 record (a record that is poison goes to the dead-letter topic, the stream goes on); insert the batch into the
-store as one Arrow table or RowBinary block (retried with backoff while the store is down, never skipped)
+store as one Arrow table or pre-encoded block (Native) (retried with backoff while the store is down, never skipped)
 while the next batch is being polled; wait for the dead-letter sends to be acknowledged; then commit the
 offsets, in batch order. A crash anywhere before the commit means the
 batch is delivered again, and the tables' ReplacingMergeTree keys make the second write invisible.
@@ -24,7 +24,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from fulmen.infra.errors import PoisonInputError, RetryableError
 from fulmen.infra.kafka.dlq import DeadLetters
 from fulmen.infra.kafka.offsets import RebalanceListener, commit_offsets, describe_offsets, retrying
-from fulmen.infra.store import RowBinary, Store
+from fulmen.infra.store import EncodedRows, Store
 from fulmen.schemas.topics import TopicKey
 
 __all__ = ["BatchConsumer", "BatchStats", "Sink"]
@@ -36,7 +36,7 @@ class Sink(Protocol):
     """Turns the records of one topic into rows of one table.
 
     ``decode`` works on one record and raises :class:`PoisonInputError` for a record that will never be
-    valid; ``to_batch`` turns a batch of decoded units into one insert, an Arrow table or RowBinary rows (it
+    valid; ``to_batch`` turns a batch of decoded units into one insert, an Arrow table or pre-encoded rows (it
     may raise for a unit that decoded but cannot be stored; the batch is then converted unit by unit and the
     culprits dead-lettered).
     """
@@ -47,7 +47,7 @@ class Sink(Protocol):
 
     def decode(self, record: ConsumerRecord) -> Any: ...
 
-    def to_batch(self, units: Sequence[Any]) -> pa.Table | RowBinary: ...
+    def to_batch(self, units: Sequence[Any]) -> pa.Table | EncodedRows: ...
 
 
 @dataclass
@@ -161,7 +161,7 @@ class BatchConsumer:
             await inflight
 
     async def _insert_and_commit(
-        self, batch: pa.Table | RowBinary | None, records: list[ConsumerRecord], offsets: dict[TopicPartition, int]
+        self, batch: pa.Table | EncodedRows | None, records: list[ConsumerRecord], offsets: dict[TopicPartition, int]
     ) -> None:
         rows = await self._insert(batch) if batch is not None else 0
         await self.dead_letters.flush()
@@ -175,13 +175,13 @@ class BatchConsumer:
             self.sink.name, len(records), rows, self.sink.table, describe_offsets(offsets),
         )  # fmt: skip
 
-    async def _insert(self, batch: pa.Table | RowBinary) -> int:
+    async def _insert(self, batch: pa.Table | EncodedRows) -> int:
         return await retrying(  # no stop event: retried until the store takes it, never skipped
             lambda: asyncio.to_thread(self.store.insert_batch, self.sink.table, batch),
             what=f"{self.sink.name}: insert", retry_on=(RetryableError,), base_s=self.retry_backoff_s, logger=log,
         )  # fmt: skip
 
-    async def _to_batch(self, units: list[Any], records: list[ConsumerRecord]) -> pa.Table | RowBinary:
+    async def _to_batch(self, units: list[Any], records: list[ConsumerRecord]) -> pa.Table | EncodedRows:
         try:
             return self.sink.to_batch(units)
         except (pa.ArrowException, OverflowError, ValueError, TypeError) as batch_error:

@@ -6,7 +6,8 @@ protobuf is poison (dead-lettered); duplicates from redelivery collapse on the t
 SpanId) key.
 
 Two implementations of the flattening give the same rows: the native one (``native/otlp_rows``, Rust, about
-four times faster and writing RowBinary) when it is installed, else the pure-Python :class:`SpanColumns`
+four times faster, writing one ClickHouse Native block, columnar, which the engine takes in at a fraction of
+RowBinary's parsing cost) when it is installed, else the pure-Python :class:`SpanColumns`
 (Arrow), which is also the reference the tests hold the native one to.
 """
 
@@ -20,16 +21,14 @@ from aiokafka.structs import ConsumerRecord
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from fulmen.consumers.otlp_rows import SPAN_SCHEMA, SpanColumns
+from fulmen.consumers.otlp_rows import SpanColumns
 from fulmen.infra.errors import DecodeError
-from fulmen.infra.store import RowBinary
+from fulmen.infra.store import EncodedRows
 from fulmen.schemas import semconv
 from fulmen.schemas.ddl import TABLES
 from fulmen.schemas.topics import TopicKey
 
 __all__ = ["SpanSink", "native_flattener"]
-
-_COLUMNS = tuple(field.name for field in SPAN_SCHEMA)
 
 
 def native_flattener() -> Any | None:
@@ -56,6 +55,7 @@ class SpanSink:
         self.flattener = native_flattener() if native in (None, True) else None
         if native is True and self.flattener is None:
             raise ImportError("the native span flattener (fulmen.consumers._otlp_rows) is not built: make install")
+        self._native_columns = tuple(self.flattener.columns()) if self.flattener is not None else ()
 
     @property
     def native(self) -> bool:
@@ -77,10 +77,10 @@ class SpanSink:
             raise DecodeError(f"ExportTraceServiceRequest: not valid OTLP protobuf ({exc})", **where) from None
         return request
 
-    def to_batch(self, units: Sequence[Any]) -> pa.Table | RowBinary:
+    def to_batch(self, units: Sequence[Any]) -> pa.Table | EncodedRows:
         if self.flattener is not None:
             data, rows = self.flattener.flatten(list(units))
-            return RowBinary(_COLUMNS, data, rows)
+            return EncodedRows(self._native_columns, data, rows, fmt="Native")
         columns = SpanColumns()
         for request in units:
             columns.add_request(request)

@@ -3,10 +3,10 @@
 from fulmen.infra.store.read_endpoint import ReadEndpoint, RemoteReader
 from fulmen.infra.store.reads import QueryResult, SqlReader
 from fulmen.infra.store.sql_guard import ReadOnlyError
-from fulmen.infra.store.store import RowBinary, Store
+from fulmen.infra.store.store import EncodedRows, Store
 
 __all__ = [
-    "QueryResult", "ReadEndpoint", "ReadOnlyError", "RemoteReader", "RowBinary", "SqlReader", "Store", "open_reader",
+    "EncodedRows", "QueryResult", "ReadEndpoint", "ReadOnlyError", "RemoteReader", "SqlReader", "Store", "open_reader",
 ]  # fmt: skip
 
 

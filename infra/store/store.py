@@ -30,7 +30,7 @@ from fulmen.infra.store.reads import QueryResult, SqlReader, connect_embedded, c
 from fulmen.infra.store.sql_guard import ReadOnlyError
 from fulmen.schemas.ddl import MIGRATIONS, MIGRATIONS_TABLE, Migration
 
-__all__ = ["QueryResult", "ReadOnlyError", "RowBinary", "Store"]
+__all__ = ["EncodedRows", "QueryResult", "ReadOnlyError", "Store"]
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +40,13 @@ _embedded: dict[Path, Client] = {}
 
 
 @dataclass(frozen=True)
-class RowBinary:
-    """Rows already encoded in ClickHouse's RowBinary format, for ``columns`` in that order."""
+class EncodedRows:
+    """Rows already encoded in a ClickHouse input format (``fmt``: Native, RowBinary, ...) for ``columns``."""
 
     columns: tuple[str, ...]
     data: bytes
     num_rows: int
+    fmt: str = "Native"
 
 
 class Store:
@@ -141,14 +142,14 @@ class Store:
             raise RetryableError(f"insert into {self.table(table)} ({data.num_rows} rows) failed: {exc}") from exc
         return data.num_rows
 
-    def insert_batch(self, table: str, batch: pa.Table | RowBinary) -> int:
-        """Insert an Arrow table or pre-encoded RowBinary rows as one batch; return the number of rows."""
+    def insert_batch(self, table: str, batch: pa.Table | EncodedRows) -> int:
+        """Insert an Arrow table or pre-encoded rows as one batch; return the number of rows."""
         if isinstance(batch, pa.Table):
             return self.insert_arrow(table, batch)
         if batch.num_rows == 0:
             return 0
         try:
-            self.client.raw_insert(self.table(table), list(batch.columns), batch.data, fmt="RowBinary")
+            self.client.raw_insert(self.table(table), list(batch.columns), batch.data, fmt=batch.fmt)
         except ClickHouseError as exc:
             raise RetryableError(f"insert into {self.table(table)} ({batch.num_rows} rows) failed: {exc}") from exc
         return batch.num_rows

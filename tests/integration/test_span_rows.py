@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from fulmen.consumers.otlp_rows import SPAN_SCHEMA
 from fulmen.consumers.spans import SpanSink, native_flattener
 from fulmen.infra.store import Store
 from fulmen.schemas import semconv
@@ -138,6 +139,11 @@ def test_native_rows_equal_the_reference(store: Store, batch: list[ExportTraceSe
     store.insert_batch("native_spans", native.to_batch(payloads))
     store.insert_batch("python_spans", python.to_batch([ExportTraceServiceRequest.FromString(p) for p in payloads]))
     assert _rows(store, "native_spans") == _rows(store, "python_spans")
+
+
+def test_native_block_has_the_columns_of_the_reference() -> None:
+    """The Native block names the columns of SPAN_SCHEMA, in its order (the insert lists them so)."""
+    assert tuple(native_flattener().columns()) == tuple(SPAN_SCHEMA.names)
 
 
 def test_native_check_rejects_what_protobuf_rejects() -> None:

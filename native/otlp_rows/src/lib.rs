@@ -1,7 +1,7 @@
 //! Native span flattening for Fulmen's spans consumer.
 //!
 //! Decodes OTLP `ExportTraceServiceRequest` protobuf (the records of the spans topic) and writes the rows of
-//! the `otel_traces` table in ClickHouse's RowBinary format, in the column order the caller gives. It is the
+//! the `otel_traces` table as one ClickHouse Native block (columnar; `COLUMNS` names them and their types). It is the
 //! fast twin of `consumers/otlp_rows.py::SpanColumns`, which stays the reference: the tests check that both
 //! produce the same rows. The attribute keys with a meaning (rollout id, token ids, ...) come from Python's
 //! `schemas.semconv` when the `Flattener` is built, so no key is spelled here.
@@ -12,11 +12,45 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 mod json;
+mod native;
 mod proto;
-mod rowbinary;
 
 use proto::{any_value::Value, AnyValue, ExportTraceServiceRequest, KeyValue, Span};
-use rowbinary::Writer;
+use native::{Block, Row};
+
+/// The block's columns, in `otel_traces` (and `SPAN_SCHEMA`) order, with the Native types written for them.
+const COLUMNS: &[(&str, &str)] = &[
+    ("Timestamp", "DateTime64(9, 'UTC')"),
+    ("TraceId", "String"),
+    ("SpanId", "String"),
+    ("ParentSpanId", "String"),
+    ("TraceState", "String"),
+    ("SpanName", "String"),
+    ("SpanKind", "String"),
+    ("ServiceName", "String"),
+    ("ResourceAttributes", "Map(String, String)"),
+    ("ScopeName", "String"),
+    ("ScopeVersion", "String"),
+    ("SpanAttributes", "Map(String, String)"),
+    ("Duration", "UInt64"),
+    ("StatusCode", "String"),
+    ("StatusMessage", "String"),
+    ("Events.Timestamp", "Array(DateTime64(9, 'UTC'))"),
+    ("Events.Name", "Array(String)"),
+    ("Events.Attributes", "Array(Map(String, String))"),
+    ("Links.TraceId", "Array(String)"),
+    ("Links.SpanId", "Array(String)"),
+    ("Links.TraceState", "Array(String)"),
+    ("Links.Attributes", "Array(Map(String, String))"),
+    ("RolloutId", "String"),
+    ("Attempt", "UInt32"),
+    ("AgentName", "String"),
+    ("ModelVersion", "Nullable(UInt64)"),
+    ("PromptTokenIds", "Array(UInt32)"),
+    ("ResponseTokenIds", "Array(UInt32)"),
+    ("ResponseLogprobs", "Array(Float32)"),
+    ("Reward", "Nullable(Float64)"),
+];
 
 const KINDS: [&str; 6] = ["Unspecified", "Internal", "Server", "Client", "Producer", "Consumer"];
 const STATUS: [&str; 3] = ["Unset", "Ok", "Error"];
@@ -60,17 +94,23 @@ impl Flattener {
         ExportTraceServiceRequest::decode(data).err().map(|e| e.to_string())
     }
 
-    /// RowBinary rows for every span of every request, and how many rows.
+    /// The names of the block's columns, in order.
+    #[staticmethod]
+    fn columns() -> Vec<&'static str> {
+        COLUMNS.iter().map(|(name, _)| *name).collect()
+    }
+
+    /// One Native block of every span of every request, and how many rows it holds.
     fn flatten<'py>(&self, py: Python<'py>, requests: Vec<Vec<u8>>) -> PyResult<(Bound<'py, PyBytes>, usize)> {
         let (out, rows) = py
             .detach(|| {
-                let mut w = Writer::with_capacity(requests.iter().map(|r| r.len() + r.len() / 2).sum());
-                let mut rows = 0usize;
+                let mut block = Block::new(COLUMNS);
                 for data in &requests {
                     let request = ExportTraceServiceRequest::decode(data.as_slice()).map_err(|e| e.to_string())?;
-                    rows += self.write_request(&mut w, &request);
+                    self.write_request(&mut block, &request);
                 }
-                Ok::<_, String>((w.into_inner(), rows))
+                let rows = block.rows();
+                Ok::<_, String>((block.into_bytes(), rows))
             })
             .map_err(PyValueError::new_err)?;
         Ok((PyBytes::new(py, &out), rows))
@@ -91,8 +131,7 @@ impl<'a> Typed<'a> {
 }
 
 impl Flattener {
-    fn write_request(&self, w: &mut Writer, request: &ExportTraceServiceRequest) -> usize {
-        let mut rows = 0;
+    fn write_request(&self, block: &mut Block, request: &ExportTraceServiceRequest) {
         for resource_spans in &request.resource_spans {
             let empty = Vec::new();
             let resource_kvs = resource_spans.resource.as_ref().map(|r| &r.attributes).unwrap_or(&empty);
@@ -102,18 +141,16 @@ impl Flattener {
             for scope_spans in &resource_spans.scope_spans {
                 let (scope_name, scope_version) = scope_spans.scope.as_ref().map(|s| (s.name.as_str(), s.version.as_str())).unwrap_or(("", ""));
                 for span in &scope_spans.spans {
-                    self.write_span(w, span, &resource, service, scope_name, scope_version, &last);
-                    rows += 1;
+                    self.write_span(&mut block.row(), span, &resource, service, scope_name, scope_version, &last);
                 }
             }
         }
-        rows
     }
 
     #[allow(clippy::too_many_arguments)]
     fn write_span<'a>(
         &self,
-        w: &mut Writer,
+        w: &mut Row,
         span: &'a Span,
         resource: &[(&str, String)],
         service: &str,
@@ -144,64 +181,71 @@ impl Flattener {
             typed.texts.push((key, t));
         }
         let (start, end) = (span.start_time_unix_nano, span.end_time_unix_nano);
-        w.i64(start as i64);
-        w.hex(&span.trace_id);
-        w.hex(&span.span_id);
-        w.hex(&span.parent_span_id);
-        w.str(&span.trace_state);
-        w.str(&span.name);
-        w.str(&enum_name(&KINDS, span.kind));
-        w.str(service);
-        w.map(resource.iter().map(|(k, v)| (*k, v.as_str())), resource.len());
-        w.str(scope_name);
-        w.str(scope_version);
-        w.map(attrs.iter().map(|(k, v)| (*k, v.as_str())), attrs.len());
-        w.u64(end.saturating_sub(start));
+        w.next().i64(start as i64);
+        w.next().hex(&span.trace_id);
+        w.next().hex(&span.span_id);
+        w.next().hex(&span.parent_span_id);
+        w.next().str(&span.trace_state);
+        w.next().str(&span.name);
+        w.next().str(&enum_name(&KINDS, span.kind));
+        w.next().str(service);
+        w.next().map(resource.iter().map(|(k, v)| (*k, v.as_str())), resource.len());
+        w.next().str(scope_name);
+        w.next().str(scope_version);
+        w.next().map(attrs.iter().map(|(k, v)| (*k, v.as_str())), attrs.len());
+        w.next().u64(end.saturating_sub(start));
         let (code, message) = span.status.as_ref().map(|s| (s.code, s.message.as_str())).unwrap_or((0, ""));
-        w.str(&enum_name(&STATUS, code));
-        w.str(message);
+        w.next().str(&enum_name(&STATUS, code));
+        w.next().str(message);
         write_events_and_links(w, span);
         self.write_typed(w, &typed, resource_get);
     }
 
-    fn write_typed<'a>(&self, w: &mut Writer, typed: &Typed, resource_get: &dyn Fn(&str) -> Option<&'a str>) {
+    fn write_typed<'a>(&self, w: &mut Row, typed: &Typed, resource_get: &dyn Fn(&str) -> Option<&'a str>) {
         let rollout = typed.get(&self.rollout_id).filter(|v| !v.is_empty()).or_else(|| resource_get(&self.rollout_id)).unwrap_or("");
-        w.str(rollout);
+        w.next().str(rollout);
         let attempt = typed.get(&self.attempt).filter(|v| !v.is_empty()).or_else(|| resource_get(&self.attempt));
-        w.u32(attempt.and_then(|t| whole(t, 4_294_967_296.0)).unwrap_or(0) as u32);
+        w.next().u32(attempt.and_then(|t| whole(t, 4_294_967_296.0)).unwrap_or(0) as u32);
         let agent = self.agent_keys.iter().find_map(|k| typed.get(k).filter(|v| !v.is_empty())).unwrap_or("");
-        w.str(agent);
-        w.nullable_u64(typed.get(&self.model_version).and_then(|t| whole(t, 9_223_372_036_854_775_808.0)));
-        w.u32s(typed.prompt.as_deref().unwrap_or(&[]));
-        w.u32s(typed.response.as_deref().unwrap_or(&[]));
-        w.f32s(typed.logprobs.as_deref().unwrap_or(&[]));
+        w.next().str(agent);
+        w.next().nullable_u64(typed.get(&self.model_version).and_then(|t| whole(t, 9_223_372_036_854_775_808.0)));
+        w.next().u32s(typed.prompt.as_deref().unwrap_or(&[]));
+        w.next().u32s(typed.response.as_deref().unwrap_or(&[]));
+        w.next().f32s(typed.logprobs.as_deref().unwrap_or(&[]));
         let reward = self.reward_keys.iter().find_map(|k| typed.get(k)).and_then(strict_number);
-        w.nullable_f64(reward);
+        w.next().nullable_f64(reward);
     }
 }
 
-fn write_events_and_links(w: &mut Writer, span: &Span) {
-    let events = &span.events;
-    w.len(events.len());
-    for e in events { w.i64(e.time_unix_nano as i64) }
-    w.len(events.len());
-    for e in events { w.str(&e.name) }
-    w.len(events.len());
-    for e in events { write_attrs(w, &e.attributes) }
-    let links = &span.links;
-    w.len(links.len());
-    for l in links { w.hex(&l.trace_id) }
-    w.len(links.len());
-    for l in links { w.hex(&l.span_id) }
-    w.len(links.len());
-    for l in links { w.str(&l.trace_state) }
-    w.len(links.len());
-    for l in links { write_attrs(w, &l.attributes) }
+fn write_events_and_links(w: &mut Row, span: &Span) {
+    let (events, links) = (&span.events, &span.links);
+    let c = w.next();
+    c.array(events.len());
+    for e in events { c.i64(e.time_unix_nano as i64) }
+    let c = w.next();
+    c.array(events.len());
+    for e in events { c.str(&e.name) }
+    let c = w.next();
+    c.array(events.len());
+    for e in events { write_attrs(c, &e.attributes) }
+    let c = w.next();
+    c.array(links.len());
+    for l in links { c.hex(&l.trace_id) }
+    let c = w.next();
+    c.array(links.len());
+    for l in links { c.hex(&l.span_id) }
+    let c = w.next();
+    c.array(links.len());
+    for l in links { c.str(&l.trace_state) }
+    let c = w.next();
+    c.array(links.len());
+    for l in links { write_attrs(c, &l.attributes) }
 }
 
-fn write_attrs(w: &mut Writer, kvs: &[KeyValue]) {
+/// One map of an Array(Map(String, String)) column (the attributes of an event or a link).
+fn write_attrs(c: &mut native::Column, kvs: &[KeyValue]) {
     let texts: Vec<(&str, String)> = kvs.iter().map(|kv| (kv.key.as_str(), text(kv.value.as_ref()))).collect();
-    w.map(texts.iter().map(|(k, v)| (*k, v.as_str())), texts.len());
+    c.inner_map(texts.iter().map(|(k, v)| (*k, v.as_str())), texts.len());
 }
 
 fn enum_name(names: &[&str], value: i32) -> String {

@@ -24,7 +24,8 @@ $(STAMP): pyproject.toml requirements.lock $(NATIVE_SOURCES)
 	@if command -v cargo >/dev/null; then \
 		echo "building the native span flattener ($(NATIVE), Rust) into consumers/ (fulmen.consumers._otlp_rows)..."; \
 		cargo build -q --release --manifest-path $(NATIVE)/Cargo.toml && \
-		cp $(NATIVE)/target/release/libfulmen_otlp_rows.so consumers/_otlp_rows.abi3.so; \
+		cp $(NATIVE)/target/release/libfulmen_otlp_rows.so consumers/_otlp_rows.abi3.so.tmp && \
+		mv -f consumers/_otlp_rows.abi3.so.tmp consumers/_otlp_rows.abi3.so; \
 	else \
 		echo "note: cargo not found, so the native span flattener is not built; spans use the Python path"; \
 	fi

@@ -219,27 +219,22 @@ impl Flattener {
 
 fn write_events_and_links(w: &mut Row, span: &Span) {
     let (events, links) = (&span.events, &span.links);
+    array_column(w, events, |c, e| c.i64(e.time_unix_nano as i64));
+    array_column(w, events, |c, e| c.str(&e.name));
+    array_column(w, events, |c, e| write_attrs(c, &e.attributes));
+    array_column(w, links, |c, l| c.hex(&l.trace_id));
+    array_column(w, links, |c, l| c.hex(&l.span_id));
+    array_column(w, links, |c, l| c.str(&l.trace_state));
+    array_column(w, links, |c, l| write_attrs(c, &l.attributes));
+}
+
+/// The row's next column, an array with one element per item, each written by `element`.
+fn array_column<T>(w: &mut Row, items: &[T], element: impl Fn(&mut native::Column, &T)) {
     let c = w.next();
-    c.array(events.len());
-    for e in events { c.i64(e.time_unix_nano as i64) }
-    let c = w.next();
-    c.array(events.len());
-    for e in events { c.str(&e.name) }
-    let c = w.next();
-    c.array(events.len());
-    for e in events { write_attrs(c, &e.attributes) }
-    let c = w.next();
-    c.array(links.len());
-    for l in links { c.hex(&l.trace_id) }
-    let c = w.next();
-    c.array(links.len());
-    for l in links { c.hex(&l.span_id) }
-    let c = w.next();
-    c.array(links.len());
-    for l in links { c.str(&l.trace_state) }
-    let c = w.next();
-    c.array(links.len());
-    for l in links { write_attrs(c, &l.attributes) }
+    c.array(items.len());
+    for item in items {
+        element(c, item);
+    }
 }
 
 /// One map of an Array(Map(String, String)) column (the attributes of an event or a link).

@@ -34,6 +34,10 @@ __all__ = ["EncodedRows", "QueryResult", "ReadOnlyError", "Store"]
 
 log = logging.getLogger(__name__)
 
+# A Native block may declare plainer types than the table's (String for LowCardinality(String)): the engine converts
+# them where this is on (the default, said explicitly so that a server profile turning it off cannot refuse inserts).
+_INPUT_SETTINGS = {"Native": {"input_format_native_allow_types_conversion": 1}}
+
 # chdb allows one directory per process: remember which one this process opened.
 _embedded_lock = threading.Lock()
 _embedded: dict[Path, Client] = {}
@@ -149,7 +153,8 @@ class Store:
         if batch.num_rows == 0:
             return 0
         try:
-            self.client.raw_insert(self.table(table), list(batch.columns), batch.data, fmt=batch.fmt)
+            self.client.raw_insert(self.table(table), list(batch.columns), batch.data, fmt=batch.fmt,
+                                   settings=_INPUT_SETTINGS.get(batch.fmt))  # fmt: skip
         except ClickHouseError as exc:
             raise RetryableError(f"insert into {self.table(table)} ({batch.num_rows} rows) failed: {exc}") from exc
         return batch.num_rows

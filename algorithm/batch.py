@@ -145,6 +145,35 @@ class TrainBatch:
         order = torch.argsort(self.attention_mask.sum(dim=-1), stable=True)
         return TrainBatch(**{f.name: getattr(self, f.name)[order] for f in dataclasses.fields(self)})
 
+    def by_prefix(self) -> TrainBatch:
+        """The same rows in lexicographic order of their tokens: rows that share a prefix become neighbours (a
+        GRPO group's calls, an episode's later calls after its earlier ones), so consecutive micro-batches hold
+        whole prefix trees (:mod:`fulmen.algorithm.trainer.prefix_tree`)."""
+        lengths = self.attention_mask.sum(dim=-1).tolist()
+        rows = [row[:length] for row, length in zip(self.input_ids.tolist(), lengths, strict=True)]
+        order = torch.tensor(sorted(range(self.size), key=rows.__getitem__), dtype=torch.long)
+        return TrainBatch(**{f.name: getattr(self, f.name)[order.to(self.input_ids.device)]
+                             for f in dataclasses.fields(self)})  # fmt: skip
+
+    def split_by_tree(self, max_nodes: int) -> list[TrainBatch]:
+        """Consecutive micro-batches whose rows' prefix tree holds at most ``max_nodes`` tokens (a longer row is a
+        micro-batch alone), each cut to its longest row. In lexicographic order (:meth:`by_prefix`) a row adds its
+        length minus its common prefix with the row before it to the tree."""
+        if max_nodes < 1:
+            raise ValueError(f"max_nodes must be >= 1; got {max_nodes}")
+        lengths = self.attention_mask.sum(dim=-1).tolist()
+        rows = [row[:length] for row, length in zip(self.input_ids.tolist(), lengths, strict=True)]
+        parts, start, nodes = [], 0, 0
+        for index, row in enumerate(rows):
+            added = len(row) - (_common_prefix(rows[index - 1], row) if index > start else 0)
+            if index > start and nodes + added > max_nodes:
+                parts.append(self.rows(start, index))
+                start, added = index, len(row)
+                nodes = 0
+            nodes += added
+        parts.append(self.rows(start, self.size))
+        return parts
+
     def with_old_logprobs(self, computed: Tensor, *, overwrite: bool = False) -> TrainBatch:
         """Fill the rows without recorded logprobs (all rows when ``overwrite``) from ``computed [B, T]``.
 
@@ -156,6 +185,15 @@ class TrainBatch:
         filled = computed.detach().to(self.old_logprobs.dtype) * self.response_mask
         old = torch.where(take[:, None], filled, self.old_logprobs)
         return dataclasses.replace(self, old_logprobs=old, has_old_logprobs=torch.ones_like(self.has_old_logprobs))
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    count = 0
+    for x, y in zip(a, b, strict=False):  # the shorter one bounds it
+        if x != y:
+            break
+        count += 1
+    return count
 
 
 def collate(samples: Sequence[Sample], pad_id: int, max_len: int | None = None) -> TrainBatch:

@@ -120,6 +120,10 @@ class TrainSection(BaseModel):
     consumer_group: str = Field(default="fulmen.trainer", description="the collector's consumer group")
     lr: float = Field(default=1e-5, gt=0)
     micro_batch_size: int = Field(default=8, ge=1)
+    micro_batch_tokens: int = Field(default=0, ge=0, description="torch trainer: micro-batches of rows that share "
+                                    "prefixes, at most this many distinct tokens each (a GRPO group's shared "
+                                    "prompt and an episode's repeated turns computed once); 0 = micro_batch_size "
+                                    "rows by length")  # fmt: skip
     epochs_per_batch: int = Field(default=1, ge=1)
     policy_loss: str = Field(default="ppo_clip", description="ppo_clip, dapo, gspo, cispo (fulmen.algorithm.losses)")
     loss_aggregation: str = Field(default="token_mean", description="token_mean (over the batch's tokens) or "

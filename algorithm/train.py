@@ -216,7 +216,8 @@ def torch_config(options: TrainSection, model_path: str):  # -> TorchTrainerConf
     lora = LoraSettings(r=options.lora_r, alpha=2.0 * options.lora_r) if options.lora_r else None
     return TorchTrainerConfig(
         model_path=model_path, device=options.device, dtype=options.dtype, lr=options.lr,
-        micro_batch_size=options.micro_batch_size, epochs_per_batch=options.epochs_per_batch,
+        micro_batch_size=options.micro_batch_size, micro_batch_tokens=options.micro_batch_tokens or None,
+        epochs_per_batch=options.epochs_per_batch,
         clip_eps=options.clip_eps, clip_eps_high=options.clip_eps_high, policy_loss=options.policy_loss,
         aggregation=options.loss_aggregation, kl_coef=options.kl_coef, lora=lora, seed=options.seed,
         max_len=options.max_len, recompute_old_logprobs=options.recompute_old_logprobs,

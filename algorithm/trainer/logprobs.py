@@ -21,6 +21,12 @@ builds the block-diagonal causal mask from the position ids (``find_packed_seque
 another sequence's and the padding is never computed. Attention over the packed row costs ``N^2`` query-key
 pairs against ``B T^2`` padded, so :func:`worth_packing` packs only when the tokens saved outweigh that (a cost
 model of one decoder layer) and the packed mask stays small; long rollouts keep their padded rows.
+
+Shared prefixes (same models; sdpa or eager attention): rows that start alike (a GRPO group's calls share their
+prompt; an episode's later call repeats its earlier turns) run as their prefix tree (:mod:`.prefix_tree`): one
+packed row of the tree's nodes, each at its depth, under a mask that lets a node see its ancestors only. Every
+shared token is computed once, and values and gradients are those of the separate rows. Chosen by the same cost
+model when the tree is smaller than the rows' tokens (:func:`shared_prefix_tree`).
 """
 
 from __future__ import annotations
@@ -28,15 +34,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fulmen.algorithm.trainer.prefix_tree import PrefixTree, build_prefix_tree
+
 __all__ = [
-    "CHUNK_ELEMENTS", "PACKED_MASK_ELEMENTS", "PLAIN_HEAD_ARCHITECTURES", "gather_logprobs", "plain_head",
-    "token_logprobs", "worth_packing",
+    "CHUNK_ELEMENTS", "PACKED_MASK_ELEMENTS", "PLAIN_HEAD_ARCHITECTURES", "TREE_ATTENTION", "gather_logprobs",
+    "plain_head", "shared_prefix_tree", "token_logprobs", "worth_packing",
 ]  # fmt: skip
 
 CHUNK_ELEMENTS = 1 << 25  # float32 elements per chunk (128 MiB): rows per chunk = CHUNK_ELEMENTS // vocab
 # Causal LMs whose forward is ``logits = lm_head(model(...).last_hidden_state)``: no logit scaling or softcapping.
 PLAIN_HEAD_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"})
 PACKED_MASK_ELEMENTS = 1 << 24  # the packed row's [N, N] mask at most (16M: N <= 4096); longer batches stay padded
+TREE_ATTENTION = frozenset({"sdpa", "eager"})  # attention implementations that take a custom [B, 1, Q, K] mask
 
 
 class _GatherLogprobs(torch.autograd.Function):
@@ -110,6 +119,9 @@ def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
     parts = plain_head(model) if response_mask is not None else None
     if parts is not None:
         hidden_size = getattr(getattr(model, "config", None), "hidden_size", None)
+        tree = shared_prefix_tree(model, input_ids, attention_mask)
+        if tree is not None:
+            return _tree_logprobs(*parts, tree, input_ids, response_mask.bool(), _tree_mask(model, tree))
         pack = hidden_size is not None and worth_packing(attention_mask.sum(dim=-1), input_ids.shape[1], hidden_size)
         return _response_logprobs(*parts, input_ids, attention_mask, response_mask.bool(), pack=pack)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
@@ -134,6 +146,54 @@ def worth_packing(lengths: Tensor, width: int, hidden_size: int) -> bool:
     if rows < 2 or tokens == rows * width or tokens * tokens > PACKED_MASK_ELEMENTS:
         return False
     return 6 * hidden_size * tokens + tokens * tokens < 6 * hidden_size * rows * width + rows * width * width
+
+
+def shared_prefix_tree(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor) -> PrefixTree | None:
+    """The rows' prefix tree (:mod:`.prefix_tree`) when running it saves work over both the padded rows and the
+    packed row (the cost model of :func:`worth_packing`, with the tree's ``N`` nodes as its tokens), its mask stays
+    within :data:`PACKED_MASK_ELEMENTS`, and the model's attention takes a custom mask (sdpa, eager); else None."""
+    config = getattr(model, "config", None)
+    hidden_size = getattr(config, "hidden_size", None)
+    if hidden_size is None or getattr(config, "_attn_implementation", None) not in TREE_ATTENTION or len(input_ids) < 2:
+        return None
+    lengths = attention_mask.sum(dim=-1)
+    rows, width, tokens = lengths.numel(), input_ids.shape[1], int(lengths.sum())
+    tree = build_prefix_tree(input_ids, attention_mask)
+    nodes = tree.size
+    if nodes >= tokens or nodes * nodes > PACKED_MASK_ELEMENTS:
+        return None  # nothing shared (plain packing does as well), or too large a mask
+
+    def cost(n: int, pairs: int) -> int:
+        return 6 * hidden_size * n + pairs
+
+    best_other = min(cost(rows * width, rows * width * width), cost(tokens, tokens * tokens))
+    return tree if cost(nodes, nodes * nodes) < best_other else None
+
+
+def _tree_mask(model: torch.nn.Module, tree: PrefixTree) -> Tensor:
+    """The tree's ``[1, 1, N, N]`` mask as the model's attention takes it: bool (sdpa), additive float (eager)."""
+    allowed = tree.attention_mask()[None, None]
+    if model.config._attn_implementation == "sdpa":
+        return allowed
+    dtype = torch.get_autocast_dtype(allowed.device.type) if torch.is_autocast_enabled(allowed.device.type) else (
+        next(model.parameters()).dtype)  # fmt: skip
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def _tree_logprobs(decoder: torch.nn.Module, head: torch.nn.Module, tree: PrefixTree, input_ids: Tensor,
+                   wanted: Tensor, mask: Tensor) -> Tensor:  # fmt: skip
+    """The logprobs of the ``wanted`` tokens with the decoder run once over the rows' prefix tree: each row's
+    token t is predicted by the state of its node at t - 1 (rows through one node share its state)."""
+    predictors = torch.zeros_like(wanted)
+    predictors[:, :-1] = wanted[:, 1:]
+    wanted = wanted.clone()
+    wanted[:, 0] = False
+    states = decoder(input_ids=tree.token_ids[None], position_ids=tree.depth[None], attention_mask=mask,
+                     use_cache=False).last_hidden_state[0]  # fmt: skip
+    logits = head(states[tree.node_of[predictors]])  # [N, V]: predictors and wanted in the same row-major order
+    with torch.autocast(device_type=logits.device.type, enabled=False):
+        picked = gather_logprobs(logits, input_ids[wanted])
+    return torch.zeros(wanted.shape, dtype=picked.dtype, device=picked.device).masked_scatter(wanted, picked)
 
 
 def _response_logprobs(decoder: torch.nn.Module, head: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,

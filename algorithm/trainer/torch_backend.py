@@ -79,7 +79,10 @@ class TorchTrainerConfig:
     ``device``: "auto" (cuda when available), "cpu", "cuda" or "cuda:N". ``dtype``: compute dtype, "auto"
     (bfloat16 on a GPU that supports it, else float32), "float32" or "bfloat16". ``max_grad_norm``: None
     turns clipping off. ``kl_coef``: 0 loads no reference model. ``lora``: None trains every weight.
-    ``max_len``: longest prompt + response accepted by ``collate`` (None: no limit). ``clip_eps`` /
+    ``max_len``: longest prompt + response accepted by ``collate`` (None: no limit). ``micro_batch_tokens``:
+    micro-batches of rows in lexicographic order whose prefix tree holds at most this many tokens (the rows' shared
+    prefixes computed once: :mod:`~fulmen.algorithm.trainer.prefix_tree`), instead of ``micro_batch_size`` rows by
+    length. ``clip_eps`` /
     ``clip_eps_high``: the policy loss's clip range below / above 1 (``clip_eps_high`` None: the loss's own
     default, ``clip_eps`` for ppo_clip). ``correction``: None, or an off-policy correction by name, with its
     ``correction_level`` (token, sequence) and bounds ``correction_low`` / ``correction_high`` on the ratio.
@@ -93,6 +96,7 @@ class TorchTrainerConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float | None = 1.0
     micro_batch_size: int = 8
+    micro_batch_tokens: int | None = None
     epochs_per_batch: int = 1
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
@@ -114,6 +118,10 @@ class TorchTrainerConfig:
             for broken, text in (
                 (self.lr <= 0, f"lr must be > 0 (got {self.lr})"),
                 (self.micro_batch_size < 1, f"micro_batch_size must be >= 1 (got {self.micro_batch_size})"),
+                (
+                    self.micro_batch_tokens is not None and self.micro_batch_tokens < 1,
+                    f"micro_batch_tokens must be >= 1 or None (got {self.micro_batch_tokens})",
+                ),
                 (self.epochs_per_batch < 1, f"epochs_per_batch must be >= 1 (got {self.epochs_per_batch})"),
                 (not 0 < self.clip_eps <= 1, f"clip_eps must be in (0, 1] (got {self.clip_eps})"),
                 (self.clip_eps_high is not None and self.clip_eps_high <= 0, "clip_eps_high must be > 0 or None"),
@@ -232,8 +240,11 @@ class TorchTrainer:
         return batch_normalizer(mask, mode)
 
     def _micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
-        """The micro-batches of ``batch``, its rows by length first (little padding; sharded: as many on every
-        rank, each forward being a collective)."""
+        """The micro-batches of ``batch``: with ``micro_batch_tokens``, rows in lexicographic order cut by the size
+        of their prefix tree (shared prefixes in one micro-batch); else its rows by length first, ``micro_batch_size``
+        at a time (little padding). Sharded: as many on every rank, each forward being a collective."""
+        if self.config.micro_batch_tokens is not None:
+            return batch.by_prefix().split_by_tree(self.config.micro_batch_tokens)
         return batch.by_length().split(self.config.micro_batch_size)
 
     def _logprobs(self, model: torch.nn.Module, mb: TrainBatch) -> Tensor:

@@ -88,3 +88,16 @@ def test_behaviour_logprobs_are_the_recorded_ones_and_survive_a_recompute() -> N
     assert part.behaviour_logprobs.tolist() == [[0, 0, -1.0]] and part.has_behaviour_logprobs.tolist() == [True]
     with pytest.raises(ValueError, match="behaviour_logprobs must be"):
         TrainBatch(**{**vars(batch), "behaviour_logprobs": batch.behaviour_logprobs[:, :2]})
+
+
+def test_by_prefix_sorts_rows_by_their_tokens_and_split_by_tree_counts_shared_prefixes_once() -> None:
+    """Rows [5 6 7], [1 2 3 4], [1 2 9], [5 6 8]: sorted [1 2 3 4], [1 2 9], [5 6 7], [5 6 8]; the tree of the first two
+    holds 5 tokens (4 + 3 - 2 shared), of the last two 4; a budget of 5 cuts between them, one of 3 leaves the
+    4-token row alone."""
+    batch = collate([Sample([5, 6], [7]), Sample([1, 2], [3, 4]), Sample([1, 2], [9]), Sample([5, 6], [8])], pad_id=0)
+    ordered = batch.by_prefix()
+    assert ordered.input_ids.tolist() == [[1, 2, 3, 4], [1, 2, 9, 0], [5, 6, 7, 0], [5, 6, 8, 0]]
+    assert ordered.response_mask.tolist()[1] == [0.0, 0.0, 1.0, 0.0]  # every field moved with its row
+    assert [part.size for part in ordered.split_by_tree(5)] == [2, 2]
+    assert [part.size for part in ordered.split_by_tree(9)] == [4]
+    assert [part.size for part in ordered.split_by_tree(3)] == [1, 1, 1, 1]

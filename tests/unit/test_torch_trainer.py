@@ -75,11 +75,13 @@ def test_one_grpo_step_changes_every_trainable_parameter(model_dir: Path) -> Non
     assert metrics.ratio_mean == pytest.approx(1.0) and metrics.clip_fraction == 0.0  # one epoch: on-policy
 
 
+@pytest.mark.parametrize("split", [{"micro_batch_size": 5}, {"micro_batch_tokens": 40}], ids=["rows", "tree"])
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean"])
-def test_gradient_accumulation_equals_one_large_batch(model_dir: Path, aggregation: str) -> None:
-    samples = make_samples(1)  # 12 samples of ragged lengths
+def test_gradient_accumulation_equals_one_large_batch(model_dir: Path, aggregation: str, split: dict) -> None:
+    samples = make_samples(1)  # 12 samples of ragged lengths, in 3 groups sharing their prompts
     whole = make_trainer(model_dir, lr=1e-6, micro_batch_size=12, aggregation=aggregation)
-    pieces = make_trainer(model_dir, lr=1e-6, micro_batch_size=5, aggregation=aggregation)  # 5 + 5 + 2 rows
+    pieces = make_trainer(model_dir, lr=1e-6, aggregation=aggregation, **split)  # 5 + 5 + 2 rows, or 3+ trees
+    assert len(pieces._micro_batches(pieces._prepare(samples))) >= 3
     whole_metrics, pieces_metrics = whole.step(samples), pieces.step(samples)
     assert pieces_metrics.loss == pytest.approx(whole_metrics.loss, rel=1e-5, abs=1e-7)
     assert pieces_metrics.grad_norm == pytest.approx(whole_metrics.grad_norm, rel=1e-5)
@@ -221,15 +223,22 @@ def test_token_logprobs_match_log_softmax_and_ignore_padding(model_dir: Path) ->
     torch.testing.assert_close(alone[0, :width], got[2, :width], rtol=1e-5, atol=1e-5)  # padding changes nothing
 
 
-@pytest.mark.parametrize("pack", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("layout", ["padded", "packed", "tree"])
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_response_only_logprobs_equal_the_full_forward_in_values_and_gradients(
-    model_dir: Path, lora: bool, pack: bool, monkeypatch: pytest.MonkeyPatch
+    model_dir: Path, lora: bool, layout: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the response mask, the head runs on the response's predecessors only: the same logprobs there (0
     elsewhere) and the same gradient of a loss over the response, for the model and for a PEFT model around it,
-    with the rows padded or packed into one (a sequence sees none of the others' tokens)."""
-    monkeypatch.setattr(logprobs_module, "worth_packing", lambda *_: pack)
+    with the rows padded, packed into one (a sequence sees none of the others' tokens), or merged into their
+    prefix tree (the groups' shared prompts computed once)."""
+    monkeypatch.setattr(logprobs_module, "worth_packing", lambda *_: layout == "packed")
+    if layout != "tree":
+        monkeypatch.setattr(logprobs_module, "shared_prefix_tree", lambda *_: None)
+    else:
+        used = []
+        real = logprobs_module.shared_prefix_tree
+        monkeypatch.setattr(logprobs_module, "shared_prefix_tree", lambda *a: used.append(real(*a)) or used[-1])
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if lora:
         from peft import LoraConfig, get_peft_model
@@ -247,6 +256,8 @@ def test_response_only_logprobs_equal_the_full_forward_in_values_and_gradients(
 
     full, full_grads = run(None)
     only, only_grads = run(batch.response_mask)
+    if layout == "tree":  # the groups' prompts are shared: the tree is smaller than the rows
+        assert used and used[-1] is not None and used[-1].size < batch.input_tokens
     torch.testing.assert_close(only, full * batch.response_mask, rtol=1e-5, atol=1e-6)
     assert bool((only[batch.response_mask == 0] == 0).all())
     assert full_grads.keys() == only_grads.keys() and full_grads
@@ -406,3 +417,42 @@ def test_correction_settings_are_checked(model_dir: Path) -> None:
         TorchTrainerConfig(model_dir, correction="mis", correction_low=3.0, correction_high=2.0)
     with pytest.raises(ConfigurationError, match="valid: ppo_clip, dapo, gspo, cispo"):
         TorchTrainerConfig(model_dir, policy_loss="grpo")
+
+
+def test_prefix_tree_merges_shared_prefixes_and_masks_ancestors_only() -> None:
+    """Rows [1 2 3 4], [1 2 5], [1 2 3 6 7] and [8]: nodes 1 2 3 4 5 6 7 8 once each; a node sees its ancestors and
+    itself, never a sibling branch; each row's tokens map to their nodes, padding to -1."""
+    from fulmen.algorithm.trainer.prefix_tree import build_prefix_tree
+
+    rows = [[1, 2, 3, 4, 0], [1, 2, 5, 0, 0], [1, 2, 3, 6, 7], [8, 0, 0, 0, 0]]
+    ids = torch.tensor(rows)
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    tree = build_prefix_tree(ids, mask)
+    assert tree.size == 8
+    assert tree.token_ids.tolist() == [1, 2, 3, 4, 6, 7, 5, 8]  # preorder, children in the order rows reach them
+    assert tree.depth.tolist() == [0, 1, 2, 3, 3, 4, 2, 0]
+    for row in range(4):  # each row's tokens are its nodes' tokens, at their depths
+        nodes = tree.node_of[row][mask[row].bool()]
+        assert tree.token_ids[nodes].tolist() == ids[row][mask[row].bool()].tolist()
+        assert tree.depth[nodes].tolist() == list(range(len(nodes)))
+    assert bool((tree.node_of[mask == 0] == -1).all())
+    seen = tree.attention_mask()
+    ancestors = {0: [0], 1: [0, 1], 2: [0, 1, 2], 3: [0, 1, 2, 3], 4: [0, 1, 2, 4], 5: [0, 1, 2, 4, 5],
+                 6: [0, 1, 6], 7: [7]}  # fmt: skip
+    for node, expected in ancestors.items():
+        assert torch.nonzero(seen[node]).flatten().tolist() == expected
+
+
+def test_the_tree_is_chosen_only_when_rows_share_enough() -> None:
+    """A group's calls with a long shared prompt run as a tree; rows that share nothing, or a model whose attention
+    takes no custom mask, do not."""
+    config = types.SimpleNamespace(hidden_size=64, _attn_implementation="sdpa")
+    model = types.SimpleNamespace(config=config)
+    prompt = list(range(10, 60))
+    shared = collate([Sample(prompt, [70 + i, 80 + i]) for i in range(8)], pad_id=0)
+    distinct = collate([Sample([100 + i, *prompt], [70, 80]) for i in range(8)], pad_id=0)
+    tree = logprobs_module.shared_prefix_tree(model, shared.input_ids, shared.attention_mask)
+    assert tree is not None and tree.size == 50 + 8 * 2
+    assert logprobs_module.shared_prefix_tree(model, distinct.input_ids, distinct.attention_mask) is None
+    config._attn_implementation = "flash_attention_2"
+    assert logprobs_module.shared_prefix_tree(model, shared.input_ids, shared.attention_mask) is None

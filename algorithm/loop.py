@@ -365,12 +365,14 @@ class TrainingLoop:
         The LLM gateways load a version when they read it on the models topic, a moment after it is published, so
         the first validation rollouts may be served by the version before. A group with a call served by an older
         version is not counted: its task runs again, after a short wait (up to ``VAL_REDO`` times; after that it
-        is counted with a warning). ``<prefix>redone`` says how many groups ran again."""
+        is counted with a warning). ``<prefix>redone`` says how many groups ran again, ``<prefix>s`` how many
+        seconds the pass took."""
         if self.val is None:
             return {}
         self._validating = True
+        started = self.clock()
         try:
-            return await self._validation_pass(stop, prefix)
+            return {**await self._validation_pass(stop, prefix), f"{prefix}s": self.clock() - started}
         finally:
             self._validating = False
 
@@ -541,6 +543,8 @@ class TrainingLoop:
         extra = {
             "grad_norm": metrics.grad_norm, "approx_kl": metrics.approx_kl, "ratio_mean": metrics.ratio_mean,
             "response_tokens": float(metrics.tokens), "skipped_updates": float(metrics.skipped_updates),
+            "input_tokens": float(metrics.input_tokens), "computed_tokens": float(metrics.computed_tokens),
+            "update_flops": float(metrics.flops),
             # run totals so far: groups the timeout policy dropped or kept partial, batches of unknown groups
             "dropped_groups_total": float(self.waiting.dropped_groups),
             "partial_groups_total": float(self.waiting.partial_groups),

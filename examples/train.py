@@ -177,7 +177,61 @@ def store_figures(run: LocalRun, database: str) -> dict[str, Any]:
     return {
         "calls_per_episode": round(int(row["calls"]) / int(row["episodes"]), 2) if int(row["episodes"]) else None,
         "versions_served": {str(r["version"]): int(r["calls"]) for r in served},
+        "heldout_by_version": heldout_outcomes(run, db),
+        "tool_call_valid_by_version": tool_call_validity(run, db),
+        "episode_profile": episode_profile(run, db),
     }
+
+
+def heldout_outcomes(run: LocalRun, db: str) -> dict[str, dict[str, float]]:
+    """Per model version, each validation task's episode reward (the latest finished rollout of that task at that
+    version; a failed or timed-out one scores 0): what paired before/after comparisons need."""
+    rows = sql(run, f"SELECT toString(ModelVersion) AS version, TaskId AS task, "
+                    f"argMax(ifNull(Reward, 0.), Timestamp) AS reward FROM {db}.rollouts FINAL "
+                    f"WHERE Mode = '{RolloutMode.VAL.value}' AND Status IN ('succeeded', 'failed', 'timed_out') "
+                    f"GROUP BY version, task")  # fmt: skip
+    outcomes: dict[str, dict[str, float]] = {}
+    for r in rows:
+        outcomes.setdefault(str(r["version"]), {})[str(r["task"])] = float(r["reward"])
+    return outcomes
+
+
+def tool_call_validity(run: LocalRun, db: str) -> dict[str, dict[str, float]]:
+    """Per model version, the share of validation episodes whose first LLM call answered with a well-formed tool
+    call (the gateway parsed one: finish reason ``tool_calls``), and how many episodes that is."""
+    rows = sql(run, f"SELECT toString(version) AS version, avg(valid) AS rate, count() AS episodes FROM ("
+                    f"SELECT RolloutId, argMin(ModelVersion, Timestamp) AS version, argMin(SpanAttributes["
+                    f"'gen_ai.response.finish_reasons'] LIKE '%tool_calls%', Timestamp) AS valid "
+                    f"FROM {db}.otel_traces WHERE ServiceName = 'fulmen-llm-gateway' AND RolloutId IN "
+                    f"(SELECT RolloutId FROM {db}.rollouts WHERE Mode = '{RolloutMode.VAL.value}') "
+                    f"GROUP BY RolloutId) GROUP BY version")  # fmt: skip
+    return {str(r["version"]): {"rate": float(r["rate"]), "episodes": int(r["episodes"])} for r in rows}
+
+
+def episode_profile(run: LocalRun, db: str) -> dict[str, float | None]:
+    """Where a training episode's time goes, from its spans: LLM calls, prompt and completion tokens, seconds
+    inside LLM calls (the gateway's spans) and in the whole rollout (the runner's span); the rest is the agent's
+    framework and tools."""
+    train = f"(SELECT RolloutId FROM {db}.rollouts WHERE Mode = '{RolloutMode.TRAIN.value}')"
+    llm = sql(run, f"SELECT count() AS calls, uniqExact(RolloutId) AS episodes, "
+                   f"sum(toUInt64OrZero(SpanAttributes['gen_ai.usage.input_tokens'])) AS prompt_tokens, "
+                   f"sum(toUInt64OrZero(SpanAttributes['gen_ai.usage.output_tokens'])) AS completion_tokens, "
+                   f"sum(Duration) / 1e9 AS llm_s FROM {db}.otel_traces "
+                   f"WHERE ServiceName = 'fulmen-llm-gateway' AND RolloutId IN {train}")  # fmt: skip
+    whole = sql(run, f"SELECT avg(Duration) / 1e9 AS episode_s FROM {db}.otel_traces "
+                     f"WHERE SpanName = 'fulmen.rollout' AND RolloutId IN {train}")  # fmt: skip
+    row, episodes = (llm[0] if llm else {}), int((llm[0] if llm else {}).get("episodes") or 0)
+    if not episodes:
+        return {}
+    per = {name: float(row[name]) / episodes for name in ("calls", "prompt_tokens", "completion_tokens", "llm_s")}
+    episode_s = float(whole[0]["episode_s"]) if whole and whole[0].get("episode_s") is not None else None
+    return {
+        "llm_calls": round(per["calls"], 3), "prompt_tokens": round(per["prompt_tokens"], 1),
+        "completion_tokens": round(per["completion_tokens"], 1), "llm_s": round(per["llm_s"], 3),
+        "episode_s": round(episode_s, 3) if episode_s is not None else None,
+        "agent_overhead_s": round(episode_s - per["llm_s"], 3) if episode_s is not None else None,
+        "episodes": episodes,
+    }  # fmt: skip
 
 
 def report(example: Example, options: ExampleOptions, run: LocalRun, figures: dict[str, Any]) -> dict[str, Any]:
@@ -196,9 +250,36 @@ def report(example: Example, options: ExampleOptions, run: LocalRun, figures: di
         "heldout_before": before, "heldout_after": after,
         "reward_curve": [(s.step, round(s.reward_mean, 4)) for s in steps],
         "versions_served": figures.get("versions_served"), "credit": example.credit,
+        "heldout_by_version": figures.get("heldout_by_version"),
+        "tool_call_valid_by_version": figures.get("tool_call_valid_by_version"),
+        "episode_profile": figures.get("episode_profile"), "step_profile": step_profile(steps),
         "trained_agents": list(example.trained_agents), "shuffle_rewards": options.shuffle_rewards,
         "run_id": run.run_id, "run_dir": str(run.run_dir), "wall_s": round(run.wall_s, 1),
         "final_model": str(run.final_model) if run.final_model else None,
+    }  # fmt: skip
+
+
+def step_profile(steps: list[TrainStep]) -> dict[str, Any]:
+    """Seconds a step spends, on average: waiting for its rollouts (generation, the agents, Kafka and the store),
+    updating, saving and publishing the version; validating (the steps that validate); and what the update
+    computed (tokens, FLOPs: ``fulmen.algorithm.trainer``)."""
+    if not steps:
+        return {}
+
+    def mean(values: list[float]) -> float | None:
+        return round(sum(values) / len(values), 3) if values else None
+
+    extra = [s.extra for s in steps]
+    return {
+        "rollout_wait_s": mean([s.rollout_wait_s for s in steps]), "update_s": mean([s.train_s for s in steps]),
+        "publish_s": mean([s.publish_s for s in steps]),
+        "val_s": mean([e["val_s"] for e in extra if "val_s" in e]),
+        "initial_val_s": steps[0].extra.get("initial_val_s"),
+        "input_tokens": mean([e["input_tokens"] for e in extra if "input_tokens" in e]),
+        "computed_tokens": mean([e["computed_tokens"] for e in extra if "computed_tokens" in e]),
+        "response_tokens": mean([e["response_tokens"] for e in extra if "response_tokens" in e]),
+        "update_flops": mean([e["update_flops"] for e in extra if "update_flops" in e]),
+        "transitions": mean([float(s.num_transitions) for s in steps]),
     }  # fmt: skip
 
 

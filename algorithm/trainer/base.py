@@ -74,7 +74,10 @@ class StepMetrics:
     ``tokens``: response tokens in the batch (those with loss); ``input_tokens``: non-padding tokens;
     ``tokens_per_s``: ``input_tokens * epochs / train_s`` (each goes through a forward and a backward pass);
     ``train_s``: wall time of the whole step, logprob passes included; ``skipped_updates``: epochs whose
-    update was skipped because the gradient was not finite.
+    update was skipped because the gradient was not finite. ``computed_tokens``: tokens the decoder computed in one
+    training pass over the batch (fewer than ``input_tokens`` where rows share prefixes, more with padding);
+    ``flops``: the step's matrix-multiply FLOPs (2 per weight and token forward, 3 forwards' worth with the backward
+    of full weights, 2 with LoRA; attention scores left out), 0 when the backend does not count them.
 
     With an off-policy correction (``fulmen.algorithm.corrections``; None without one), over the response tokens
     whose behaviour logprobs were recorded: ``is_weight_mean`` / ``is_weight_max`` of the importance weights
@@ -95,6 +98,8 @@ class StepMetrics:
     approx_kl: float = 0.0
     ratio_mean: float = 1.0
     skipped_updates: int = 0
+    computed_tokens: int = 0
+    flops: float = 0.0
     is_weight_mean: float | None = None
     is_weight_max: float | None = None
     is_ratio_max: float | None = None

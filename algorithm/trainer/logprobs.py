@@ -31,14 +31,16 @@ model when the tree is smaller than the rows' tokens (:func:`shared_prefix_tree`
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from fulmen.algorithm.trainer.prefix_tree import PrefixTree, build_prefix_tree
 
 __all__ = [
-    "CHUNK_ELEMENTS", "PACKED_MASK_ELEMENTS", "PLAIN_HEAD_ARCHITECTURES", "TREE_ATTENTION", "gather_logprobs",
-    "plain_head", "shared_prefix_tree", "token_logprobs", "worth_packing",
+    "CHUNK_ELEMENTS", "PACKED_MASK_ELEMENTS", "PLAIN_HEAD_ARCHITECTURES", "TREE_ATTENTION", "Work",
+    "gather_logprobs", "plain_head", "shared_prefix_tree", "token_logprobs", "worth_packing",
 ]  # fmt: skip
 
 CHUNK_ELEMENTS = 1 << 25  # float32 elements per chunk (128 MiB): rows per chunk = CHUNK_ELEMENTS // vocab
@@ -107,23 +109,41 @@ def plain_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module
     return (decoder, head) if decoder is not None and head is not None else None
 
 
+@dataclass
+class Work:
+    """What :func:`token_logprobs` computed, summed over calls: ``tokens`` through the decoder (tree nodes, packed
+    tokens, or padded rows x width) and ``head_rows`` through the output projection."""
+
+    tokens: int = 0
+    head_rows: int = 0
+
+    def add(self, tokens: int, head_rows: int) -> None:
+        self.tokens += tokens
+        self.head_rows += head_rows
+
+
 def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
-                   response_mask: Tensor | None = None) -> Tensor:  # fmt: skip
+                   response_mask: Tensor | None = None, work: Work | None = None) -> Tensor:  # fmt: skip
     """Logprob of every token under ``model``: float32 ``[B, T]``, 0 at position 0 and on padding.
 
     ``input_ids``, ``attention_mask``: ``[B, T]``, right-padded. ``response_mask`` (``[B, T]``, optional): the
     tokens wanted; with it, and a model :func:`plain_head` knows, only those positions are computed (the others
     hold 0). Gradient flows to the model unless called under ``torch.no_grad()``. Runs the model in whatever
-    autocast context the caller set up.
+    autocast context the caller set up. ``work``, when given, counts what was computed.
     """
+    work = work if work is not None else Work()
     parts = plain_head(model) if response_mask is not None else None
     if parts is not None:
         hidden_size = getattr(getattr(model, "config", None), "hidden_size", None)
+        wanted = response_mask.bool()
         tree = shared_prefix_tree(model, input_ids, attention_mask)
         if tree is not None:
-            return _tree_logprobs(*parts, tree, input_ids, response_mask.bool(), _tree_mask(model, tree))
+            work.add(tree.size, int(wanted[:, 1:].sum()))
+            return _tree_logprobs(*parts, tree, input_ids, wanted, _tree_mask(model, tree))
         pack = hidden_size is not None and worth_packing(attention_mask.sum(dim=-1), input_ids.shape[1], hidden_size)
-        return _response_logprobs(*parts, input_ids, attention_mask, response_mask.bool(), pack=pack)
+        work.add(int(attention_mask.sum()) if pack else input_ids.numel(), int(wanted[:, 1:].sum()))
+        return _response_logprobs(*parts, input_ids, attention_mask, wanted, pack=pack)
+    work.add(input_ids.numel(), input_ids.numel())
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
     # logits[:, t] predicts token t + 1; the last position predicts nothing we keep (its target is a dummy).
     next_tokens = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)

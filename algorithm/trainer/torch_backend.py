@@ -53,7 +53,7 @@ from fulmen.algorithm.losses import (
     get_policy_loss_fn,
 )
 from fulmen.algorithm.trainer.base import StepMetrics, atomic_directory
-from fulmen.algorithm.trainer.logprobs import token_logprobs
+from fulmen.algorithm.trainer.logprobs import Work, token_logprobs
 
 __all__ = ["LoraSettings", "TorchTrainer", "TorchTrainerConfig"]
 
@@ -166,6 +166,8 @@ class TorchTrainer:
         self.policy_loss = get_policy_loss_fn(config.policy_loss)
         self.correction = get_correction_fn(config.correction) if config.correction is not None else None
         self.steps = 0
+        self.body_weights, self.head_weights = _matmul_weights(self.model)
+        self._work = (Work(), Work())  # this step's (training passes, passes without gradient)
         self.response_only = True  # logprobs of the response tokens only (sharded: the whole model's forward)
 
     # -- the TrainerBackend interface -------------------------------------------------------------------
@@ -251,7 +253,8 @@ class TorchTrainer:
         """``[B, T]`` logprobs of ``mb``'s tokens under ``model``; where the model allows, the response's only (the
         loss reads nothing else; ``token_logprobs``)."""
         mask = mb.response_mask if self.response_only else None
-        return token_logprobs(model, mb.input_ids, mb.attention_mask, mask)
+        work = self._work[0] if torch.is_grad_enabled() else self._work[1]
+        return token_logprobs(model, mb.input_ids, mb.attention_mask, mask, work)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         enabled = self.compute_dtype != torch.float32
@@ -297,6 +300,7 @@ class TorchTrainer:
         """Run ``epochs`` updates (each: accumulate over ``micro``, clip, AdamW step) and gather the metrics."""
         epochs = epochs or self.config.epochs_per_batch
         tally = _Tally()
+        self._work = (Work(), self._work[1])  # the passes without gradient before (old logprobs, reference) count
         for _ in range(epochs):
             self.model.train()
             self.optimizer.zero_grad(set_to_none=True)
@@ -312,12 +316,22 @@ class TorchTrainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         train_s = time.perf_counter() - started
-        result = tally.metrics(self.steps, batch, epochs, train_s)
+        trained, plain = self._work
+        self._work = (Work(), Work())
+        backward = 2 if self.config.lora is not None else 3  # forwards' worth of a training pass
+        flops = self._flops(plain) + backward * self._flops(trained)
+        result = dataclasses.replace(tally.metrics(self.steps, batch, epochs, train_s),
+                                     computed_tokens=trained.tokens // epochs, flops=flops)  # fmt: skip
         logger.info(
             "trained step %d: loss=%.4f grad_norm=%.3f clip=%.3f kl=%.4f tokens=%d in %.2fs",
             result.step, result.loss, result.grad_norm, result.clip_fraction, result.kl, result.tokens, train_s,
         )  # fmt: skip
         return result
+
+    def _flops(self, work: Work) -> float:
+        """Forward matrix-multiply FLOPs of ``work``: 2 per weight and token (decoder weights on every token, the
+        output projection on the rows it ran on)."""
+        return 2.0 * (self.body_weights * work.tokens + self.head_weights * work.head_rows)
 
     def _clip_and_step(self) -> float | None:
         """Clip the gradient, take the optimizer step; the pre-clip norm, or None when it was skipped."""
@@ -478,6 +492,17 @@ def _load_model(config: TorchTrainerConfig, device: torch.device) -> torch.nn.Mo
             ),
         )
     return model.eval()
+
+
+def _matmul_weights(model: torch.nn.Module) -> tuple[int, int]:
+    """(weights a token meets in the decoder's matrix multiplies, weights of the output projection): every
+    parameter but the input embedding table (a lookup) and the head, then the head's."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    embedding, head = inner.get_input_embeddings(), inner.get_output_embeddings()
+    head_weights = head.weight.numel() if head is not None else 0
+    skipped = {id(embedding.weight)} | ({id(head.weight)} if head is not None else set())
+    body = sum(p.numel() for p in model.parameters() if id(p) not in skipped and p.ndim >= 2)
+    return body, head_weights
 
 
 def _pad_id(tokenizer, model: torch.nn.Module) -> int:

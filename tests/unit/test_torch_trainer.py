@@ -456,3 +456,23 @@ def test_the_tree_is_chosen_only_when_rows_share_enough() -> None:
     assert logprobs_module.shared_prefix_tree(model, distinct.input_ids, distinct.attention_mask) is None
     config._attn_implementation = "flash_attention_2"
     assert logprobs_module.shared_prefix_tree(model, shared.input_ids, shared.attention_mask) is None
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_step_counts_the_tokens_it_computed_and_their_flops(model_dir: Path, lora: bool) -> None:
+    """With prefix-tree micro-batches the decoder computes fewer tokens than the batch holds (the groups' prompts
+    once each); the FLOPs are 2 per weight and token: the no-gradient pass once, the training pass 3 times (2 with
+    LoRA: no weight gradients of the frozen base)."""
+    samples = make_samples(5)
+    trainer = make_trainer(model_dir, micro_batch_tokens=4096, recompute_old_logprobs=True,
+                           lora=LoraSettings(r=4) if lora else None)  # fmt: skip
+    metrics = trainer.step(samples)
+    batch = collate(samples, trainer.pad_id)
+    tree = logprobs_module.build_prefix_tree(
+        *[t for t in (batch.by_prefix().input_ids, batch.by_prefix().attention_mask)]
+    )
+    assert metrics.computed_tokens == tree.size < metrics.input_tokens
+    head_rows = int(batch.response_mask.sum())  # every response token is predicted by one head row
+    forward = 2.0 * (trainer.body_weights * tree.size + trainer.head_weights * head_rows)
+    assert metrics.flops == pytest.approx(forward * (1 + (2 if lora else 3)))
+    assert trainer.body_weights > 0 and trainer.head_weights == trainer.model.get_output_embeddings().weight.numel()

@@ -51,9 +51,18 @@ chromium:
 	@test -x /usr/bin/chromium || { echo "installing Debian's chromium (browser tests)..."; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# llama.cpp's server for the llamacpp backend (FULMEN_LLM_BACKEND=llamacpp), built from the sources in the
+# llama-cpp-python sdist for this CPU into ~/.cache/fulmen/llama.cpp (about 6 minutes on 2 cores, once; the module
+# does nothing when that build is there). Without cmake or a C++ compiler it prints a note and install goes on
+# (the stamp stays unset, so the next install tries again); the backend then says how to build it.
+LLAMACPP_BUILD := producers/llm_gateway/backends/llamacpp_build.py
+LLAMACPP_STAMP := $(VENV)/.llamacpp-built
+$(LLAMACPP_STAMP): $(STAMP) $(LLAMACPP_BUILD)
+	@$(VENV)/bin/python -m fulmen.producers.llm_gateway.backends.llamacpp_build && touch $(LLAMACPP_STAMP) || true
+
 # The venv plus the Kafka jars (`fulmen kafka fetch`: Maven and Java), for what starts a broker, the dashboard's
-# chart library and the browser the dashboard's tests drive.
-install: $(STAMP) $(VENDOR)/uPlot.iife.min.js chromium
+# chart library, the browser the dashboard's tests drive and llama.cpp's server.
+install: $(STAMP) $(VENDOR)/uPlot.iife.min.js chromium $(LLAMACPP_STAMP)
 	@$(VENV)/bin/fulmen kafka fetch >/dev/null
 
 demo: install

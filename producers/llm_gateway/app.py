@@ -106,7 +106,7 @@ class LlmGateway(Gateway):
             respond=_error_response,
         )
         self.options: LlmSection = settings.llm  # the base knows only its ListenOptions
-        self.backend = backend or build_backend(settings.llm)
+        self.backend = backend or build_backend(settings.llm, settings.home)
         self.follower = ModelsFollower(
             settings, self.options.served_model_name, self._served_version, self._load_version
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr
 
@@ -15,13 +16,16 @@ class BackendKind(StrEnum):
     TRANSFORMERS = "transformers"  # a Hugging Face model in this process (CPU or GPU)
     VLLM = "vllm"  # an upstream vLLM OpenAI server, asked for token ids and logprobs
     OPENAI = "openai"  # any OpenAI-compatible upstream; no token ids
+    LLAMACPP = "llamacpp"  # llama.cpp's llama-server as a child process, on a GGUF written from the checkpoint
 
 
 class LlmSection(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535, description="0 = any free port")
     backend: BackendKind = BackendKind.TRANSFORMERS
-    model: str = Field(default="", description="transformers: a model directory; vllm/openai: the upstream's name")
+    model: str = Field(
+        default="", description="transformers/llamacpp: a model directory; vllm/openai: the upstream's name"
+    )
     served_model_name: str = Field(default="fulmen", description="the name agents ask for (also /v1/models)")
     model_version: int | None = Field(default=None, ge=0, description="version of the initial model, if known")
     follow_models: bool = Field(default=True, description="load each new version published on fulmen.models")
@@ -35,8 +39,8 @@ class LlmSection(BaseModel):
     )
     dtype: str = Field(default="auto", description="transformers: auto, float32, bfloat16 or float16")
     max_model_len: int | None = Field(default=None, ge=16, description="context limit; default: the model's")
-    chat_template: str = Field(default="", description="transformers: a Jinja chat template file that replaces "
-                               "the tokenizer's (as vLLM's --chat-template), or 'chatml-tools' (built in: "
+    chat_template: str = Field(default="", description="transformers/llamacpp: a Jinja chat template file that "
+                               "replaces the tokenizer's (as vLLM's --chat-template), or 'chatml-tools' (built in: "
                                "tools as <tool_call> blocks); default: the model's own")  # fmt: skip
     max_batch_rows: int = Field(default=32, ge=1, le=1024, description="transformers: sequences per batch")
     batch_wait_ms: float = Field(default=2.0, ge=0, le=1000, description="transformers: wait to fill a batch")
@@ -44,6 +48,32 @@ class LlmSection(BaseModel):
         default=None, ge=1, description="when a request sets none; unset = as many as fit in the context"
     )
     max_n: int = Field(default=16, ge=1, le=128)
+    llamacpp_server: str = Field(
+        default="", description="llamacpp: the llama-server binary; default: the one `make install` built for this CPU"
+    )
+    llamacpp_slots: int = Field(
+        default=16, ge=1, le=256, description="llamacpp: sequences llama-server decodes at once (-np), each its KV"
+    )
+    llamacpp_threads: int | None = Field(default=None, ge=1, description="llamacpp: CPU threads (-t); default: all")
+    llamacpp_gguf_type: Literal["f32", "f16", "bf16"] = Field(
+        default="f32", description="llamacpp: the weights' type in the GGUF (norms and biases stay f32)"
+    )
+    llamacpp_context: int | None = Field(
+        default=None,
+        ge=16,
+        description="llamacpp: context of each slot in tokens; default: FULMEN_LLM_MAX_MODEL_LEN, else the model's, "
+        "at most 4096 (the f32 KV of every slot is allocated at start)",
+    )
+    llamacpp_coalesce_ms: float = Field(
+        default=5.0, ge=0, le=1000, description="llamacpp: concurrent calls with the same prompt and no seed wait "
+        "this long to share one prefill (0: off)",
+    )  # fmt: skip
+    llamacpp_cache_ram_mb: int = Field(
+        default=2048, ge=0, description="llamacpp: RAM for KV of prompts no slot holds any more (--cache-ram; 0: off)"
+    )
+    llamacpp_start_timeout_s: float = Field(
+        default=120.0, gt=0, description="llamacpp: how long llama-server may take to load a version"
+    )
     upstream_url: str = Field(
         default="",
         description="vllm/openai: the upstream's base URL, ending in /v1; several, comma-separated, are replicas",

@@ -14,7 +14,8 @@ has its own copy of the weights, its own batcher and generation thread, on the d
 lists for it (``cuda:0,cuda:1``: one replica per GPU). On one device they share its cores (torch releases the
 GIL while it computes), which helps little on a CPU; the point there is to run what runs on several GPUs.
 
-Rendering, tokenizing and decoding run on a small "prepare" thread pool, never on the event loop (a 10 MB
+Rendering, tokenizing and decoding (:mod:`.tokenizing`, shared with the llamacpp backend) run on a small "prepare"
+thread pool, never on the event loop (a 10 MB
 prompt takes seconds to tokenize). A batch whose generation raises is retried call by call, so a request
 that slipped past validation fails alone instead of failing every call it shared the batch with.
 
@@ -29,27 +30,34 @@ A new full-weight version starts without adapters (they were trained on the weig
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import secrets
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fulmen.producers.llm_gateway.backends.base import CallResult, Choice, TokenLogprob, VersionRefusedError
+from fulmen.producers.llm_gateway.backends.base import CallResult, Choice, VersionRefusedError
 from fulmen.producers.llm_gateway.backends.sampling import Row, RowOutput, generate
+from fulmen.producers.llm_gateway.backends.tokenizing import (
+    build_choice,
+    call_result,
+    chat_template_override,
+    completion_budget,
+    load_tokenizer,
+    longest_token_bytes,
+    no_progress_bars,
+    render_chat,
+    stop_check,
+    tokenize_completion,
+)
 from fulmen.producers.llm_gateway.protocol import ApiError, ChatRequest, CompletionRequest, SamplingParams
 from fulmen.producers.llm_gateway.settings import LlmSection
-from fulmen.producers.llm_gateway.tool_calls import extract_tool_calls
 from fulmen.schemas import ModelVersion
-from fulmen.schemas.chat_template import CHAT_TEMPLATE
 from fulmen.schemas.errors import ConfigurationError
 
-__all__ = ["TransformersBackend"]
+__all__ = ["TransformersBackend", "chat_template_override"]  # the template setting, as examples/train.py reads it
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +186,7 @@ class TransformersBackend:
             raise ConfigurationError(f"adapter directory {event.uri} does not exist")
         self._adapter_count += 1
         name = f"agent{self._adapter_count}"
-        with _no_progress_bars():
+        with no_progress_bars():
             if isinstance(loaded.model, PeftModel):
                 loaded.model.load_adapter(event.uri, adapter_name=name)
             else:  # the first adapter wraps the model (its layers gain the adapters; ``loaded`` keeps the wrapper)
@@ -192,7 +200,7 @@ class TransformersBackend:
 
     def _load(self, path: str, version: int | None, adapter: str | None = None) -> _Loaded:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         for directory in (path, adapter):
             if directory is not None and not Path(directory).is_dir():
@@ -204,31 +212,24 @@ class TransformersBackend:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = "auto" if self.options.dtype == "auto" else getattr(torch, self.options.dtype)
         started = time.perf_counter()
-        with _LOADING, _no_progress_bars():
-            tokenizer = AutoTokenizer.from_pretrained(path)
+        with _LOADING, no_progress_bars():
+            tokenizer = load_tokenizer(path, self.options.chat_template)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
             if adapter is not None:
                 from peft import PeftModel
 
                 model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
             model = model.to(device).eval()
-        if self.options.chat_template:
-            tokenizer.chat_template = chat_template_override(self.options.chat_template)
-        if tokenizer.chat_template is None:
-            log.warning("the tokenizer in %s has no chat template: /v1/chat/completions will answer 400", path)
         eos = set(_as_list(model.generation_config.eos_token_id)) | set(_as_list(tokenizer.eos_token_id))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
         log.info("loaded %s%s on %s in %.1fs (version %s)", path, f" + LoRA {adapter}" if adapter else "", device,
                  time.perf_counter() - started, version)  # fmt: skip
-        longest = max((len(token.encode("utf-8", "replace")) for token in tokenizer.get_vocab()), default=64)
-        return _Loaded(model, tokenizer, version, frozenset(eos), pad, max(longest, 1))
+        return _Loaded(model, tokenizer, version, frozenset(eos), pad, longest_token_bytes(tokenizer))
 
     # --- calls ----------------------------------------------------------------------------------------------
     async def chat(self, request: ChatRequest) -> CallResult:
         loaded = self._require_loaded()
-        if loaded.tokenizer.chat_template is None:
-            raise ApiError(400, "this model has no chat template; use /v1/completions", param="messages")
-        prompt, prompt_ids = await self._off_loop(_render_chat, loaded, request, self.context_length or 2048)
+        prompt, prompt_ids = await self._off_loop(render_chat, loaded, request, self.context_length or 2048)
         outputs, served = await self._run(prompt_ids, request.sampling, loaded.tokenizer, request.agent)
         choices = await self._off_loop(self._choices, outputs, served.loaded, request.sampling,
                                        request.parse_tool_calls)  # fmt: skip
@@ -236,7 +237,7 @@ class TransformersBackend:
 
     async def complete(self, request: CompletionRequest) -> CallResult:
         loaded = self._require_loaded()
-        prompt, prompt_ids = await self._off_loop(_tokenize_completion, loaded, request, self.context_length or 2048)
+        prompt, prompt_ids = await self._off_loop(tokenize_completion, loaded, request, self.context_length or 2048)
         outputs, served = await self._run(prompt_ids, request.sampling, loaded.tokenizer, request.agent)
         choices = await self._off_loop(self._choices, outputs, served.loaded, request.sampling, False)
         if request.echo:
@@ -261,19 +262,8 @@ class TransformersBackend:
         self, prompt_ids: list[int], sampling: SamplingParams, tokenizer: Any, agent: str | None = None
     ) -> tuple[list[RowOutput], _Served]:
         limit = self.context_length or 2048
-        room = limit - len(prompt_ids)
-        default = min(room, self.options.default_max_tokens or room)
-        wanted = sampling.max_tokens if sampling.max_tokens is not None else default
-        if room < 1 or wanted > room:
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{len(prompt_ids) + wanted} tokens ({len(prompt_ids)} in the messages, {wanted} in the completion). "
-                "Please reduce the length of the messages or completion.",
-                param="messages",
-                code="context_length_exceeded",
-            )
-        stop_check = _stop_check(sampling.stop, tokenizer) if sampling.stop else None
+        wanted = completion_budget(len(prompt_ids), sampling, limit, self.options.default_max_tokens)
+        check = stop_check(sampling.stop, tokenizer) if sampling.stop else None
         rows = [
             Row(
                 prompt_ids,
@@ -282,7 +272,7 @@ class TransformersBackend:
                 sampling.top_p,
                 None if sampling.seed is None else sampling.seed + index,
                 sampling.top_logprobs,
-                stop_check,
+                check,
             )
             for index in range(sampling.n)
         ]
@@ -292,43 +282,15 @@ class TransformersBackend:
         return outputs, _Served(loaded, adapter)
 
     def _choice(self, index: int, out: RowOutput, served: _Loaded, sampling: SamplingParams, tools: bool) -> Choice:
-        tokenizer = served.tokenizer
-        text = tokenizer.decode(out.token_ids, skip_special_tokens=True)
-        finish = out.finish_reason
-        if sampling.stop:
-            text, cut = _cut_at_stop(text, sampling.stop)
-            finish = "stop" if cut else finish
-        calls: list[dict[str, Any]] = []
-        if tools:
-            text, calls = extract_tool_calls(text)
-            finish = "tool_calls" if calls else finish
-        detail = None
-        if sampling.logprobs:
-            detail = [
-                TokenLogprob(
-                    tokenizer.decode([token]),
-                    logprob,
-                    [(tokenizer.decode([alt]), value) for alt, value in (out.top[i] if out.top else [])],
-                )
-                for i, (token, logprob) in enumerate(zip(out.token_ids, out.logprobs, strict=True))
-            ]
-        pieces = _pieces(tokenizer, out.token_ids) if not calls else None
-        return Choice(index, text, finish, out.token_ids, out.logprobs, calls, detail, pieces)
+        return build_choice(index, served.tokenizer, out.token_ids, out.logprobs, out.top, out.finish_reason, sampling,
+                            tools)  # fmt: skip
 
     def _result(
         self, kind: str, model: str, choices: list[Choice], prompt_ids: list[int], prompt: str, served: _Served
     ) -> CallResult:
-        return CallResult(
-            id=f"{kind}-{secrets.token_hex(12)}",
-            model=model,
-            choices=choices,
-            prompt_token_ids=list(prompt_ids),
-            prompt_tokens=len(prompt_ids),
-            completion_tokens=sum(len(c.token_ids or ()) for c in choices),
-            model_version=served.adapter[1] if served.adapter else served.loaded.version,
-            prompt_text=prompt,
-            adapter=served.adapter[0] if served.adapter else None,
-        )
+        version = served.adapter[1] if served.adapter else served.loaded.version
+        adapter = served.adapter[0] if served.adapter else None
+        return call_result(kind, model, choices, prompt_ids, prompt, version, adapter)
 
     # --- batching -------------------------------------------------------------------------------------------
     async def _schedule(self) -> None:
@@ -384,120 +346,7 @@ def _generate_batch(served: _Loaded, batch: list[_Pending]) -> tuple[list[RowOut
     return outputs, [(u[0], u[2]) if u else None for u in used]
 
 
-def _render_chat(loaded: _Loaded, request: ChatRequest, limit: int) -> tuple[str, list[int]]:
-    """The prompt rendered with the chat template, and its token ids (CPU work: runs off the event loop)."""
-    tokenizer = loaded.tokenizer
-    try:
-        prompt = tokenizer.apply_chat_template(
-            request.messages, tools=request.tools, tokenize=False, add_generation_prompt=True
-        )
-    except Exception as exc:  # a template error is the request's fault (roles in the wrong order...)
-        raise ApiError(400, f"the chat template cannot render these messages: {exc}", param="messages") from None
-    _refuse_surely_too_long(prompt, loaded, limit)
-    return prompt, tokenizer(prompt, add_special_tokens=False)["input_ids"]
-
-
-def _tokenize_completion(loaded: _Loaded, request: CompletionRequest, limit: int) -> tuple[str, list[int]]:
-    """The prompt's text and token ids, whichever of the two the request gave (runs off the event loop)."""
-    tokenizer = loaded.tokenizer
-    if request.prompt_token_ids is not None:
-        prompt_ids = request.prompt_token_ids
-        vocab = len(tokenizer)
-        if max(prompt_ids) >= vocab:
-            raise ApiError(
-                400, f"prompt: token id {max(prompt_ids)} is outside the vocabulary ({vocab})", param="prompt"
-            )
-        return tokenizer.decode(prompt_ids), prompt_ids
-    prompt = request.prompt or ""
-    _refuse_surely_too_long(prompt, loaded, limit)
-    prompt_ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
-    if not prompt_ids:
-        raise ApiError(400, "prompt: empty after tokenization", param="prompt")
-    return prompt, prompt_ids
-
-
-def _refuse_surely_too_long(prompt: str, loaded: _Loaded, limit: int) -> None:
-    """400 without tokenizing when the prompt cannot fit: each token covers at most ``max_token_bytes`` bytes
-    (halved again for normalisers that shrink text), so tokenizing megabytes the context cannot hold is
-    skipped; the exact check follows tokenizing, in ``_run``."""
-    size = len(prompt.encode("utf-8", "replace"))
-    at_least = size // (2 * loaded.max_token_bytes)
-    if at_least > limit:
-        raise ApiError(
-            400,
-            f"This model's maximum context length is {limit} tokens. However, your prompt of {size} bytes is at "
-            f"least {at_least} tokens. Please reduce the length of the messages.",
-            param="messages",
-            code="context_length_exceeded",
-        )
-
-
-def _pieces(tokenizer: Any, token_ids: list[int]) -> list[str]:
-    """The text each token adds to the decoded reply. A token that ends inside a multi-byte character adds
-    nothing until the character is complete."""
-    pieces, emitted = [], ""
-    for end in range(1, len(token_ids) + 1):
-        text = tokenizer.decode(token_ids[:end], skip_special_tokens=True)
-        if text.endswith("\ufffd") or not text.startswith(emitted):
-            pieces.append("")
-            continue
-        pieces.append(text[len(emitted) :])
-        emitted = text
-    return pieces
-
-
-@contextlib.contextmanager
-def _no_progress_bars() -> Iterator[None]:
-    """transformers' tqdm bars off inside the block, as they were after it: every model version the gateway
-    loads printed a "Loading weights" bar into the service's log (``_load`` logs each load at INFO; a local
-    directory has nothing to download). Warnings go through logging and still show.
-
-    The trainer has its own copy (``fulmen.algorithm.trainer.torch_backend``): neither may import the other's
-    layer, and the trainer imports nothing of ``fulmen.infra`` (it runs without pydantic)."""
-    from transformers.utils import logging as hf_logging
-
-    was_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_on:
-            hf_logging.enable_progress_bar()
-
-
 def _as_list(value: Any) -> list[int]:
     if value is None:
         return []
     return list(value) if isinstance(value, (list, tuple)) else [int(value)]
-
-
-def _stop_check(stops: tuple[str, ...], tokenizer: Any):
-    longest = max(len(s) for s in stops)
-
-    def check(token_ids: list[int]) -> bool:
-        # Decoding the tail is enough: a stop string spans at most `longest` characters, each >= 1 token.
-        tail = tokenizer.decode(token_ids[-(longest + 8) :], skip_special_tokens=True)
-        return any(stop in tail for stop in stops)
-
-    return check
-
-
-def _cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
-    """The text before the first stop string (which OpenAI leaves out), and whether one was found."""
-    positions = [text.find(stop) for stop in stops if stop in text]
-    if not positions:
-        return text, False
-    return text[: min(positions)], True
-
-
-def chat_template_override(choice: str) -> str:
-    """The template ``FULMEN_LLM_CHAT_TEMPLATE`` names: ``chatml-tools`` (the built-in ChatML template that lists
-    the tools in the system turn and writes calls as ``<tool_call>`` blocks, which the gateway parses back) or
-    the path of a Jinja file. Models whose own template ignores ``tools`` (SmolLM2-135M-Instruct's) or cannot
-    render an assistant turn without content need one, as with vLLM's ``--chat-template``."""
-    if choice == "chatml-tools":
-        return CHAT_TEMPLATE
-    path = Path(choice)
-    if not path.is_file():
-        raise ConfigurationError(f"FULMEN_LLM_CHAT_TEMPLATE: {choice!r} is neither 'chatml-tools' nor a file")
-    return path.read_text(encoding="utf-8")

@@ -1,13 +1,16 @@
-"""The LLM gateway running in the test's event loop, and a reader of the spans it publishes to Kafka."""
+"""The LLM gateway running in the test's event loop, a reader of the spans it publishes to Kafka, and a transport
+that records what a llama-server answered."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 from aiokafka import TopicPartition
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -103,3 +106,24 @@ def _spans(key: bytes, value: bytes) -> list[dict[str, Any]]:
                     "attributes": {kv.key: attribute_value(kv.value) for kv in span.attributes},
                 })  # fmt: skip
     return out
+
+
+class RecordingTransport(httpx.AsyncHTTPTransport):
+    """The transport to a llama-server (the llamacpp backend's), keeping every ``/completion`` request and answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.exchanges: list[tuple[dict[str, Any], Any]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await super().handle_async_request(request)
+        if request.url.path == "/completion":
+            content = await response.aread()
+            self.exchanges.append((json.loads(request.content), json.loads(content)))
+            return httpx.Response(response.status_code, headers=response.headers, content=content)
+        return response
+
+    def sampled(self) -> list[list[int]]:
+        """The token ids of every completion llama-server returned, in order."""
+        return [item["tokens"] for _, answer in self.exchanges for item in (answer if isinstance(answer, list)
+                                                                          else [answer])]  # fmt: skip

@@ -9,13 +9,11 @@ their own."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 import torch
@@ -30,7 +28,13 @@ from fulmen.producers.llm_gateway.backends.llamacpp_build import find_server
 from fulmen.producers.llm_gateway.settings import LlmSection
 from fulmen.schemas import ModelVersion, TopicKey, semconv
 from fulmen.schemas.errors import ConfigurationError
-from tests.integration.llm_pipeline import base_url, llm_gateway_running, llm_settings, published_spans
+from tests.integration.llm_pipeline import (
+    RecordingTransport,
+    base_url,
+    llm_gateway_running,
+    llm_settings,
+    published_spans,
+)
 from tests.publishing import event_publisher
 from tests.serving import Served
 
@@ -46,27 +50,6 @@ def _llama_server() -> None:
         find_server()
     except ConfigurationError as exc:
         pytest.skip(f"no llama-server: {exc.message}")
-
-
-class Recording(httpx.AsyncHTTPTransport):
-    """The transport to llama-server, keeping every ``/completion`` request and answer."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.exchanges: list[tuple[dict[str, Any], Any]] = []
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        response = await super().handle_async_request(request)
-        if request.url.path == "/completion":
-            content = await response.aread()
-            self.exchanges.append((json.loads(request.content), json.loads(content)))
-            return httpx.Response(response.status_code, headers=response.headers, content=content)
-        return response
-
-    def sampled(self) -> list[list[int]]:
-        """The token ids of every completion llama-server returned, in order."""
-        return [item["tokens"] for _, answer in self.exchanges for item in (answer if isinstance(answer, list)
-                                                                          else [answer])]  # fmt: skip
 
 
 class Kept:
@@ -90,7 +73,7 @@ class SharedServer:
         self.model = model
         self.options = LlmSection(backend="llamacpp", model=str(model), model_version=0, llamacpp_slots=4,
                                   llamacpp_threads=2, **llm)  # fmt: skip
-        self.transport = Recording()
+        self.transport = RecordingTransport()
         self.replica = LlamaCppBackend(self.options, 0, home, transport=self.transport)
         self.router = ReplicaRouter([self.replica], self.options)
         self.served = Served(self.router.start, self.router.close)

@@ -104,9 +104,11 @@ class LlamaCppBackend:
         home: Path,
         transport: httpx.AsyncBaseTransport | None = None,
         server: type[LlamaServer] = LlamaServer,
+        body_options: dict[str, Any] | None = None,
     ) -> None:
         """``home``: FULMEN_HOME (the GGUF files go to its ``llamacpp`` folder); ``transport`` and ``server``: what
-        talks to llama-server and what runs it (tests swap them for fakes)."""
+        talks to llama-server and what runs it (tests swap them for fakes); ``body_options``: fields added to every
+        ``/completion`` request (benchmarks: ``{"ignore_eos": True}``)."""
         if not options.model:
             raise ConfigurationError("FULMEN_LLM_MODEL: the llamacpp backend needs a model directory (Hugging Face)")
         self.options = options
@@ -116,6 +118,7 @@ class LlamaCppBackend:
         self._serving: _Serving | None = None
         self._transport = transport
         self._server_class = server
+        self._body_options = dict(body_options or {})
         self._client: httpx.AsyncClient | None = None
         self._retiring: set[asyncio.Task[None]] = set()
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="llamacpp-load")
@@ -194,31 +197,32 @@ class LlamaCppBackend:
                  self.label, event.version, event.uri, time.perf_counter() - started)  # fmt: skip
 
     async def _launch(self, checkpoint: Path, adapter: Path | None, version: int | None) -> _Serving:
-        """Convert (on the loader thread), start a server, wait until it serves."""
+        """Convert (on the loader thread), then start a server while the tokenizer loads; return once it serves."""
         loop = asyncio.get_running_loop()
-        gguf, tokenizer, context = await loop.run_in_executor(self._loader, self._prepare_version, checkpoint, adapter)
-        server = self._server(gguf, context, version)
+        gguf = await loop.run_in_executor(self._loader, self.cache.acquire, checkpoint, adapter)
+        server: LlamaServer | None = None
         try:
-            await server.start(self.options.llamacpp_start_timeout_s)
+            context = self._context_for(checkpoint)
+            server = self._server(gguf, context, version)
+            tokenizer = loop.run_in_executor(self._prepare, load_tokenizer, str(checkpoint), self.options.chat_template)
+            outcomes = await asyncio.gather(server.start(self.options.llamacpp_start_timeout_s), tokenizer,
+                                            return_exceptions=True)  # fmt: skip
+            failed = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+            if failed:
+                raise failed[0]
         except BaseException:
+            if server is not None:
+                await server.stop()
             self.cache.release(gguf)
             raise
-        serving = _Serving(version, server, gguf, tokenizer, longest_token_bytes(tokenizer), context,
+        loaded = outcomes[1]
+        serving = _Serving(version, server, gguf, loaded, longest_token_bytes(loaded), context,
                            str(adapter or checkpoint))  # fmt: skip
         wait_s = self.options.llamacpp_coalesce_ms / 1000
         serving.coalescer = Coalescer(lambda body, n, top: self._post(serving, body, n, top), wait_s,
                                       self.options.llamacpp_slots)  # fmt: skip
         serving.idle.set()
         return serving
-
-    def _prepare_version(self, checkpoint: Path, adapter: Path | None) -> tuple[Path, Any, int]:
-        gguf = self.cache.acquire(checkpoint, adapter)
-        try:
-            tokenizer = load_tokenizer(str(checkpoint), self.options.chat_template)
-            return gguf, tokenizer, self._context_for(checkpoint)
-        except BaseException:
-            self.cache.release(gguf)
-            raise
 
     def _context_for(self, checkpoint: Path) -> int:
         if self.options.llamacpp_context or self.options.max_model_len:
@@ -234,7 +238,7 @@ class LlamaCppBackend:
         arguments = [
             "-c", str(context * slots), "-np", str(slots), "--no-kv-unified", "-t", threads, "-tb", threads,
             "-ctk", "f32", "-ctv", "f32", "-fa", "off", "--cache-ram", str(self.options.llamacpp_cache_ram_mb),
-            "--no-webui", "--no-warmup",
+            "--no-webui", "--no-warmup", "-fit", "off",
         ]  # fmt: skip
         return self._server_class(self.binary, gguf, arguments, f"{self.label}/v{version}")
 
@@ -317,7 +321,7 @@ class LlamaCppBackend:
     async def _post(self, serving: _Serving, body: dict[str, Any], n: int, top: int) -> list[Sample]:
         server = serving.server
         try:
-            response = await self._http().post(f"{server.url}/completion", json=body)
+            response = await self._http().post(f"{server.url}/completion", json={**body, **self._body_options})
         except httpx.TimeoutException:
             limit = self.options.upstream_timeout_s
             raise ApiError(503, f"llama-server {server.label} did not answer within {limit:.0f} s",

@@ -73,6 +73,10 @@ class ExampleOptions:
     warmup_lr: float = 2e-5
     warmup_cache: Path | None = None  # default $FULMEN_HOME/examples/warmups
     adapters: str = "shared"  # per_agent: one LoRA adapter per trained agent (FULMEN_TRAIN_ADAPTERS)
+    val_every: int = 0  # validate every N steps too (0: before the first step and after the last only)
+    lora_r: int = 0  # LoRA rank of the trained policy (0: every weight trains)
+    micro_batch_tokens: int = 0  # prefix-tree micro-batches of at most this many tokens (0: 8 rows by length)
+    engine: str = "transformers"  # the LLM gateway's backend (FULMEN_LLM_BACKEND): transformers or llamacpp
     extra_train: dict[str, Any] = field(default_factory=dict)
 
 
@@ -145,6 +149,7 @@ def train_fields(example: Example, options: ExampleOptions) -> dict[str, Any]:
         "credit": example.credit, "gamma": example.gamma, "max_staleness": 1, "val_group_size": 1,
         "rollout_timeout_s": options.rollout_timeout_s, "max_attempts": 2, "micro_batch_size": 8,
         "device": "cpu", "dtype": "float32", "seed": options.seed, "shuffle_rewards": options.shuffle_rewards,
+        "val_every": options.val_every, "lora_r": options.lora_r, "micro_batch_tokens": options.micro_batch_tokens,
     } | _adapter_fields(example, options) | options.extra_train  # fmt: skip
 
 
@@ -249,6 +254,9 @@ def report(example: Example, options: ExampleOptions, run: LocalRun, figures: di
         "reward_after": round(sum(s.reward_mean for s in last) / len(last), 4) if steps else None,
         "heldout_before": before, "heldout_after": after,
         "reward_curve": [(s.step, round(s.reward_mean, 4)) for s in steps],
+        "heldout_curve": ([(0, before)] if before is not None else []) + [
+            (s.step, s.extra["val_accuracy"]) for s in steps if "val_accuracy" in s.extra],
+        "engine": options.engine,
         "versions_served": figures.get("versions_served"), "credit": example.credit,
         "heldout_by_version": figures.get("heldout_by_version"),
         "tool_call_valid_by_version": figures.get("tool_call_valid_by_version"),
@@ -293,6 +301,7 @@ def train_example(name: str, options: ExampleOptions, settings: FulmenSettings |
     settings = settings or FulmenSettings()
     model, llm_env = resolve_model(options.model, settings.home)
     model = warmed_up(example, options, model, llm_env, settings.home, on_phase)
+    llm_env = {**llm_env, "FULMEN_LLM_BACKEND": options.engine}
     plan = LocalPlan(example.agent, model, runners=options.runners, concurrency=options.concurrency,
                      agent_pattern=example.agent_pattern, llm_env=llm_env,
                      run_prefix=name.replace("_", "-"))  # fmt: skip
@@ -314,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     defaults = ExampleOptions()
     parser.add_argument("--model", default=defaults.model, help="tiny, smollm2, or a model directory")
     for name in ("steps", "train", "heldout", "group_size", "groups_per_step", "epochs_per_batch", "runners",
-                 "concurrency", "seed", "warmup_steps", "warmup_tasks"):  # fmt: skip
+                 "concurrency", "seed", "warmup_steps", "warmup_tasks", "val_every", "lora_r",
+                 "micro_batch_tokens"):  # fmt: skip
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     parser.add_argument("--max-tokens", type=int, default=None, help="per LLM call (default: the agent's)")
     parser.add_argument("--lr", type=float, default=defaults.lr)
@@ -325,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shuffle-rewards", action="store_true", help="control run: rewards permuted each step")
     parser.add_argument("--adapters", choices=("shared", "per_agent"), default=defaults.adapters,
                         help="per_agent: one LoRA adapter per trained agent on a frozen base")  # fmt: skip
+    parser.add_argument("--engine", default=defaults.engine, help="the LLM gateway's backend: transformers (in "
+                        "process) or llamacpp (llama.cpp's server; built by make install)")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the report as one JSON line at the end")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")

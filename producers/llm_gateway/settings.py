@@ -65,8 +65,8 @@ class LlmSection(BaseModel):
         "at most 4096 (the f32 KV of every slot is allocated at start)",
     )
     llamacpp_coalesce_ms: float = Field(
-        default=5.0, ge=0, le=1000, description="llamacpp: concurrent calls with the same prompt and no seed wait "
-        "this long to share one prefill (0: off)",
+        default=10.0, ge=0, le=1000, description="llamacpp: concurrent calls with the same prompt and no seed wait "
+        "this long for the next such call (at most 4 times this in all) to share one prefill (0: off)",
     )  # fmt: skip
     llamacpp_cache_ram_mb: int = Field(
         default=2048, ge=0, description="llamacpp: RAM for KV of prompts no slot holds any more (--cache-ram; 0: off)"

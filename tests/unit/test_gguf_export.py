@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 
 from fulmen.algorithm.tiny_model import build_tiny_model
 from fulmen.producers.llm_gateway.backends.gguf_cache import GgufCache
-from fulmen.producers.llm_gateway.backends.gguf_export import export_gguf, gguf_tensor_name, permute_qk
+from fulmen.producers.llm_gateway.backends.gguf_export import export_gguf, gguf_tensor_name
+from fulmen.producers.llm_gateway.backends.gguf_tensors import permute_qk
 from fulmen.schemas.errors import ConfigurationError
 
 

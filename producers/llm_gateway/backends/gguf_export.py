@@ -3,10 +3,10 @@
 Supported: ``LlamaForCausalLM`` (SmolLM2) and ``Qwen2ForCausalLM`` (Fulmen's tiny model; q/k/v biases), plain RoPE,
 tensors in ``f32`` (default), ``f16`` or ``bf16`` (:data:`TENSOR_TYPES`; norms and biases stay f32). Hugging Face's
 Llama rotates query/key halves (``rotate_half``) where llama.cpp's ``llama`` architecture rotates interleaved
-pairs, so the rows of ``q_proj`` and ``k_proj`` are permuted per head (:func:`permute_qk`); llama.cpp runs Qwen2
-with NEOX RoPE (halves), so its weights go unchanged. The tokenizer goes in as a byte-level BPE (``gpt2``) with its
-merges, special tokens as control tokens and the end-of-sequence id: the gateway sends prompts as token ids, so the
-tokenizer serves llama.cpp's end-of-generation detection and its text only, but it must load.
+pairs, so the rows of ``q_proj`` and ``k_proj`` are permuted per head (:func:`.gguf_tensors.permute_qk`); llama.cpp
+runs Qwen2 with NEOX RoPE (halves), so its weights go unchanged. The tokenizer goes in as a byte-level BPE (``gpt2``)
+with its merges, special tokens as control tokens and the end-of-sequence id: the gateway sends prompts as token ids,
+so the tokenizer serves llama.cpp's end-of-generation detection and its text only, but it must load.
 
 The file is written under a temporary name beside ``target`` and renamed, so a reader never sees half of it.
 """
@@ -18,7 +18,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,9 +26,10 @@ from typing import Any
 import gguf
 import torch
 
+from fulmen.producers.llm_gateway.backends.gguf_tensors import F32, TensorType, plan_tensors, write_tensors
 from fulmen.schemas.errors import ConfigurationError
 
-__all__ = ["ARCHITECTURES", "TENSOR_TYPES", "Architecture", "export_gguf", "gguf_tensor_name", "permute_qk"]
+__all__ = ["ARCHITECTURES", "TENSOR_TYPES", "Architecture", "export_gguf", "gguf_tensor_name"]
 
 log = logging.getLogger(__name__)
 
@@ -49,21 +50,10 @@ ARCHITECTURES: dict[str, Architecture] = {
 }
 
 
-@dataclass(frozen=True)
-class TensorType:
-    file_type: gguf.LlamaFileType
-    convert: Callable[[torch.Tensor], tuple[Any, gguf.GGMLQuantizationType | None]]  # (numpy array, GGML type)
-
-
-def _bf16(tensor: torch.Tensor) -> tuple[Any, gguf.GGMLQuantizationType | None]:
-    # numpy has no bfloat16: the bits go in as int16, labelled BF16 for the file
-    return tensor.to(torch.bfloat16).contiguous().view(torch.int16).numpy(), gguf.GGMLQuantizationType.BF16
-
-
 TENSOR_TYPES: dict[str, TensorType] = {
-    "f32": TensorType(gguf.LlamaFileType.ALL_F32, lambda t: (t.to(torch.float32).contiguous().numpy(), None)),
-    "f16": TensorType(gguf.LlamaFileType.MOSTLY_F16, lambda t: (t.to(torch.float16).contiguous().numpy(), None)),
-    "bf16": TensorType(gguf.LlamaFileType.MOSTLY_BF16, _bf16),
+    "f32": F32,
+    "f16": TensorType(gguf.LlamaFileType.MOSTLY_F16, gguf.GGMLQuantizationType.F16, torch.float16, "F16"),
+    "bf16": TensorType(gguf.LlamaFileType.MOSTLY_BF16, gguf.GGMLQuantizationType.BF16, torch.bfloat16, "BF16"),
 }
 
 _LAYER_TENSORS = {
@@ -95,13 +85,6 @@ def gguf_tensor_name(hf_name: str) -> str:
     raise ConfigurationError(f"tensor {hf_name}: llama.cpp's model has no place for it (not a plain Llama/Qwen2)")
 
 
-def permute_qk(weight: torch.Tensor, heads: int) -> torch.Tensor:
-    """Reorder each head's rows from Hugging Face's rotate-half RoPE layout to llama.cpp's interleaved one
-    (rows ``[0..d/2) + [d/2..d)`` of a head become pairs ``(0, d/2), (1, d/2+1), ...``). Also for biases."""
-    rows = weight.shape[0]
-    return weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
-
-
 def export_gguf(
     checkpoint: Path, target: Path, tensor_type: str = "f32", weights: Mapping[str, torch.Tensor] | None = None
 ) -> Path:
@@ -123,16 +106,14 @@ def export_gguf(
         writer.add_file_type(int(kind.file_type))
         _add_hyperparameters(writer, arch.gguf_name, config)
         _add_tokenizer(writer, checkpoint, config, arch)
-        count = _add_tensors(writer, config, arch, kind, weights if weights is not None else _safetensors(checkpoint))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
+        plan = plan_tensors(checkpoint, kind, _renamer(config), _heads_to_permute(config, arch), weights)
+        write_tensors(writer, plan)
         writer.close()
         os.replace(staging, target)
     finally:
         if os.path.exists(staging):
             os.unlink(staging)
-    log.info("wrote %s (%d tensors, %s) from %s in %.2f s", target, count, tensor_type, checkpoint,
+    log.info("wrote %s (%d tensors, %s) from %s in %.2f s", target, len(plan), tensor_type, checkpoint,
              time.perf_counter() - started)  # fmt: skip
     return target
 
@@ -242,42 +223,24 @@ def _pre_tokenizer(spec: Mapping[str, Any], arch: Architecture) -> str:
     return arch.pre_tokenizer
 
 
-def _safetensors(checkpoint: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of the checkpoint's safetensors files (one file, or shards), memory-mapped."""
-    from safetensors import safe_open
+def _renamer(config: Mapping[str, Any]) -> Callable[[str], str | None]:
+    tied = bool(config.get("tie_word_embeddings", False))
 
-    files = sorted(checkpoint.glob("*.safetensors"))
-    if not files:
-        raise ConfigurationError(f"{checkpoint}: no *.safetensors weights (the llamacpp backend reads safetensors)")
-    for path in files:
-        with safe_open(path, framework="pt") as handle:
-            for name in handle.keys():  # noqa: SIM118 - safe_open has keys(), no iteration
-                yield name, handle.get_tensor(name)
+    def rename(hf_name: str) -> str | None:
+        if hf_name.endswith("rotary_emb.inv_freq") or (tied and hf_name == "lm_head.weight"):
+            return None  # a buffer, not a weight; the tied head is the embedding
+        return gguf_tensor_name(hf_name)
+
+    return rename
 
 
-def _add_tensors(
-    writer: gguf.GGUFWriter,
-    config: Mapping[str, Any],
-    arch: Architecture,
-    kind: TensorType,
-    weights: Mapping[str, torch.Tensor] | Iterator[tuple[str, torch.Tensor]],
-) -> int:
+def _heads_to_permute(config: Mapping[str, Any], arch: Architecture) -> Callable[[str], int | None]:
     heads = int(config["num_attention_heads"])
     kv_heads = int(config.get("num_key_value_heads") or heads)
-    tied = bool(config.get("tie_word_embeddings", False))
-    count = 0
-    for hf_name, tensor in weights.items() if isinstance(weights, Mapping) else weights:
-        if hf_name.endswith("rotary_emb.inv_freq") or (tied and hf_name == "lm_head.weight"):
-            continue  # a buffer, not a weight; the tied head is the embedding
-        name = gguf_tensor_name(hf_name)
-        if arch.permute_qk and ".attn_q." in name:
-            tensor = permute_qk(tensor, heads)
-        elif arch.permute_qk and ".attn_k." in name:
-            tensor = permute_qk(tensor, kv_heads)
-        if tensor.ndim == 1:  # norms and biases: f32 always
-            data, raw = tensor.to(torch.float32).contiguous().numpy(), None
-        else:
-            data, raw = kind.convert(tensor)
-        writer.add_tensor(name, data, raw_dtype=raw)
-        count += 1
+
+    def count(name: str) -> int | None:
+        if not arch.permute_qk:
+            return None
+        return heads if ".attn_q." in name else kv_heads if ".attn_k." in name else None
+
     return count

@@ -85,6 +85,7 @@ class _Serving:
     gguf: Path
     tokenizer: Any
     max_token_bytes: int
+    vocab_size: int
     context: int
     source: str
     coalescer: Coalescer | None = None
@@ -120,7 +121,7 @@ class LlamaCppBackend:
         self._server_class = server
         self._body_options = dict(body_options or {})
         self._client: httpx.AsyncClient | None = None
-        self._retiring: set[asyncio.Task[None]] = set()
+        self._retiring: dict[_Serving, asyncio.Task[None]] = {}  # previous versions finishing their calls
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="llamacpp-load")
         self._prepare = ThreadPoolExecutor(2, thread_name_prefix="llamacpp-prepare")
 
@@ -145,12 +146,13 @@ class LlamaCppBackend:
             raise ConfigurationError(f"{self.label}: llama-server did not start: {exc}") from exc
 
     async def close(self) -> None:
-        for task in list(self._retiring):
+        for task in self._retiring.values():
             task.cancel()
-        await asyncio.gather(*self._retiring, return_exceptions=True)
-        if self._serving is not None:
-            await self._stop(self._serving)
-            self._serving = None
+        await asyncio.gather(*self._retiring.values(), return_exceptions=True)
+        for serving in [*self._retiring, *([self._serving] if self._serving else [])]:
+            await self._stop(serving)
+        self._retiring.clear()
+        self._serving = None
         if self._client is not None:
             await self._client.aclose()
         self._loader.shutdown(wait=False, cancel_futures=True)
@@ -216,7 +218,7 @@ class LlamaCppBackend:
             self.cache.release(gguf)
             raise
         loaded = outcomes[1]
-        serving = _Serving(version, server, gguf, loaded, longest_token_bytes(loaded), context,
+        serving = _Serving(version, server, gguf, loaded, longest_token_bytes(loaded), len(loaded), context,
                            str(adapter or checkpoint))  # fmt: skip
         wait_s = self.options.llamacpp_coalesce_ms / 1000
         serving.coalescer = Coalescer(lambda body, n, top: self._post(serving, body, n, top), wait_s,
@@ -245,11 +247,10 @@ class LlamaCppBackend:
     def _retire(self, serving: _Serving) -> None:
         async def retire() -> None:
             await serving.idle.wait()  # the calls that started on it finish on it
+            del self._retiring[serving]
             await self._stop(serving)
 
-        task = asyncio.get_running_loop().create_task(retire(), name=f"{self.label}-retire")
-        self._retiring.add(task)
-        task.add_done_callback(self._retiring.discard)
+        self._retiring[serving] = asyncio.get_running_loop().create_task(retire(), name=f"{self.label}-retire")
 
     async def _stop(self, serving: _Serving) -> None:
         await serving.server.stop()

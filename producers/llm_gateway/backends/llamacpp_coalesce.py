@@ -3,10 +3,12 @@
 A GRPO group's first calls share one prompt: sent one by one, llama-server prefills it once per call (each call
 takes its own slot); sent as one request for all their completions (``n_cmpl``), it prefills it once and copies
 the KV to the other slots. Measured on SmolLM2-135M, f32, 2 cores: 16 completions of 64 tokens after one
-512-token prompt took 13.4 s as 16 requests. A call that arrives opens a group for its key (prompt ids, sampling
-settings, length) and waits up to ``wait_s`` for others; the group goes when the wait ends or when it holds
-``limit`` completions (llama-server's slots). Each call gets its own completions, in order. Only calls without a
-seed are coalesced: with one, completion ``i`` must be drawn with ``seed + i`` of that call's own seed.
+512-token prompt took 13.4 s as 16 requests, 5.8 s as one. A call that arrives opens a group for its key (prompt
+ids, sampling settings, length); each call that joins gives the group ``wait_s`` more for the next (calls rendered
+on the gateway's threads arrive a few milliseconds apart), up to ``_MAX_WAITS`` times ``wait_s`` after the first;
+the group goes then, or at once when it holds ``limit`` completions (llama-server's slots). Each call gets its own
+completions, in order. Only calls without a seed are coalesced: with one, completion ``i`` must be drawn with
+``seed + i`` of that call's own seed.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from fulmen.producers.llm_gateway.protocol import SamplingParams
 
 __all__ = ["Coalescer"]
 
+_MAX_WAITS = 4  # a group waits at most this many times wait_s after its first call
+
 Send = Callable[[dict[str, Any], int, int], Awaitable[list[Sample]]]  # (body, completions, top logprobs)
 
 
@@ -33,6 +37,7 @@ class _Group:
     members: list[tuple[int, asyncio.Future[list[Sample]]]] = field(default_factory=list)
     total: int = 0
     timer: asyncio.TimerHandle | None = None
+    deadline: float = 0.0  # the loop time by which it goes, however many calls keep joining
 
 
 class Coalescer:
@@ -52,6 +57,7 @@ class Coalescer:
 
     async def join(self, prompt_ids: list[int], sampling: SamplingParams, max_tokens: int) -> list[Sample]:
         """The call's ``sampling.n`` completions, drawn in one request with those of the calls that joined it."""
+        loop = asyncio.get_running_loop()
         key = (tuple(prompt_ids), sampling.temperature, sampling.top_p, sampling.stop, sampling.top_logprobs,
                max_tokens)  # fmt: skip
         group = self._open.get(key)
@@ -59,13 +65,17 @@ class Coalescer:
             if group is not None:
                 self._flush(key, group)
             group = _Group(list(prompt_ids), sampling, max_tokens)
+            group.deadline = loop.time() + _MAX_WAITS * self.wait_s
             self._open[key] = group
-            group.timer = asyncio.get_running_loop().call_later(self.wait_s, self._flush, key, group)
-        future: asyncio.Future[list[Sample]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[list[Sample]] = loop.create_future()
         group.members.append((sampling.n, future))
         group.total += sampling.n
         if group.total >= self.limit:
             self._flush(key, group)
+        else:
+            if group.timer is not None:
+                group.timer.cancel()
+            group.timer = loop.call_at(min(loop.time() + self.wait_s, group.deadline), self._flush, key, group)
         return await future
 
     def _flush(self, key: Hashable, group: _Group) -> None:

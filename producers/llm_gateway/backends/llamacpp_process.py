@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 _TAIL_LINES = 30  # log lines kept for the error message of a server that died
 _STOP_GRACE_S = 5.0
 _HEALTH_POLL_S = 0.05
+_BIND_ATTEMPTS = 3
 _LIVE: weakref.WeakSet[LlamaServer] = weakref.WeakSet()  # stopped at interpreter exit if still running
 
 
@@ -84,7 +85,19 @@ class LlamaServer:
         return f"llama-server {self.label} exited with {code}" + (f"; its last lines:\n{lines}" if lines else "")
 
     async def start(self, timeout_s: float) -> None:
-        """Run the server and wait until it serves; :class:`ServerStartError` (the server stopped) if it does not."""
+        """Run the server and wait until it serves; :class:`ServerStartError` (the server stopped) if it does not.
+        A port taken between choosing it and binding it is chosen again."""
+        for attempt in range(_BIND_ATTEMPTS):
+            try:
+                await self._start_once(timeout_s)
+                return
+            except ServerStartError as exc:
+                if "couldn't bind" not in exc.message or attempt == _BIND_ATTEMPTS - 1:
+                    raise
+                log.debug("llama-server %s: port %s was taken; another", self.label, self.port)
+
+    async def _start_once(self, timeout_s: float) -> None:
+        self.tail.clear()
         self.port = _free_port()
         command = [str(self.binary), "-m", str(self.model), *self.arguments, "--host", "127.0.0.1",
                    "--port", str(self.port)]  # fmt: skip

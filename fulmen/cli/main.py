@@ -284,7 +284,9 @@ def llm_gateway(
     model: Annotated[
         str | None, typer.Option(help="model directory, 'tiny', or the upstream's model (FULMEN_LLM_MODEL)")
     ] = None,
-    backend: Annotated[str | None, typer.Option(help="transformers, vllm or openai (FULMEN_LLM_BACKEND)")] = None,
+    backend: Annotated[
+        str | None, typer.Option(help="transformers, llamacpp, vllm or openai (FULMEN_LLM_BACKEND)")
+    ] = None,
     upstream_url: Annotated[
         str | None, typer.Option(help="vllm/openai: upstream /v1 URL(s), comma-separated (FULMEN_LLM_UPSTREAM_URL)")
     ] = None,
@@ -300,7 +302,7 @@ def llm_gateway(
         if value is not None:
             setattr(settings.llm, name, value)
     settings = LlmGatewaySettings.model_validate(settings.model_dump())  # re-check what the options changed
-    if settings.llm.model == "tiny" and settings.llm.backend == "transformers":
+    if settings.llm.model == "tiny" and settings.llm.backend in ("transformers", "llamacpp"):  # a model directory
         from fulmen.algorithm.tiny_model import build_tiny_model
         from fulmen.producers.llm_gateway.tiny import build_once, tiny_model_dir
 
@@ -446,7 +448,9 @@ def up(
     model: Annotated[
         str | None, typer.Option(help="model directory, 'tiny', or the upstream's model (FULMEN_LLM_MODEL, or tiny)")
     ] = None,
-    backend: Annotated[str | None, typer.Option(help="transformers, vllm or openai (FULMEN_LLM_BACKEND)")] = None,
+    backend: Annotated[
+        str | None, typer.Option(help="transformers, llamacpp, vllm or openai (FULMEN_LLM_BACKEND)")
+    ] = None,
     detach: Annotated[bool, typer.Option("--detach", help="run in the background; `fulmen down` stops it")] = False,
     max_restarts: Annotated[int, typer.Option(help="restarts of one service within --window, then stop", min=0)] = 3,
     window: Annotated[float, typer.Option(help="seconds of the restart window", min=1.0)] = 60.0,
@@ -461,8 +465,8 @@ def up(
 
     settings = _settings(service=True)
     llm, otlp = _settings(LlmGatewaySettings, service=True).llm, _settings(OtlpGatewaySettings, service=True).otlp
-    if backend is not None and backend not in ("transformers", "vllm", "openai"):
-        raise FulmenError("--backend must be transformers, vllm or openai")
+    if backend is not None and backend not in ("transformers", "llamacpp", "vllm", "openai"):
+        raise FulmenError("--backend must be transformers, llamacpp, vllm or openai")
     options = StackOptions(model=model or llm.model or "tiny", backend=backend, max_restarts=max_restarts,
                            window_s=window)  # fmt: skip
 

@@ -162,3 +162,22 @@ def test_the_cache_converts_once_and_deletes_what_nothing_serves(tiny: Path, tmp
     assert not first.exists()
     with pytest.raises(ConfigurationError, match="does not exist"):
         cache.acquire(tmp_path / "missing")
+
+
+def test_a_lora_version_is_written_merged_into_its_base(tiny: Path, tmp_path: Path) -> None:
+    """llama-server takes adapters only at start-up: a LoRA version is served as full weights, merged with peft."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    adapted = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny),
+                             LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))  # fmt: skip
+    adapted.save_pretrained(tmp_path / "adapter")
+    merged = adapted.merge_and_unload().state_dict()
+    cache = GgufCache(tmp_path / "cache", "f32")
+    path = cache.acquire(tiny, tmp_path / "adapter")
+    assert path != cache.path_for(tiny)  # not the base's file
+    _, tensors = read(path)
+    for hf_name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.v_proj.weight"):
+        written = torch.from_numpy(np.array(tensors[gguf_tensor_name(hf_name)].data)).reshape(merged[hf_name].shape)
+        torch.testing.assert_close(written, merged[hf_name])
+        assert not torch.equal(written, load_file(tiny / "model.safetensors")[hf_name])

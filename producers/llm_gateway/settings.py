@@ -71,6 +71,10 @@ class LlmSection(BaseModel):
     llamacpp_cache_ram_mb: int = Field(
         default=2048, ge=0, description="llamacpp: RAM for KV of prompts no slot holds any more (--cache-ram; 0: off)"
     )
+    llamacpp_wait_policy: Literal["passive", "active"] = Field(
+        default="passive", description="llamacpp: llama-server's threads sleep (passive) or spin (active) at each "
+        "step's barriers; spinning threads on cores the trainer or agents also use slowed it 4x (OMP_WAIT_POLICY)",
+    )  # fmt: skip
     llamacpp_start_timeout_s: float = Field(
         default=120.0, gt=0, description="llamacpp: how long llama-server may take to load a version"
     )

@@ -36,8 +36,8 @@ class FakeServer:
     started: ClassVar[list[FakeServer]] = []
     ports: ClassVar[Iterator[int]] = iter(range(20000, 30000))
 
-    def __init__(self, binary: Path, model: Path, arguments: list[str], label: str) -> None:
-        self.model, self.arguments, self.label = model, arguments, label
+    def __init__(self, binary: Path, model: Path, arguments: list[str], label: str, environment: dict) -> None:
+        self.model, self.arguments, self.label, self.environment = model, arguments, label, environment
         self.alive, self.port = False, next(self.ports)
 
     @property
@@ -124,6 +124,7 @@ async def test_a_call_sends_the_prompt_ids_and_reports_what_llama_server_sampled
     assert server.arguments[server.arguments.index("-ctk") + 1] == "f32" and "-fa" in server.arguments
     assert server.arguments[server.arguments.index("-np") + 1] == "4"
     assert server.arguments[server.arguments.index("-c") + 1] == str(4 * 2048)  # the tiny model's 2048 a slot
+    assert server.environment == {"OMP_WAIT_POLICY": "PASSIVE"}  # no spinning on cores others use
 
 
 async def test_top_logprobs_and_finish_reasons_map_to_openai(tiny: Path, tmp_path: Path) -> None:

@@ -63,3 +63,13 @@ async def test_a_server_that_never_gets_healthy_is_stopped_after_the_timeout(tmp
     with pytest.raises(ServerStartError, match="did not load"):
         await server.start(timeout_s=0.5)
     assert not server.alive
+
+
+async def test_a_log_line_longer_than_the_reader_limit_does_not_stall_the_server(tmp_path: Path) -> None:
+    noisy = HEALTHY.replace('print("model loaded", flush=True)', 'print("x" * 3_000_000, flush=True)')
+    server = LlamaServer(script(tmp_path, "noisy", noisy), tmp_path / "m.gguf", [], "test")
+    await server.start(timeout_s=30)
+    try:
+        assert server.alive
+    finally:
+        await server.stop()

@@ -242,7 +242,8 @@ class LlamaCppBackend:
             "-ctk", "f32", "-ctv", "f32", "-fa", "off", "--cache-ram", str(self.options.llamacpp_cache_ram_mb),
             "--no-webui", "--no-warmup", "-fit", "off",
         ]  # fmt: skip
-        return self._server_class(self.binary, gguf, arguments, f"{self.label}/v{version}")
+        environment = {"OMP_WAIT_POLICY": self.options.llamacpp_wait_policy.upper()}
+        return self._server_class(self.binary, gguf, arguments, f"{self.label}/v{version}", environment)
 
     def _retire(self, serving: _Serving) -> None:
         async def retire() -> None:

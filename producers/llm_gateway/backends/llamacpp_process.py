@@ -19,12 +19,13 @@ import collections
 import contextlib
 import ctypes
 import logging
+import os
 import signal
 import socket
 import sys
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -39,6 +40,7 @@ _TAIL_LINES = 30  # log lines kept for the error message of a server that died
 _STOP_GRACE_S = 5.0
 _HEALTH_POLL_S = 0.05
 _BIND_ATTEMPTS = 3
+_LINE_LIMIT = 1 << 20  # a longer log line is read in pieces
 _LIVE: weakref.WeakSet[LlamaServer] = weakref.WeakSet()  # stopped at interpreter exit if still running
 
 
@@ -60,11 +62,19 @@ def _free_port() -> int:
 class LlamaServer:
     """One child process serving one GGUF file (see the module docstring)."""
 
-    def __init__(self, binary: Path, model: Path, arguments: Sequence[str], label: str) -> None:
+    def __init__(
+        self,
+        binary: Path,
+        model: Path,
+        arguments: Sequence[str],
+        label: str,
+        environment: Mapping[str, str] | None = None,
+    ) -> None:
         self.binary = binary
         self.model = model
         self.arguments = list(arguments)
         self.label = label
+        self.environment = dict(environment or {})  # added to the gateway's environment for the child
         self.port: int | None = None
         self.process: asyncio.subprocess.Process | None = None
         self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
@@ -108,6 +118,8 @@ class LlamaServer:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
+            limit=_LINE_LIMIT,
+            env={**os.environ, **self.environment},
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         _LIVE.add(self)
@@ -141,7 +153,13 @@ class LlamaServer:
         stream = self.process.stdout if self.process is not None else None
         if stream is None:
             return
-        while line := await stream.readline():
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError:  # a line longer than the stream's limit: take what is there
+                line = await stream.read(_LINE_LIMIT)
+            if not line:
+                return
             text = line.decode("utf-8", "replace").rstrip()
             self.tail.append(text)
             log.debug("llama-server %s: %s", self.label, text)

@@ -60,6 +60,7 @@ def run_example(name: str, args: argparse.Namespace, *extra: str) -> dict[str, A
                 ("warmup-tasks", args.warmup_tasks), ("warmup-lr", args.warmup_lr), ("concurrency", args.concurrency),
                 ("rollout-timeout-s", args.rollout_timeout_s), ("val-every", args.val_every),
                 ("lora-r", args.lora_r), ("micro-batch-tokens", args.micro_batch_tokens), ("engine", args.engine),
+                ("llm-context", args.llm_context),
                 ("seed", args.seed))  # fmt: skip
     command = [sys.executable, "-m", "examples.train", name, "--model", "smollm2", "--json"]
     for flag, value in settings:
@@ -185,14 +186,14 @@ def plot(results: dict[str, Any], path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=SCENARIOS, action="append", help="run only these (repeatable)")
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--groups-per-step", type=int, default=4)
     parser.add_argument("--train", type=int, default=2000, help="training tasks (each step takes the next groups)")
     parser.add_argument("--heldout", type=int, default=200)
-    parser.add_argument("--val-every", type=int, default=10)
+    parser.add_argument("--val-every", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=0, help="per LLM call; 0: the agent's default")
-    parser.add_argument("--lr", type=float, default=2e-6)
+    parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--kl-coef", type=float, default=0.0)
     parser.add_argument("--epochs", type=int, default=1, help="PPO passes over each step's batch")
     parser.add_argument("--lora-r", type=int, default=0, help="LoRA rank (0: every weight trains)")
@@ -200,7 +201,9 @@ def main() -> int:
     parser.add_argument("--warmup-steps", type=int, default=8)
     parser.add_argument("--warmup-tasks", type=int, default=32)
     parser.add_argument("--warmup-lr", type=float, default=1e-4)
-    parser.add_argument("--concurrency", type=int, default=16, help="rollouts a runner runs at once")
+    parser.add_argument("--concurrency", type=int, default=32, help="rollouts a runner runs at once (a step's "
+                        "episodes in one wave)")  # fmt: skip
+    parser.add_argument("--llm-context", type=int, default=2048, help="llamacpp: KV tokens per slot")
     parser.add_argument("--rollout-timeout-s", type=float, default=900.0)
     parser.add_argument("--engine", default="llamacpp", help="the LLM gateway's backend (transformers, llamacpp)")
     parser.add_argument("--seed", type=int, default=0)

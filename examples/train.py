@@ -77,6 +77,7 @@ class ExampleOptions:
     lora_r: int = 0  # LoRA rank of the trained policy (0: every weight trains)
     micro_batch_tokens: int = 0  # prefix-tree micro-batches of at most this many tokens (0: 8 rows by length)
     engine: str = "transformers"  # the LLM gateway's backend (FULMEN_LLM_BACKEND): transformers or llamacpp
+    llm_context: int = 2048  # llamacpp: tokens of KV per slot (one slot per concurrent rollout)
     extra_train: dict[str, Any] = field(default_factory=dict)
 
 
@@ -116,7 +117,7 @@ def warmed_up(example: Example, options: ExampleOptions, model: Path, llm_env: d
     if options.warmup_steps <= 0:
         return model
     from examples.teacher import WarmupPlan, demonstrations, tiny_model_for, warm_up
-    from fulmen.producers.llm_gateway.backends.transformers_backend import chat_template_override
+    from fulmen.producers.llm_gateway.backends.tokenizing import chat_template_override
 
     template = llm_env.get("FULMEN_LLM_CHAT_TEMPLATE")
     tasks = example.train_tasks(options.warmup_tasks)
@@ -302,6 +303,9 @@ def train_example(name: str, options: ExampleOptions, settings: FulmenSettings |
     model, llm_env = resolve_model(options.model, settings.home)
     model = warmed_up(example, options, model, llm_env, settings.home, on_phase)
     llm_env = {**llm_env, "FULMEN_LLM_BACKEND": options.engine}
+    if options.engine == "llamacpp":  # a slot (and its KV) per rollout that may run at once, no more
+        llm_env |= {"FULMEN_LLM_LLAMACPP_SLOTS": str(options.concurrency * options.runners),
+                    "FULMEN_LLM_LLAMACPP_CONTEXT": str(options.llm_context)}  # fmt: skip
     plan = LocalPlan(example.agent, model, runners=options.runners, concurrency=options.concurrency,
                      agent_pattern=example.agent_pattern, llm_env=llm_env,
                      run_prefix=name.replace("_", "-"))  # fmt: skip
@@ -324,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=defaults.model, help="tiny, smollm2, or a model directory")
     for name in ("steps", "train", "heldout", "group_size", "groups_per_step", "epochs_per_batch", "runners",
                  "concurrency", "seed", "warmup_steps", "warmup_tasks", "val_every", "lora_r",
-                 "micro_batch_tokens"):  # fmt: skip
+                 "micro_batch_tokens", "llm_context"):  # fmt: skip
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     parser.add_argument("--max-tokens", type=int, default=None, help="per LLM call (default: the agent's)")
     parser.add_argument("--lr", type=float, default=defaults.lr)

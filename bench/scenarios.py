@@ -25,6 +25,7 @@ matmul measured in the same run (``matmul_gflops``). ``tokens_trained_per_step``
 one training pass (shared prefixes once), beside ``input_tokens_per_step`` (the batch's tokens, row by row).
 
     .venv/bin/python bench/scenarios.py --only calc_agent [--steps 40] [--no-control] [--engine llamacpp]
+    .venv/bin/python bench/scenarios.py --only calc_agent --control-only --real-from real.out   # the control later
 
 Prints one JSON object on its last line keyed by scenario (``calc_agent``, ...) with the keys of issue 27
 (``heldout_before``, ``heldout_after``, ``heldout_ci95``, ``heldout_n``, ``control_delta``, ``s_per_step``,
@@ -136,6 +137,14 @@ def figures(report: dict[str, Any], matmul_gflops: float) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def last_json(path: Path) -> dict[str, Any]:
+    """The last JSON line of an earlier run's output."""
+    lines = [line for line in path.read_text().splitlines() if line.startswith("{")]
+    if not lines:
+        raise SystemExit(f"{path} holds no JSON line (the output of an earlier run of this bench)")
+    return json.loads(lines[-1])
+
+
 def matmul_rate(size: int = 2048, repeats: int = 5) -> float:
     """GFLOP/s of a float32 ``size``^3 matmul on this machine, now (the best of ``repeats``)."""
     import torch
@@ -209,15 +218,20 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-control", action="store_true")
     parser.add_argument("--control-only", action="store_true")
+    parser.add_argument("--real-from", type=Path, help="with --control-only: the real run's figures from an earlier "
+                        "run of this bench (its output), so the report and the plot hold both")  # fmt: skip
     parser.add_argument("--home", type=Path, default=Path.home() / ".cache" / "fulmen" / "bench-scenarios")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "scenarios_heldout.png")
     args = parser.parse_args()
+    if args.real_from and not args.control_only:
+        parser.error("--real-from goes with --control-only")
+    earlier = last_json(args.real_from) if args.real_from else {}
     started = time.perf_counter()
     matmul = matmul_rate()
     print(f"float32 2048^3 matmul: {matmul} GFLOP/s", file=sys.stderr, flush=True)
     results: dict[str, Any] = {}
     for name in args.only or SCENARIOS:
-        result: dict[str, Any] = {}
+        result: dict[str, Any] = {k: v for k, v in (earlier.get(name) or {}).items() if k != "control"}
         if not args.control_only:
             print(f"--- {name}", file=sys.stderr, flush=True)
             result = figures(run_example(name, args), matmul)
@@ -234,7 +248,9 @@ def main() -> int:
         "peak_rss_mb_bench": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
     }  # fmt: skip
     for name in args.only or SCENARIOS:
-        results[name]["matmul_gflops"] = matmul
+        results[name].setdefault("matmul_gflops", matmul)
+    if earlier:
+        results["settings"]["real_from"] = earlier.get("settings")
     print(json.dumps(results))
     return 0
 

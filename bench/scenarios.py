@@ -186,7 +186,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("GRPO step")
         ax.set_ylabel("% correct (greedy, through the system)")
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize=8)
+        ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

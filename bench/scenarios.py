@@ -137,12 +137,19 @@ def figures(report: dict[str, Any], matmul_gflops: float) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def last_json(path: Path) -> dict[str, Any]:
-    """The last JSON line of an earlier run's output."""
-    lines = [line for line in path.read_text().splitlines() if line.startswith("{")]
-    if not lines:
-        raise SystemExit(f"{path} holds no JSON line (the output of an earlier run of this bench)")
-    return json.loads(lines[-1])
+def last_json(path: Path, names: list[str]) -> dict[str, Any]:
+    """The last JSON line of an earlier run's output, which must hold the real run of each of ``names``."""
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.startswith("{")]
+        earlier = json.loads(lines[-1]) if lines else None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SystemExit(f"--real-from {path}: {exc}") from exc
+    if not isinstance(earlier, dict):
+        raise SystemExit(f"--real-from {path}: no JSON line (give the output of an earlier run of this bench)")
+    missing = [n for n in names if "heldout_curve" not in (earlier.get(n) or {})]
+    if missing:
+        raise SystemExit(f"--real-from {path}: no real run of {', '.join(missing)} in it")
+    return earlier
 
 
 def matmul_rate(size: int = 2048, repeats: int = 5) -> float:
@@ -225,7 +232,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.real_from and not args.control_only:
         parser.error("--real-from goes with --control-only")
-    earlier = last_json(args.real_from) if args.real_from else {}
+    earlier = last_json(args.real_from, args.only or list(SCENARIOS)) if args.real_from else {}
     started = time.perf_counter()
     matmul = matmul_rate()
     print(f"float32 2048^3 matmul: {matmul} GFLOP/s", file=sys.stderr, flush=True)

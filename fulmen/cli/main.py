@@ -621,7 +621,13 @@ def _train_here(settings: Any, dataset: Path, val: Path | None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        return await run_training(settings, tasks, val_tasks, stop)
+        try:
+            return await run_training(settings, tasks, val_tasks, stop)
+        finally:
+            # the run is over: closing the loop would put SIGTERM back to its default action, and torchrun's SIGTERM
+            # (it stops every rank once one died) would then kill this process before it says why the run ended
+            loop.remove_signal_handler(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     done = asyncio.run(main())
     console.print(f"run {settings.train.run_id}: {len(done)} step(s) trained; checkpoints in {settings.run_dir}")

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "DeadLetterHeaders",
+    "Feedback",
+    "FeedbackTarget",
     "LLMEndpoint",
     "ModelVersion",
     "RolloutEvent",
@@ -57,6 +59,8 @@ _HOMES = {
     **dict.fromkeys(
         (
             "DeadLetterHeaders",
+            "Feedback",
+            "FeedbackTarget",
             "ModelVersion",
             "RolloutEvent",
             "RolloutMode",
@@ -76,6 +80,8 @@ if TYPE_CHECKING:
     from fulmen.producers.runner.agent import LLMEndpoint
     from fulmen.schemas.events import (
         DeadLetterHeaders,
+        Feedback,
+        FeedbackTarget,
         ModelVersion,
         RolloutEvent,
         RolloutMode,

@@ -14,6 +14,8 @@ Engines and keys:
   ``(RolloutId, TraceId, SpanId)``: the hot query gathers the spans of one rollout; time-range queries prune by
   the daily partition and a min-max index on ``Timestamp``.
 * ``rollouts`` keeps the latest lifecycle state per rollout attempt (the version column is the status rank).
+* ``feedback`` keeps every late reward (one row per feedback and resolved call or episode); readers pick the latest
+  per call or episode and name (the rule is at its DDL).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ TABLES = {
     "model_versions": "model_versions",
     "train_steps": "train_steps",
     "dead_letters": "dead_letters",
+    "feedback": "feedback",
 }
 
 
@@ -213,6 +216,34 @@ _MODEL_VERSION_ADAPTER = (
     "MODIFY ORDER BY (ModelName, Version, Adapter)",
 )
 
+# Late feedback (``Feedback`` events), resolved by the feedback consumer to what it scores: RolloutId, Attempt, TraceId
+# and SpanId name the call or the episode, as the store knew it when the feedback was resolved:
+#   response: the call's span (its RolloutId, Attempt, TraceId, SpanId; one row per choice when n > 1);
+#   rollout:  RolloutId = the target, Attempt = its latest attempt, TraceId = SpanId = '';
+#   trace:    TraceId = the target, RolloutId and Attempt = those of its spans ('' and 0 when none), SpanId = ''.
+# Rule for readers: every feedback is kept; per (RolloutId, SpanId, Name) the row with the latest Timestamp wins.
+# SpanId = '' scores the whole episode (it replaces the episode reward); a SpanId scores that one call. The replay's
+# query: SELECT RolloutId, SpanId, argMax(Value, Timestamp) FROM feedback FINAL WHERE Name = 'reward'
+#        GROUP BY RolloutId, SpanId
+# Feedback whose target never appears is not here: it is on the dead-letter topic (and in dead_letters) with why.
+_FEEDBACK = """
+CREATE TABLE IF NOT EXISTS {db}.feedback (
+    FeedbackId String,
+    Target LowCardinality(String),
+    TargetId String,
+    RolloutId String,
+    Attempt UInt32,
+    TraceId String,
+    SpanId String,
+    Name LowCardinality(String),
+    Value Float64,
+    Comment String CODEC(ZSTD(1)),
+    Source LowCardinality(String),
+    Timestamp DateTime64(6, 'UTC')
+) ENGINE = ReplacingMergeTree
+ORDER BY (RolloutId, SpanId, Name, FeedbackId)
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "spans (otel_traces)", (_SPANS,)),
     Migration(2, "rollouts", (_ROLLOUTS,)),
@@ -222,4 +253,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "otel_traces: the Collector exporter's attribute item columns", _ATTRIBUTE_ITEMS),
     Migration(7, "dead_letters", (_DEAD_LETTERS,)),
     Migration(8, "model_versions: the agent's adapter", _MODEL_VERSION_ADAPTER),
+    Migration(9, "feedback", (_FEEDBACK,)),
 )

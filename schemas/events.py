@@ -22,6 +22,8 @@ __all__ = [
     "TERMINAL_STATUSES",
     "DeadLetterHeaders",
     "Event",
+    "Feedback",
+    "FeedbackTarget",
     "Identifier",
     "ModelVersion",
     "RolloutEvent",
@@ -279,6 +281,54 @@ class TrainStep(Event):
     dropped_stale: int = Field(default=0, ge=0)
     extra: dict[str, float] = Field(default_factory=dict)
     created_at: UtcDatetime = Field(default_factory=utc_now)
+
+
+class FeedbackTarget(StrEnum):
+    """What a :class:`Feedback` scores, named by the id its ``target_id`` holds."""
+
+    RESPONSE = "response"  # one LLM call: the OpenAI response id the gateway answered with (gen_ai.response.id)
+    ROLLOUT = "rollout"  # a whole episode: a rollout id (its latest attempt)
+    TRACE = "trace"  # a whole episode: a trace id (32 lowercase hex digits), for agents that Fulmen does not run
+
+
+_TRACE_ID = re.compile(r"^(?!0{32})[0-9a-f]{32}$")  # W3C: lowercase hex, never all zero
+_RESPONSE_ID = re.compile(r"^[^\s\x00-\x1f\x7f-\x9f]+$")  # no spaces, no control characters
+
+
+class Feedback(Event):
+    """A reward that arrives after the fact, for an LLM call, a rollout or a trace; published to the feedback topic,
+    keyed by ``target_id``.
+
+    It may come any time after the call (a user's thumbs-up a day later), from the LLM gateway's
+    ``POST /v1/feedback`` or ``fulmen feedback``. The feedback consumer resolves the target in the store (the call's
+    span, the rollout's latest attempt, the trace's rollout) and stores one row per resolved call or episode; a
+    target that is still unknown once ``FULMEN_FEEDBACK_RESOLVE_GRACE_S`` has passed is dead-lettered, never dropped.
+    Several feedbacks with the same ``name`` for the same call or episode are all kept; the latest ``timestamp``
+    wins when they are read.
+    """
+
+    schema_version: Literal[1] = 1
+    feedback_id: Identifier = Field(default_factory=new_id, description="its own id (a redelivery keeps it)")
+    target: FeedbackTarget = Field(description="what target_id names: an LLM call's response, a rollout or a trace")
+    target_id: str = Field(
+        min_length=1, max_length=256, description="the response id, rollout id or trace id (32 lowercase hex)"
+    )
+    name: Identifier = Field(default="reward", description="what is scored; 'reward' is what training reads")
+    value: float = Field(allow_inf_nan=False, description="the score (finite)")
+    comment: str = Field(default="", max_length=4096, description="free text kept with the score, for people")
+    source: str = Field(default="", max_length=128, description="who sent it: 'api' (the gateway), 'cli', ...")
+    timestamp: UtcDatetime = Field(default_factory=utc_now, description="when it was sent; the latest one wins")
+
+    @model_validator(mode="after")
+    def _target_id_fits_target(self) -> Feedback:
+        shown = self.target_id[:64]
+        if self.target is FeedbackTarget.TRACE and not _TRACE_ID.fullmatch(self.target_id):
+            raise ValueError(f"target_id: a trace id is 32 lowercase hex digits, not all zero; got {shown!r}")
+        if self.target is FeedbackTarget.ROLLOUT and not IDENTIFIER_PATTERN.fullmatch(self.target_id):
+            raise ValueError(f"target_id: a rollout id is 1 to 128 of A-Z a-z 0-9 . _ : -; got {shown!r}")
+        if self.target is FeedbackTarget.RESPONSE and not _RESPONSE_ID.fullmatch(self.target_id):
+            raise ValueError(f"target_id: a response id has no spaces or control characters; got {shown!r}")
+        return self
 
 
 class DeadLetterHeaders(BaseModel):

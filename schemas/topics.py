@@ -15,7 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from fulmen.schemas.events import Event, ModelVersion, RolloutEvent, RolloutRequest, TrainStep, TransitionBatch
+from fulmen.schemas.events import (
+    Event,
+    Feedback,
+    ModelVersion,
+    RolloutEvent,
+    RolloutRequest,
+    TrainStep,
+    TransitionBatch,
+)
 
 __all__ = [
     "GROUPS",
@@ -40,6 +48,7 @@ class TopicKey(StrEnum):
     TRANSITIONS = "transitions"
     MODELS = "models"
     METRICS = "metrics"
+    FEEDBACK = "feedback"
     DLQ = "dlq"
 
 
@@ -51,10 +60,11 @@ MIN_INSYNC_REPLICAS = 2
 Every one of the topics carries data that exists nowhere else once Kafka acknowledged it: the spans (the gateway
 answered 200, the agent dropped its copy), the tasks (a lost request is a rollout never run), the rollouts (the
 rewards), the transitions (what the trainer learns from), the models (which checkpoint is current: the gateways
-follow it), the metrics (the training history; the store's ``train_steps`` is materialised from it) and the dead
-letters (the only record of why an input was refused, kept longer than its source). Producers write with
-``acks=all``: with 3 replicas and 2 in sync an acknowledged record is on two machines, and losing one node keeps
-every topic writable. Fewer than 3 replicas keep the cluster's default (1 on a single broker: writable at all)."""
+follow it), the metrics (the training history; the store's ``train_steps`` is materialised from it), the feedback
+(rewards sent after the fact: the gateway answered 202) and the dead letters (the only record of why an input was
+refused, kept longer than its source). Producers write with ``acks=all``: with 3 replicas and 2 in sync an
+acknowledged record is on two machines, and losing one node keeps every topic writable. Fewer than 3 replicas keep
+the cluster's default (1 on a single broker: writable at all)."""
 
 
 def min_insync_replicas(replication_factor: int) -> int | None:
@@ -121,6 +131,12 @@ TOPICS: dict[TopicKey, Topic] = {
             {"retention.ms": str(30 * _DAY_MS)},
             "Training step metrics.",
             ("algorithm trainer",), ("consumers: train_steps",),
+        ),
+        Topic(
+            TopicKey.FEEDBACK, "fulmen.feedback", "target_id", Feedback, "json", 8,
+            {"retention.ms": str(7 * _DAY_MS)},
+            "Rewards sent after the fact for an LLM call, a rollout or a trace; resolved into the feedback table.",
+            ("llm-gateway", "fulmen feedback"), ("consumers: feedback",),
         ),
         Topic(
             TopicKey.DLQ, "fulmen.dlq", "original key", None, "original bytes", 1,

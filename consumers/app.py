@@ -1,11 +1,11 @@
 """The consumers process (``fulmen consume``): one consumer per sink, one store, one dead-letter producer.
 
 The JSON event sinks (:mod:`fulmen.consumers.event_sinks`) are faststream batch subscribers on one broker; the
-spans sink runs on a :class:`~fulmen.consumers.batch.BatchConsumer` and the transition builder on its own worker
-(aiokafka loops that track their own offsets: see :mod:`fulmen.infra.kafka.broker`). In local mode this process
-owns the embedded store. Each sink has its own consumer group (``<group_prefix>.<sink name>``), so sinks
-progress independently and scale by partitions: run more ``fulmen consume`` processes against a ClickHouse
-server and Kafka spreads the partitions over them.
+spans sink runs on a :class:`~fulmen.consumers.batch.BatchConsumer`, the transition builder and the feedback
+consumer on their own workers (aiokafka loops that track their own offsets: see :mod:`fulmen.infra.kafka.broker`).
+In local mode this process owns the embedded store. Each sink has its own consumer group
+(``<group_prefix>.<sink name>``), so sinks progress independently and scale by partitions: run more ``fulmen
+consume`` processes against a ClickHouse server and Kafka spreads the partitions over them.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 from fulmen.consumers.batch import BatchConsumer, Sink
 from fulmen.consumers.dead_letters import DeadLetterSink
 from fulmen.consumers.event_sinks import EVENT_SINKS, EventSink, SinkHandler, subscribe
+from fulmen.consumers.feedback import FeedbackSection, FeedbackSink
 from fulmen.consumers.spans import SpanSink
 from fulmen.consumers.transitions import ConsumersSettings, TransitionBuilderSink, TransitionsSection
 from fulmen.infra.kafka.broker import kafka_broker
@@ -51,9 +52,11 @@ class WorkerSink(Protocol):
 
 
 def consume_sinks(settings: FulmenSettings) -> list[Sink | WorkerSink]:
-    """What ``fulmen consume`` runs: every table sink, and the transitions consumer (``transition_builder``)."""
-    section = settings.transitions if isinstance(settings, ConsumersSettings) else TransitionsSection()
-    return [*default_sinks(), TransitionBuilderSink(section)]
+    """What ``fulmen consume`` runs: every table sink, the transitions consumer (``transition_builder``) and the
+    feedback consumer (``feedback``)."""
+    if isinstance(settings, ConsumersSettings):
+        return [*default_sinks(), TransitionBuilderSink(settings.transitions), FeedbackSink(settings.feedback)]
+    return [*default_sinks(), TransitionBuilderSink(TransitionsSection()), FeedbackSink(FeedbackSection())]
 
 
 @dataclass(frozen=True)

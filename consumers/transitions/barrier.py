@@ -51,9 +51,13 @@ def behind(snapshot: Snapshot, committed: dict[TopicPartition, int]) -> dict[Top
 class OffsetBarrier:
     """Reads the spans topic's end offsets and the spans group's commits. :meth:`start` it, :meth:`stop` it."""
 
-    def __init__(self, settings: FulmenSettings, spans_topic: str, spans_group: str) -> None:
-        """``spans_group`` is the configured name; the group read is the one the spans consumer joined."""
+    def __init__(
+        self, settings: FulmenSettings, spans_topic: str, spans_group: str, *, user: str = "transitions"
+    ) -> None:
+        """``spans_group`` is the configured name; the group read is the one the spans consumer joined. ``user`` names
+        the consumer that waits, in errors (the feedback consumer waits on the rollouts topic's group too)."""
         self.settings = settings
+        self.user = user
         self.spans_topic = spans_topic
         self.spans_group = consumer_group(settings, spans_group)
         self._offsets = consumer(settings, None)  # no group: only asks for end offsets
@@ -63,8 +67,8 @@ class OffsetBarrier:
         self._partitions_at = 0.0
 
     async def start(self) -> None:
-        await start_or_raise(self._offsets, self.settings, "transitions: spans offsets reader")
-        await start_or_raise(self._admin, self.settings, "transitions: spans group offsets reader")
+        await start_or_raise(self._offsets, self.settings, f"{self.user}: {self.spans_topic} offsets reader")
+        await start_or_raise(self._admin, self.settings, f"{self.user}: {self.spans_group} offsets reader")
 
     async def stop(self) -> None:
         await close_quietly([self._offsets, self._admin])

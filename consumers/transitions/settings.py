@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from fulmen.consumers.feedback.settings import FeedbackSection
 from fulmen.infra.settings import FulmenSettings
 
 __all__ = ["ConsumersSettings", "TransitionsSection"]
@@ -54,6 +55,7 @@ class TransitionsSection(BaseModel):
 
 
 class ConsumersSettings(FulmenSettings):
-    """The consumers process (``fulmen consume``): the shared sections plus ``transitions``."""
+    """The consumers process (``fulmen consume``): the shared sections plus ``transitions`` and ``feedback``."""
 
     transitions: TransitionsSection = Field(default_factory=TransitionsSection)
+    feedback: FeedbackSection = Field(default_factory=FeedbackSection)

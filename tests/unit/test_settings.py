@@ -84,6 +84,7 @@ def test_config_show_prints_every_section_masked(monkeypatch: pytest.MonkeyPatch
         "otlp",
         "llm",
         "transitions",
+        "feedback",
         "train",
         "dashboard",
     }

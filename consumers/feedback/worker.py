@@ -1,0 +1,341 @@
+"""The feedback worker: ``Feedback`` events → their targets resolved in the store → rows of the feedback table.
+
+Lifecycle of a feedback record:
+
+1. decode it (an undecodable record is dead-lettered at once);
+2. look its target up (``resolver``), together with every other feedback due in the same round: one query;
+3. found: its rows go into the feedback table (one Arrow insert per round); it is done;
+4. not found yet (the call's spans may reach the store a little after the feedback): it waits and is looked up
+   again, the wait doubling from ``retry_first_s`` up to ``retry_max_s``, until its *deadline*:
+   ``resolve_grace_s`` after its timestamp (after the moment it was read, if that is earlier: a timestamp in the
+   future does not hold it back);
+5. past the deadline, it waits once more for the *barrier*: the end offsets of the spans and rollouts topics are
+   taken, and the spans and rollouts consumers' groups must commit past them (they commit only after their
+   inserts), so everything published by then is in the store, even when those consumers were behind (a restart
+   after a crash, a backlog). Then it is looked up a last time, and if still not found it is dead-lettered with
+   the reason ("no LLM call with response id X in the store"): kept, never dropped.
+
+A record waiting for its target does not hold up the others: rounds go on, and offsets are committed per
+partition up to the lowest record not done (:class:`~fulmen.infra.kafka.offsets.OffsetTracker`), after the insert
+and after the dead-letter topic acknowledged what was sent there. A crash or a rebalance reads the records after
+the commit again: a feedback stored twice is one row (the table's key holds its id). Store and broker failures are
+retried with backoff until they succeed or ``stop`` is set. All of it runs in one task, so a rebalance (which runs
+inside the poll) never meets a half-done round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import pyarrow as pa
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
+from aiokafka.structs import ConsumerRecord, TopicPartition
+from clickhouse_connect.driver.exceptions import ClickHouseError
+
+from fulmen.consumers.feedback.resolver import Resolved, Target, TargetResolver
+from fulmen.consumers.feedback.settings import FeedbackSection
+from fulmen.consumers.transitions.barrier import Snapshot, behind
+from fulmen.infra.errors import PoisonInputError, RetryableError
+from fulmen.infra.kafka.dlq import DeadLetters
+from fulmen.infra.kafka.offsets import (
+    STOPPED,
+    OffsetTracker,
+    RebalanceListener,
+    Stopped,
+    backoff_s,
+    commit_finished,
+    retrying,
+)
+from fulmen.infra.store import Store
+from fulmen.schemas.codec import decode
+from fulmen.schemas.ddl import TABLES
+from fulmen.schemas.events import Feedback, FeedbackTarget
+
+__all__ = ["FEEDBACK_SCHEMA", "Barrier", "FeedbackStats", "FeedbackWorker", "UnknownTargetError", "feedback_rows"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_STORE_ERRORS = (ClickHouseError, OSError)  # a ClickHouse server unreachable or refusing: retried
+_BARRIER_CHECK_S = 0.5  # how often a feedback past its deadline looks whether the consumers have caught up
+_BARRIER_WARN_S = 30.0  # ... and after how long of that a WARNING says they are behind
+
+
+class UnknownTargetError(PoisonInputError):
+    """A feedback's target is not in the store, after the grace and once the consumers caught up."""
+
+
+_TS6 = pa.timestamp("us", tz="UTC")
+FEEDBACK_SCHEMA = pa.schema([
+    ("FeedbackId", pa.string()), ("Target", pa.string()), ("TargetId", pa.string()), ("RolloutId", pa.string()),
+    ("Attempt", pa.uint32()), ("TraceId", pa.string()), ("SpanId", pa.string()), ("Name", pa.string()),
+    ("Value", pa.float64()), ("Comment", pa.string()), ("Source", pa.string()), ("Timestamp", _TS6),
+])  # fmt: skip
+
+
+def feedback_rows(feedback: Feedback, resolved: Sequence[Resolved]) -> list[dict[str, Any]]:
+    """One row per call or episode the feedback scores."""
+    return [{
+        "FeedbackId": feedback.feedback_id, "Target": feedback.target.value, "TargetId": feedback.target_id,
+        "RolloutId": r.rollout_id, "Attempt": r.attempt, "TraceId": r.trace_id, "SpanId": r.span_id,
+        "Name": feedback.name, "Value": feedback.value, "Comment": feedback.comment, "Source": feedback.source,
+        "Timestamp": feedback.timestamp,
+    } for r in resolved]  # fmt: skip
+
+
+def not_found(feedback: Feedback, grace_s: float) -> str:
+    """Why a feedback is dead-lettered, for people."""
+    what = {
+        FeedbackTarget.RESPONSE: f"no LLM call with response id {feedback.target_id}",
+        FeedbackTarget.ROLLOUT: f"no rollout {feedback.target_id}",
+        FeedbackTarget.TRACE: f"no span of trace {feedback.target_id}",
+    }[feedback.target]
+    return (f"{what} in the store (feedback {feedback.feedback_id}, {feedback.name}={feedback.value:g}; looked until "
+            f"{grace_s:g}s after it was sent, and until the spans and rollouts consumers had stored what was "
+            "published by then)")  # fmt: skip
+
+
+class Barrier(Protocol):
+    """The spans and rollouts consumers' progress (:class:`~fulmen.consumers.feedback.app.StoreBarrier`)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def snapshot(self) -> Snapshot: ...
+
+    async def committed(self) -> Snapshot: ...
+
+
+class Resolver(Protocol):
+    def resolve(self, targets: Iterable[Target]) -> dict[Target, list[Resolved]]: ...
+
+
+@dataclass
+class Waiting:
+    """A feedback read and not done: when to look it up next, and whether it is past its deadline."""
+
+    tp: TopicPartition
+    record: ConsumerRecord
+    feedback: Feedback
+    deadline: float  # clock seconds: past this, a miss waits for the barrier, then is final
+    next_at: float  # clock seconds: when to look it up (again)
+    misses: int = 0
+    snapshot: Snapshot | None = None  # the topics' end offsets taken once past the deadline
+    cleared: bool = False  # the consumers stored everything below ``snapshot``: the next miss is final
+
+    @property
+    def target(self) -> Target:
+        return (self.feedback.target, self.feedback.target_id)
+
+
+@dataclass
+class FeedbackStats:
+    records: int = 0
+    resolved: int = 0  # feedback stored
+    rows: int = 0
+    lookups: int = 0  # rounds that queried the store
+    dead_lettered: int = 0
+    committed: dict[TopicPartition, int] = field(default_factory=dict)
+
+
+class FeedbackWorker:
+    """Runs over a started consumer subscribed to the feedback topic (with :meth:`listener`)."""
+
+    def __init__(
+        self,
+        sink: Any,
+        consumer: AIOKafkaConsumer,
+        store: Store,
+        dead_letters: DeadLetters,
+        barrier: Barrier,
+        section: FeedbackSection,
+        *,
+        resolver: Resolver | None = None,
+        retry_backoff_s: float = 0.5,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sink = sink
+        self.consumer = consumer
+        self.store = store
+        self.dead_letters = dead_letters
+        self.barrier = barrier
+        self.section = section
+        self.resolver = resolver or TargetResolver(store)
+        self.retry_backoff_s = retry_backoff_s
+        self.clock = clock  # wall clock: deadlines come from the feedback's timestamp
+        self.offsets = OffsetTracker()
+        self.waiting: dict[tuple[TopicPartition, int], Waiting] = {}
+        self.stats = FeedbackStats()
+        self._warned_at = 0.0
+
+    def listener(self) -> ConsumerRebalanceListener:
+        """Pass this to ``consumer.subscribe``: it commits what is done before partitions are taken away."""
+        return RebalanceListener(self, "feedback")
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until ``stop`` is set; commit what is done before returning (what waits is read again)."""
+        await self.barrier.start()
+        try:
+            while not stop.is_set():
+                await self.poll_once(stop)
+            await self.commit()
+        finally:
+            await self.barrier.stop()
+
+    async def poll_once(self, stop: asyncio.Event) -> None:
+        """Fetch (unless too many wait), look up what is due, store and dead-letter, commit."""
+        # While too many wait, the partitions are paused but still polled: the group keeps this member.
+        if len(self.waiting) >= self.section.max_pending:
+            self.consumer.pause(*self.consumer.assignment())
+        elif self.consumer.paused():
+            self.consumer.resume(*self.consumer.paused())
+        fetched = await self.consumer.getmany(timeout_ms=self._poll_ms(), max_records=self.section.max_batch)
+        for tp, records in fetched.items():
+            for record in records:
+                await self._read(tp, record)
+        now = self.clock()
+        due = [waiting for waiting in self.waiting.values() if waiting.next_at <= now]
+        if due and not stop.is_set():
+            await self._round(due, stop)
+        await self.commit()
+
+    def _poll_ms(self) -> int:
+        """Up to 200 ms, less when a waiting feedback is due sooner."""
+        if not self.waiting:
+            return 200
+        soonest = min(waiting.next_at for waiting in self.waiting.values())
+        return int(min(200.0, max(10.0, (soonest - self.clock()) * 1000)))
+
+    async def _read(self, tp: TopicPartition, record: ConsumerRecord) -> None:
+        self.offsets.read(tp, record.offset)
+        self.stats.records += 1
+        try:
+            feedback = decode(Feedback, record.value, topic=record.topic, partition=record.partition,
+                              offset=record.offset)  # fmt: skip
+        except PoisonInputError as exc:
+            await self._dead_letter(tp, record, exc)
+            return
+        now = self.clock()
+        deadline = min(feedback.timestamp.timestamp(), now) + self.section.resolve_grace_s
+        self.waiting[(tp, record.offset)] = Waiting(tp, record, feedback, deadline, next_at=now)
+
+    # --- a round: look up, store, wait or dead-letter -----------------------------------------------------------
+    async def _round(self, due: list[Waiting], stop: asyncio.Event) -> None:
+        if not await self._check_barrier(due, stop):
+            return
+        lookup = [waiting for waiting in due if waiting.snapshot is None or waiting.cleared]
+        if not lookup:
+            return
+        found = await self._retrying(
+            lambda: asyncio.to_thread(self.resolver.resolve, {w.target for w in lookup}), "looking targets up", stop
+        )
+        if found is STOPPED:
+            return
+        self.stats.lookups += 1
+        now, stored, expired = self.clock(), [], []
+        for waiting in lookup:
+            resolved = found.get(waiting.target)
+            if resolved:
+                stored.append((waiting, resolved))
+            elif waiting.cleared:
+                error = UnknownTargetError(not_found(waiting.feedback, self.section.resolve_grace_s))
+                await self._dead_letter(waiting.tp, waiting.record, error)
+            elif now >= waiting.deadline:
+                expired.append(waiting)
+            else:
+                waiting.misses += 1
+                wait = backoff_s(waiting.misses - 1, self.section.retry_first_s, self.section.retry_max_s)
+                waiting.next_at = min(waiting.deadline, now + wait)
+        if stored and not await self._store(stored, stop):
+            return
+        if expired:
+            snapshot = await self._retrying(self.barrier.snapshot, "reading the spans and rollouts end offsets", stop)
+            if snapshot is STOPPED:
+                return
+            for waiting in expired:
+                waiting.snapshot, waiting.next_at = snapshot, now
+
+    async def _check_barrier(self, due: list[Waiting], stop: asyncio.Event) -> bool:
+        """Clear the feedback past its deadline whose snapshot the consumers' commits reached; False when stopped."""
+        expecting = [waiting for waiting in due if waiting.snapshot is not None and not waiting.cleared]
+        if not expecting:
+            return True
+        committed = await self._retrying(self.barrier.committed, "reading the spans and rollouts groups' offsets",
+                                         stop)  # fmt: skip
+        if committed is STOPPED:
+            return False
+        now, lagging, still = self.clock(), {}, 0
+        for waiting in expecting:
+            gap = behind(waiting.snapshot or {}, committed)
+            waiting.cleared = not gap
+            if gap:
+                lagging.update(gap)
+                still += 1
+                waiting.next_at = now + _BARRIER_CHECK_S
+        if lagging and now - self._warned_at >= _BARRIER_WARN_S:
+            self._warned_at = now
+            shown = ", ".join(f"{tp.topic}[{tp.partition}] by {gap}" for tp, gap in sorted(lagging.items()))
+            log.warning("feedback: %d feedback(s) not found past their grace wait for the spans and rollouts "
+                        "consumers to store what was published before; behind on %s", still, shown)  # fmt: skip
+        return True
+
+    async def _store(self, stored: list[tuple[Waiting, list[Resolved]]], stop: asyncio.Event) -> bool:
+        """Insert the rows of the resolved feedback, then mark it done; False when stopped first."""
+        rows = [row for waiting, resolved in stored for row in feedback_rows(waiting.feedback, resolved)]
+        table = pa.Table.from_pylist(rows, schema=FEEDBACK_SCHEMA)
+        inserted = await self._retrying(
+            lambda: asyncio.to_thread(self.store.insert_batch, TABLES["feedback"], table), "inserting feedback", stop
+        )
+        if inserted is STOPPED:
+            return False
+        for waiting, _ in stored:
+            self._done(waiting.tp, waiting.record.offset)
+        self.stats.resolved += len(stored)
+        self.stats.rows += len(rows)
+        log.info("feedback: %d stored (%d row(s)); %d wait for their target", len(stored), len(rows), len(self.waiting))
+        return True
+
+    async def _dead_letter(self, tp: TopicPartition, record: ConsumerRecord, error: PoisonInputError) -> None:
+        error.topic, error.partition, error.offset = record.topic, record.partition, record.offset
+        await self.dead_letters.send(record, error)  # acknowledged before any commit (see commit)
+        self.stats.dead_lettered += 1
+        self._done(tp, record.offset)
+
+    def _done(self, tp: TopicPartition, offset: int) -> None:
+        self.waiting.pop((tp, offset), None)
+        self.offsets.done(tp, offset)
+
+    # --- committing -----------------------------------------------------------------------------------------
+    async def commit(self, partitions: list[TopicPartition] | None = None) -> None:
+        """Commit, per partition, up to the lowest feedback not done (of ``partitions``, or all owned)."""
+        await self.dead_letters.flush()  # a dead-lettered record counts as done only once its send is acknowledged
+        committed = await commit_finished(self.consumer, self.offsets, what="feedback", partitions=partitions,
+                                          logger=log)  # fmt: skip
+        self.stats.committed.update(committed)
+
+    async def revoked(self, partitions: list[TopicPartition]) -> None:
+        """Partitions taken away: commit what is done, then forget them (their next owner reads the rest again)."""
+        await self.commit(partitions)
+        self._forget(partitions)
+
+    def assigned(self, partitions: list[TopicPartition]) -> None:
+        """Partitions given: whatever was known of them is stale (they are read again from the committed offset)."""
+        self._forget(partitions)
+
+    def _forget(self, partitions: list[TopicPartition]) -> None:
+        self.offsets.forget(partitions)
+        gone = set(partitions)
+        self.waiting = {key: waiting for key, waiting in self.waiting.items() if waiting.tp not in gone}
+
+    async def _retrying(self, fn: Callable[[], Awaitable[T]], what: str, stop: asyncio.Event) -> T | Stopped:
+        return await retrying(
+            fn, what=f"feedback: {what}", retry_on=(RetryableError, KafkaError, *_STORE_ERRORS),
+            base_s=self.retry_backoff_s, stop=stop, logger=log,
+        )  # fmt: skip

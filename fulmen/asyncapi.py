@@ -54,12 +54,17 @@ NOT_ON_FASTSTREAM: tuple[Endpoint, ...] = (
              "One record per trace of each OTLP/HTTP export, answered after acks=all (aiokafka producer)."),
     Endpoint("llm-gateway", "send", TopicKey.SPANS,
              "One record per LLM call with its token ids, answered after acks=all (aiokafka producer)."),
+    Endpoint("llm-gateway", "send", TopicKey.FEEDBACK,
+             "POST /v1/feedback: one Feedback per request, answered 202 after acks=all (its aiokafka producer)."),
     Endpoint("opentelemetry-collector", "send", TopicKey.SPANS,
              "A Collector's Kafka exporter (otlp_proto) may feed the topic too (outside Fulmen)."),
     Endpoint("consumers.spans", "receive", TopicKey.SPANS,
              "The spans sink's batch consumer (aiokafka): commits after its Arrow insert."),
     Endpoint("consumers.transitions", "receive", TopicKey.ROLLOUTS,
              "The transition builder (aiokafka): builds a rollout once the spans consumer passed its end."),
+    Endpoint("consumers.feedback", "receive", TopicKey.FEEDBACK,
+             "The feedback consumer (aiokafka): resolves each target in the store, inserts into the feedback table, "
+             "dead-letters a target never found; commits up to the lowest feedback not done."),
     Endpoint("algorithm", "receive", TopicKey.TRANSITIONS,
              "The trainer's collector (aiokafka): commits the groups it trained on."),
     Endpoint("algorithm", "receive", TopicKey.MODELS,
@@ -78,10 +83,11 @@ def senders() -> list[Sender]:
     """The :class:`Sender` of every component that publishes events (imported here: the trainer's pulls in torch)."""
     from fulmen.algorithm.train import SENDER as ALGORITHM
     from fulmen.consumers.transitions.app import SENDER as TRANSITIONS
+    from fulmen.producers.feedback import SENDER as FEEDBACK
     from fulmen.producers.runner.app import SENDER as RUNNER
     from fulmen.producers.submit import SENDER as SUBMIT
 
-    return [SUBMIT, ALGORITHM, RUNNER, TRANSITIONS]
+    return [SUBMIT, ALGORITHM, RUNNER, TRANSITIONS, FEEDBACK]
 
 
 def declare_components(broker: KafkaBroker, settings: FulmenSettings) -> None:

@@ -417,6 +417,25 @@ def submit(
     console.print(f"submitted {len(submission.requests)} rollouts in {len(submission.groups)} groups")
 
 
+@app.command("feedback")
+@friendly
+def feedback(
+    value: Annotated[float, typer.Option(help="the score: a finite number")],
+    response_id: Annotated[str | None, typer.Option(help="an LLM call: the id the gateway answered with")] = None,
+    rollout_id: Annotated[str | None, typer.Option(help="a rollout: its latest attempt, as a whole")] = None,
+    trace_id: Annotated[str | None, typer.Option(help="a trace (32 hex digits): its episode, as a whole")] = None,
+    name: Annotated[str, typer.Option(help="what is scored; training reads 'reward'")] = "reward",
+    comment: Annotated[str, typer.Option(help="free text kept with the score")] = "",
+) -> None:
+    """Send a reward for an LLM call, a rollout or a trace (exactly one), any time after it; prints its feedback id.
+    The latest feedback of a name wins; one whose target never reaches the store is dead-lettered, saying why."""
+    from fulmen.cli.feedback import send_feedback
+
+    request = {"response_id": response_id, "rollout_id": rollout_id, "trace_id": trace_id, "value": value,
+               "name": name, "comment": comment}  # fmt: skip
+    console.print(send_feedback(_settings(), request).feedback_id)
+
+
 @app.command("rollouts")
 @friendly
 def rollouts(
@@ -648,7 +667,7 @@ def _query(reader: Any, sql: str, *, final: bool = True) -> Any:
 @friendly
 def config_show() -> None:
     """Print the settings in force, secrets masked: the shared sections (home, kafka, broker, clickhouse, log) and
-    every process's own (runner, otlp, llm, transitions, train, dashboard)."""
+    every process's own (runner, otlp, llm, transitions, feedback, train, dashboard)."""
     from fulmen.algorithm.settings import TrainSettings
     from fulmen.consumers.transitions.settings import ConsumersSettings
     from fulmen.infra.settings import DashboardProcessSettings

@@ -3,14 +3,22 @@
 Routes (each also under ``/rollout/{rollout_id}/attempt/{attempt}``, which ties the call to a rollout with no
 header or SDK, and under either with ``/agent/{name}`` after it, which names the agent that calls, for agents that
 give each of their agents its own ``base_url``): ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``GET /v1/models``; plus ``/healthz`` and ``/readyz``. A call that names an agent is served by that agent's LoRA
-adapter when one is loaded (``FULMEN_TRAIN_ADAPTERS=per_agent`` publishes one per trained agent), else by the model;
-its span says which (``fulmen.llm.agent``, ``fulmen.llm.adapter``: the agent's name, or ``base``).
+``GET /v1/models``; plus ``POST /v1/feedback`` (late feedback, below), ``/healthz`` and ``/readyz``. A call that
+names an agent is served by that agent's LoRA adapter when one is loaded (``FULMEN_TRAIN_ADAPTERS=per_agent``
+publishes one per trained agent), else by the model; its span says which (``fulmen.llm.agent``,
+``fulmen.llm.adapter``: the agent's name, or ``base``).
 
 A call is answered only after its span is acknowledged by Kafka (``acks=all``), so every LLM span of a
 rollout is in Kafka by the time the agent has its answer. When the span cannot be recorded the call fails
 with 503 and ``Retry-After``: the gateway never serves an answer it did not record. Errors use OpenAI's
 shape (``{"error": {"message", "type", "param", "code"}}``).
+
+``POST /v1/feedback`` takes a reward for an earlier call (its ``response_id``, the ``id`` this gateway answered with),
+a ``rollout_id`` or a ``trace_id``, any time after it: ``{"response_id": "...", "name": "reward", "value": 1.0,
+"comment": "..."}`` (:mod:`fulmen.producers.feedback`). It publishes a ``Feedback`` event to the feedback topic and
+answers 202 ``{"feedback_id": ...}`` once Kafka acknowledged it; a bad request is a 400 naming the field, Kafka not
+taking it a 503 with ``Retry-After``. Whether the target exists is checked later, in the store, by the feedback
+consumer (an unknown one is dead-lettered, never dropped).
 
 Edges (``fulmen.infra.http``): with ``FULMEN_LLM_BEARER_TOKEN`` set every route but ``/healthz`` and ``/readyz`` needs
 ``Authorization: Bearer <token>`` (401 otherwise); a body over ``FULMEN_LLM_MAX_BODY_BYTES`` is refused (413)
@@ -39,6 +47,7 @@ from aiokafka.errors import KafkaError
 from fulmen.infra.errors import BrokerUnavailableError
 from fulmen.infra.http import read_body
 from fulmen.infra.kafka.clients import producer
+from fulmen.producers.feedback import FeedbackRequestError, feedback_from
 from fulmen.producers.gateway import Gateway, GatewayStats
 from fulmen.producers.llm_gateway.backends import Backend, build_backend
 from fulmen.producers.llm_gateway.backends.base import CallResult
@@ -61,10 +70,12 @@ from fulmen.producers.llm_gateway.responses import (
 from fulmen.producers.llm_gateway.settings import LlmGatewaySettings, LlmSection
 from fulmen.producers.llm_gateway.spans import CallContext, build_record, parse_traceparent
 from fulmen.schemas import ModelVersion, TopicKey, semconv, topic_name
+from fulmen.schemas.codec import encode
 from fulmen.schemas.events import IDENTIFIER_PATTERN
 
 INLINE_BYTES = 64 * 1024  # requests up to this size are parsed, recorded and answered on the event loop
 INLINE_TOKENS = 8192  # ... and calls up to this many prompt + completion tokens
+FEEDBACK_MAX_BYTES = 64 * 1024  # a feedback body is a few ids, a number and a comment of at most 4096 characters
 _ATTEMPT = re.compile(r"[0-9]{1,9}")  # ASCII digits only ("²".isdigit() is true), and bounded
 
 __all__ = ["LlmGateway", "LlmGatewayStats"]
@@ -78,6 +89,7 @@ class LlmGatewayStats(GatewayStats):
 
     errors: int = 0  # calls answered with an error
     spans: int = 0  # spans recorded (one per choice)
+    feedback: int = 0  # feedback published (acknowledged)
 
 
 class LlmGateway(Gateway):
@@ -110,6 +122,7 @@ class LlmGateway(Gateway):
         self.follower = ModelsFollower(
             settings, self.options.served_model_name, self._served_version, self._load_version
         )
+        self.feedback_topic = topic_name(TopicKey.FEEDBACK, settings.kafka.topic_prefix)
         self.stats = LlmGatewayStats()
         # JSON decoding and checks, span and response encoding: CPU work kept off the event loop.
         self._cpu = ThreadPoolExecutor(2, thread_name_prefix="llm-gateway-cpu")
@@ -121,6 +134,7 @@ class LlmGateway(Gateway):
             app.router.add_post(f"{prefix}/v1/chat/completions", self.handle_chat)
             app.router.add_post(f"{prefix}/v1/completions", self.handle_completion)
             app.router.add_get(f"{prefix}/v1/models", self.handle_models)
+        app.router.add_post("/v1/feedback", self.handle_feedback)
 
     async def _setup(self) -> None:
         await self.backend.start()
@@ -208,6 +222,28 @@ class LlmGateway(Gateway):
         chunks = chat_chunks if chat else completion_chunks
         return await self._stream(request, chunks(result, parsed.include_usage))
 
+    async def handle_feedback(self, request: web.Request) -> web.Response:
+        """``POST /v1/feedback``: publish one Feedback; 202 with its id once Kafka acknowledged (module docstring)."""
+        try:
+            raw = await read_body(request, max_bytes=FEEDBACK_MAX_BYTES, timeout_s=self.options.read_timeout_s)
+            try:
+                feedback = feedback_from(load_body(raw), source="api")
+            except FeedbackRequestError as exc:
+                raise ApiError(400, exc.message, param=exc.param) from None
+            labelled = [("content-type", b"application/json")]  # as EventPublisher labels events
+            await self._send(self.feedback_topic, feedback.target_id.encode(), encode(feedback), "the feedback",
+                             headers=labelled)  # fmt: skip
+        except ApiError as exc:
+            return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+        except web.HTTPException as exc:  # 408/413/400 from reading the body
+            response = _error_response(request, exc.status, (exc.text or exc.reason).strip(), {})
+            response.force_close()
+            return response
+        self.stats.feedback += 1
+        log.info("feedback %s for %s %s: %s=%g", feedback.feedback_id, feedback.target.value, feedback.target_id,
+                 feedback.name, feedback.value)  # fmt: skip
+        return web.json_response({"feedback_id": feedback.feedback_id}, status=202)
+
     def _check_model(self, model: str) -> None:
         if model != self.options.served_model_name:
             shown = model if len(model) <= 200 else model[:197] + "..."
@@ -221,17 +257,22 @@ class LlmGateway(Gateway):
     async def _record(self, context: CallContext, result: CallResult, big: bool) -> None:
         """Publish the call's spans and wait for the acknowledgement (503 when Kafka does not take them)."""
         key, value = await self._off_loop(big, build_record, context, result)
+        await self._send(self.topic, key, value, "the call's span")
+        self.stats.spans += len(result.choices)
+
+    async def _send(self, topic: str, key: bytes, value: bytes, what: str, **options: Any) -> None:
+        """Publish one record (``options``: the producer's, e.g. ``headers``) and wait for the acknowledgement (503
+        when Kafka does not take it in time)."""
         try:
             async with asyncio.timeout(self.options.publish_timeout_s):
-                await self.producer.send_and_wait(self.topic, value=value, key=key)
+                await self.producer.send_and_wait(topic, value=value, key=key, **options)
         except (TimeoutError, KafkaError, BrokerUnavailableError) as exc:
             self.stats.unavailable += 1
             reason = "no acknowledgement in time" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
-            error = ApiError(503, f"the call's span could not be recorded in Kafka ({reason}); retry")
+            error = ApiError(503, f"{what} could not be recorded in Kafka ({reason}); retry")
             error.headers["Retry-After"] = "1"
             raise error from None
         self.stats.records += 1
-        self.stats.spans += len(result.choices)
 
     async def _off_loop(self, big: bool, function: Any, *args: Any) -> Any:
         """``function(*args)`` on the CPU threads for a big call, inline for a small one: a hop to a thread costs

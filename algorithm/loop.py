@@ -57,6 +57,13 @@ that starts from the base publishes each adapter's initial state as version 0 (t
 the base itself with ``publish_initial_version``); until a gateway has loaded it, the agent's calls are served by
 the base model, which gives the same answers and is labelled version 0 too.
 
+Replay (``replay_sql``, :mod:`fulmen.algorithm.replay`): a :class:`~fulmen.algorithm.replay.ReplayBuffer` of groups
+read from the store. Without a dataset every group of a step comes from it; with one, ``replay_fraction`` of
+``groups_per_step`` do (the rest are dispatched as usual). Replayed groups go through the same staleness, length,
+agent and signal checks; ``replayed_groups``, ``replay_passes``, ``replay_rollouts`` and ``replay_refused_<reason>``
+are reported in ``TrainStep.extra``. A buffer none of whose groups is trainable any more ends the run with a
+ConfigurationError rather than spinning.
+
 Only the latest attempt of each rollout is trained on: retried attempts are never built (transitions worker)
 and the collector keeps the latest attempt per rollout (see ``fulmen.algorithm.collector``).
 
@@ -81,11 +88,12 @@ from pathlib import Path
 from fulmen.algorithm.collector import Collector
 from fulmen.algorithm.dispatcher import Dispatcher
 from fulmen.algorithm.groups import ClosedGroup, credit_groups, drop_stale, drop_too_long, keep_agents, shuffle_rewards
+from fulmen.algorithm.replay import ReplayBuffer
 from fulmen.algorithm.samples import StepSamples, build_agent_samples, build_samples, has_signal
 from fulmen.algorithm.settings import TrainMode, TrainSection
 from fulmen.algorithm.shaping import OverlongShaping
 from fulmen.algorithm.trainer.base import StepMetrics, TrainerBackend
-from fulmen.infra.errors import RetryableError
+from fulmen.infra.errors import ConfigurationError, RetryableError
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.schemas.events import Event, ModelVersion, RolloutMode, TrainStep
 from fulmen.schemas.topics import TopicKey
@@ -153,9 +161,10 @@ class TrainingLoop:
         backend: TrainerBackend,
         publisher: EventPublisher,
         collector: Collector,
-        train: Dispatcher,
+        train: Dispatcher | None,
         val: Dispatcher | None = None,
         *,
+        replay: ReplayBuffer | None = None,
         clock: Callable[[], float] = time.perf_counter,
         version_published: VersionCheck | None = None,
         retry_backoff_s: tuple[float, float] = RETRY_BACKOFF_S,
@@ -166,8 +175,12 @@ class TrainingLoop:
         self.backend = backend
         self.publisher = publisher
         self.collector = collector
+        if train is None and replay is None:
+            raise ValueError("a training loop needs tasks to dispatch or a replay buffer")
         self.train = train
         self.val = val
+        self.replay = replay
+        self.replay_share = _replay_share(plan.train, replay, train)
         self.clock = clock
         self.version_published = version_published
         self.retry_backoff_s = retry_backoff_s
@@ -228,7 +241,8 @@ class TrainingLoop:
         try:
             while not stop.is_set():
                 ahead = len(self.waiting.train) + self._in_step  # closed, and taken by the step under way
-                dispatched = [] if self._validating else await self.train.fill(self.version, ahead=ahead)
+                on_policy = self.train is not None and not self._validating
+                dispatched = await self.train.fill(self.version, ahead=ahead) if on_policy else []
                 self.collector.expect(dispatched)
                 if not await self._poll() and not dispatched:
                     await asyncio.sleep(FEED_IDLE_S)  # a consumer that answers at once must not spin the loop
@@ -294,20 +308,34 @@ class TrainingLoop:
     async def _collect_train(self, stop: asyncio.Event) -> tuple[list[ClosedGroup], dict[str, int]] | None:
         """``groups_per_step`` kept train groups with trainable transitions, and how many transitions were
         dropped as ``stale`` and as ``too_long``, and how many groups as ``no_signal`` (dynamic sampling; with
-        ``exhausted`` = 1 when its bound was reached). A group left without transitions, or without signal, is
-        done with and replaced."""
+        ``exhausted`` = 1 when its bound was reached), and how many groups were ``replayed``: the first
+        ``replay_share`` groups come from the replay buffer, the rest from the dispatched ones. A group left without
+        transitions, or without signal, is done with and replaced."""
         selected: list[ClosedGroup] = []
-        dropped = {"stale": 0, "too_long": 0, "no_signal": 0, "exhausted": 0, "other_agents": 0}
+        dropped = {"stale": 0, "too_long": 0, "no_signal": 0, "exhausted": 0, "other_agents": 0, "replayed": 0}
         skips = self.options.dynamic_sampling_bound
+        replayed = unusable = 0  # replayed groups taken for this step; replayed groups in a row that had nothing
         while len(selected) < self.options.groups_per_step:
             if stop.is_set():
                 return None
-            if not self.waiting.train:
+            from_replay = self.replay is not None and replayed < self.replay_share
+            if from_replay:
+                if unusable >= len(self.replay.groups):
+                    raise ConfigurationError(
+                        f"no replayed group is trainable at model version {self.version}: every one was stale "
+                        f"(older than FULMEN_TRAIN_MAX_STALENESS={self.options.max_staleness} versions), too long "
+                        "or without signal; raise --max-staleness or select newer rollouts"
+                    )
+                taken = self.replay.take()
+            elif not self.waiting.train:
+                assert self.train is not None  # without a dataset every group is a replayed one
                 if not self.feeding:
                     self.collector.expect(await self.train.fill(self.version))
                 await self._advance()
                 continue
-            group, stale = drop_stale(self.waiting.train.pop(0), self.version, self.options.max_staleness)
+            else:
+                taken = self.waiting.train.pop(0)
+            group, stale = drop_stale(taken, self.version, self.options.max_staleness)
             group, too_long = drop_too_long(group, self.options.max_len)
             dropped["stale"] += stale
             dropped["too_long"] += too_long
@@ -316,13 +344,20 @@ class TrainingLoop:
                 dropped["other_agents"] += others
             if not group.num_transitions:
                 self.collector.done([group.group_id])
+                unusable += from_replay
             elif dropped["no_signal"] < skips and not self._has_signal(group):
                 dropped["no_signal"] += 1
+                unusable += from_replay
                 self.collector.done([group.group_id])
                 log.debug("group %s: all rewards equal, not trained on (dynamic sampling)", group.group_id)
             else:
                 selected.append(group)
-                self._in_step += 1
+                if from_replay:
+                    replayed += 1
+                    unusable = 0
+                else:
+                    self._in_step += 1
+        dropped["replayed"] = replayed
         if skips and dropped["no_signal"] >= skips:
             dropped["exhausted"] = 1
             log.warning("dynamic sampling skipped %d groups without signal in one step (the bound, "
@@ -549,8 +584,12 @@ class TrainingLoop:
             "dropped_groups_total": float(self.waiting.dropped_groups),
             "partial_groups_total": float(self.waiting.partial_groups),
             "ignored_batches_total": float(self.collector.ignored), "dropped_too_long": float(dropped["too_long"]),
-            "dataset_passes": float(self.train.passes),
+            "dataset_passes": float(self.train.passes if self.train is not None else 0),
         }  # fmt: skip
+        if self.replay is not None:  # how many of the step's groups were replayed; the buffer's totals
+            extra.update(replayed_groups=float(dropped["replayed"]), replay_passes=float(self.replay.passes),
+                         replay_rollouts=float(self.replay.rollouts),
+                         **{f"replay_refused_{k}": float(n) for k, n in self.replay.refused.items()})  # fmt: skip
         if self.agents:  # per-agent adapters: what each agent's update did
             extra["dropped_other_agents"] = float(dropped["other_agents"])
             for agent, part in getattr(self.backend, "agent_metrics", {}).items():
@@ -576,6 +615,17 @@ class TrainingLoop:
             rollout_wait_s=max(waited, 0.0), train_s=metrics.train_s, publish_s=max(publish_s, 0.0),
             dropped_stale=stale, extra=extra,
         )  # fmt: skip
+
+
+def _replay_share(options: TrainSection, replay: ReplayBuffer | None, train: Dispatcher | None) -> int:
+    """How many of a step's groups come from the replay buffer: all without a dataset, else ``replay_fraction``
+    of ``groups_per_step`` (rounded; at least one when the fraction is above 0)."""
+    if replay is None:
+        return 0
+    if train is None:
+        return options.groups_per_step
+    share = round(options.replay_fraction * options.groups_per_step)
+    return max(share, 1) if options.replay_fraction > 0 else 0
 
 
 def staleness_counts(samples: list, version: int) -> dict[int, int]:

@@ -37,8 +37,8 @@ __all__ = [
 
 
 ASYNC_CORRECTION = "tis"
-"""The off-policy correction asynchronous mode uses unless ``correction`` is set: truncated importance weights
-between the policy that sampled (recorded) and the weights at the start of the step (recomputed)."""
+"""The off-policy correction asynchronous mode and replay use unless ``correction`` is set: truncated importance
+weights between the policy that sampled (recorded) and the weights at the start of the step (recomputed)."""
 
 
 class IncompletePolicy(StrEnum):
@@ -179,6 +179,14 @@ class TrainSection(BaseModel):
                                   "signal (a run that still improves learns from something else)")  # fmt: skip
     publish_initial_version: bool = Field(default=False, description="publish the base model as version 0 at "
                                           "start, so gateways following the models topic serve it")  # fmt: skip
+    replay_sql: str = Field(default="", description="replay: train on the stored transitions of the rollouts this "
+                            "read-only SELECT returns (one column of rollout ids), with no new rollouts of them "
+                            "(fulmen.algorithm.replay); correction tis unless set")  # fmt: skip
+    replay_fraction: float = Field(default=1.0, ge=0, le=1, description="replay with a dataset too: the share of "
+                                   "each step's groups taken from the replayed ones (the rest on-policy)")  # fmt: skip
+    replay_store: str = Field(default="", description="where the replayed rollouts are: '' = this deployment's "
+                              "store (FULMEN_CLICKHOUSE_*), an embedded store's directory (no process may hold it), "
+                              "or an http(s):// ClickHouse URL")  # fmt: skip
 
     @model_validator(mode="before")
     @classmethod
@@ -191,7 +199,8 @@ class TrainSection(BaseModel):
             recipe = ALGORITHMS.get(name)
         except ConfigurationError as exc:
             raise ValueError(f"FULMEN_TRAIN_ALGORITHM: {exc.message}") from None
-        mode = {"correction": ASYNC_CORRECTION} if str(data.get("mode", "")) == TrainMode.ASYNC else {}
+        off_policy = str(data.get("mode", "")) == TrainMode.ASYNC or bool(data.get("replay_sql"))
+        mode = {"correction": ASYNC_CORRECTION} if off_policy else {}
         return {**recipe.settings(), **mode, **data}
 
     @field_validator("adapter_agents")

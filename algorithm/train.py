@@ -267,9 +267,13 @@ async def train(
     *,
     backend: TrainerBackend | None = None,
 ) -> list[TrainStep]:
-    """Run ``settings.train.steps`` steps on ``tasks`` (validating on ``val_tasks``); the TrainStep events."""
+    """Run ``settings.train.steps`` steps on ``tasks`` (validating on ``val_tasks``) and, with ``replay_sql``, on
+    the stored rollouts it selects; the TrainStep events."""
     options = settings.train
     check_training_settings(options)
+    if not tasks and not options.replay_sql:
+        raise ConfigurationError("nothing to train on: give training tasks (--dataset) or rollouts to replay "
+                                 "(--replay SQL)")  # fmt: skip
     run_dir = settings.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     base_model = await asyncio.to_thread(resolve_model, options.model_path, run_dir)
@@ -302,13 +306,14 @@ async def _train_with(backend: TrainerBackend, settings: TrainSettings, base_mod
     try:
         await start_or_raise(source, settings, "trainer collector")
         publisher = EventPublisher(broker, SENDER)
+        replay = await asyncio.to_thread(load_replay_buffer, settings, base_model) if options.replay_sql else None
         loop = TrainingLoop(
             LoopPlan(options, run_dir, base_model, resumed[0] if resumed else 0), backend, publisher,
             Collector(source, GroupBook(timeout_s=options.group_deadline_s, policy=options.incomplete_policy,
                                         min_group_size=options.min_group_size)),
-            _dispatcher(publisher, tasks, options, RolloutMode.TRAIN),
+            _dispatcher(publisher, tasks, options, RolloutMode.TRAIN) if tasks else None,
             _dispatcher(publisher, val_tasks, options, RolloutMode.VAL) if val_tasks else None,
-            version_published=lambda event: version_on_topic(settings, event),
+            version_published=lambda event: version_on_topic(settings, event), replay=replay,
         )  # fmt: skip
         stop = stop or asyncio.Event()
         if not await loop.publish_resumed(stop):
@@ -316,6 +321,9 @@ async def _train_with(backend: TrainerBackend, settings: TrainSettings, base_mod
         log.info("run %s: training %s for %d steps, %d tasks x %d rollouts, %d groups a step; writing to %s",
                  options.run_id, base_model, options.steps, len(tasks), options.group_size, options.groups_per_step,
                  run_dir)  # fmt: skip
+        if replay is not None:
+            log.info("run %s replays %s; %d of each step's %d groups", options.run_id, replay.summary(),
+                     loop.replay_share, options.groups_per_step)  # fmt: skip
         return await loop.run(stop)
     except BrokerUnavailableError:
         raise
@@ -340,6 +348,41 @@ async def _close(clients: list) -> None:
         if task is not None and task.cancelling():
             raise
         log.warning("a Kafka client was cancelled while closing; abandoning it")
+
+
+def replay_store_settings(settings: FulmenSettings, where: str) -> FulmenSettings:
+    """The settings that reach the store ``where`` names (``replay_store``): '' = these; an http(s) URL = that
+    ClickHouse server; else an embedded store's directory (opened here: no other process may hold it)."""
+    if not where:
+        return settings
+    clickhouse = settings.clickhouse.model_copy()
+    if where.startswith(("http://", "https://")):
+        clickhouse = type(clickhouse).model_validate({**clickhouse.model_dump(), "url": where})
+    else:
+        if not Path(where).is_dir():
+            raise ConfigurationError(f"FULMEN_TRAIN_REPLAY_STORE={where}: no such store directory (an embedded "
+                                     "store's directory, or an http(s):// ClickHouse URL)")  # fmt: skip
+        clickhouse = clickhouse.model_copy(update={"url": None, "path": Path(where), "read_port": 0})
+    return settings.model_copy(update={"clickhouse": clickhouse})
+
+
+def load_replay_buffer(settings: TrainSettings, base_model: str):  # -> ReplayBuffer
+    """The run's replay buffer: ``replay_sql`` run against ``replay_store`` (see :mod:`fulmen.algorithm.replay`)."""
+    from transformers import AutoConfig
+
+    from fulmen.algorithm.replay import load_replay
+    from fulmen.infra.store import open_reader
+
+    options = settings.train
+    store = replay_store_settings(settings, options.replay_store)
+    vocab = getattr(AutoConfig.from_pretrained(base_model), "vocab_size", None)
+    reader = open_reader(store)
+    try:
+        return load_replay(reader, options.replay_sql, database=store.clickhouse.database,
+                           model_name=options.model_name, base_model=base_model, vocab_size=vocab,
+                           group_size=options.group_size)  # fmt: skip
+    finally:
+        reader.close()
 
 
 def _dispatcher(publisher: EventPublisher, tasks: list[DatasetTask], options: TrainSection,

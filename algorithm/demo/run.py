@@ -24,7 +24,7 @@ from fulmen.algorithm.local import LocalPlan, LocalRun, run_locally
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas.events import TrainStep
 
-__all__ = ["DemoOptions", "DemoRun", "run_demo"]
+__all__ = ["DemoOptions", "DemoRun", "run_demo", "train_fields"]
 
 AGENT = "fulmen.algorithm.demo.agent:solve"
 DemoRun = LocalRun  # the demo's outcome is a local run's (its warm-up time in ``warmup_s``)
@@ -67,14 +67,15 @@ def run_demo(settings: FulmenSettings, options: DemoOptions, *, on_phase: Callab
     warmup_s = time.perf_counter() - started
     plan = LocalPlan(options.agent, model, runners=options.runners, concurrency=options.concurrency, run_prefix="demo")
     heldout = heldout_tasks(options.heldout, warmup_count=options.warmup.steps * options.warmup.batch)
-    run = run_locally(settings, plan, _train_fields(options), train_tasks(), heldout, run_dir=options.run_dir,
+    run = run_locally(settings, plan, train_fields(options), train_tasks(), heldout, run_dir=options.run_dir,
                       on_phase=on_phase, on_step=on_step, after=after)  # fmt: skip
     run.warmup_s = warmup_s
     run.wall_s += warmup_s
     return run
 
 
-def _train_fields(options: DemoOptions) -> dict[str, object]:
+def train_fields(options: DemoOptions) -> dict[str, object]:
+    """The demo's ``TrainSection`` fields (a bench that trains on the demo task differently starts from them)."""
     return {
         "steps": options.steps, "group_size": options.group_size, "groups_per_step": options.groups_per_step,
         "lr": options.lr, "val_every": options.val_every, "val_group_size": 1,

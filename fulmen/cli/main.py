@@ -545,7 +545,7 @@ def status() -> None:
 @app.command("train")
 @friendly
 def train(
-    dataset: Annotated[Path, typer.Option(help="JSONL of training tasks, one per line")],
+    dataset: Annotated[Path | None, typer.Option(help="JSONL of training tasks, one per line")] = None,
     model: Annotated[str | None, typer.Option(help="base model directory, or 'tiny' (FULMEN_TRAIN_MODEL_PATH)")] = None,
     agent: Annotated[
         str | None, typer.Option(help="module:function the runners run, recorded in requests (FULMEN_TRAIN_AGENT)")
@@ -560,11 +560,38 @@ def train(
     ] = False,
     runners: Annotated[int, typer.Option(help="--local: runner processes of the agent", min=1)] = 1,
     concurrency: Annotated[int, typer.Option(help="--local: rollouts at once per runner", min=1)] = 32,
+    replay: Annotated[
+        str | None,
+        typer.Option(
+            help="train on the stored rollouts this SELECT returns (rollout ids), with no new rollouts of "
+            "them (FULMEN_TRAIN_REPLAY_SQL)"
+        ),
+    ] = None,
+    replay_fraction: Annotated[
+        float | None,
+        typer.Option(
+            help="with --dataset too: the share of each step's groups replayed (FULMEN_TRAIN_REPLAY_FRACTION)",
+            min=0,
+            max=1,
+        ),
+    ] = None,
+    replay_store: Annotated[
+        str | None,
+        typer.Option(
+            help="the store to replay from: an embedded store's directory or a ClickHouse URL (default: "
+            "this deployment's; FULMEN_TRAIN_REPLAY_STORE)"
+        ),
+    ] = None,
+    max_staleness: Annotated[
+        int | None,
+        typer.Option(help="train on calls at most this many versions old (FULMEN_TRAIN_MAX_STALENESS)", min=0),
+    ] = None,
 ) -> None:
     """Train with GRPO on rollouts of the dataset: dispatch tasks, collect transitions, update, publish versions.
 
     Needs only Kafka; runners (`fulmen runner`), `fulmen consume` and `fulmen llm-gateway` run separately, unless
     --local: then this run starts them (and Kafka if none runs), trains, stops them, and prints the report. With
+    --replay it trains on stored rollouts instead (or besides, --replay-fraction), with no agent run for them. With
     --nproc N (N > 1) it runs itself under torchrun: rank 0 does this, the other ranks train their shards.
     Started by torchrun (RANK, WORLD_SIZE... set), it runs as that rank."""
     import os
@@ -573,11 +600,15 @@ def train(
     from fulmen.algorithm.trainer import distributed
 
     settings = _settings(TrainSettings, service=True)
-    overrides = {"model_path": model, "agent": agent, "steps": steps, "nproc": nproc}
+    overrides = {"model_path": model, "agent": agent, "steps": steps, "nproc": nproc, "replay_sql": replay,
+                 "replay_fraction": replay_fraction, "replay_store": replay_store,
+                 "max_staleness": max_staleness}  # fmt: skip
     for name, value in overrides.items():
         if value is not None:
             setattr(settings.train, name, value)
     settings = TrainSettings.model_validate(settings.model_dump())  # re-check what the options changed
+    if dataset is None and not settings.train.replay_sql:
+        raise FulmenError("what to train on? pass --dataset FILE (tasks to run) or --replay SQL (stored rollouts)")
     if local:
         _train_locally(settings, dataset, val, runners, concurrency)
         return
@@ -585,7 +616,9 @@ def train(
         distributed.serve(distributed.join(settings.train.device, settings.train.dist_timeout_s))
         return
     if not distributed.launched() and settings.train.nproc > 1:
-        options = {"--dataset": dataset, "--model": model, "--agent": agent, "--val": val, "--steps": steps}
+        options = {"--dataset": dataset, "--model": model, "--agent": agent, "--val": val, "--steps": steps,
+                   "--replay": replay, "--replay-fraction": replay_fraction, "--replay-store": replay_store,
+                   "--max-staleness": max_staleness}  # fmt: skip
         args = [str(part) for name, value in options.items() if value is not None for part in (name, value)]
         command = distributed.relaunch_command(settings.train.nproc, ["-m", "fulmen.cli.main", "train", *args])
         os.environ["FULMEN_TRAIN_RUN_ID"] = settings.train.run_id  # one run id for every rank (the default is random)
@@ -594,7 +627,7 @@ def train(
     _train_here(settings, dataset, val)
 
 
-def _train_locally(settings: Any, dataset: Path, val: Path | None, runners: int, concurrency: int) -> None:
+def _train_locally(settings: Any, dataset: Path | None, val: Path | None, runners: int, concurrency: int) -> None:
     """``fulmen train --local``: :func:`fulmen.train` (the stack and the runners for this run), then its report."""
     from fulmen.training import train as train_here
 
@@ -626,13 +659,13 @@ def _print_train_report(report: Any) -> None:
     console.print(f"final model: {report.final_model or '- (no step trained)'}")
 
 
-def _train_here(settings: Any, dataset: Path, val: Path | None) -> None:
+def _train_here(settings: Any, dataset: Path | None, val: Path | None) -> None:
     """``fulmen train`` in this process: one process, or rank 0 of a torchrun job."""
     from fulmen.algorithm.train import train as run_training
     from fulmen.infra.services import ensure_kafka
     from fulmen.schemas.task_file import load_task_file
 
-    tasks, val_tasks = load_task_file(dataset), load_task_file(val) if val else None
+    tasks, val_tasks = load_task_file(dataset) if dataset else [], load_task_file(val) if val else None
     ensure_kafka(settings)
 
     async def main() -> list[Any]:

@@ -172,12 +172,12 @@ def test_demo_options_select_the_algorithm_and_the_mode(algorithm: str, mode: st
     """`fulmen demo --algorithm X --mode Y` trains with X's recipe in mode Y (DAPO's overlong shaping gets the
     demo agent's call limit, so the recipe is complete)."""
     from fulmen.algorithm.demo.agent import CALL_TOKENS
-    from fulmen.algorithm.demo.run import DemoOptions, _train_fields
+    from fulmen.algorithm.demo.run import DemoOptions, train_fields
     from fulmen.algorithm.recipes import ALGORITHMS
     from fulmen.algorithm.settings import TrainSection
     from fulmen.algorithm.train import check_training_settings
 
-    section = TrainSection(**_train_fields(DemoOptions(algorithm=algorithm, mode=mode, max_staleness=2)))
+    section = TrainSection(**train_fields(DemoOptions(algorithm=algorithm, mode=mode, max_staleness=2)))
     check_training_settings(section)  # every piece resolves (overlong shaping has its limit)
     assert section.policy_loss == ALGORITHMS.get(algorithm).policy_loss and section.mode == mode
     assert section.correction == ("tis" if mode == "async" else "")

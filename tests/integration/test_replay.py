@@ -1,0 +1,90 @@
+"""Replay against the real store and broker: rollouts stored as ``fulmen consume`` stores them are selected with SQL
+and trained on by ``train()`` (no rollout dispatched), the refusals counted; the selection goes through the
+read-only guard; and ``fulmen train --replay`` tells what is wrong with a bad selection."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from fulmen.algorithm.settings import TrainSettings
+from fulmen.algorithm.train import train
+from fulmen.consumers.event_sinks import TRANSITION_SCHEMA, transition_rows
+from fulmen.infra.settings import FulmenSettings
+from fulmen.infra.store import Store
+from fulmen.infra.store.sql_guard import ReadOnlyError
+from fulmen.schemas import ModelVersion, RolloutStatus, TopicKey, TrainStep, Transition, TransitionBatch
+from tests.integration.test_train_loop import FULMEN, VOCAB, read_topic
+
+pytestmark = [pytest.mark.integration, pytest.mark.continuous]
+
+
+def stored_batch(rng: random.Random, rollout: str, group: str, reward: float | None, *,
+                 too_big: bool = False) -> TransitionBatch:  # fmt: skip
+    response = [rng.randrange(VOCAB) for _ in range(4)]
+    prompt = [rng.randrange(VOCAB) for _ in range(6)] + ([100_000] if too_big else [])
+    call = Transition(rollout_id=rollout, attempt=1, index=0, trace_id=f"{rng.getrandbits(128):032x}",
+                      span_id=f"{rng.getrandbits(64):016x}", model_version=0, prompt_token_ids=prompt,
+                      response_token_ids=response, response_logprobs=[-1.0] * 4, reward=reward)  # fmt: skip
+    return TransitionBatch(rollout_id=rollout, attempt=1, task_id=f"task-{group}", group_id=group,
+                           status=RolloutStatus.SUCCEEDED, episode_reward=reward, model_version=0,
+                           transitions=[call])  # fmt: skip
+
+
+def fill(store: Store) -> None:
+    """Two groups of four answered rollouts, one rollout without any reward, one of another vocabulary."""
+    rng = random.Random(3)
+    batches = [stored_batch(rng, f"r{g}{i}", f"g{g}", float(i % 2)) for g in range(2) for i in range(4)]
+    batches += [stored_batch(rng, "silent", "g9", None), stored_batch(rng, "alien", "g9", 1.0, too_big=True)]
+    rows = [row for batch in batches for row in transition_rows(batch)]
+    store.insert_arrow("transitions", pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA))
+
+
+def replay_settings(settings: FulmenSettings, tmp_path: Path, sql: str, **train: object) -> TrainSettings:
+    data = settings.model_dump()
+    data["train"] = {"run_id": "replay-run", "run_dir": tmp_path / "run", "model_path": "tiny", "steps": 2,
+                     "group_size": 4, "groups_per_step": 1, "device": "cpu", "micro_batch_size": 4,
+                     "replay_sql": sql, "max_staleness": 5, **train}  # fmt: skip
+    return TrainSettings.model_validate(data)
+
+
+def test_train_replays_the_selected_stored_rollouts_and_counts_what_it_refused(
+    settings: FulmenSettings, linked_store: Store, tmp_path: Path
+) -> None:
+    fill(linked_store)
+    db = linked_store.database
+    sql = f"SELECT DISTINCT RolloutId FROM {db}.transitions WHERE RolloutId != 'nothing' UNION ALL SELECT 'gone'"
+    steps: list[TrainStep] = asyncio.run(train(replay_settings(settings, tmp_path, sql), [], None))
+    assert [s.step for s in steps] == [1, 2] and all(s.num_groups == 1 and s.num_transitions == 4 for s in steps)
+    assert steps[0].extra["replayed_groups"] == 1.0 and steps[1].extra["replay_passes"] == 1.0  # g0 then g1
+    refused = {k: v for k, v in steps[0].extra.items() if k.startswith("replay_refused_")}
+    assert refused == {"replay_refused_no_token_ids": 0.0, "replay_refused_no_reward": 1.0,
+                       "replay_refused_other_base_model": 1.0, "replay_refused_not_found": 1.0}  # fmt: skip
+    assert steps[0].extra["is_weight_mean"] > 0  # tis against the stored behaviour logprobs
+    assert asyncio.run(read_topic(settings, TopicKey.TASKS, ModelVersion)) == []  # nothing was dispatched
+    versions = asyncio.run(read_topic(settings, TopicKey.MODELS, ModelVersion))
+    assert [v.version for v in versions] == [1, 2]
+
+
+def test_the_selection_is_read_only_and_must_name_rollouts(
+    settings: FulmenSettings, linked_store: Store, tmp_path: Path
+) -> None:
+    fill(linked_store)
+    with pytest.raises(ReadOnlyError):
+        asyncio.run(train(replay_settings(settings, tmp_path, f"DROP TABLE {linked_store.database}.transitions"), []))
+    empty = f"SELECT RolloutId FROM {linked_store.database}.transitions WHERE 0"
+    with pytest.raises(Exception, match="nothing to replay: 0 rollout"):
+        asyncio.run(train(replay_settings(settings, tmp_path, empty), []))
+
+
+def test_fulmen_train_without_a_dataset_or_a_replay_says_what_to_pass(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {"FULMEN_HOME": str(tmp_path)}
+    done = subprocess.run([*FULMEN, "train", "--model", "tiny"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "pass --dataset FILE (tasks to run) or --replay SQL (stored rollouts)" in done.stdout + done.stderr

@@ -184,7 +184,9 @@ class TrainSection(BaseModel):
                             "(fulmen.algorithm.replay); correction tis unless set")  # fmt: skip
     replay_fraction: float = Field(default=1.0, ge=0, le=1, description="replay with a dataset too: the share of "
                                    "each step's groups taken from the replayed ones (the rest on-policy)")  # fmt: skip
-    replay_store: str = Field(default="", description="where the replayed rollouts are: '' = this deployment's "
+    tasks_sql: str = Field(default="", description="the tasks to dispatch: a read-only SELECT of task ids, "
+                           "their stored payloads (the tasks table) (fulmen.algorithm.stored_tasks)")  # fmt: skip
+    source_store: str = Field(default="", description="where replay_sql and tasks_sql read: '' = this deployment's "
                               "store (FULMEN_CLICKHOUSE_*), an embedded store's directory (no process may hold it), "
                               "or an http(s):// ClickHouse URL")  # fmt: skip
 

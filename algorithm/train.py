@@ -271,9 +271,11 @@ async def train(
     the stored rollouts it selects; the TrainStep events."""
     options = settings.train
     check_training_settings(options)
+    if options.tasks_sql:
+        tasks = [*tasks, *await asyncio.to_thread(load_selected_tasks, settings)]
     if not tasks and not options.replay_sql:
-        raise ConfigurationError("nothing to train on: give training tasks (--dataset) or rollouts to replay "
-                                 "(--replay SQL)")  # fmt: skip
+        raise ConfigurationError("nothing to train on: give training tasks (--dataset or --tasks-sql) or rollouts "
+                                 "to replay (--replay SQL)")  # fmt: skip
     run_dir = settings.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     base_model = await asyncio.to_thread(resolve_model, options.model_path, run_dir)
@@ -350,8 +352,8 @@ async def _close(clients: list) -> None:
         log.warning("a Kafka client was cancelled while closing; abandoning it")
 
 
-def replay_store_settings(settings: FulmenSettings, where: str) -> FulmenSettings:
-    """The settings that reach the store ``where`` names (``replay_store``): '' = these; an http(s) URL = that
+def source_store_settings(settings: FulmenSettings, where: str) -> FulmenSettings:
+    """The settings that reach the store ``where`` names (``source_store``): '' = these; an http(s) URL = that
     ClickHouse server; else an embedded store's directory (opened here: no other process may hold it)."""
     if not where:
         return settings
@@ -360,21 +362,36 @@ def replay_store_settings(settings: FulmenSettings, where: str) -> FulmenSetting
         clickhouse = type(clickhouse).model_validate({**clickhouse.model_dump(), "url": where})
     else:
         if not Path(where).is_dir():
-            raise ConfigurationError(f"FULMEN_TRAIN_REPLAY_STORE={where}: no such store directory (an embedded "
+            raise ConfigurationError(f"FULMEN_TRAIN_SOURCE_STORE={where}: no such store directory (an embedded "
                                      "store's directory, or an http(s):// ClickHouse URL)")  # fmt: skip
         clickhouse = clickhouse.model_copy(update={"url": None, "path": Path(where), "read_port": 0})
     return settings.model_copy(update={"clickhouse": clickhouse})
 
 
+def load_selected_tasks(settings: TrainSettings) -> list[DatasetTask]:
+    """The tasks ``tasks_sql`` selects, with their stored payloads, from ``source_store``."""
+    from fulmen.algorithm.stored_tasks import load_stored_tasks
+    from fulmen.infra.store import open_reader
+
+    store = source_store_settings(settings, settings.train.source_store)
+    reader = open_reader(store)
+    try:
+        tasks = load_stored_tasks(reader, settings.train.tasks_sql, database=store.clickhouse.database)
+    finally:
+        reader.close()
+    log.info("run %s: %d task(s) from the store (--tasks-sql)", settings.train.run_id, len(tasks))
+    return tasks
+
+
 def load_replay_buffer(settings: TrainSettings, base_model: str):  # -> ReplayBuffer
-    """The run's replay buffer: ``replay_sql`` run against ``replay_store`` (see :mod:`fulmen.algorithm.replay`)."""
+    """The run's replay buffer: ``replay_sql`` run against ``source_store`` (see :mod:`fulmen.algorithm.replay`)."""
     from transformers import AutoConfig
 
     from fulmen.algorithm.replay import load_replay
     from fulmen.infra.store import open_reader
 
     options = settings.train
-    store = replay_store_settings(settings, options.replay_store)
+    store = source_store_settings(settings, options.source_store)
     vocab = getattr(AutoConfig.from_pretrained(base_model), "vocab_size", None)
     reader = open_reader(store)
     try:

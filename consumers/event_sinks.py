@@ -1,4 +1,5 @@
-"""Sinks for Fulmen's JSON events: rollout lifecycle, transitions, model versions and training steps.
+"""Sinks for Fulmen's JSON events: rollout lifecycle, transitions, model versions, training steps and the dispatched
+tasks.
 
 Each sink decodes one record into its event, turns events into rows of one table and builds the Arrow batch
 with an explicit schema (so a type mismatch fails here, per record, not inside the store).
@@ -20,6 +21,7 @@ rollout or step) do not need; the spans sink stays on the batch consumer (see :m
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -41,7 +43,7 @@ from fulmen.infra.kafka.offsets import backoff_s, commit_offsets, describe_offse
 from fulmen.infra.store import Store
 from fulmen.schemas.codec import decode
 from fulmen.schemas.ddl import TABLES
-from fulmen.schemas.events import Event, ModelVersion, RolloutEvent, TrainStep, TransitionBatch
+from fulmen.schemas.events import Event, ModelVersion, RolloutEvent, RolloutRequest, TrainStep, TransitionBatch
 from fulmen.schemas.topics import TopicKey, topic
 
 __all__ = [
@@ -51,6 +53,7 @@ __all__ = [
     "model_version_rows",
     "rollout_rows",
     "subscribe",
+    "task_rows",
     "train_step_rows",
     "transition_rows",
 ]
@@ -133,6 +136,23 @@ def model_version_rows(event: ModelVersion) -> list[dict[str, Any]]:
     }]  # fmt: skip
 
 
+TASK_SCHEMA = pa.schema([
+    ("RolloutId", pa.string()), ("Attempt", pa.uint32()), ("TaskId", pa.string()), ("GroupId", pa.string()),
+    ("Mode", pa.string()), ("Input", pa.string()), ("Metadata", pa.map_(pa.string(), pa.string())),
+    ("ModelVersion", pa.uint64()), ("CreatedAt", _TS6),
+])  # fmt: skip
+
+
+def task_rows(request: RolloutRequest) -> list[dict[str, Any]]:
+    return [{
+        "RolloutId": request.rollout_id, "Attempt": request.attempt, "TaskId": request.task_id,
+        "GroupId": request.group_id, "Mode": request.mode.value,
+        "Input": json.dumps(request.input, ensure_ascii=False, separators=(",", ":")),
+        "Metadata": list(request.metadata.items()), "ModelVersion": request.model_version,
+        "CreatedAt": request.created_at,
+    }]  # fmt: skip
+
+
 TRAIN_STEP_SCHEMA = pa.schema([
     ("RunId", pa.string()), ("Step", pa.uint64()), ("ModelVersion", pa.uint64()), ("NumTransitions", pa.uint64()),
     ("NumGroups", pa.uint64()), ("RewardMean", pa.float64()), ("RewardStd", pa.float64()),
@@ -177,6 +197,7 @@ EVENT_SINKS: dict[str, EventSink] = {
         EventSink(
             "train_steps", TopicKey.METRICS, TABLES["train_steps"], TrainStep, train_step_rows, TRAIN_STEP_SCHEMA
         ),
+        EventSink("tasks", TopicKey.TASKS, TABLES["tasks"], RolloutRequest, task_rows, TASK_SCHEMA),
     )
 }
 

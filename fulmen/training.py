@@ -37,15 +37,17 @@ _LLM_RUN_OWN = ("FULMEN_LLM_PORT", "FULMEN_LLM_HOST", "FULMEN_LLM_MODEL", "FULME
 
 
 def train(agent: str | Callable[..., Any], dataset: Tasks | None, model: str | Path = "tiny", *,
-          val: Tasks | None = None, replay: str | None = None, replay_store: str | Path | None = None,
+          val: Tasks | None = None, replay: str | None = None, source_store: str | Path | None = None,
           steps: int | None = None, runners: int = 1, concurrency: int = 32, agent_pattern: str | None = None,
           settings: TrainSettings | None = None, on_step: Callable[[TrainStep], None] | None = None,
           on_phase: Callable[[str], None] | None = None, **train_settings: Any) -> TrainReport:  # fmt: skip
     """Train ``agent`` (``"module:function"``, or a function defined in an importable module) on ``dataset`` (a
     task file, or task inputs) from ``model`` (a Hugging Face directory or ``"tiny"``), validating on ``val``;
     see the module docstring. ``replay``: a SELECT of stored rollout ids to train on as well (or instead, with
-    ``dataset=None``; :mod:`fulmen.algorithm.replay`), read from ``replay_store`` (an embedded store's directory,
-    e.g. an earlier run's ``<run dir>/chdb``, or a ClickHouse URL; default: this run's own store).
+    ``dataset=None``; :mod:`fulmen.algorithm.replay`); ``tasks_sql=`` (a setting) a SELECT of stored task ids to
+    dispatch; both read ``source_store`` (an embedded store's directory, e.g. an earlier run's ``<run dir>/chdb``,
+    or a ClickHouse URL; default: the store the ``FULMEN_CLICKHOUSE_*`` settings in force name: a local run's own
+    store is a new one).
     ``agent_pattern``: train only the calls of matching agents (default: the
     ``FULMEN_TRANSITIONS_AGENT_PATTERN`` in force, as ``fulmen consume`` would read it). Raises ConfigurationError
     for bad arguments, FulmenError when a service fails."""
@@ -60,9 +62,12 @@ def train(agent: str | Callable[..., Any], dataset: Tasks | None, model: str | P
                                  f"{', '.join(sorted(fields))}")  # fmt: skip
     fields |= train_settings | ({"steps": steps} if steps is not None else {})
     if replay is not None:
-        fields |= {"replay_sql": replay, "replay_store": str(replay_store or "")}
-    if dataset is None and not fields.get("replay_sql"):
-        raise ConfigurationError("nothing to train on: pass a dataset, or replay=SELECT of stored rollout ids")
+        fields["replay_sql"] = replay
+    if source_store is not None:
+        fields["source_store"] = str(source_store)
+    if dataset is None and not fields.get("replay_sql") and not fields.get("tasks_sql"):
+        raise ConfigurationError("nothing to train on: pass a dataset (or tasks_sql=SELECT of stored task ids), or "
+                                 "replay=SELECT of stored rollout ids")  # fmt: skip
     if runners < 1 or concurrency < 1:
         raise ConfigurationError("runners and concurrency must be at least 1")
     tasks, val_tasks = _tasks(dataset) if dataset is not None else [], _tasks(val) if val is not None else None

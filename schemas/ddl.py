@@ -38,6 +38,7 @@ TABLES = {
     "train_steps": "train_steps",
     "dead_letters": "dead_letters",
     "feedback": "feedback",
+    "tasks": "tasks",
 }
 
 
@@ -244,6 +245,24 @@ CREATE TABLE IF NOT EXISTS {db}.feedback (
 ORDER BY (RolloutId, SpanId, Name, FeedbackId)
 """
 
+# The tasks as they were dispatched (``RolloutRequest`` on the tasks topic): the task payload ``Input`` (JSON, handed to
+# the agent unchanged) of every rollout attempt, so a later run can take its tasks from a selection over what was
+# stored (``fulmen train --tasks-sql``). One row per request; a retried attempt replaces nothing (same payload).
+_TASKS = """
+CREATE TABLE IF NOT EXISTS {db}.tasks (
+    RolloutId String,
+    Attempt UInt32,
+    TaskId String,
+    GroupId String,
+    Mode LowCardinality(String),
+    Input String CODEC(ZSTD(1)),
+    Metadata Map(LowCardinality(String), String),
+    ModelVersion Nullable(UInt64),
+    CreatedAt DateTime64(6, 'UTC') CODEC(Delta, ZSTD(1))
+) ENGINE = ReplacingMergeTree
+ORDER BY (TaskId, RolloutId, Attempt)
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "spans (otel_traces)", (_SPANS,)),
     Migration(2, "rollouts", (_ROLLOUTS,)),
@@ -254,4 +273,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(7, "dead_letters", (_DEAD_LETTERS,)),
     Migration(8, "model_versions: the agent's adapter", _MODEL_VERSION_ADAPTER),
     Migration(9, "feedback", (_FEEDBACK,)),
+    Migration(10, "tasks: the dispatched task payloads", (_TASKS,)),
 )

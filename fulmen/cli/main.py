@@ -575,11 +575,18 @@ def train(
             max=1,
         ),
     ] = None,
-    replay_store: Annotated[
+    source_store: Annotated[
         str | None,
         typer.Option(
-            help="the store to replay from: an embedded store's directory or a ClickHouse URL (default: "
-            "this deployment's; FULMEN_TRAIN_REPLAY_STORE)"
+            help="where --replay and --tasks-sql read: an embedded store's directory or a ClickHouse URL "
+            "(default: this deployment's; FULMEN_TRAIN_SOURCE_STORE)"
+        ),
+    ] = None,
+    tasks_sql: Annotated[
+        str | None,
+        typer.Option(
+            help="dispatch the stored tasks this SELECT returns (task ids; their payloads from the tasks "
+            "table) (FULMEN_TRAIN_TASKS_SQL)"
         ),
     ] = None,
     max_staleness: Annotated[
@@ -591,7 +598,8 @@ def train(
 
     Needs only Kafka; runners (`fulmen runner`), `fulmen consume` and `fulmen llm-gateway` run separately, unless
     --local: then this run starts them (and Kafka if none runs), trains, stops them, and prints the report. With
-    --replay it trains on stored rollouts instead (or besides, --replay-fraction), with no agent run for them. With
+    --replay it trains on stored rollouts instead (or besides, --replay-fraction), with no agent run for them; with
+    --tasks-sql its tasks are stored ones a SELECT names. With
     --nproc N (N > 1) it runs itself under torchrun: rank 0 does this, the other ranks train their shards.
     Started by torchrun (RANK, WORLD_SIZE... set), it runs as that rank."""
     import os
@@ -601,14 +609,15 @@ def train(
 
     settings = _settings(TrainSettings, service=True)
     overrides = {"model_path": model, "agent": agent, "steps": steps, "nproc": nproc, "replay_sql": replay,
-                 "replay_fraction": replay_fraction, "replay_store": replay_store,
+                 "replay_fraction": replay_fraction, "source_store": source_store, "tasks_sql": tasks_sql,
                  "max_staleness": max_staleness}  # fmt: skip
     for name, value in overrides.items():
         if value is not None:
             setattr(settings.train, name, value)
     settings = TrainSettings.model_validate(settings.model_dump())  # re-check what the options changed
-    if dataset is None and not settings.train.replay_sql:
-        raise FulmenError("what to train on? pass --dataset FILE (tasks to run) or --replay SQL (stored rollouts)")
+    if dataset is None and not settings.train.replay_sql and not settings.train.tasks_sql:
+        raise FulmenError("what to train on? pass --dataset FILE or --tasks-sql SQL (tasks to run), or --replay SQL "
+                          "(stored rollouts)")  # fmt: skip
     if local:
         _train_locally(settings, dataset, val, runners, concurrency)
         return
@@ -617,8 +626,8 @@ def train(
         return
     if not distributed.launched() and settings.train.nproc > 1:
         options = {"--dataset": dataset, "--model": model, "--agent": agent, "--val": val, "--steps": steps,
-                   "--replay": replay, "--replay-fraction": replay_fraction, "--replay-store": replay_store,
-                   "--max-staleness": max_staleness}  # fmt: skip
+                   "--replay": replay, "--replay-fraction": replay_fraction, "--source-store": source_store,
+                   "--tasks-sql": tasks_sql, "--max-staleness": max_staleness}  # fmt: skip
         args = [str(part) for name, value in options.items() if value is not None for part in (name, value)]
         command = distributed.relaunch_command(settings.train.nproc, ["-m", "fulmen.cli.main", "train", *args])
         os.environ["FULMEN_TRAIN_RUN_ID"] = settings.train.run_id  # one run id for every rank (the default is random)

@@ -87,4 +87,47 @@ def test_fulmen_train_without_a_dataset_or_a_replay_says_what_to_pass(tmp_path: 
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {"FULMEN_HOME": str(tmp_path)}
     done = subprocess.run([*FULMEN, "train", "--model", "tiny"], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
-    assert "pass --dataset FILE (tasks to run) or --replay SQL (stored rollouts)" in done.stdout + done.stderr
+    assert "pass --dataset FILE or --tasks-sql SQL (tasks to run), or --replay SQL" in done.stdout + done.stderr
+
+
+def test_tasks_sql_dispatches_the_stored_tasks_a_selection_names(
+    settings: FulmenSettings, linked_store: Store, tmp_path: Path
+) -> None:
+    """Tasks stored as the tasks sink stores them (dispatched before), the ones that failed selected by SQL over the
+    rollouts: a run dispatches exactly those, with their stored payloads, in groups of G."""
+    from fulmen.consumers.event_sinks import EVENT_SINKS
+    from fulmen.schemas import RolloutEvent, RolloutRequest
+    from tests.integration.test_train_loop import simulated_runners
+
+    requests = [RolloutRequest(task_id=f"t{n}", group_id=f"g{n}", input={"question": f"{n} + {n}", "n": n})
+                for n in range(4)]  # fmt: skip
+    outcomes = [RolloutEvent(rollout_id=r.rollout_id, attempt=1, status=RolloutStatus.SUCCEEDED, task_id=r.task_id,
+                             group_id=r.group_id, reward=float(n % 2)) for n, r in enumerate(requests)]  # fmt: skip
+    for name, events in (("tasks", requests), ("rollouts", outcomes)):
+        sink = EVENT_SINKS[name]
+        linked_store.insert_batch(sink.table, sink.to_batch([sink.rows(e) for e in events]))
+    failed = f"SELECT TaskId FROM {linked_store.database}.rollouts WHERE Reward < 0.5 ORDER BY TaskId"
+    options = replay_settings(settings, tmp_path, "", tasks_sql=failed, steps=1, group_size=2, groups_per_step=2)
+
+    async def run() -> list[TrainStep]:
+        stop = asyncio.Event()
+        runners = asyncio.create_task(simulated_runners(settings, stop))
+        try:
+            return await train(options, [])
+        finally:
+            stop.set()
+            await asyncio.wait_for(runners, 60)
+
+    (step,) = asyncio.run(run())
+    assert step.num_groups == 2
+    dispatched = asyncio.run(read_topic(settings, TopicKey.TASKS, RolloutRequest))
+    assert sorted({(r.task_id, r.input["n"]) for r in dispatched}) == [("t0", 0), ("t2", 2)]  # the failed ones
+    assert len(dispatched) >= 4  # groups of two
+
+
+def test_tasks_sql_without_stored_payloads_says_so(
+    settings: FulmenSettings, linked_store: Store, tmp_path: Path
+) -> None:
+    unknown = "SELECT arrayJoin(['never-dispatched', 'nor-this'])"
+    with pytest.raises(Exception, match="none of the 2 selected task id"):
+        asyncio.run(train(replay_settings(settings, tmp_path, "", tasks_sql=unknown), []))

@@ -57,6 +57,11 @@ that starts from the base publishes each adapter's initial state as version 0 (t
 the base itself with ``publish_initial_version``); until a gateway has loaded it, the agent's calls are served by
 the base model, which gives the same answers and is labelled version 0 too.
 
+Gated promotion (``promote_if_better``, :mod:`fulmen.algorithm.promotion`): every step validates, and the
+:class:`~fulmen.algorithm.promotion.PromotionGate` promotes or rejects the new version on its held-out accuracy; the
+decision (a ``ModelPromotion``) is published on the promotions topic before the step's metrics, which report
+``promoted`` (1 or 0), ``serving_version`` and ``serving_score``.
+
 Replay (``replay_sql``, :mod:`fulmen.algorithm.replay`): a :class:`~fulmen.algorithm.replay.ReplayBuffer` of groups
 read from the store. Without a dataset every group of a step comes from it; with one, ``replay_fraction`` of
 ``groups_per_step`` do (the rest are dispatched as usual). Replayed groups go through the same staleness, length,
@@ -88,6 +93,7 @@ from pathlib import Path
 from fulmen.algorithm.collector import Collector
 from fulmen.algorithm.dispatcher import Dispatcher
 from fulmen.algorithm.groups import ClosedGroup, credit_groups, drop_stale, drop_too_long, keep_agents, shuffle_rewards
+from fulmen.algorithm.promotion import PromotionGate
 from fulmen.algorithm.replay import ReplayBuffer
 from fulmen.algorithm.samples import StepSamples, build_agent_samples, build_samples, has_signal
 from fulmen.algorithm.settings import TrainMode, TrainSection
@@ -95,7 +101,7 @@ from fulmen.algorithm.shaping import OverlongShaping
 from fulmen.algorithm.trainer.base import StepMetrics, TrainerBackend
 from fulmen.infra.errors import ConfigurationError, RetryableError
 from fulmen.infra.kafka.publish import EventPublisher
-from fulmen.schemas.events import Event, ModelVersion, RolloutMode, TrainStep
+from fulmen.schemas.events import Event, ModelVersion, PromotionAction, RolloutMode, TrainStep
 from fulmen.schemas.topics import TopicKey
 
 __all__ = ["LoopPlan", "TrainingLoop", "VersionCheck", "checkpoint_dir"]
@@ -165,6 +171,7 @@ class TrainingLoop:
         val: Dispatcher | None = None,
         *,
         replay: ReplayBuffer | None = None,
+        gate: PromotionGate | None = None,
         clock: Callable[[], float] = time.perf_counter,
         version_published: VersionCheck | None = None,
         retry_backoff_s: tuple[float, float] = RETRY_BACKOFF_S,
@@ -180,6 +187,7 @@ class TrainingLoop:
         self.train = train
         self.val = val
         self.replay = replay
+        self.gate = gate
         self.replay_share = _replay_share(plan.train, replay, train)
         self.clock = clock
         self.version_published = version_published
@@ -221,6 +229,8 @@ class TrainingLoop:
 
     async def _steps(self, stop: asyncio.Event) -> list[TrainStep]:
         initial = await self._validate(stop, prefix="initial_val_") if self.val else {}
+        if self.gate is not None and "initial_val_accuracy" in initial:
+            self.gate.know_score(initial["initial_val_accuracy"])
         published = []
         for number in range(self.version + 1, self.options.steps + 1):
             event = await self.step(number, stop, extra=initial)
@@ -290,6 +300,14 @@ class TrainingLoop:
         extra = {**(extra or {}), **self._extra(metrics, dropped, data), **_staleness_extra(staleness)}
         if self.val is not None and self._validation_due(number):
             extra.update(await self._validate(stop, prefix="val_"))
+        if self.gate is not None and "val_accuracy" in extra:
+            decision = self.gate.decide(self._versions(str(path), number)[0], extra["val_accuracy"])
+            if await self._retrying(lambda retry: self._send(TopicKey.PROMOTIONS, decision), stop,
+                                    f"publishing the promotion decision of version {number}") is None:  # fmt: skip
+                return None
+            extra.update(promoted=float(decision.action is PromotionAction.PROMOTE),
+                         serving_version=float(self.gate.serving.version),
+                         serving_score=float(self.gate.serving.score or 0.0))  # fmt: skip
         event = self._train_step(number, groups, data, metrics, extra, waited=waited, publish_s=publish_s,
                                  stale=dropped["stale"])  # fmt: skip
         if await self._retrying(lambda retry: self._send(TopicKey.METRICS, event), stop,
@@ -449,6 +467,8 @@ class TrainingLoop:
                 f"{prefix}redone": float(redone)}  # fmt: skip
 
     def _validation_due(self, number: int) -> bool:
+        if self.gate is not None:  # every candidate is judged before it may serve
+            return True
         every = self.options.val_every
         last = self.options.steps
         return number == last or (every > 0 and number % every == 0)

@@ -184,6 +184,12 @@ class TrainSection(BaseModel):
                             "(fulmen.algorithm.replay); correction tis unless set")  # fmt: skip
     replay_fraction: float = Field(default=1.0, ge=0, le=1, description="replay with a dataset too: the share of "
                                    "each step's groups taken from the replayed ones (the rest on-policy)")  # fmt: skip
+    promote_if_better: bool = Field(default=False, description="validate every version and promote it (it serves "
+                                    "gateways that follow promotions) only when its held-out accuracy is at least "
+                                    "the serving version's minus promote_tolerance (fulmen.algorithm.promotion); "
+                                    "needs a validation set")  # fmt: skip
+    promote_tolerance: float = Field(default=0.0, ge=0, le=1, description="--promote-if-better: how much lower "
+                                     "than the serving version's a candidate's held-out accuracy may be")  # fmt: skip
     tasks_sql: str = Field(default="", description="the tasks to dispatch: a read-only SELECT of task ids, "
                            "their stored payloads (the tasks table) (fulmen.algorithm.stored_tasks)")  # fmt: skip
     source_store: str = Field(default="", description="where replay_sql and tasks_sql read: '' = this deployment's "

@@ -24,24 +24,23 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from fulmen.algorithm.collector import Collector
 from fulmen.algorithm.dispatcher import DatasetTask, Dispatcher
 from fulmen.algorithm.groups import GroupBook
 from fulmen.algorithm.loop import LoopPlan, TrainingLoop
+from fulmen.algorithm.promotion import PromotionGate, Serving, in_force
 from fulmen.algorithm.registry import Registry
 from fulmen.algorithm.settings import TrainSection, TrainSettings
 from fulmen.algorithm.trainer.base import ADAPTERS_FILE, TEMPORARY_MARK, TrainerBackend
-from fulmen.infra.errors import BrokerUnavailableError, ConfigurationError, DecodeError, RetryableError
-from fulmen.infra.kafka.admin import partition_count
+from fulmen.infra.errors import BrokerUnavailableError, ConfigurationError, RetryableError
 from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
 from fulmen.infra.kafka.publish import EventPublisher, Sender
+from fulmen.infra.kafka.read_all import read_to_end
 from fulmen.infra.settings import FulmenSettings
-from fulmen.schemas.codec import decode
-from fulmen.schemas.events import ModelVersion, RolloutMode, TrainStep
+from fulmen.schemas.events import ModelPromotion, ModelVersion, RolloutMode, TrainStep
 from fulmen.schemas.topics import TopicKey, topic_name
 
 __all__ = [
@@ -59,7 +58,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # The dispatcher's rollout requests (announced as queued), the loop's model versions and step metrics.
-SENDER = Sender("algorithm", (TopicKey.TASKS, TopicKey.ROLLOUTS, TopicKey.MODELS, TopicKey.METRICS))
+SENDER = Sender("algorithm", (TopicKey.TASKS, TopicKey.ROLLOUTS, TopicKey.MODELS, TopicKey.METRICS,
+                              TopicKey.PROMOTIONS))  # fmt: skip
 
 TINY = "tiny"
 
@@ -113,51 +113,12 @@ def _running(pid: int) -> bool:
     return True
 
 
-READ_TIMEOUT_S = 60.0
-"""How long reading the models topic to its end may take before it counts as a broker outage."""
-
-
 async def model_versions(settings: FulmenSettings, model_name: str) -> list[ModelVersion]:
     """Every ``ModelVersion`` of ``model_name`` on the models topic now, in offset order: the topic is read from
     the beginning to its end offsets (no consumer group), as the LLM gateway's follower reads it at start.
 
     Raises :class:`BrokerUnavailableError` when the broker does not answer (within ``READ_TIMEOUT_S``)."""
-    name = topic_name(TopicKey.MODELS, settings.kafka.topic_prefix)
-    reader = consumer(settings, None)
-    await start_or_raise(reader, settings, "models topic reader")
-    found: list[ModelVersion] = []
-    try:
-        async with asyncio.timeout(READ_TIMEOUT_S):
-            partitions = [TopicPartition(name, p) for p in range(await partition_count(settings, name))]
-            if not partitions:
-                return []
-            reader.assign(partitions)
-            await reader.seek_to_beginning(*partitions)
-            ends = await reader.end_offsets(partitions)
-            while [tp for tp, end in ends.items() if await reader.position(tp) < end]:
-                for records in (await reader.getmany(*partitions, timeout_ms=500)).values():
-                    found.extend(_model_versions(records, model_name))
-    except TimeoutError:
-        raise BrokerUnavailableError(f"reading {name} to its end took over {READ_TIMEOUT_S:g}s", topic=name) from None
-    except KafkaError as exc:
-        raise BrokerUnavailableError(f"reading {name} failed: {type(exc).__name__}: {exc}", topic=name) from exc
-    finally:
-        await close_quietly([reader])
-    return found
-
-
-def _model_versions(records: list, model_name: str) -> list[ModelVersion]:
-    events = []
-    for record in records:
-        try:
-            event = decode(ModelVersion, record.value, topic=record.topic, partition=record.partition,
-                           offset=record.offset)  # fmt: skip
-        except DecodeError as exc:
-            log.error("skipping an unreadable model version: %s", exc)
-            continue
-        if event.model_name == model_name:
-            events.append(event)
-    return events
+    return [e for e in await read_to_end(settings, TopicKey.MODELS, ModelVersion) if e.model_name == model_name]
 
 
 async def version_on_topic(settings: FulmenSettings, event: ModelVersion) -> bool:
@@ -167,6 +128,20 @@ async def version_on_topic(settings: FulmenSettings, event: ModelVersion) -> boo
         found.version == event.version and found.run_id == event.run_id and found.adapter == event.adapter
         for found in await model_versions(settings, event.model_name)
     )
+
+
+async def promotion_gate(settings: TrainSettings, version: int) -> PromotionGate:
+    """The gate of a ``promote_if_better`` run: what serves now, read from the promotions topic (none: the version
+    the run starts from, its score measured by the run's first validation)."""
+    current = in_force(await read_to_end(settings, TopicKey.PROMOTIONS, ModelPromotion), settings.train.model_name)
+    if current is None:
+        serving = Serving(version, None, settings.train.run_id)
+    else:
+        serving = Serving(current.model.version, current.score, current.model.run_id)
+        log.info("version %d of %s (run %s) serves, held-out score %s: candidates must reach it minus %g",
+                 serving.version, settings.train.model_name, serving.run_id, serving.score,
+                 settings.train.promote_tolerance)  # fmt: skip
+    return PromotionGate(serving, settings.train.promote_tolerance)
 
 
 def check_training_settings(options: TrainSection) -> None:
@@ -273,6 +248,10 @@ async def train(
     check_training_settings(options)
     if options.tasks_sql:
         tasks = [*tasks, *await asyncio.to_thread(load_selected_tasks, settings)]
+    if options.promote_if_better and not val_tasks:
+        raise ConfigurationError("--promote-if-better judges each version on held-out tasks: pass --val FILE")
+    if options.promote_if_better and options.per_agent:
+        raise ConfigurationError("--promote-if-better promotes one model; per-agent adapters are not gated yet")
     if not tasks and not options.replay_sql:
         raise ConfigurationError("nothing to train on: give training tasks (--dataset or --tasks-sql) or rollouts "
                                  "to replay (--replay SQL)")  # fmt: skip
@@ -309,13 +288,14 @@ async def _train_with(backend: TrainerBackend, settings: TrainSettings, base_mod
         await start_or_raise(source, settings, "trainer collector")
         publisher = EventPublisher(broker, SENDER)
         replay = await asyncio.to_thread(load_replay_buffer, settings, base_model) if options.replay_sql else None
+        gate = await promotion_gate(settings, resumed[0] if resumed else 0) if options.promote_if_better else None
         loop = TrainingLoop(
             LoopPlan(options, run_dir, base_model, resumed[0] if resumed else 0), backend, publisher,
             Collector(source, GroupBook(timeout_s=options.group_deadline_s, policy=options.incomplete_policy,
                                         min_group_size=options.min_group_size)),
             _dispatcher(publisher, tasks, options, RolloutMode.TRAIN) if tasks else None,
             _dispatcher(publisher, val_tasks, options, RolloutMode.VAL) if val_tasks else None,
-            version_published=lambda event: version_on_topic(settings, event), replay=replay,
+            version_published=lambda event: version_on_topic(settings, event), replay=replay, gate=gate,
         )  # fmt: skip
         stop = stop or asyncio.Event()
         if not await loop.publish_resumed(stop):

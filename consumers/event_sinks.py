@@ -43,7 +43,15 @@ from fulmen.infra.kafka.offsets import backoff_s, commit_offsets, describe_offse
 from fulmen.infra.store import Store
 from fulmen.schemas.codec import decode
 from fulmen.schemas.ddl import TABLES
-from fulmen.schemas.events import Event, ModelVersion, RolloutEvent, RolloutRequest, TrainStep, TransitionBatch
+from fulmen.schemas.events import (
+    Event,
+    ModelPromotion,
+    ModelVersion,
+    RolloutEvent,
+    RolloutRequest,
+    TrainStep,
+    TransitionBatch,
+)
 from fulmen.schemas.topics import TopicKey, topic
 
 __all__ = [
@@ -51,6 +59,7 @@ __all__ = [
     "EventSink",
     "SinkHandler",
     "model_version_rows",
+    "promotion_rows",
     "rollout_rows",
     "subscribe",
     "task_rows",
@@ -153,6 +162,24 @@ def task_rows(request: RolloutRequest) -> list[dict[str, Any]]:
     }]  # fmt: skip
 
 
+PROMOTION_SCHEMA = pa.schema([
+    ("ModelName", pa.string()), ("Adapter", pa.string()), ("Version", pa.uint64()), ("RunId", pa.string()),
+    ("Action", pa.string()), ("Score", pa.float64()), ("ServingVersion", pa.uint64()),
+    ("ServingScore", pa.float64()), ("Reason", pa.string()), ("Uri", pa.string()), ("BaseModel", pa.string()),
+    ("CreatedAt", _TS6),
+])  # fmt: skip
+
+
+def promotion_rows(event: ModelPromotion) -> list[dict[str, Any]]:
+    model = event.model
+    return [{
+        "ModelName": model.model_name, "Adapter": model.adapter, "Version": model.version, "RunId": model.run_id,
+        "Action": event.action.value, "Score": event.score, "ServingVersion": event.serving_version,
+        "ServingScore": event.serving_score, "Reason": event.reason, "Uri": model.uri,
+        "BaseModel": model.base_model, "CreatedAt": event.created_at,
+    }]  # fmt: skip
+
+
 TRAIN_STEP_SCHEMA = pa.schema([
     ("RunId", pa.string()), ("Step", pa.uint64()), ("ModelVersion", pa.uint64()), ("NumTransitions", pa.uint64()),
     ("NumGroups", pa.uint64()), ("RewardMean", pa.float64()), ("RewardStd", pa.float64()),
@@ -198,6 +225,9 @@ EVENT_SINKS: dict[str, EventSink] = {
             "train_steps", TopicKey.METRICS, TABLES["train_steps"], TrainStep, train_step_rows, TRAIN_STEP_SCHEMA
         ),
         EventSink("tasks", TopicKey.TASKS, TABLES["tasks"], RolloutRequest, task_rows, TASK_SCHEMA),
+        EventSink(
+            "promotions", TopicKey.PROMOTIONS, TABLES["promotions"], ModelPromotion, promotion_rows, PROMOTION_SCHEMA
+        ),
     )
 }
 

@@ -81,13 +81,14 @@ NOT_ON_FASTSTREAM: tuple[Endpoint, ...] = (
 
 def senders() -> list[Sender]:
     """The :class:`Sender` of every component that publishes events (imported here: the trainer's pulls in torch)."""
+    from fulmen.algorithm.promotion import MODELS_SENDER as MODELS
     from fulmen.algorithm.train import SENDER as ALGORITHM
     from fulmen.consumers.transitions.app import SENDER as TRANSITIONS
     from fulmen.producers.feedback import SENDER as FEEDBACK
     from fulmen.producers.runner.app import SENDER as RUNNER
     from fulmen.producers.submit import SENDER as SUBMIT
 
-    return [SUBMIT, ALGORITHM, RUNNER, TRANSITIONS, FEEDBACK]
+    return [SUBMIT, ALGORITHM, RUNNER, TRANSITIONS, FEEDBACK, MODELS]
 
 
 def declare_components(broker: KafkaBroker, settings: FulmenSettings) -> None:
@@ -102,6 +103,7 @@ def declare_components(broker: KafkaBroker, settings: FulmenSettings) -> None:
     for sink in EVENT_SINKS.values():
         subscribe(broker, sink, consumer_group(settings, f"{group_prefix}.{sink.name}"))
     follow_models(broker)
+    follow_models(broker, TopicKey.PROMOTIONS)
     for endpoint in NOT_ON_FASTSTREAM:
         title = endpoint_title(endpoint.party, endpoint.action, endpoint.key)
         name = topic(endpoint.key).name

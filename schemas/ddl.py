@@ -39,6 +39,7 @@ TABLES = {
     "dead_letters": "dead_letters",
     "feedback": "feedback",
     "tasks": "tasks",
+    "promotions": "promotions",
 }
 
 
@@ -263,6 +264,26 @@ CREATE TABLE IF NOT EXISTS {db}.tasks (
 ORDER BY (TaskId, RolloutId, Attempt)
 """
 
+# Which version serves, and the candidates a gated run rejected (``ModelPromotion`` on the promotions topic): one row
+# per decision, in the order they were made; what serves now is the latest promote or rollback of a model.
+_PROMOTIONS = """
+CREATE TABLE IF NOT EXISTS {db}.promotions (
+    ModelName String,
+    Adapter String,
+    Version UInt64,
+    RunId String,
+    Action LowCardinality(String),
+    Score Nullable(Float64),
+    ServingVersion Nullable(UInt64),
+    ServingScore Nullable(Float64),
+    Reason String CODEC(ZSTD(1)),
+    Uri String,
+    BaseModel String,
+    CreatedAt DateTime64(6, 'UTC') CODEC(Delta, ZSTD(1))
+) ENGINE = ReplacingMergeTree
+ORDER BY (ModelName, Adapter, CreatedAt, RunId, Version, Action)
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "spans (otel_traces)", (_SPANS,)),
     Migration(2, "rollouts", (_ROLLOUTS,)),
@@ -274,4 +295,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "model_versions: the agent's adapter", _MODEL_VERSION_ADAPTER),
     Migration(9, "feedback", (_FEEDBACK,)),
     Migration(10, "tasks: the dispatched task payloads", (_TASKS,)),
+    Migration(11, "promotions: which model version serves", (_PROMOTIONS,)),
 )

@@ -25,7 +25,9 @@ __all__ = [
     "Feedback",
     "FeedbackTarget",
     "Identifier",
+    "ModelPromotion",
     "ModelVersion",
+    "PromotionAction",
     "RolloutEvent",
     "RolloutMode",
     "RolloutRequest",
@@ -256,6 +258,42 @@ class ModelVersion(Event):
         """The record key on the compacted models topic: the model name, with ``/<adapter>`` for an agent's
         adapter (so compaction keeps the latest version of the model and of each adapter)."""
         return f"{self.model_name}/{self.adapter}" if self.adapter else self.model_name
+
+
+class PromotionAction(StrEnum):
+    """What a :class:`ModelPromotion` decides."""
+
+    PROMOTE = "promote"  # this version serves the calls that name none (a gated run's candidate passed, or by hand)
+    ROLLBACK = "rollback"  # back to an earlier version (by hand): it serves from now on
+    REJECT = "reject"  # a gated run's candidate scored below the serving version: it does not serve
+
+
+class ModelPromotion(Event):
+    """A decision about which version of a model serves; published to the compacted promotions topic.
+
+    ``promote`` and ``rollback`` name the version that serves from now on (keyed by model name and adapter, so
+    compaction keeps the one in force); ``reject`` records a candidate that did not pass (keyed by the candidate
+    itself, so it never replaces what serves). ``model`` is the version's own event (its checkpoint, format, base
+    model, run), so a gateway that follows promotions loads it without looking anything up. ``score`` is the
+    candidate's held-out score, ``serving_score`` that of the version it was compared with (None when decided by
+    hand).
+    """
+
+    schema_version: Literal[1] = 1
+    action: PromotionAction
+    model: ModelVersion
+    score: float | None = None
+    serving_version: int | None = Field(default=None, ge=0)
+    serving_score: float | None = None
+    reason: str = Field(default="", max_length=1024)
+    created_at: UtcDatetime = Field(default_factory=utc_now)
+
+    @property
+    def topic_key(self) -> str:
+        """The model's key (what serves) for promote and rollback; the candidate's own for a rejection."""
+        if self.action is PromotionAction.REJECT:
+            return f"{self.model.topic_key}@{self.model.run_id}/v{self.model.version}"
+        return self.model.topic_key
 
 
 class TrainStep(Event):

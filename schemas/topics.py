@@ -18,6 +18,7 @@ from enum import StrEnum
 from fulmen.schemas.events import (
     Event,
     Feedback,
+    ModelPromotion,
     ModelVersion,
     RolloutEvent,
     RolloutRequest,
@@ -49,6 +50,7 @@ class TopicKey(StrEnum):
     MODELS = "models"
     METRICS = "metrics"
     FEEDBACK = "feedback"
+    PROMOTIONS = "promotions"
     DLQ = "dlq"
 
 
@@ -137,6 +139,14 @@ TOPICS: dict[TopicKey, Topic] = {
             {"retention.ms": str(7 * _DAY_MS)},
             "Rewards sent after the fact for an LLM call, a rollout or a trace; resolved into the feedback table.",
             ("llm-gateway", "fulmen feedback"), ("consumers: feedback",),
+        ),
+        Topic(
+            TopicKey.PROMOTIONS, "fulmen.promotions", "topic_key", ModelPromotion, "json", 1,
+            {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"},
+            "Which version of each model serves (promote, rollback) and the candidates a gated run rejected; "
+            "compacted, so the version in force is there to read.",
+            ("algorithm trainer (--promote-if-better)", "fulmen models"), ("llm-gateway (FOLLOW=promoted)",
+                                                                          "consumers: promotions"),
         ),
         Topic(
             TopicKey.DLQ, "fulmen.dlq", "original key", None, "original bytes", 1,

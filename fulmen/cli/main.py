@@ -33,10 +33,12 @@ kafka_app = typer.Typer(no_args_is_help=True, help="The local Kafka broker and F
 config_app = typer.Typer(no_args_is_help=True, help="Settings in force.")
 schemas_app = typer.Typer(no_args_is_help=True, help="The event contracts.")
 store_app = typer.Typer(no_args_is_help=True, help="The ClickHouse store.")
+models_app = typer.Typer(no_args_is_help=True, help="Model versions: which serves, their scores, promote, roll back.")
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(config_app, name="config")
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(store_app, name="store")
+app.add_typer(models_app, name="models")
 
 console = Console()
 err = Console(stderr=True)
@@ -436,6 +438,61 @@ def feedback(
     console.print(send_feedback(_settings(), request).feedback_id)
 
 
+@models_app.command("list")
+@friendly
+def models_list(
+    model: Annotated[str, typer.Option(help="the model's name (FULMEN_TRAIN_MODEL_NAME's)")] = "fulmen",
+) -> None:
+    """Every stored version of the model: its run, parent, held-out score, the promotion decision, and which serves
+    (*) the gateways that follow promotions."""
+    from fulmen.cli.models import version_rows
+    from fulmen.infra.store import open_reader
+
+    settings = _settings()
+    rows = version_rows(open_reader(settings), settings.clickhouse.database, model)
+    if not rows:
+        console.print(f"no version of {model} is stored yet")
+        return
+    table = Table("", "version", "run", "parent", "held-out", "decision", "checkpoint")
+    for row in rows:
+        score = "-" if row.score is None else f"{row.score:.3f}"
+        table.add_row("*" if row.serving else "", str(row.version), row.run_id, row.parent, score, row.decision,
+                      row.uri)  # fmt: skip
+    console.print(table)
+    if not any(row.serving for row in rows):
+        console.print("nothing promoted: gateways that follow promotions serve the model they started with")
+
+
+@models_app.command("promote")
+@friendly
+def models_promote(
+    version: Annotated[int, typer.Argument(help="the version to serve", min=0)],
+    run: Annotated[str | None, typer.Option(help="the run it comes from, when several runs have this version")] = None,
+    model: Annotated[str, typer.Option(help="the model's name")] = "fulmen",
+    reason: Annotated[str, typer.Option(help="why, kept with the decision")] = "promoted by hand",
+) -> None:
+    """Serve VERSION from now on (gateways with FULMEN_LLM_FOLLOW=promoted load it)."""
+    from fulmen.cli.models import decide_by_hand
+    from fulmen.schemas.events import PromotionAction
+
+    event = decide_by_hand(_settings(), model, PromotionAction.PROMOTE, version, run, reason)
+    console.print(f"promoted {model} version {event.model.version} (run {event.model.run_id or '-'})")
+
+
+@models_app.command("rollback")
+@friendly
+def models_rollback(
+    model: Annotated[str, typer.Option(help="the model's name")] = "fulmen",
+    reason: Annotated[str, typer.Option(help="why, kept with the decision")] = "rolled back by hand",
+) -> None:
+    """Serve again the version that served before the one in force (an event like any other)."""
+    from fulmen.cli.models import decide_by_hand
+    from fulmen.schemas.events import PromotionAction
+
+    event = decide_by_hand(_settings(), model, PromotionAction.ROLLBACK, None, None, reason)
+    console.print(f"rolled {model} back to version {event.model.version} (run {event.model.run_id or '-'})")
+
+
 @app.command("rollouts")
 @friendly
 def rollouts(
@@ -589,6 +646,17 @@ def train(
             "table) (FULMEN_TRAIN_TASKS_SQL)"
         ),
     ] = None,
+    promote_if_better: Annotated[
+        bool,
+        typer.Option(
+            "--promote-if-better",
+            help="validate each version; promote it only when its held-out accuracy "
+            "is at least the serving one's minus --promote-tolerance (FULMEN_TRAIN_PROMOTE_IF_BETTER)",
+        ),
+    ] = False,
+    promote_tolerance: Annotated[
+        float | None, typer.Option(help="FULMEN_TRAIN_PROMOTE_TOLERANCE", min=0, max=1)
+    ] = None,
     max_staleness: Annotated[
         int | None,
         typer.Option(help="train on calls at most this many versions old (FULMEN_TRAIN_MAX_STALENESS)", min=0),
@@ -610,7 +678,8 @@ def train(
     settings = _settings(TrainSettings, service=True)
     overrides = {"model_path": model, "agent": agent, "steps": steps, "nproc": nproc, "replay_sql": replay,
                  "replay_fraction": replay_fraction, "source_store": source_store, "tasks_sql": tasks_sql,
-                 "max_staleness": max_staleness}  # fmt: skip
+                 "max_staleness": max_staleness, "promote_if_better": promote_if_better or None,
+                 "promote_tolerance": promote_tolerance}  # fmt: skip
     for name, value in overrides.items():
         if value is not None:
             setattr(settings.train, name, value)
@@ -627,8 +696,10 @@ def train(
     if not distributed.launched() and settings.train.nproc > 1:
         options = {"--dataset": dataset, "--model": model, "--agent": agent, "--val": val, "--steps": steps,
                    "--replay": replay, "--replay-fraction": replay_fraction, "--source-store": source_store,
-                   "--tasks-sql": tasks_sql, "--max-staleness": max_staleness}  # fmt: skip
+                   "--tasks-sql": tasks_sql, "--max-staleness": max_staleness,
+                   "--promote-tolerance": promote_tolerance}  # fmt: skip
         args = [str(part) for name, value in options.items() if value is not None for part in (name, value)]
+        args += ["--promote-if-better"] if promote_if_better else []
         command = distributed.relaunch_command(settings.train.nproc, ["-m", "fulmen.cli.main", "train", *args])
         os.environ["FULMEN_TRAIN_RUN_ID"] = settings.train.run_id  # one run id for every rank (the default is random)
         err.print(f"run {settings.train.run_id}: training on {settings.train.nproc} ranks: {' '.join(command)}")

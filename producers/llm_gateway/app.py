@@ -51,7 +51,7 @@ from fulmen.producers.feedback import FeedbackRequestError, feedback_from
 from fulmen.producers.gateway import Gateway, GatewayStats
 from fulmen.producers.llm_gateway.backends import Backend, build_backend
 from fulmen.producers.llm_gateway.backends.base import CallResult
-from fulmen.producers.llm_gateway.models_follower import ModelsFollower
+from fulmen.producers.llm_gateway.models_follower import ModelsFollower, PromotionsFollower
 from fulmen.producers.llm_gateway.protocol import (
     ApiError,
     ChatRequest,
@@ -119,9 +119,8 @@ class LlmGateway(Gateway):
         )
         self.options: LlmSection = settings.llm  # the base knows only its ListenOptions
         self.backend = backend or build_backend(settings.llm, settings.home)
-        self.follower = ModelsFollower(
-            settings, self.options.served_model_name, self._served_version, self._load_version
-        )
+        follower = PromotionsFollower if self.options.follow == "promoted" else ModelsFollower
+        self.follower = follower(settings, self.options.served_model_name, self._served_version, self._load_version)
         self.feedback_topic = topic_name(TopicKey.FEEDBACK, settings.kafka.topic_prefix)
         self.stats = LlmGatewayStats()
         # JSON decoding and checks, span and response encoding: CPU work kept off the event loop.

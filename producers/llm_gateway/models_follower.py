@@ -13,6 +13,12 @@ newest version seen (of the model, and of each adapter) if it is newer than what
 (:meth:`ModelsFollower.run`) it loads, for each batch it receives, the newest versions in it if newer. A version
 that fails to load is logged and skipped: the gateway keeps serving the one it has. An unreadable record is logged
 and skipped (the gateway has no dead-letter topic of its own; the ``model_versions`` sink dead-letters it).
+
+:class:`PromotionsFollower` (``FULMEN_LLM_FOLLOW=promoted``: a gateway for agents in production) follows the
+compacted promotions topic instead (:mod:`fulmen.algorithm.promotion`): the version in force is the LATEST
+``promote`` or ``rollback`` of the model, older or newer than the one served (a rollback goes back), and it is
+loaded when it is not the one the gateway serves (compared by run and version: two runs both have a version 3).
+Rejections are skipped.
 """
 
 from __future__ import annotations
@@ -32,10 +38,10 @@ from fulmen.infra.kafka.admin import partition_count
 from fulmen.infra.kafka.broker import endpoint_title, kafka_broker, provisioned, subscriber_options
 from fulmen.infra.kafka.clients import close_quietly, start_or_raise
 from fulmen.infra.settings import FulmenSettings
-from fulmen.schemas import ModelVersion, TopicKey, decode, topic
+from fulmen.schemas import ModelPromotion, ModelVersion, PromotionAction, TopicKey, decode, topic
 from fulmen.schemas.errors import FulmenError
 
-__all__ = ["ModelsFollower", "subscribe"]
+__all__ = ["ModelsFollower", "PromotionsFollower", "subscribe"]
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +50,22 @@ Current = Callable[[str], int | None]
 """The version the backend serves of the model (``""``) or of an agent's adapter (its name); None: none."""
 
 _POLL_S = 0.5
+_SERVING = (PromotionAction.PROMOTE, PromotionAction.ROLLBACK)
 
 
-def subscribe(broker: KafkaBroker) -> Any:
-    """Declare the follower's subscriber on ``broker``: the models topic from its beginning, no group, no commits."""
+_FOLLOWS = {
+    TopicKey.MODELS: "Every gateway reads every version (no consumer group) and hot-loads the newest.",
+    TopicKey.PROMOTIONS: "A gateway that follows promotions (no consumer group) serves the version in force.",
+}
+
+
+def subscribe(broker: KafkaBroker, key: TopicKey = TopicKey.MODELS) -> Any:
+    """Declare a follower's subscriber on ``broker``: the models (or promotions) topic from its beginning, no group,
+    no commits."""
     return broker.subscriber(
-        provisioned(topic(TopicKey.MODELS).name),
-        title=endpoint_title("llm-gateway", "receive", TopicKey.MODELS),
-        description="Every gateway reads every version (no consumer group) and hot-loads the newest.",
+        provisioned(topic(key).name),
+        title=endpoint_title("llm-gateway", "receive", key),
+        description=_FOLLOWS[key],
         **subscriber_options(group_id=None, ack_policy=AckPolicy.MANUAL, max_records=500, max_wait_s=_POLL_S),
     )
 
@@ -59,13 +73,15 @@ def subscribe(broker: KafkaBroker) -> Any:
 class ModelsFollower:
     """Build with the model name to follow and a loader; :meth:`catch_up` once, then :meth:`run`."""
 
+    key = TopicKey.MODELS
+
     def __init__(self, settings: FulmenSettings, model_name: str, current: Current, load: Loader) -> None:
         self.settings = settings
         self.model_name = model_name
         self.current = current
         self.load = load
         self.broker = kafka_broker(settings, consumer_only=True, graceful_timeout=5.0)
-        self.subscriber = subscribe(self.broker)
+        self.subscriber = subscribe(self.broker, self.key)
         self.subscriber(self._handler())
         self.topic = self.subscriber.topics[0].name
         self.newest: dict[str, ModelVersion] = {}  # the newest version seen so far, of the model ("") and per adapter
@@ -158,3 +174,57 @@ class ModelsFollower:
                 what = f"agent {event.adapter}'s adapter" if event.adapter else "model"
                 log.exception("could not load %s version %d from %s; still serving %s", what, event.version, event.uri,
                               current)  # fmt: skip
+
+
+class PromotionsFollower(ModelsFollower):
+    """Serves the version in force on the promotions topic (module docstring); built and run as its parent."""
+
+    key = TopicKey.PROMOTIONS
+
+    def __init__(self, settings: FulmenSettings, model_name: str, current: Current, load: Loader) -> None:
+        super().__init__(settings, model_name, current, load)
+        self._applied: dict[str, tuple[str, int]] = {}  # per adapter, the (run, version) loaded from a promotion
+
+    async def handle(self, records: Sequence[ConsumerRecord]) -> None:
+        """One batch: the latest promote or rollback of the model (and of each adapter) in it is in force; once
+        caught up, load it unless it is what the gateway serves."""
+        latest: dict[str, ModelVersion] = {}
+        for record in records:
+            event = self._decode_promotion(record)
+            if event is not None and event.model.model_name == self.model_name and event.action in _SERVING:
+                latest[event.model.adapter] = event.model
+            tp = TopicPartition(record.topic, record.partition)
+            self._read[tp] = max(self._read.get(tp, 0), record.offset + 1)
+        self.newest.update(latest)
+        if self._caught_up:
+            for event in self._in_load_order(latest.values()):
+                await self._maybe_load(event)
+
+    def _decode_promotion(self, record: ConsumerRecord) -> ModelPromotion | None:
+        try:
+            return decode(ModelPromotion, record.value, topic=record.topic, partition=record.partition,
+                          offset=record.offset)  # fmt: skip
+        except FulmenError as exc:
+            log.error("skipping an unreadable promotion: %s", exc)
+            return None
+
+    async def _maybe_load(self, event: ModelVersion) -> None:
+        async with self._loading:
+            key = (event.run_id, event.version)
+            if self._applied.get(event.adapter) == key:
+                return
+            if (
+                event.adapter not in self._applied
+                and self.current(event.adapter) == event.version
+                and event.version == 0
+            ):
+                self._applied[event.adapter] = key  # version 0 is the base the gateway started with
+                return
+            try:
+                await self.load(event)
+            except Exception:
+                log.exception("could not load the promoted version %d (run %s) from %s; still serving %s",
+                              event.version, event.run_id, event.uri, self._applied.get(event.adapter))  # fmt: skip
+                return
+            self._applied[event.adapter] = key
+            log.info("serving the promoted version %d of %s (run %s)", event.version, event.model_name, event.run_id)

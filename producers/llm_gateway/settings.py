@@ -29,6 +29,10 @@ class LlmSection(BaseModel):
     served_model_name: str = Field(default="fulmen", description="the name agents ask for (also /v1/models)")
     model_version: int | None = Field(default=None, ge=0, description="version of the initial model, if known")
     follow_models: bool = Field(default=True, description="load each new version published on fulmen.models")
+    follow: Literal["newest", "promoted"] = Field(default="newest", description="newest: serve each new version "
+                                                  "(training); promoted: serve the version in force on "
+                                                  "fulmen.promotions, rollbacks included (agents in production; "
+                                                  "fulmen.algorithm.promotion)")  # fmt: skip
     device: str = Field(
         default="auto",
         description="transformers: cpu, cuda, cuda:N or auto; a comma-separated list puts replica i on device i mod "

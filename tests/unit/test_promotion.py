@@ -1,0 +1,90 @@
+"""Gated promotion (``fulmen.algorithm.promotion``): the gate's rule, what is in force, what a rollback goes back to,
+and the training loop judging every version on the held-out set and publishing each decision before its metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from fulmen.algorithm.collector import Collector
+from fulmen.algorithm.dispatcher import DatasetTask, Dispatcher
+from fulmen.algorithm.groups import GroupBook
+from fulmen.algorithm.loop import LoopPlan, TrainingLoop
+from fulmen.algorithm.promotion import PromotionGate, Serving, in_force, manual, previous_promoted
+from fulmen.algorithm.settings import TrainSection
+from fulmen.infra.errors import ConfigurationError
+from fulmen.schemas.events import ModelPromotion, ModelVersion, PromotionAction, RolloutMode, RolloutRequest
+from fulmen.schemas.topics import TopicKey
+from tests.fakes import FakeConsumer
+from tests.unit.test_train_loop import FakeBackend, FakePublisher, reply
+
+pytestmark = pytest.mark.continuous
+
+
+def version(n: int, run: str = "r1", model: str = "fulmen") -> ModelVersion:
+    return ModelVersion(model_name=model, version=n, uri=f"/ckpt/{run}/v{n}", run_id=run)
+
+
+def test_a_candidate_is_promoted_when_it_reaches_the_serving_score_minus_the_tolerance() -> None:
+    gate = PromotionGate(Serving(0, None), tolerance=0.05)
+    gate.know_score(0.5)  # the run's validation before step 1 stands for the serving version
+    first = gate.decide(version(1), 0.46)  # 0.46 >= 0.5 - 0.05
+    second = gate.decide(version(2), 0.40)  # below 0.46 - 0.05: rejected, version 1 keeps serving
+    third = gate.decide(version(3), 0.60)
+    assert [e.action for e in (first, second, third)] == ["promote", "reject", "promote"]
+    assert (second.serving_version, second.serving_score, second.score) == (1, 0.46, 0.40)
+    assert gate.promoted == [1, 3] and gate.rejected == [2] and gate.serving == Serving(3, 0.60, "r1")
+    assert "0.4000 < 0.4600 (version 1) minus tolerance 0.05" in second.reason
+    # a rejection never takes the model's key on the compacted topic; a promotion does
+    assert first.topic_key == "fulmen" and second.topic_key == "fulmen@r1/v2"
+    with pytest.raises(ConfigurationError):
+        PromotionGate(Serving(0, None), tolerance=-0.1)
+
+
+def test_what_is_in_force_and_what_a_rollback_goes_back_to() -> None:
+    def decided(action: PromotionAction, n: int, model: str = "fulmen") -> ModelPromotion:
+        return ModelPromotion(action=action, model=version(n, model=model))
+
+    history = [decided(PromotionAction.PROMOTE, 1), decided(PromotionAction.REJECT, 2),
+               decided(PromotionAction.PROMOTE, 3), decided(PromotionAction.PROMOTE, 9, model="other")]  # fmt: skip
+    assert in_force(history, "fulmen").model.version == 3 and in_force(history, "nothing") is None
+    assert previous_promoted(history, "fulmen").model.version == 1  # the rejected 2 never served
+    history.append(manual(PromotionAction.ROLLBACK, version(1), in_force(history, "fulmen"), "bad answers"))
+    assert in_force(history, "fulmen").model.version == 1
+    assert history[-1].serving_version == 3 and history[-1].score is None
+    assert previous_promoted(history, "fulmen").model.version == 3  # rolling back again goes forward to 3
+    with pytest.raises(ConfigurationError, match="only one ever promoted"):
+        previous_promoted(history[:1], "fulmen")
+    with pytest.raises(ConfigurationError, match="nothing to roll back"):
+        previous_promoted([], "fulmen")
+
+
+def test_a_gated_run_judges_every_version_and_publishes_each_decision_before_its_metrics(tmp_path: Path) -> None:
+    """Held-out accuracy by the version that served: 0.5 before step 1, then 1.0, 0.0, 1.0."""
+    accuracy = {0: 0.5, 1: 1.0, 2: 0.0, 3: 1.0}
+
+    def answer(request: RolloutRequest, number: int):
+        if request.mode is RolloutMode.VAL:
+            good = int(request.task_id[1:]) < accuracy[request.model_version] * 2
+            return reply(request, number, reward=float(good))
+        return reply(request, number)
+
+    options = TrainSection(steps=3, group_size=2, groups_per_step=1, run_id="r1", promote_if_better=True)
+    source = FakeConsumer()
+    publisher = FakePublisher(source, answer)
+    collector = Collector(source, GroupBook(timeout_s=60, policy=options.incomplete_policy), poll_timeout_ms=0)
+    train = Dispatcher(publisher, [DatasetTask("t", {"n": 1})], group_size=2, max_in_flight=2)  # type: ignore[arg-type]
+    val = Dispatcher(publisher, [DatasetTask(f"v{i}", {"n": i}) for i in range(2)], group_size=1,  # type: ignore[arg-type]
+                     max_in_flight=2, mode=RolloutMode.VAL, cycle=False)  # fmt: skip
+    gate = PromotionGate(Serving(0, None), options.promote_tolerance)
+    loop = TrainingLoop(LoopPlan(options, tmp_path, "base"), FakeBackend(), publisher, collector, train, val,  # type: ignore[arg-type]
+                        gate=gate)  # fmt: skip
+    steps = asyncio.run(asyncio.wait_for(loop.run(), 30))
+    decisions: list[ModelPromotion] = publisher.events[TopicKey.PROMOTIONS]
+    assert [(d.model.version, d.action.value, d.score) for d in decisions] == [
+        (1, "promote", 1.0), (2, "reject", 0.0), (3, "promote", 1.0)]  # fmt: skip
+    assert decisions[0].serving_score == 0.5 and decisions[1].serving_version == 1
+    assert [(s.extra["promoted"], s.extra["serving_version"]) for s in steps] == [(1.0, 1.0), (0.0, 1.0), (1.0, 3.0)]
+    assert all("val_accuracy" in s.extra for s in steps)  # every version judged, not only every val_every

@@ -402,8 +402,9 @@ def submit(
     from fulmen.schemas.task_file import load_task_file
 
     settings = _settings()
-    if mode is not None and mode not in {m.value for m in RolloutMode}:
-        raise FulmenError(f"--mode must be one of {', '.join(m.value for m in RolloutMode)}")
+    modes = [m.value for m in RolloutMode if m.dispatched]  # production rollouts are recorded, never submitted
+    if mode is not None and mode not in modes:
+        raise FulmenError(f"--mode must be one of {', '.join(modes)}")
     submission = requests_for(load_task_file(tasks), group_size, mode=RolloutMode(mode) if mode else None)
     ensure_kafka(settings)
 
@@ -445,11 +446,11 @@ def models_list(
 ) -> None:
     """Every stored version of the model: its run, parent, held-out score, the promotion decision, and which serves
     (*) the gateways that follow promotions."""
-    from fulmen.cli.models import version_rows
     from fulmen.infra.store import open_reader
+    from fulmen.versions import version_rows
 
     settings = _settings()
-    rows = version_rows(open_reader(settings), settings.clickhouse.database, model)
+    rows = version_rows(open_reader(settings), model, settings.clickhouse.database)
     if not rows:
         console.print(f"no version of {model} is stored yet")
         return

@@ -42,7 +42,7 @@ UPLOT = STATIC / "vendor" / "uPlot.iife.min.js"
 # path -> (the page's name for the script, its title); every page is static/page.html, the script draws it
 PAGES = {
     "/": ("runs", "Runs"), "/rollouts": ("rollouts", "Rollouts"), "/rollout": ("rollout", "Rollout"),
-    "/dead-letters": ("dead", "Dead letters"),
+    "/models": ("models", "Models"), "/dead-letters": ("dead", "Dead letters"),
 }  # fmt: skip
 _SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
@@ -103,6 +103,7 @@ class Dashboard:
             "/api/steps": self.queries.steps,
             "/api/rollouts": self.queries.rollouts,
             "/api/rollout": self.queries.rollout,
+            "/api/models": self.queries.models,
             "/api/dead-letters": self.queries.dead_letters,
         }
         for path, read in api.items():

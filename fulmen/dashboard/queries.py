@@ -1,5 +1,5 @@
 """What the dashboard shows, as read-only SQL over the store: runs and their steps, rollouts, one rollout's
-trace, dead letters.
+trace, model versions and which one serves, dead letters.
 
 Every query goes through a reader of the read-only surface (:class:`~fulmen.infra.store.RemoteReader` to the
 endpoint ``fulmen consume`` serves, or :class:`~fulmen.infra.store.Store` on a ClickHouse server, always with
@@ -26,6 +26,7 @@ from fulmen.algorithm.credit import CREDIT_STRATEGIES, assign_credit
 from fulmen.infra.errors import FulmenError
 from fulmen.schemas import semconv
 from fulmen.schemas.events import RolloutMode, RolloutStatus
+from fulmen.versions import model_names, version_rows
 
 __all__ = ["DashboardQueries", "FilterError", "Reader", "RolloutFilters", "jsonable", "parse_filters"]
 
@@ -234,6 +235,14 @@ class DashboardQueries:
             "id": rollout_id, "attempt": attempt, "attempts": attempts, "spans": spans, "transitions": transitions,
             "credit": {"strategy": credit, "gamma": gamma, "strategies": CREDIT_STRATEGIES.names()},
         }  # fmt: skip
+
+    # --- model versions ---------------------------------------------------------------------------------
+    def models(self, params: Mapping[str, str]) -> dict[str, Any]:
+        """A model's versions (default: the first stored), their scores and promotion decisions, which serves."""
+        names = model_names(self.reader)
+        model = _identifier(params, "model") or (names[0] if names else "")
+        rows = [vars(row) for row in version_rows(self.reader, model)] if model else []
+        return {"models": names, "model": model, "versions": rows}
 
     # --- dead letters -----------------------------------------------------------------------------------
     def dead_letters(self, params: Mapping[str, str]) -> dict[str, Any]:

@@ -69,7 +69,7 @@ def test_the_dashboard_shows_a_run_in_chromium(
     run_locally(settings, plan, TRAIN, tasks("t", 2), tasks("v", 1), run_dir=tmp_path / "run",
                 after=lambda run: checked.update(browse(run, chromium_path, tmp_path)))  # fmt: skip
     assert checked["screenshots"] == ["runs.png", "rollouts.png", "rollouts-succeeded.png", "rollout.png",
-                                      "llm-call.png", "dead-letters.png"]  # fmt: skip
+                                      "llm-call.png", "models.png", "dead-letters.png"]  # fmt: skip
     for name in checked["screenshots"]:
         assert (tmp_path / name).stat().st_size > 10_000, name  # a drawn page, not a blank one
 
@@ -109,6 +109,7 @@ def browse(run: LocalRun, chromium: Path, out: Path) -> dict[str, Any]:
         check_runs(page, base, run, sql, snap)
         check_rollouts(page, base, sql, snap)
         check_rollout(page, sql, snap)
+        check_models(page, base, run, snap)
         check_dead_letters(page, base, sql, snap)
         browser.close()
     assert not errors, errors
@@ -198,6 +199,16 @@ def check_rollout(page: Any, sql: Any, snap: Any) -> None:
     assert "What is" in question and "prompt" in text and "response" in text
     assert text.count("What is") >= 1  # the decoded prompt, as the gateway recorded it
     snap("llm-call.png")
+
+
+def check_models(page: Any, base: str, run: LocalRun, snap: Any) -> None:
+    """The run's one version (not gated: no decision), and that nothing serves the promoted gateways."""
+    page.goto(base + "/models")
+    page.wait_for_selector("#versions-table tbody tr", timeout=WAIT_MS)
+    row = page.locator("#versions-table tbody tr[data-version='1']").inner_text()
+    assert run.run_id in row and "checkpoints/v1" in row
+    assert "Nothing promoted" in page.locator("#serving").inner_text()
+    snap("models.png")
 
 
 def check_dead_letters(page: Any, base: str, sql: Any, snap: Any) -> None:

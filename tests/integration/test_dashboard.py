@@ -103,6 +103,23 @@ def test_one_rollout_has_its_trace_tree_calls_and_credit(http: httpx.Client, sto
     assert [t["Credited"] for t in discounted] == [0.5 * reward, reward]
 
 
+def test_models_show_each_version_its_score_and_decision_and_which_serves(http: httpx.Client, store: Store) -> None:
+    from fulmen.consumers.event_sinks import EVENT_SINKS
+    from fulmen.schemas import ModelPromotion, ModelVersion, PromotionAction
+
+    versions = [ModelVersion(model_name="gated", version=n, uri=f"/ckpt/v{n}", run_id="g-run") for n in (1, 2)]
+    decisions = [ModelPromotion(action=PromotionAction.PROMOTE, model=versions[0], score=0.6),
+                 ModelPromotion(action=PromotionAction.REJECT, model=versions[1], score=0.4)]  # fmt: skip
+    for name, events in (("model_versions", versions), ("promotions", decisions)):
+        sink = EVENT_SINKS[name]
+        store.insert_batch(sink.table, sink.to_batch([sink.rows(e) for e in events]))
+    answer = get(http, "/api/models", model="gated")
+    assert "gated" in answer["models"] and answer["model"] == "gated"
+    shown = [(v["version"], v["decision"], v["score"], v["serving"]) for v in answer["versions"]]
+    assert shown == [(1, "promoted", 0.6, True), (2, "rejected", 0.4, False)]
+    assert http.get("/api/models", params={"model": "no'quote"}).status_code == 400
+
+
 def test_dead_letters_and_health(http: httpx.Client) -> None:
     answer = get(http, "/api/dead-letters")
     assert answer["total"] == 3 and answer["records"][0]["ErrorType"] == "DecodeError"
@@ -110,7 +127,7 @@ def test_dead_letters_and_health(http: httpx.Client) -> None:
 
 
 def test_the_pages_need_nothing_from_elsewhere(http: httpx.Client) -> None:
-    for path in ("/", "/rollouts", "/rollout?id=x", "/dead-letters"):
+    for path in ("/", "/rollouts", "/rollout?id=x", "/models", "/dead-letters"):
         page = http.get(path)
         assert page.status_code == 200 and "default-src 'self'" in page.headers["Content-Security-Policy"]
         assert "http://" not in page.text and "https://" not in page.text

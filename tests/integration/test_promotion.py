@@ -88,9 +88,9 @@ def test_models_promote_rollback_and_list(settings: FulmenSettings, tmp_path: Pa
                                                     extra={"val_accuracy": 0.5})])):  # fmt: skip
         sink = EVENT_SINKS[name]
         store.insert_batch(sink.table, sink.to_batch([sink.rows(e) for e in events]))
-    from fulmen.cli.models import version_rows
+    from fulmen.versions import version_rows
 
-    rows = {row.version: row for row in version_rows(store, store.database, "m")}
+    rows = {row.version: row for row in version_rows(store, "m", store.database)}
     assert rows[1].serving and not rows[2].serving  # rolled back to 1
     assert (rows[1].decision, rows[1].score, rows[1].parent) == ("rolled back to", 0.5, "-")
     assert (rows[2].decision, rows[2].parent, rows[2].uri) == ("promoted", "v1", "/ckpt/run-a/v2")

@@ -151,7 +151,7 @@ function runsPage() {
 
 // --- rollouts ------------------------------------------------------------------------------------------
 const STATUSES = ["", "queued", "claimed", "running", "succeeded", "failed", "timed_out"];
-const MODES = ["", "train", "val"];
+const MODES = ["", "train", "val", "production"];
 
 function rolloutsPage() {
   const params = new URLSearchParams(location.search);
@@ -287,6 +287,30 @@ function rolloutPage() {
   });
 }
 
+// --- model versions -------------------------------------------------------------------------------------
+function modelsPage() {
+  const params = new URLSearchParams(location.search);
+  const picker = el("p", { id: "model-picker" });
+  const summary = el("p", { id: "models-summary" });
+  const list = el("div", { id: "versions" });
+  main.append(el("h2", { text: "Models" }), picker, summary, list);
+  poll(async () => {
+    const answer = await api("models", { model: params.get("model") || "" });
+    picker.replaceChildren(...answer.models.flatMap((name) => [
+      name === answer.model ? el("strong", { text: name }) : el("a", { href: `/models?model=${encodeURIComponent(name)}`, text: name }), " "]));
+    const serving = answer.versions.find((v) => v.serving);
+    summary.replaceChildren(serving
+      ? el("span", { id: "serving", text: `Version ${serving.version} of run ${serving.run_id} serves the gateways that follow promotions.` })
+      : el("span", { id: "serving", text: "Nothing promoted: gateways that follow promotions serve the model they started with." }));
+    list.replaceChildren(answer.versions.length ? table("versions-table", [
+      ["serves", (v) => (v.serving ? "★" : "")], ["version", (v) => v.version], ["run", (v) => v.run_id],
+      ["parent", (v) => v.parent], ["held-out", (v) => fmt(v.score, 3)], ["decision", (v) => v.decision],
+      ["checkpoint", (v) => el("code", { text: v.uri })],
+    ], answer.versions.slice().reverse(), (v) => ({ "data-version": v.version, class: v.serving ? "serving" : "" }))
+      : el("p", { class: "empty", text: "No version of this model is stored yet." }));
+  });
+}
+
 // --- dead letters --------------------------------------------------------------------------------------
 function deadPage() {
   const summary = el("p", { id: "dead-summary" });
@@ -303,6 +327,6 @@ function deadPage() {
   });
 }
 
-const PAGES = { runs: runsPage, rollouts: rolloutsPage, rollout: rolloutPage, dead: deadPage };
+const PAGES = { runs: runsPage, rollouts: rolloutsPage, rollout: rolloutPage, models: modelsPage, dead: deadPage };
 document.querySelector(`[data-nav="${document.body.dataset.page === "rollout" ? "rollouts" : document.body.dataset.page}"]`)?.classList.add("here");
 PAGES[document.body.dataset.page]();

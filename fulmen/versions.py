@@ -1,0 +1,65 @@
+"""What the store says of a model's versions: their runs, parents, held-out scores, promotion decisions, and which
+one serves. ``fulmen models list`` prints it and the dashboard's models page shows it; both read through the
+read-only reader (values as bound parameters)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fulmen.schemas.events import PromotionAction
+
+__all__ = ["VersionRow", "model_names", "version_rows"]
+
+
+def model_names(reader: Any, database: str = "") -> list[str]:
+    """The models the store has versions of."""
+    db = f"{database}." if database else ""
+    rows = reader.query(f"SELECT DISTINCT ModelName FROM {db}model_versions ORDER BY ModelName", None, final=True,
+                        read_only=True).rows  # fmt: skip
+    return [str(row[0]) for row in rows]
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    """One version of a model as ``fulmen models list`` shows it."""
+
+    version: int
+    run_id: str
+    parent: str
+    score: float | None
+    decision: str
+    serving: bool
+    uri: str
+
+
+def version_rows(reader: Any, model_name: str, database: str = "") -> list[VersionRow]:
+    """Every stored version of ``model_name`` (and every candidate a gated run judged), oldest first; ``database``:
+    the tables' database when the reader's default is another."""
+    db = f"{database}." if database else ""
+    versions = reader.query(f"SELECT Version, RunId, Uri, BaseModel, CreatedAt FROM {db}model_versions "
+                            "WHERE ModelName = %(name)s AND Adapter = '' ORDER BY CreatedAt", {"name": model_name},
+                            final=True, read_only=True).rows  # fmt: skip
+    scores = {(run, int(step)): score for run, step, score in reader.query(
+        f"SELECT RunId, Step, Extra['val_accuracy'] FROM {db}train_steps WHERE mapContains(Extra, "
+        "'val_accuracy')", None, final=True, read_only=True).rows}  # fmt: skip
+    decisions = reader.query(f"SELECT Version, RunId, Action, Score, Uri, BaseModel, CreatedAt FROM {db}promotions"
+                             " WHERE ModelName = %(name)s AND Adapter = '' ORDER BY CreatedAt",
+                             {"name": model_name}, final=True, read_only=True).rows  # fmt: skip
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    for version, run, uri, base, _ in versions:
+        rows[(run, int(version))] = {"uri": uri, "base": base, "decision": "-", "score": None}
+    serving: tuple[str, int] | None = None
+    for version, run, action, score, uri, base, _ in decisions:
+        row = rows.setdefault((run, int(version)), {"uri": uri, "base": base, "decision": "-", "score": None})
+        row["decision"] = {"promote": "promoted", "rollback": "rolled back to", "reject": "rejected"}[action]
+        row["score"] = score if score is not None else row["score"]
+        if action != PromotionAction.REJECT:
+            serving = (run, int(version))
+    shown = []
+    for (run, version), row in rows.items():
+        score = row["score"] if row["score"] is not None else scores.get((run, version))
+        parent = f"v{version - 1}" if version > 1 else (row["base"] or "-")
+        shown.append(VersionRow(version, run, parent if version > 0 else "-", score, row["decision"],
+                                serving == (run, version), row["uri"]))  # fmt: skip
+    return shown

@@ -16,8 +16,9 @@ Rules:
   peers to compare with: such rollouts are taken in the order they were stored and cut into batches of
   ``group_size``, and each batch is one group, so its baseline is the mean (and, for ``grpo``, the spread) of the
   returns of those ``group_size`` rollouts: a batch baseline;
-- rewards: a feedback row for a call (its span) replaces that call's reward, one for a rollout or a trace (no
-  span) replaces the episode reward; several for one target and name: the latest wins (``Timestamp``), and
+- rewards: a feedback row for a call (its span) replaces that call's observed reward (its intermediate reward,
+  which credit assignment combines with the episode's), one for a rollout or a trace (no span) replaces the
+  episode reward; several for one target and name: the latest wins (``Timestamp``), and
   feedback, arriving after the run, wins over what was recorded at run time. Only feedback named ``reward``
   counts;
 - refused, and counted by reason (:attr:`ReplayBuffer.refused`): ``no_token_ids`` (calls recorded without
@@ -245,15 +246,15 @@ def _batch(rollout_id: str, stored: list[dict[str, Any]],
         episode, applied = feedback[(rollout_id, "")], applied + 1
     transitions = []
     for row in stored:
-        reward = _number(row["Reward"])
+        observed = _number(row["IntermediateReward"])  # the call's own reward, as credit reads it
         if (rollout_id, row["SpanId"]) in feedback:
-            reward, applied = feedback[(rollout_id, row["SpanId"])], applied + 1
+            observed, applied = feedback[(rollout_id, row["SpanId"])], applied + 1
         logprobs = [float(x) for x in row["ResponseLogprobs"]] or None
         transitions.append(Transition(
             rollout_id=rollout_id, attempt=int(row["Attempt"]), index=int(row["CallIndex"]), trace_id=row["TraceId"],
             span_id=row["SpanId"], agent_name=row["AgentName"], model_version=row["ModelVersion"],
             prompt_token_ids=list(row["PromptTokenIds"]), response_token_ids=list(row["ResponseTokenIds"]),
-            response_logprobs=logprobs, reward=reward, intermediate_reward=_number(row["IntermediateReward"]),
+            response_logprobs=logprobs, reward=_number(row["Reward"]), intermediate_reward=observed,
         ))  # fmt: skip
     versions = [t.model_version for t in transitions if t.model_version is not None]
     batch = TransitionBatch(

@@ -13,7 +13,7 @@ import pytest
 
 from fulmen.algorithm.collector import Collector
 from fulmen.algorithm.dispatcher import DatasetTask, Dispatcher
-from fulmen.algorithm.groups import GroupBook
+from fulmen.algorithm.groups import GroupBook, credit_groups
 from fulmen.algorithm.loop import LoopPlan, TrainingLoop
 from fulmen.algorithm.replay import ReplayRows, build_buffer, load_replay
 from fulmen.algorithm.samples import build_samples
@@ -77,9 +77,11 @@ def test_late_feedback_replaces_the_recorded_rewards_latest_per_target_and_episo
     feedback = {("r1", "1" * 16): 0.75, ("r2", ""): 1.0}  # what the store's argMax(Value, Timestamp) returned
     buffer = buffer_of(rows, feedback=feedback)
     r1, r2 = buffer.groups[0].rollouts
-    assert r1.episode_reward is None and r1.transitions[0].reward == 0.75  # a call's feedback scores that call
+    assert r1.episode_reward is None and r1.transitions[0].intermediate_reward == 0.75  # it scores that call
     assert r2.episode_reward == 1.0  # a rollout's feedback replaces the episode reward
     assert buffer.feedback_applied == 2
+    credited = credit_groups(buffer.groups, "intermediate")[0].rollouts[0].transitions[0]
+    assert credited.reward == 0.75  # what the trainer sees of the call: the late reward, credited
 
 
 def test_refusals_are_counted_by_reason() -> None:

@@ -36,6 +36,9 @@ def requests_for(tasks: Iterable[TaskSpec], group_size: int, *, mode: RolloutMod
     """``group_size`` RolloutRequests per task, sharing a fresh group id; ``mode`` overrides the tasks' own."""
     if group_size < 1:
         raise ConfigurationError("--group-size must be at least 1")
+    if mode is not None and not mode.dispatched:
+        raise ConfigurationError(f"--mode {mode.value}: such rollouts are recorded from agents Fulmen does not run, "
+                                 "never submitted; use train or val")  # fmt: skip
     requests = []
     for task in tasks:
         options = task.options() | ({"mode": mode} if mode is not None else {})

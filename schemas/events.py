@@ -19,6 +19,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 
 __all__ = [
     "IDENTIFIER_PATTERN",
+    "PRODUCTION_ROLLOUT_PREFIX",
     "TERMINAL_STATUSES",
     "DeadLetterHeaders",
     "Event",
@@ -36,12 +37,20 @@ __all__ = [
     "Transition",
     "TransitionBatch",
     "new_id",
+    "production_rollout_id",
+    "production_trace_id",
     "utc_now",
 ]
 
 IDENTIFIER_PATTERN = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 Identifier = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:\-]+$")]
 """An id that is safe in a URL path segment, a Kafka key and a ClickHouse key."""
+GroupIdentifier = Annotated[str, StringConstraints(max_length=128, pattern=r"^[A-Za-z0-9._:\-]*$")]
+"""An :data:`Identifier`, or '' for a rollout that belongs to no group (a ``production`` one)."""
+
+PRODUCTION_ROLLOUT_PREFIX = "trace-"
+"""A production episode's rollout id is this prefix and its trace id (``trace-<32 hex digits>``), attempt 1."""
+_PRODUCTION_ROLLOUT = re.compile(r"^trace-([0-9a-f]{32})$")
 
 
 def utc_now() -> datetime:
@@ -51,6 +60,17 @@ def utc_now() -> datetime:
 def new_id() -> str:
     """A fresh random id (32 hex characters)."""
     return uuid.uuid4().hex
+
+
+def production_rollout_id(trace_id: str) -> str:
+    """The rollout id of the production episode of trace ``trace_id`` (32 lowercase hex digits)."""
+    return f"{PRODUCTION_ROLLOUT_PREFIX}{trace_id}"
+
+
+def production_trace_id(rollout_id: str) -> str | None:
+    """The trace whose production episode ``rollout_id`` names, or None when it names none."""
+    match = _PRODUCTION_ROLLOUT.match(rollout_id)
+    return match.group(1) if match else None
 
 
 def _require_utc(value: datetime) -> datetime:
@@ -70,8 +90,19 @@ class Event(BaseModel):
 
 
 class RolloutMode(StrEnum):
+    """Why a rollout ran. ``train`` and ``val`` rollouts are dispatched (``fulmen train``, ``fulmen submit``) and
+    run by a runner. A ``production`` rollout is an episode of an agent that Fulmen does not run (it calls the LLM
+    gateway's plain ``/v1`` endpoint): ``fulmen consume`` groups its calls by trace and ends the episode when the
+    trace goes idle; it has no group and is never dispatched (docs/continuous.md, "Agents in production")."""
+
     TRAIN = "train"
     VAL = "val"
+    PRODUCTION = "production"
+
+    @property
+    def dispatched(self) -> bool:
+        """Whether rollouts of this mode are requested and run by a runner (not ``production``)."""
+        return self is not RolloutMode.PRODUCTION
 
 
 class RolloutStatus(StrEnum):
@@ -132,12 +163,23 @@ class RolloutRequest(Event):
             raise ValueError(f"attempt {self.attempt} exceeds max_attempts {self.max_attempts}")
         return self
 
+    @model_validator(mode="after")
+    def _dispatchable(self) -> RolloutRequest:
+        if not self.mode.dispatched:
+            raise ValueError(f"mode: {self.mode.value} rollouts are recorded from agents Fulmen does not run, never "
+                             "dispatched; use train or val")  # fmt: skip
+        if production_trace_id(self.rollout_id) is not None:
+            raise ValueError(f"rollout_id: {self.rollout_id} is a production episode's id "
+                             f"({PRODUCTION_ROLLOUT_PREFIX}<trace id>); choose another")  # fmt: skip
+        return self
+
 
 class RolloutEvent(Event):
     """A lifecycle change of one attempt of a rollout; published to the rollouts topic, keyed by rollout id.
 
     ``reward`` is the episode reward and only a succeeded rollout has one (it may still be None when the agent
-    returned none). A failed or timed-out rollout carries ``error``.
+    returned none). A failed or timed-out rollout carries ``error``. Only a ``production`` rollout may have no
+    group (``group_id`` '').
     """
 
     schema_version: Literal[1] = 1
@@ -145,7 +187,7 @@ class RolloutEvent(Event):
     attempt: int = Field(ge=1)
     status: RolloutStatus
     task_id: Identifier
-    group_id: Identifier
+    group_id: GroupIdentifier
     mode: RolloutMode = RolloutMode.TRAIN
     reward: float | None = None
     error: str | None = None
@@ -159,7 +201,13 @@ class RolloutEvent(Event):
             raise ValueError(f"reward: only a succeeded rollout has a reward, this one is {self.status.value}")
         if self.status in (RolloutStatus.FAILED, RolloutStatus.TIMED_OUT) and not self.error:
             raise ValueError(f"error: a {self.status.value} rollout must say why")
+        _check_group(self.group_id, self.mode)
         return self
+
+
+def _check_group(group_id: str, mode: RolloutMode) -> None:
+    if not group_id and mode is not RolloutMode.PRODUCTION:
+        raise ValueError(f"group_id: a {mode.value} rollout belongs to a group; only a production rollout has none")
 
 
 class Transition(Event):
@@ -196,13 +244,14 @@ class Transition(Event):
 
 
 class TransitionBatch(Event):
-    """All transitions of one finished rollout attempt; published to the transitions topic, keyed by group id."""
+    """All transitions of one finished rollout attempt; published to the transitions topic, keyed by group id ('' for
+    a ``production`` rollout, which has no group)."""
 
     schema_version: Literal[1] = 1
     rollout_id: Identifier
     attempt: int = Field(ge=1)
     task_id: Identifier
-    group_id: Identifier
+    group_id: GroupIdentifier
     mode: RolloutMode = RolloutMode.TRAIN
     status: RolloutStatus
     episode_reward: float | None = None
@@ -214,6 +263,7 @@ class TransitionBatch(Event):
     def _transitions_belong_here(self) -> TransitionBatch:
         if not self.status.terminal:
             raise ValueError(f"status: a transition batch is built from a finished rollout, not {self.status.value}")
+        _check_group(self.group_id, self.mode)
         for position, transition in enumerate(self.transitions):
             if (transition.rollout_id, transition.attempt) != (self.rollout_id, self.attempt):
                 raise ValueError(

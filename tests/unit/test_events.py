@@ -13,6 +13,7 @@ from fulmen.schemas import (
     DecodeError,
     ModelVersion,
     RolloutEvent,
+    RolloutMode,
     RolloutRequest,
     RolloutStatus,
     TrainStep,
@@ -22,6 +23,7 @@ from fulmen.schemas import (
     decode_obj,
     encode,
 )
+from fulmen.schemas.events import production_rollout_id, production_trace_id
 
 ids = st.from_regex(r"[A-Za-z0-9._:\-]{1,40}", fullmatch=True)
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
@@ -207,3 +209,29 @@ def test_status_ranks_follow_the_lifecycle() -> None:
     assert {s for s in RolloutStatus if s.terminal} == {
         RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.TIMED_OUT
     }  # fmt: skip
+
+
+def test_only_a_production_rollout_has_no_group() -> None:
+    production = {**_valid_event(), "rollout_id": "trace-" + "ab" * 16, "group_id": "", "mode": "production"}
+    event = decode(RolloutEvent, encode(decode_obj(RolloutEvent, production)))
+    assert (event.group_id, event.mode) == ("", RolloutMode.PRODUCTION)
+    with pytest.raises(DecodeError, match="a train rollout belongs to a group; only a production rollout has none"):
+        decode_obj(RolloutEvent, {**_valid_event(), "group_id": ""})
+    batch = {"rollout_id": "r", "attempt": 1, "task_id": "t", "group_id": "", "status": "succeeded"}
+    assert decode_obj(TransitionBatch, {**batch, "mode": "production"}).group_id == ""
+    with pytest.raises(DecodeError, match="a val rollout belongs to a group"):
+        decode_obj(TransitionBatch, {**batch, "mode": "val"})
+
+
+def test_production_rollouts_are_recorded_never_requested() -> None:
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert production_rollout_id(trace_id) == f"trace-{trace_id}"
+    assert production_trace_id(production_rollout_id(trace_id)) == trace_id
+    for other in ("trace-4BF92F3577B34DA6A3CE929D0E0E4736", f"trace-{trace_id}0", "r-1", trace_id):
+        assert production_trace_id(other) is None
+    assert [m for m in RolloutMode if m.dispatched] == [RolloutMode.TRAIN, RolloutMode.VAL]
+    request = {"task_id": "t", "group_id": "g", "input": {}}
+    with pytest.raises(DecodeError, match="production rollouts are recorded from agents Fulmen does not run"):
+        decode_obj(RolloutRequest, {**request, "mode": "production"})
+    with pytest.raises(DecodeError, match="is a production episode's id"):
+        decode_obj(RolloutRequest, {**request, "rollout_id": f"trace-{trace_id}"})

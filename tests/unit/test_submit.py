@@ -53,3 +53,11 @@ def test_a_bad_line_fails_before_any_request_is_built(tmp_path: Path) -> None:
 def test_group_size_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="at least 1"):
         requests_for(load_task_file(write(tmp_path, "{}\n")), 0)
+
+
+def test_production_is_recorded_never_submitted(tmp_path: Path) -> None:
+    tasks = load_task_file(write(tmp_path, '{"a": 1}\n'))
+    with pytest.raises(ConfigurationError, match="--mode production: such rollouts are recorded"):
+        requests_for(tasks, 1, mode=RolloutMode.PRODUCTION)
+    with pytest.raises(ConfigurationError, match="production rollouts are recorded from agents Fulmen does not run"):
+        load_task_file(write(tmp_path, '{"input": {}, "mode": "production"}\n'))

@@ -54,6 +54,9 @@ NOT_ON_FASTSTREAM: tuple[Endpoint, ...] = (
              "One record per trace of each OTLP/HTTP export, answered after acks=all (aiokafka producer)."),
     Endpoint("llm-gateway", "send", TopicKey.SPANS,
              "One record per LLM call with its token ids, answered after acks=all (aiokafka producer)."),
+    Endpoint("otlp-gateway", "send", TopicKey.FEEDBACK,
+             "A gen_ai.evaluation.result span event naming the response it rates, as a Feedback (source otel), with "
+             "the spans it came with, acknowledged before the 200."),
     Endpoint("llm-gateway", "send", TopicKey.FEEDBACK,
              "POST /v1/feedback: one Feedback per request, answered 202 after acks=all (its aiokafka producer)."),
     Endpoint("opentelemetry-collector", "send", TopicKey.SPANS,

@@ -84,6 +84,7 @@ class OtlpGateway(Gateway):
             connect_in_background=True,
         )
         self.options: OtlpSection = settings.otlp  # the base knows only its ListenOptions
+        self.feedback_topic = topic_name(TopicKey.FEEDBACK, settings.kafka.topic_prefix)
         self.stats = OtlpGatewayStats()
         self._heap_held = False
         self.decoder = BodyDecoder(
@@ -173,16 +174,19 @@ class OtlpGateway(Gateway):
         yielding, so a broker answer that settles thousands of records at once costs one wake-up here, not a
         callback per record in a single turn of the event loop (10,000 of those held it ~300 ms).
         """
-        sizes = [len(value) for value in prepared.values]
+        records = [(self.topic, key, value) for key, value in zip(prepared.keys, prepared.values, strict=True)]
+        records += [(self.feedback_topic, key, value)  # what the spans' evaluation events rate (evaluations.py)
+                    for key, value in zip(prepared.feedback_keys, prepared.feedback_values, strict=True)]  # fmt: skip
+        sizes = [len(value) for _, _, value in records]
         self.stats.inflight_bytes += sum(sizes)
         handed: list[asyncio.Future] = []
         acked = 0
         try:
             async with asyncio.timeout(self.options.publish_timeout_s):
-                for index, (key, value) in enumerate(zip(prepared.keys, prepared.values, strict=True)):
+                for index, (topic, key, value) in enumerate(records):
                     if index and not index % _SENDS_PER_TURN:
                         await asyncio.sleep(0)  # thousands of sends in a row would hold the event loop
-                    handed.append(await self.producer.send(self.topic, value=value, key=key))
+                    handed.append(await self.producer.send(topic, value=value, key=key))
                 for future in handed:
                     if acked and not acked % _ACKS_PER_TURN:
                         await asyncio.sleep(0)

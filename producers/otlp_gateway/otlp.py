@@ -22,6 +22,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from fulmen.infra.errors import PoisonInputError
+from fulmen.producers.otlp_gateway.evaluations import EVALUATION_EVENT, evaluation_feedback
+from fulmen.schemas.codec import encode
 
 __all__ = [
     "OtlpRecord",
@@ -221,17 +223,25 @@ class Prepared:
     error_message: str
     keys: list[bytes] = field(default_factory=list)  # record i's key: its trace id in hex
     values: list[bytes] = field(default_factory=list)  # record i's value: an ExportTraceServiceRequest
+    feedback_keys: list[bytes] = field(default_factory=list)  # feedback i's key: the response id it rates
+    feedback_values: list[bytes] = field(default_factory=list)  # feedback i: a Feedback event's JSON
 
 
 def prepare(body: bytes, as_json: bool, max_span_bytes: int, max_record_bytes: int, split: bool = True) -> Prepared:
     """Decode (:class:`PoisonInputError` when undecodable), validate, and unless ``split`` is false cut the
-    accepted spans into records as :func:`split_by_trace` does. Pure CPU work: run it off the event loop."""
+    accepted spans into records as :func:`split_by_trace` does, and take the feedback their evaluation events give
+    (:func:`~fulmen.producers.otlp_gateway.evaluations.evaluation_feedback`; looked for only when the body names
+    such an event). Pure CPU work: run it off the event loop."""
     checked = validate(decode_json(body) if as_json else decode_protobuf(body), max_span_bytes)
     prepared = Prepared(checked.accepted, checked.rejected, checked.error_message())
     if split and checked.accepted:
         records = split_by_trace(checked.request, max_record_bytes)
         prepared.keys = [record.key for record in records]
         prepared.values = [record.value for record in records]
+        if EVALUATION_EVENT.encode() in body:
+            for feedback in evaluation_feedback(checked.request):
+                prepared.feedback_keys.append(feedback.target_id.encode())
+                prepared.feedback_values.append(encode(feedback))
     return prepared
 
 

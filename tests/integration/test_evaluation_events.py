@@ -1,6 +1,7 @@
 """A gen_ai ``gen_ai.evaluation.result`` event made with the stock OpenTelemetry SDK is read like a
 ``fulmen.reward`` span: through the runner, the OTLP and LLM gateways and the transitions consumer, it is credited
-to the call whose response it names (``gen_ai.response.id``), not to the call it follows in time."""
+to the call whose response it names (``gen_ai.response.id``), not to the call it follows in time; and the OTLP
+gateway publishes it as a Feedback for that response too, so it lands where late feedback lands."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ import pytest
 from fulmen.consumers.transitions import TransitionsSection
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
+from fulmen.schemas import Feedback, TopicKey
 from tests.integration.llm_pipeline import llm_gateway_running
 from tests.integration.span_pipeline import gateway_running
 from tests.integration.test_runner import request, submit
+from tests.integration.test_train_loop import read_topic
 from tests.integration.transition_pipeline import BatchReader, consumers_running
 
 pytestmark = pytest.mark.integration
@@ -56,3 +59,12 @@ async def test_an_evaluation_event_is_credited_to_the_response_it_names(
     # by time the rating follows the second call; it names the first one's response
     assert [t.intermediate_reward for t in batch.transitions] == [0.75, None]
     assert batch.episode_reward == 1.0
+    # the same rating, as late feedback would bring it: a Feedback for the first call's response (the OTLP gateway)
+    (feedback,) = await read_topic(settings, TopicKey.FEEDBACK, Feedback)
+    rated = linked_store.query(
+        f"SELECT SpanId FROM {linked_store.database}.otel_traces WHERE SpanAttributes['gen_ai.response.id'] = "
+        "{id:String} AND length(ResponseTokenIds) > 0", {"id": feedback.target_id}
+    ).rows  # fmt: skip
+    assert [r[0] for r in rated] == [batch.transitions[0].span_id]
+    assert (feedback.name, feedback.value, feedback.source) == ("reward", 0.75, "otel")
+    assert feedback.comment.startswith("helpfulness")

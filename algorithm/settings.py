@@ -181,7 +181,8 @@ class TrainSection(BaseModel):
                                           "start, so gateways following the models topic serve it")  # fmt: skip
     replay_sql: str = Field(default="", description="replay: train on the stored transitions of the rollouts this "
                             "read-only SELECT returns (one column of rollout ids), with no new rollouts of them "
-                            "(fulmen.algorithm.replay); correction tis unless set")  # fmt: skip
+                            "(fulmen.algorithm.replay); always corrected: tis unless correction says mis or "
+                            "decoupled")  # fmt: skip
     replay_fraction: float = Field(default=1.0, ge=0, le=1, description="replay with a dataset too: the share of "
                                    "each step's groups taken from the replayed ones (the rest on-policy)")  # fmt: skip
     promote_if_better: bool = Field(default=False, description="validate every version and promote it (it serves "
@@ -207,9 +208,11 @@ class TrainSection(BaseModel):
             recipe = ALGORITHMS.get(name)
         except ConfigurationError as exc:
             raise ValueError(f"FULMEN_TRAIN_ALGORITHM: {exc.message}") from None
-        off_policy = str(data.get("mode", "")) == TrainMode.ASYNC or bool(data.get("replay_sql"))
-        mode = {"correction": ASYNC_CORRECTION} if off_policy else {}
-        return {**recipe.settings(), **mode, **data}
+        mode = {"correction": ASYNC_CORRECTION} if str(data.get("mode", "")) == TrainMode.ASYNC else {}
+        merged = {**recipe.settings(), **mode, **data}
+        if merged.get("replay_sql") and not merged.get("correction"):  # replay is off-policy by construction:
+            merged["correction"] = ASYNC_CORRECTION  # never uncorrected (settings re-checked after a change too)
+        return merged
 
     @field_validator("adapter_agents")
     @classmethod

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 import fulmen.training
 from fulmen.algorithm.local import TrainReport
 from fulmen.cli.main import app
+from fulmen.infra.errors import ConfigurationError
 from fulmen.schemas.events import TrainStep
 
 
@@ -54,3 +55,29 @@ def test_local_needs_an_agent_and_one_process(dataset: Path) -> None:
     assert refused.exit_code == 1 and "--local runs the agent: pass --agent" in refused.output
     refused = CliRunner().invoke(app, ["train", "--local", "--dataset", str(dataset), "--agent", "a:b", "--nproc", "2"])
     assert refused.exit_code == 1 and "--local trains in one process" in refused.output
+
+
+@pytest.mark.continuous
+def test_replay_and_promotion_options_reach_the_settings_and_nothing_to_train_on_is_refused(
+    dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def fake_train(agent: str, data: Path | None, model: str, **options: Any) -> TrainReport:
+        seen.update(dataset=data, train=options["settings"].train)
+        return TrainReport("train-x", tmp_path / "run", 0, None, [], [], [], 1.0)
+
+    monkeypatch.setattr(fulmen.training, "train", fake_train)
+    done = CliRunner().invoke(app, ["train", "--local", "--agent", "a:b", "--replay", "SELECT RolloutId FROM r",
+                                    "--source-store", str(tmp_path), "--replay-fraction", "0.5", "--max-staleness",
+                                    "3", "--promote-if-better", "--promote-tolerance", "0.05"])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    options = seen["train"]
+    assert seen["dataset"] is None and options.replay_sql == "SELECT RolloutId FROM r"
+    assert (options.source_store, options.replay_fraction, options.max_staleness) == (str(tmp_path), 0.5, 3)
+    assert options.promote_if_better and options.promote_tolerance == 0.05 and options.correction == "tis"
+    refused = CliRunner().invoke(app, ["train", "--local", "--agent", "a:b"])
+    assert refused.exit_code == 1 and "pass --dataset FILE or --tasks-sql SQL" in refused.output
+    monkeypatch.undo()  # the real fulmen.train refuses too, before starting anything
+    with pytest.raises(ConfigurationError, match="nothing to train on"):
+        fulmen.training.train("a:b", None)

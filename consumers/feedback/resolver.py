@@ -8,8 +8,13 @@ What a target resolves to (the ``feedback`` table's RolloutId, Attempt, TraceId 
   when a request asked for ``n`` > 1 (the choices share the id). When none of them has token ids (an ``openai``
   upstream, or only the agent's own instrumentation recorded the id), the earliest span with the id is kept.
 * ``rollout``: the rollout's latest attempt in the rollouts table; no trace, no span (the whole episode).
-* ``trace``: the rollout that the trace's spans carry (the highest attempt among them), or none ('' and 0) for a
-  trace that no rollout owns; no span (the whole episode).
+* ``trace``: the rollout that the trace's spans carry (the highest attempt among them); for a trace that no rollout
+  owns but that holds LLM calls with token ids, its production rollout (``trace-<trace id>``, attempt 1: see
+  :mod:`fulmen.consumers.production`); else none ('' and 0); no span (the whole episode).
+
+A call that no rollout owns (an agent Fulmen does not run) belongs to the production rollout of its trace, so a
+response id resolves to that rollout too, and replay, which joins feedback to transitions by rollout and span, finds
+it. The production rollout does not need to exist yet (its trace may still be open): its id is the trace's.
 
 A target with nothing in the store is missing from the answer. Reads deduplicate (``FINAL``).
 """
@@ -24,7 +29,7 @@ from typing import Any
 from fulmen.infra.store import Store
 from fulmen.schemas import semconv
 from fulmen.schemas.ddl import TABLES
-from fulmen.schemas.events import FeedbackTarget
+from fulmen.schemas.events import PRODUCTION_ROLLOUT_PREFIX, FeedbackTarget
 
 __all__ = ["Resolved", "Target", "TargetResolver"]
 
@@ -43,10 +48,13 @@ class Resolved:
 
 
 # Each part answers (Kind, Id, RolloutId, Attempt, TraceId, SpanId, IsCall, StartNs); only the parts a round needs
-# are sent, joined by UNION ALL. __SPANS__ and __ROLLOUTS__ are our table names (the database name is validated).
+# are sent, joined by UNION ALL. __SPANS__ and __ROLLOUTS__ are our table names (the database name is validated);
+# __PRODUCTION__ is the production rollout id prefix, and __CALL__ what makes a span an LLM call with token ids.
 _PARTS = {
     FeedbackTarget.RESPONSE: """
-SELECT 'response', SpanAttributes[{response_key:String}], RolloutId, Attempt, TraceId, SpanId,
+SELECT 'response', SpanAttributes[{response_key:String}],
+       if(RolloutId = '' AND __CALL__, concat('__PRODUCTION__', TraceId), RolloutId),
+       if(RolloutId = '' AND __CALL__, toUInt32(1), Attempt), TraceId, SpanId,
        toUInt8(length(ResponseTokenIds) > 0), toUnixTimestamp64Nano(Timestamp)
 FROM __SPANS__
 WHERE SpanAttributes[{response_key:String}] IN {response_ids:Array(String)}""",
@@ -56,12 +64,16 @@ FROM __ROLLOUTS__
 WHERE RolloutId IN {rollout_ids:Array(String)}
 GROUP BY RolloutId""",
     FeedbackTarget.TRACE: """
-SELECT 'trace', TraceId, argMaxIf(RolloutId, Attempt, RolloutId != ''), maxIf(Attempt, RolloutId != ''), TraceId, '',
-       toUInt8(0), toInt64(0)
+SELECT 'trace', TraceId,
+       if(countIf(RolloutId != '') = 0 AND countIf(__CALL__) > 0, concat('__PRODUCTION__', TraceId),
+          argMaxIf(RolloutId, Attempt, RolloutId != '')),
+       if(countIf(RolloutId != '') = 0 AND countIf(__CALL__) > 0, toUInt32(1), maxIf(Attempt, RolloutId != '')),
+       TraceId, '', toUInt8(0), toInt64(0)
 FROM __SPANS__
 WHERE TraceId IN {trace_ids:Array(String)}
 GROUP BY TraceId""",
 }
+_CALL = "(length(PromptTokenIds) > 0 AND length(ResponseTokenIds) > 0)"
 _PARAMETER = {
     FeedbackTarget.RESPONSE: "response_ids",
     FeedbackTarget.ROLLOUT: "rollout_ids",
@@ -76,8 +88,10 @@ class TargetResolver:
         self.store = store
         spans, rollouts = store.table(TABLES["spans"]), store.table(TABLES["rollouts"])
         self._parts = {
-            kind: sql.replace("__SPANS__", spans).replace("__ROLLOUTS__", rollouts) for kind, sql in _PARTS.items()
-        }
+            kind: sql.replace("__SPANS__", spans).replace("__ROLLOUTS__", rollouts).replace("__CALL__", _CALL)
+            .replace("__PRODUCTION__", PRODUCTION_ROLLOUT_PREFIX)
+            for kind, sql in _PARTS.items()
+        }  # fmt: skip
 
     def resolve(self, targets: Iterable[Target]) -> dict[Target, list[Resolved]]:
         """What each of ``targets`` scores (a target not in the store is missing from the result)."""

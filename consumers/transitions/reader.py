@@ -1,9 +1,11 @@
 """Read rollouts' spans from the store for the transitions consumer (one query for many rollouts).
 
 Spans belong to a rollout attempt by their typed columns ``RolloutId`` and ``Attempt`` (the runner stamps every
-span the agent makes, the LLM gateway stamps its own from the request path). Reads deduplicate (``FINAL``): a
-span Kafka delivered twice is one span. Only the columns the builder needs are read, and of the attribute map
-only :data:`EXTRA_ATTRIBUTES`.
+span the agent makes, the LLM gateway stamps its own from the request path). A production rollout (``trace-<trace
+id>``, attempt 1: an agent Fulmen does not run, see :mod:`fulmen.consumers.production`) has no stamped span: its
+spans are those of its trace that no rollout stamped (``RolloutId`` ''). Reads deduplicate (``FINAL``): a span
+Kafka delivered twice is one span. Only the columns the builder needs are read, and of the attribute map only
+:data:`EXTRA_ATTRIBUTES`.
 
 :meth:`SpanReader.recently_ingested` and :meth:`SpanReader.span_counts` serve the late-span check: which
 rollouts received spans since a moment of the store's clock, and how many distinct spans each has now.
@@ -20,6 +22,7 @@ from fulmen.consumers.transitions.tree import SpanRecord
 from fulmen.infra.store import Store
 from fulmen.schemas import semconv
 from fulmen.schemas.ddl import TABLES
+from fulmen.schemas.events import production_trace_id
 
 __all__ = ["EXTRA_ATTRIBUTES", "RolloutKey", "SpanReader"]
 
@@ -39,23 +42,29 @@ SELECT RolloutId, Attempt, TraceId, SpanId, ParentSpanId, SpanName, toUnixTimest
        `Links.TraceId`, `Links.SpanId`,
        arrayMap(a -> a[{response_id:String}], `Events.Attributes`)
 FROM __TABLE__
-WHERE (RolloutId, Attempt) IN {keys:Array(Tuple(String, UInt32))}
+WHERE __WHERE__
 """
 
+# A production rollout's spans are found by (RolloutId '', TraceId): a range of the sort key, like a rollout's. Each
+# query answers the trace (TraceId where RolloutId is '') so its rows are told apart from the stamped ones.
 _COUNTS_SQL = """
-SELECT RolloutId, Attempt, uniqExact(TraceId, SpanId)
+SELECT RolloutId, Attempt, if(RolloutId = '', TraceId, ''), uniqExact(TraceId, SpanId)
 FROM __TABLE__
-WHERE (RolloutId, Attempt) IN {keys:Array(Tuple(String, UInt32))}
-GROUP BY RolloutId, Attempt
+WHERE __WHERE__
+GROUP BY RolloutId, Attempt, if(RolloutId = '', TraceId, '')
 """
 
-# The rollout ids narrow the scan to their ranges of the sort key, so the check costs what the watched rollouts
-# hold, not what the table holds.
+# The rollout ids (and traces) narrow the scan to their ranges of the sort key, so the check costs what the watched
+# rollouts hold, not what the table holds.
 _RECENT_SQL = """
-SELECT DISTINCT RolloutId, Attempt
+SELECT DISTINCT RolloutId, Attempt, if(RolloutId = '', TraceId, '')
 FROM __TABLE__
-WHERE RolloutId IN {ids:Array(String)} AND IngestedAt >= fromUnixTimestamp64Milli({since_ms:Int64}, 'UTC')
+WHERE (__WHERE__) AND IngestedAt >= fromUnixTimestamp64Milli({since_ms:Int64}, 'UTC')
 """
+
+_STAMPED = "(RolloutId, Attempt) IN {keys:Array(Tuple(String, UInt32))}"
+_STAMPED_IDS = "RolloutId IN {ids:Array(String)}"
+_UNSTAMPED = "(RolloutId = '' AND TraceId IN {traces:Array(String)})"
 
 
 class SpanReader:
@@ -72,27 +81,27 @@ class SpanReader:
 
     def spans(self, keys: Iterable[RolloutKey]) -> dict[RolloutKey, list[SpanRecord]]:
         """The spans of each rollout attempt in ``keys`` (missing from the result: no span at all)."""
-        wanted = sorted(set(keys))
-        if not wanted:
+        where, parameters, traces = _where(keys)
+        if not where:
             return {}
         reward_a, reward_b = semconv.REWARD_KEYS
-        parameters = {
-            "keys": wanted, "meta": semconv.OPENINFERENCE_METADATA,
-            "response_id": semconv.GEN_AI_RESPONSE_ID, "reward_a": reward_a, "reward_b": reward_b,
+        parameters |= {
+            "meta": semconv.OPENINFERENCE_METADATA, "response_id": semconv.GEN_AI_RESPONSE_ID, "reward_a": reward_a,
+            "reward_b": reward_b,
         }  # fmt: skip
-        rows = self.store.query(self._spans_sql, parameters, final=True).rows
+        rows = self.store.query(self._spans_sql.replace("__WHERE__", where), parameters, final=True).rows
         found: dict[RolloutKey, list[SpanRecord]] = defaultdict(list)
         for row in rows:
-            found[(row[0], int(row[1]))].append(_record(row))
+            found[traces[row[2]] if row[0] == "" else (row[0], int(row[1]))].append(_record(row))
         return dict(found)
 
     def span_counts(self, keys: Iterable[RolloutKey]) -> dict[RolloutKey, int]:
         """How many distinct spans (trace id, span id) each rollout attempt has now."""
-        wanted = sorted(set(keys))
-        if not wanted:
+        where, parameters, traces = _where(keys)
+        if not where:
             return {}
-        rows = self.store.query(self._counts_sql, {"keys": wanted}, final=False).rows
-        return {(row[0], int(row[1])): int(row[2]) for row in rows}
+        rows = self.store.query(self._counts_sql.replace("__WHERE__", where), parameters, final=False).rows
+        return {traces[row[2]] if row[0] == "" else (row[0], int(row[1])): int(row[3]) for row in rows}
 
     def now_ms(self) -> int:
         """The store's clock (which fills ``IngestedAt``), in milliseconds since the epoch."""
@@ -101,11 +110,37 @@ class SpanReader:
     def recently_ingested(self, rollout_ids: Iterable[str], since_ms: int) -> set[RolloutKey]:
         """The attempts of ``rollout_ids`` that received a span at or after ``since_ms`` (store clock, ms since
         the epoch)."""
-        ids = sorted(set(rollout_ids))
-        if not ids:
+        ids = set(rollout_ids)
+        traces = {trace: (rollout_id, 1) for rollout_id in ids if (trace := production_trace_id(rollout_id))}
+        stamped = sorted(ids.difference(key[0] for key in traces.values()))
+        where, parameters = _condition(_STAMPED_IDS, "ids", stamped, traces)
+        if not where:
             return set()
-        rows = self.store.query(self._recent_sql, {"ids": ids, "since_ms": since_ms}, final=False).rows
-        return {(row[0], int(row[1])) for row in rows}
+        sql = self._recent_sql.replace("__WHERE__", where)
+        rows = self.store.query(sql, parameters | {"since_ms": since_ms}, final=False).rows
+        return {traces[row[2]] if row[0] == "" else (row[0], int(row[1])) for row in rows}
+
+
+def _where(keys: Iterable[RolloutKey]) -> tuple[str, dict[str, Any], dict[str, RolloutKey]]:
+    """The condition that finds the spans of ``keys``, its parameters, and the production keys by trace id (a
+    production rollout's attempt is always 1). The condition is '' when ``keys`` is empty."""
+    wanted = set(keys)
+    traces = {trace: key for key in wanted if (trace := production_trace_id(key[0])) is not None and key[1] == 1}
+    stamped = sorted(wanted.difference(traces.values()))
+    return *_condition(_STAMPED, "keys", stamped, traces), traces
+
+
+def _condition(clause: str, name: str, stamped: list[Any], traces: Iterable[str]) -> tuple[str, dict[str, Any]]:
+    """``clause`` (its parameter ``name`` is ``stamped``) or the unstamped spans of ``traces``, whichever are
+    wanted, and the parameters; '' when neither is."""
+    parts, parameters = [], {}
+    if stamped:
+        parts.append(clause)
+        parameters[name] = stamped
+    if traces := sorted(traces):
+        parts.append(_UNSTAMPED)
+        parameters["traces"] = traces
+    return " OR ".join(parts), parameters
 
 
 def _record(row: Sequence[Any]) -> SpanRecord:

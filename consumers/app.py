@@ -1,11 +1,11 @@
 """The consumers process (``fulmen consume``): one consumer per sink, one store, one dead-letter producer.
 
 The JSON event sinks (:mod:`fulmen.consumers.event_sinks`) are faststream batch subscribers on one broker; the
-spans sink runs on a :class:`~fulmen.consumers.batch.BatchConsumer`, the transition builder and the feedback
-consumer on their own workers (aiokafka loops that track their own offsets: see :mod:`fulmen.infra.kafka.broker`).
-In local mode this process owns the embedded store. Each sink has its own consumer group
-(``<group_prefix>.<sink name>``), so sinks progress independently and scale by partitions: run more ``fulmen
-consume`` processes against a ClickHouse server and Kafka spreads the partitions over them.
+spans sink runs on a :class:`~fulmen.consumers.batch.BatchConsumer`, the transition builder, the feedback consumer
+and the production episode detector on their own workers (aiokafka loops that track their own offsets: see
+:mod:`fulmen.infra.kafka.broker`). In local mode this process owns the embedded store. Each sink has its own
+consumer group (``<group_prefix>.<sink name>``), so sinks progress independently and scale by partitions: run more
+``fulmen consume`` processes against a ClickHouse server and Kafka spreads the partitions over them.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from fulmen.consumers.batch import BatchConsumer, Sink
 from fulmen.consumers.dead_letters import DeadLetterSink
 from fulmen.consumers.event_sinks import EVENT_SINKS, EventSink, SinkHandler, subscribe
 from fulmen.consumers.feedback import FeedbackSection, FeedbackSink
+from fulmen.consumers.production import ProductionEpisodesSink, ProductionSection
 from fulmen.consumers.spans import SpanSink
 from fulmen.consumers.transitions import ConsumersSettings, TransitionBuilderSink, TransitionsSection
 from fulmen.infra.kafka.broker import kafka_broker
@@ -52,11 +53,17 @@ class WorkerSink(Protocol):
 
 
 def consume_sinks(settings: FulmenSettings) -> list[Sink | WorkerSink]:
-    """What ``fulmen consume`` runs: every table sink, the transitions consumer (``transition_builder``) and the
-    feedback consumer (``feedback``)."""
+    """What ``fulmen consume`` runs: every table sink, the transitions consumer (``transition_builder``), the
+    feedback consumer (``feedback``) and, unless ``FULMEN_PRODUCTION_ENABLED=false``, the production episode
+    detector (``production``)."""
     if isinstance(settings, ConsumersSettings):
-        return [*default_sinks(), TransitionBuilderSink(settings.transitions), FeedbackSink(settings.feedback)]
-    return [*default_sinks(), TransitionBuilderSink(TransitionsSection()), FeedbackSink(FeedbackSection())]
+        transitions, feedback, production = settings.transitions, settings.feedback, settings.production
+    else:
+        transitions, feedback, production = TransitionsSection(), FeedbackSection(), ProductionSection()
+    sinks: list[Sink | WorkerSink] = [*default_sinks(), TransitionBuilderSink(transitions), FeedbackSink(feedback)]
+    if production.enabled:
+        sinks.append(ProductionEpisodesSink(production))
+    return sinks
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,9 @@ NOT_ON_FASTSTREAM: tuple[Endpoint, ...] = (
              "The spans sink's batch consumer (aiokafka): commits after its Arrow insert."),
     Endpoint("consumers.transitions", "receive", TopicKey.ROLLOUTS,
              "The transition builder (aiokafka): builds a rollout once the spans consumer passed its end."),
+    Endpoint("consumers.production", "receive", TopicKey.SPANS,
+             "The production episode detector (aiokafka): groups the calls that no rollout owns by trace, publishes "
+             "a production rollout's end once its trace is idle; commits a record once its episodes ended."),
     Endpoint("consumers.feedback", "receive", TopicKey.FEEDBACK,
              "The feedback consumer (aiokafka): resolves each target in the store, inserts into the feedback table, "
              "dead-letters a target never found; commits up to the lowest feedback not done."),
@@ -86,12 +89,13 @@ def senders() -> list[Sender]:
     """The :class:`Sender` of every component that publishes events (imported here: the trainer's pulls in torch)."""
     from fulmen.algorithm.promotion import MODELS_SENDER as MODELS
     from fulmen.algorithm.train import SENDER as ALGORITHM
+    from fulmen.consumers.production.app import SENDER as PRODUCTION
     from fulmen.consumers.transitions.app import SENDER as TRANSITIONS
     from fulmen.producers.feedback import SENDER as FEEDBACK
     from fulmen.producers.runner.app import SENDER as RUNNER
     from fulmen.producers.submit import SENDER as SUBMIT
 
-    return [SUBMIT, ALGORITHM, RUNNER, TRANSITIONS, FEEDBACK, MODELS]
+    return [SUBMIT, ALGORITHM, RUNNER, TRANSITIONS, FEEDBACK, MODELS, PRODUCTION]
 
 
 def declare_components(broker: KafkaBroker, settings: FulmenSettings) -> None:

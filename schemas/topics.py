@@ -108,13 +108,15 @@ TOPICS: dict[TopicKey, Topic] = {
             TopicKey.SPANS, "otlp_spans", "trace_id", None, "otlp_proto", 8,
             {"retention.ms": str(3 * _DAY_MS), "max.message.bytes": str(8 * 1024 * 1024)},
             "OTLP ExportTraceServiceRequest protobuf, as the OpenTelemetry Collector's Kafka exporter writes.",
-            ("otlp-gateway", "llm-gateway", "runner", "OpenTelemetry Collector"), ("consumers: spans",),
+            ("otlp-gateway", "llm-gateway", "runner", "OpenTelemetry Collector"),
+            ("consumers: spans", "consumers: production"),
         ),
         Topic(
             TopicKey.ROLLOUTS, "fulmen.rollouts", "rollout_id", RolloutEvent, "json", 8,
             {"retention.ms": str(7 * _DAY_MS)},
-            "Rollout lifecycle events (claimed, running, succeeded, failed, timed out).",
-            ("runner", "fulmen submit"), ("consumers: rollouts", "consumers: transitions"),
+            "Rollout lifecycle events (claimed, running, succeeded, failed, timed out); the end of each production "
+            "episode (an agent Fulmen does not run, grouped by trace).",
+            ("runner", "fulmen submit", "consumers: production"), ("consumers: rollouts", "consumers: transitions"),
         ),
         Topic(
             TopicKey.TRANSITIONS, "fulmen.transitions", "group_id", TransitionBatch, "json", 4,

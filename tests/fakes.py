@@ -64,6 +64,33 @@ class FakeConsumer:
             self.committed[tp] = meta.offset
 
 
+class PausingConsumer(FakeConsumer):
+    """A :class:`FakeConsumer` that can pause partitions: a paused one hands out nothing until resumed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._paused: set[TopicPartition] = set()
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        self._paused.update(partitions)
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        self._paused.difference_update(partitions)
+
+    def paused(self) -> set[TopicPartition]:
+        return set(self._paused)
+
+    async def getmany(self, *partitions: TopicPartition, timeout_ms: int = 0, max_records: int | None = None):
+        saved = {tp: self.log.pop(tp) for tp in self._paused if tp in self.log}
+        try:
+            return await super().getmany(timeout_ms=timeout_ms, max_records=max_records)
+        finally:
+            self.log.update(saved)
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.log) | self._paused
+
+
 class FakeProducer:
     def __init__(self, events: list[str]) -> None:
         self.sent: list[dict[str, Any]] = []

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from fulmen.consumers.feedback.settings import FeedbackSection
+from fulmen.consumers.production.settings import ProductionSection
 from fulmen.infra.settings import FulmenSettings
 
 __all__ = ["ConsumersSettings", "TransitionsSection"]
@@ -55,7 +56,9 @@ class TransitionsSection(BaseModel):
 
 
 class ConsumersSettings(FulmenSettings):
-    """The consumers process (``fulmen consume``): the shared sections plus ``transitions`` and ``feedback``."""
+    """The consumers process (``fulmen consume``): the shared sections plus ``transitions``, ``feedback`` and
+    ``production``."""
 
     transitions: TransitionsSection = Field(default_factory=TransitionsSection)
     feedback: FeedbackSection = Field(default_factory=FeedbackSection)
+    production: ProductionSection = Field(default_factory=ProductionSection)

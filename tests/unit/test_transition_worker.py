@@ -14,36 +14,11 @@ from fulmen.infra.kafka.dlq import DeadLetters
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.schemas import RolloutEvent, RolloutStatus, TransitionBatch, encode
 from fulmen.schemas.codec import decode
-from tests.fakes import FakeBroker, FakeConsumer, FakeProducer
+from tests.fakes import FakeBroker, FakeProducer, PausingConsumer
 from tests.unit.transition_spans import call, span
 
 ROLLOUTS = "fulmen.rollouts"
 SPANS = TopicPartition("otlp_spans", 0)
-
-
-class PausingConsumer(FakeConsumer):
-    def __init__(self) -> None:
-        super().__init__()
-        self._paused: set[TopicPartition] = set()
-
-    def pause(self, *partitions: TopicPartition) -> None:
-        self._paused.update(partitions)
-
-    def resume(self, *partitions: TopicPartition) -> None:
-        self._paused.difference_update(partitions)
-
-    def paused(self) -> set[TopicPartition]:
-        return set(self._paused)
-
-    async def getmany(self, *partitions: TopicPartition, timeout_ms: int = 0, max_records: int | None = None):
-        saved = {tp: self.log.pop(tp) for tp in self._paused if tp in self.log}
-        try:
-            return await super().getmany(timeout_ms=timeout_ms, max_records=max_records)
-        finally:
-            self.log.update(saved)
-
-    def assignment(self) -> set[TopicPartition]:
-        return set(self.log) | self._paused
 
 
 class FakeBarrier:

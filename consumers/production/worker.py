@@ -1,0 +1,187 @@
+"""The production episode detector: spans-topic records → open episodes per trace → a rollout end when one goes idle.
+
+Lifecycle of a poll (up to ``max_batch`` records):
+
+1. scan each record (``scan``): the traces it holds production calls of (LLM calls with token ids, no rollout id)
+   open or extend their episode (``episodes``); a record keyed by an open trace restarts that trace's idle time;
+2. a record that holds no call of an open episode is done at once; one that does waits for those episodes' ends;
+3. each episode idle for ``FULMEN_PRODUCTION_IDLE_S`` ends: its :class:`RolloutEvent` (rollout ``trace-<trace id>``,
+   attempt 1, mode ``production``, no group, ``succeeded``, no reward) is published to the rollouts topic,
+   acknowledged, and only then are its records done;
+4. commit, per partition, up to the lowest record not done.
+
+From there the rest is what a dispatched rollout gets: the rollouts consumer stores the rollout, and the transitions
+consumer builds its transitions from the trace's spans that no rollout stamped, after its offset barrier (the spans
+were on the spans topic before the end was published, so the barrier covers them), watching for late spans as
+usual. The group of this consumer is ``<group_prefix>.production``; it reads the spans topic beside the spans
+consumer, whose group it never touches.
+
+Nothing is lost on a crash: a record holding calls of an episode that has not ended is not committed, so a restart
+(or the partition's next owner after a rebalance) reads it again and the episode opens again; its idle time starts
+again from that read. An episode whose end was published but whose records were not yet committed may end a second
+time: the same rollout id, built again from the same spans (the transitions table keeps one row per call, readers
+of the topic keep the newest batch). Store or broker failures are retried with backoff until they succeed or
+``stop`` is set. All of it runs in one task, so a rebalance (which runs inside the poll) never meets a half-done end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from fulmen.consumers.production.episodes import Episode, OpenEpisodes
+from fulmen.consumers.production.scan import scan_record
+from fulmen.consumers.production.settings import ProductionSection
+from fulmen.infra.errors import RetryableError
+from fulmen.infra.kafka.clients import close_quietly, start_or_raise
+from fulmen.infra.kafka.offsets import STOPPED, OffsetTracker, RebalanceListener, commit_finished, retrying
+from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.events import RolloutEvent, RolloutMode, RolloutStatus, production_rollout_id
+from fulmen.schemas.topics import TopicKey
+
+__all__ = ["ProductionStats", "ProductionWorker", "production_end"]
+
+log = logging.getLogger(__name__)
+
+RUNNER_ID = "fulmen consume: production"
+"""The ``runner_id`` of a production rollout's end (no runner ran it)."""
+
+
+def production_end(trace_id: str) -> RolloutEvent:
+    """The end of the production episode of ``trace_id``: succeeded, attempt 1, no group, no reward (feedback and
+    the trace's reward spans give it one)."""
+    rollout_id = production_rollout_id(trace_id)
+    return RolloutEvent(
+        rollout_id=rollout_id, attempt=1, status=RolloutStatus.SUCCEEDED, task_id=rollout_id, group_id="",
+        mode=RolloutMode.PRODUCTION, runner_id=RUNNER_ID,
+    )  # fmt: skip
+
+
+@dataclass
+class ProductionStats:
+    records: int = 0
+    calls: int = 0  # production calls read (a call read again after a restart counts again)
+    ended: int = 0  # episodes whose end was published
+    committed: dict[TopicPartition, int] = field(default_factory=dict)
+
+
+class ProductionWorker:
+    """Runs over a started consumer subscribed to the spans topic (with :meth:`listener`)."""
+
+    def __init__(
+        self,
+        sink: Any,
+        settings: FulmenSettings,
+        consumer: AIOKafkaConsumer,
+        publisher: EventPublisher,
+        section: ProductionSection,
+        *,
+        retry_backoff_s: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.sink = sink
+        self.settings = settings
+        self.consumer = consumer
+        self.publisher = publisher
+        self.section = section
+        self.retry_backoff_s = retry_backoff_s
+        self.clock = clock
+        self.episodes = OpenEpisodes(section.idle_s, clock)
+        self.offsets = OffsetTracker()
+        self.stats = ProductionStats()
+
+    def listener(self) -> ConsumerRebalanceListener:
+        """Pass this to ``consumer.subscribe``: it commits what is done before partitions are taken away."""
+        return RebalanceListener(self, "production")
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until ``stop`` is set; commit what is done before returning (open episodes are read again)."""
+        await start_or_raise(self.publisher.broker, self.settings, "production episodes publisher")
+        try:
+            while not stop.is_set():
+                await self.poll_once(stop)
+            await self.commit()
+        finally:
+            await close_quietly([self.publisher.broker])
+
+    async def poll_once(self, stop: asyncio.Event) -> None:
+        """Fetch (unless too many episodes are open), end the idle episodes, commit."""
+        # While too many are open, the partitions are paused but still polled: the group keeps this member.
+        if len(self.episodes) >= self.section.max_open:
+            self.consumer.pause(*self.consumer.assignment())
+        elif self.consumer.paused():
+            self.consumer.resume(*self.consumer.paused())
+        fetched = await self.consumer.getmany(timeout_ms=self._poll_ms(), max_records=self.section.max_batch)
+        for tp, records in fetched.items():
+            for record in records:
+                self._read(tp, record)
+        idle = self.episodes.idle()
+        if idle and not stop.is_set():
+            await self._end(idle, stop)
+        await self.commit()
+
+    def _poll_ms(self) -> int:
+        """Up to 200 ms, less when an episode ends sooner."""
+        ends_at = self.episodes.next_end()
+        if ends_at is None:
+            return 200
+        return int(min(200.0, max(10.0, (ends_at - self.clock()) * 1000)))
+
+    def _read(self, tp: TopicPartition, record: ConsumerRecord) -> None:
+        self.offsets.read(tp, record.offset)
+        self.stats.records += 1
+        found = scan_record(record.key, record.value)
+        if found.key_trace is not None:
+            self.episodes.touch(found.key_trace)
+        for trace_id in dict.fromkeys(found.calls):
+            self.episodes.call(trace_id, (tp, record.offset))
+        self.stats.calls += len(found.calls)
+        if not self.episodes.held((tp, record.offset)):
+            self.offsets.done(tp, record.offset)
+
+    async def _end(self, idle: list[Episode], stop: asyncio.Event) -> None:
+        """Publish the ends of ``idle`` (acknowledged), then close them: their records are done."""
+        events = [production_end(episode.trace_id) for episode in idle]
+        sent = await retrying(
+            lambda: self.publisher.publish_many(TopicKey.ROLLOUTS, events), what="production: publishing episode ends",
+            retry_on=(RetryableError, KafkaError), base_s=self.retry_backoff_s, stop=stop, logger=log,
+        )  # fmt: skip
+        if sent is STOPPED:
+            return  # nothing closed: the records stay uncommitted, read again after a restart
+        for tp, offset in self.episodes.close(episode.trace_id for episode in idle):
+            self.offsets.done(tp, offset)
+        self.stats.ended += len(idle)
+        shown = ", ".join(event.rollout_id for event in events[:3]) + (", ..." if len(events) > 3 else "")
+        log.info("production: %d episode(s) idle for %gs ended (%s); %d open", len(idle), self.section.idle_s, shown,
+                 len(self.episodes))  # fmt: skip
+
+    # --- committing -----------------------------------------------------------------------------------------
+    async def commit(self, partitions: list[TopicPartition] | None = None) -> None:
+        """Commit, per partition, up to the lowest record not done (of ``partitions``, or all owned)."""
+        committed = await commit_finished(self.consumer, self.offsets, what="production", partitions=partitions,
+                                          logger=log)  # fmt: skip
+        self.stats.committed.update(committed)
+
+    async def revoked(self, partitions: list[TopicPartition]) -> None:
+        """Partitions taken away: commit what is done, then forget them (their next owner reads the rest again)."""
+        await self.commit(partitions)
+        self._forget(partitions)
+
+    def assigned(self, partitions: list[TopicPartition]) -> None:
+        """Partitions given: whatever was known of them is stale (they are read again from the committed offset)."""
+        self._forget(partitions)
+
+    def _forget(self, partitions: list[TopicPartition]) -> None:
+        self.offsets.forget(partitions)
+        dropped = self.episodes.forget(partitions)
+        if dropped:
+            log.debug("production: %d open episode(s) left with their partitions", len(dropped))

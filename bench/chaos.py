@@ -6,8 +6,9 @@ and free ports: a local Kafka (:class:`fulmen.infra.kafka.cluster.LocalCluster`:
 ``fulmen llm-gateway --model DIR`` on the tiny model (``algorithm/tiny_model.py``, version 0),
 ``fulmen runner --agent bench.chaos_agent:run`` and ``fulmen train`` on the same model (GRPO, groups of rollouts
 dispatched through the runner). The load: OTLP span batches from the bench's client, direct chat completions,
-``fulmen submit`` of a few tasks per phase, and the trainer's own rollouts (each makes two LLM calls through the
-rollout-scoped gateway path and one agent span).
+``fulmen submit`` of a few tasks per phase, the trainer's own rollouts (each makes two LLM calls through the
+rollout-scoped gateway path and one agent span), and late feedback through the LLM gateway's ``/v1/feedback`` for
+calls answered 200 and rollouts under way (so the consume phase's kill falls between feedback accepted and stored).
 
 Phases, one per component, in this order: trainer, otlp_gateway, llm_gateway, runner, consume, broker. In each:
 ``fulmen submit`` a few tasks and load for ``pre_s``; SIGKILL the process (the broker: its JVM; of a cluster, the
@@ -22,6 +23,9 @@ waits until every rollout is terminal and every span is stored (or ``drain_s`` p
   stored = distinct span ids in ``otel_traces``; doubled = rows visible more than once with FINAL (the dedup
   ``fulmen sql`` applies by default); ``raw_copies``: extra rows without FINAL.
 - llm_calls: calls answered 200 (response id) must have exactly one span.
+- feedback: feedback answered 202 must have exactly one row in ``feedback``, never a dead letter (its target exists);
+  the consume phase kills amid a stream of ``feedback_stream`` of them on calls it has just made, and reports how
+  many records of the feedback topic the killed consumer had not committed (``feedback_uncommitted_at_kill``).
 - rollouts: every requested rollout reaches a terminal state in ``rollouts``; transitions: one row per LLM call
   of every succeeded rollout's final attempt.
 - model_versions (trainer): no version published twice, none checkpointed and not published, steps continue
@@ -51,16 +55,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.chaos_count import DEFINITIONS, Phases, count_all
-from bench.chaos_load import LlmLoad, SpanLoad, TopicTail, first_after, read_topic
+from bench.chaos_load import FeedbackLoad, LlmLoad, SpanLoad, TopicTail, first_after, read_topic
 from bench.chaos_procs import Broker, Fleet, Proc, fulmen_command
+from fulmen.consumers.app import ConsumerOptions
+from fulmen.consumers.feedback import FeedbackSink
+from fulmen.consumers.transitions.barrier import OffsetBarrier, behind
 from fulmen.infra.kafka.admin import ensure_topics
 from fulmen.infra.kafka.cluster import LocalCluster
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
 from fulmen.infra.store import RemoteReader
-from fulmen.schemas import ModelVersion, RolloutEvent, RolloutRequest, TopicKey, TrainStep, TransitionBatch
+from fulmen.schemas import ModelVersion, RolloutEvent, RolloutRequest, TopicKey, TrainStep, TransitionBatch, topic_name
 
 log = logging.getLogger("bench.chaos")
 
@@ -83,6 +92,8 @@ class Plan:
     group_size: int = 2
     span_batches_per_s: float = 4.0
     llm_calls_per_s: float = 2.0
+    feedback_per_s: float = 2.0
+    feedback_stream: int = 100  # feedback for fresh calls, one after the other, amid which consume is killed
 
     @classmethod
     def quick(cls) -> Plan:
@@ -122,6 +133,8 @@ class Chaos:
         self.spans = SpanLoad(f"http://127.0.0.1:{self.ports.otlp}/v1/traces",
                               batches_per_s=plan.span_batches_per_s)  # fmt: skip
         self.llm = LlmLoad(f"http://127.0.0.1:{self.ports.llm}/v1/chat/completions", calls_per_s=plan.llm_calls_per_s)
+        self.feedback = FeedbackLoad(f"http://127.0.0.1:{self.ports.llm}/v1/feedback", self._feedback_target,
+                                     per_s=plan.feedback_per_s)  # fmt: skip
         self.tail = TopicTail(self.settings, {TopicKey.ROLLOUTS: RolloutEvent, TopicKey.MODELS: ModelVersion})
         self.results: dict[str, dict[str, Any]] = {}
         self.unexpected: dict[str, list[int]] = {}
@@ -190,7 +203,7 @@ class Chaos:
             proc.start()
             await asyncio.to_thread(proc.wait_ready, 240.0)
         stop = asyncio.Event()
-        loads = [asyncio.create_task(x.run(stop)) for x in (self.spans, self.llm)]
+        loads = [asyncio.create_task(x.run(stop)) for x in (self.spans, self.llm, self.feedback)]
         tail_stop = asyncio.Event()
         tail = asyncio.create_task(self.tail.run(tail_stop))
         try:
@@ -200,7 +213,7 @@ class Chaos:
             for name in [c for c in COMPONENTS if c in only]:
                 await self._phase(name)
             self.phases.begin("drain", time.time())
-            self.spans.phase = self.llm.phase = "drain"
+            self.spans.phase = self.llm.phase = self.feedback.phase = "drain"
             await asyncio.to_thread(self.fleet.procs["trainer"].stop, 90.0)
             stop.set()
             await asyncio.wait_for(asyncio.gather(*loads), 120.0)
@@ -217,11 +230,14 @@ class Chaos:
     async def _phase(self, name: str) -> None:
         log.info("phase %s", name)
         self.phases.begin(name, time.time())
-        self.spans.phase = self.llm.phase = name
+        self.spans.phase = self.llm.phase = self.feedback.phase = name
         submit = asyncio.create_task(self._submit(name))
         await asyncio.sleep(self.plan.pre_s)
         target = self.fleet.broker if name == "broker" else self.fleet.procs[name]
-        pid = await asyncio.to_thread(target.kill9)
+        if name == "consume":
+            pid, pending = await self._kill_amid_feedback(target)
+        else:
+            pid = await asyncio.to_thread(target.kill9)
         killed = time.time()
         cluster = name == "broker" and len(self.fleet.broker.kafka.nodes) > 1
         await asyncio.sleep(self.plan.cluster_down_s if cluster else self.plan.down_s)
@@ -235,6 +251,8 @@ class Chaos:
                                       f"{name} to recover", fail=False)  # fmt: skip
         self.results[name] = {"pid_killed": pid, "down_s": round(restarted - killed, 2),
                               "recovery_s": None if recovered is None else round(recovered - restarted, 2)}  # fmt: skip
+        if name == "consume":
+            self.results[name]["feedback_uncommitted_at_kill"] = pending
         if cluster:  # the other nodes ran on: how the clients fared before the killed node came back
             self.results[name] |= self._without_a_node(killed, restarted)
         await asyncio.gather(submit, submit_after)
@@ -259,6 +277,58 @@ class Chaos:
             log.warning("%s exited with %s during the %s phase; restarting it:\n%s", name, code, killed, proc.tail())
             proc.start()
             await asyncio.to_thread(proc.wait_ready, 240.0)
+
+    def _feedback_target(self, count: int) -> tuple[str, str] | None:
+        """What feedback ``count`` scores, in turn: the latest direct call answered 200, the latest call of the chaos
+        agent, the latest rollout on the rollouts topic (each on its topic already, so in the store once the
+        consumers catch up; the latest ones often not yet: the feedback waits for them)."""
+        kind = count % 3
+        if kind == 0 and self.llm.sent:
+            return "response_id", next(reversed(self.llm.sent))
+        if kind == 1 and self.calls_file.is_file():
+            lines = self.calls_file.read_text().splitlines()
+            with contextlib.suppress(ValueError, KeyError, IndexError):
+                return "response_id", json.loads(lines[-2 if len(lines) > 1 else -1])["id"]  # the last may be cut
+        events = self.tail.events[TopicKey.ROLLOUTS]
+        return ("rollout_id", events[-1][1].rollout_id) if events else None
+
+    async def _feedback_stream(self, calls: int = 5) -> asyncio.Task | None:
+        """``calls`` direct calls, then a stream of ``feedback_stream`` feedback on them, one after the other as fast
+        as the gateway answers; returns once half of it is answered 202, with the task that sends the rest (None:
+        the calls took over a minute)."""
+        never, size = asyncio.Event(), self.plan.feedback_stream
+        async with httpx.AsyncClient(timeout=30.0) as client:
+            try:
+                ids = await asyncio.wait_for(asyncio.gather(*(self.llm.call(client, never) for _ in range(calls))), 60)
+            except TimeoutError:
+                return None
+        before, targets = len(self.feedback.sent), [("response_id", ids[i % calls]) for i in range(size)]
+        stream = asyncio.create_task(self.feedback.stream(targets, never))
+        while not stream.done() and len(self.feedback.sent) < before + size // 2:
+            await asyncio.sleep(0.002)
+        return stream
+
+    async def _kill_amid_feedback(self, consume: Proc) -> tuple[int, int | None]:
+        """SIGKILL ``fulmen consume`` in the middle of a stream of feedback (some of it on the topic and not yet
+        stored). The pid, and how many feedback records on the topic just before the kill its feedback consumer had
+        not committed: stored after the restart, or lost (None: the broker did not say)."""
+        topic = topic_name(TopicKey.FEEDBACK, self.settings.kafka.topic_prefix)
+        group = f"{ConsumerOptions().group_prefix}.{FeedbackSink.name}"  # as fulmen consume names it
+        offsets, stream, ends, pending = OffsetBarrier(self.settings, topic, group, user="chaos"), None, None, None
+        try:
+            await offsets.start()
+            await offsets.snapshot()  # the partitions looked up once, so the snapshot before the kill is quick
+            stream = await self._feedback_stream()
+            ends = await offsets.snapshot()
+        except Exception as exc:  # a figure for the report, not a reason to stop the run
+            log.warning("could not read the feedback topic's end offsets: %r", exc)
+        pid = consume.kill9()  # at once, not on a thread: the stream goes on meanwhile
+        with contextlib.suppress(Exception):
+            pending = None if ends is None else sum(behind(ends, await offsets.committed()).values())
+        await offsets.stop()
+        if stream is not None:  # the rest is answered while consume is down (the gateway does not need it)
+            await asyncio.wait_for(stream, 120.0)
+        return pid, pending
 
     # --- recovery probes ------------------------------------------------------------------------------------
     def _event_after(self, key: TopicKey, moment: float) -> float | None:
@@ -324,7 +394,9 @@ class Chaos:
 
         calls = dict(self.llm.sent) | agent_calls(self.calls_file, self.phases)
         return await asyncio.to_thread(count_all, reader, DB, spans=dict(self.spans.sent), calls=calls,
-                                       phases=self.phases, topics=topics, run_dir=self.home / "run")  # fmt: skip
+                                       feedback=dict(self.feedback.sent), phases=self.phases, topics=topics,
+                                       feedback_topic=topic_name(TopicKey.FEEDBACK, self.settings.kafka.topic_prefix),
+                                       run_dir=self.home / "run")  # fmt: skip
 
     def _report(self, counts: Any, wall_s: float) -> dict[str, Any]:
         report: dict[str, Any] = {}
@@ -338,7 +410,9 @@ class Chaos:
         report["totals"] = totals
         report["details"] = counts.details
         report["client_retries"] = {"spans": self.spans.retries, "span_statuses": self.spans.statuses,
-                                    "llm": self.llm.retries, "llm_statuses": self.llm.statuses}  # fmt: skip
+                                    "llm": self.llm.retries, "llm_statuses": self.llm.statuses,
+                                    "feedback": self.feedback.retries,
+                                    "feedback_statuses": self.feedback.statuses}  # fmt: skip
         report["unexpected_exits"] = self.unexpected
         report["ok"] = all(t["lost"] == 0 and t["doubled"] == 0 for t in totals.values())
         report["wall_s"] = round(wall_s, 1)

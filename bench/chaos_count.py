@@ -40,6 +40,12 @@ DEFINITIONS = {
     "transitions": "sent = rollouts whose latest attempt succeeded; stored = those whose transitions rows for "
                    "that attempt cover every LLM span of that attempt (one row per call); lost = sent - stored; "
                    "doubled = (rollout, attempt, span) with more than one transitions row under FINAL",
+    "feedback": "sent = feedback posted to the LLM gateway's /v1/feedback answered 202 (each scores a direct call or "
+                "an agent's call answered 200, or a rollout seen on the rollouts topic: targets that exist), by "
+                "feedback id; stored = distinct FeedbackId of those in `feedback` (FINAL); lost = sent - stored; "
+                "doubled = feedback ids with more than one row under FINAL (every target here is one call or one "
+                "episode: one row); details: dead_lettered = sent feedback on the dead-letter topic (must be 0: "
+                "the target exists), stored_without_a_202 = stored feedback no client got a 202 for",
     "model_versions": "sent = versions the trainer checkpointed (checkpoints/v<N>) or published; stored = "
                       "versions on the models topic; lost = checkpointed versions never published plus gaps in "
                       "1..max published; doubled = versions published more than once on the models topic "
@@ -121,6 +127,20 @@ def llm_counts(reader: Any, db: str, sent: dict[str, str]) -> tuple[Counts, dict
     orphans = [(unit, rollout) for unit, (rollout, _) in final.items() if unit not in sent]
     detail = {"spans_without_a_200": len(orphans), "of_them_in_rollouts": sum(1 for _, r in orphans if r),
               "sample": orphans[:5]}  # fmt: skip
+    return counts, detail
+
+
+def feedback_counts(reader: Any, db: str, sent: dict[str, str], topic: str) -> tuple[Counts, dict[str, Any]]:
+    """Counts, and the sent feedback that was dead-lettered (with why) or stored without a 202."""
+    sql = f"SELECT FeedbackId, count() FROM {db}.feedback GROUP BY FeedbackId"
+    final = dict(_rows(reader, sql))
+    counts = count_ids(sent, final, dict(_rows(reader, sql, final=False)))
+    dead = _rows(reader, f"SELECT JSONExtractString(ValuePreview, 'feedback_id') AS id, any(Error) "
+                         f"FROM {db}.dead_letters WHERE SourceTopic = '{topic}' GROUP BY id")  # fmt: skip
+    known = [(unit, error[:300]) for unit, error in dead if unit in sent]
+    detail = {"dead_lettered": len(known), "dead_lettered_sample": known[:5],
+              "dead_lettered_unsent": len(dead) - len(known),
+              "stored_without_a_202": sum(1 for unit in final if unit not in sent)}  # fmt: skip
     return counts, detail
 
 
@@ -245,16 +265,18 @@ class AllCounts:
     details: dict[str, Any]
 
 
-def count_all(reader: Any, db: str, *, spans: dict[str, str], calls: dict[str, str], phases: Phases,
-              topics: dict[str, list[tuple[float, Any]]], run_dir: Path) -> AllCounts:  # fmt: skip
+def count_all(reader: Any, db: str, *, spans: dict[str, str], calls: dict[str, str], feedback: dict[str, str],
+              feedback_topic: str, phases: Phases, topics: dict[str, list[tuple[float, Any]]],
+              run_dir: Path) -> AllCounts:  # fmt: skip
     """Every count; ``topics`` holds the tasks, transitions, models and metrics topics read whole."""
     facts = rollout_facts(reader, db, topics["tasks"], phases)
     rollouts, latest, rollout_detail = rollout_counts(facts)
     transitions, transition_detail = transition_counts(reader, db, facts, latest, topics["transitions"])
     versions, version_detail = version_counts(reader, db, run_dir, topics["models"], topics["metrics"])
     llm, llm_detail = llm_counts(reader, db, calls)
+    scored, feedback_detail = feedback_counts(reader, db, feedback, feedback_topic)
     kinds = {"spans": span_counts(reader, db, spans), "llm_calls": llm, "rollouts": rollouts,
-             "transitions": transitions}  # fmt: skip
+             "transitions": transitions, "feedback": scored}  # fmt: skip
     details = {"llm_calls": llm_detail, "rollouts": rollout_detail, "transitions": transition_detail,
-               "model_versions": version_detail}  # fmt: skip
+               "model_versions": version_detail, "feedback": feedback_detail}  # fmt: skip
     return AllCounts(kinds, versions, details)

@@ -6,6 +6,8 @@
   *sent* once its batch got a 200.
 - :class:`LlmLoad` calls ``/v1/chat/completions`` on the LLM gateway directly (no rollout), retrying until a
   200; each 200's response id is a *sent* call.
+- :class:`FeedbackLoad` posts late feedback to the LLM gateway's ``/v1/feedback`` for calls and rollouts that
+  exist; each 202's feedback id is a *sent* feedback.
 - :class:`TopicTail` follows topics from their beginning (no consumer group) and keeps each record's broker
   timestamp and decoded event, for recovery times; :func:`read_topic` reads a topic whole, for the counts.
 """
@@ -18,6 +20,7 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -31,7 +34,7 @@ from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas import TopicKey, decode, topic, topic_name
 
-__all__ = ["LOAD_SERVICE", "LlmLoad", "SpanLoad", "TopicTail", "first_after", "read_topic"]
+__all__ = ["LOAD_SERVICE", "FeedbackLoad", "LlmLoad", "SpanLoad", "TopicTail", "first_after", "read_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +141,26 @@ class SpanLoad:
         self.failures.append(time.time())
 
 
+async def post_until(client: httpx.AsyncClient, url: str, body: dict, status: int, stop: asyncio.Event,
+                     statuses: dict[str, int]) -> tuple[httpx.Response | None, int]:  # fmt: skip
+    """POST ``body`` as JSON until it is answered ``status``, half a second between tries: the answer (None when
+    ``stop`` was set first) and how many tries failed, each counted in ``statuses`` by status or error name."""
+    failed = 0
+    while not stop.is_set():
+        try:
+            answer = await client.post(url, json=body)
+        except httpx.HTTPError as exc:
+            key = type(exc).__name__
+        else:
+            if answer.status_code == status:
+                return answer, failed
+            key = str(answer.status_code)
+        failed += 1
+        statuses[key] = statuses.get(key, 0) + 1
+        await asyncio.sleep(0.5)
+    return None, failed
+
+
 @dataclass
 class LlmLoad:
     """Direct chat completions, one at a time at ``calls_per_s``; ``sent`` maps response id -> phase."""
@@ -152,25 +175,67 @@ class LlmLoad:
 
     async def run(self, stop: asyncio.Event) -> None:
         interval = 1.0 / self.calls_per_s
-        body = {"model": "fulmen", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
         async with httpx.AsyncClient(timeout=30.0) as client:
             while not stop.is_set():
                 began = time.monotonic()
-                phase = self.phase
-                while not stop.is_set():
-                    try:
-                        answer = await client.post(self.url, json=body)
-                        key = str(answer.status_code)
-                    except httpx.HTTPError as exc:
-                        answer, key = None, type(exc).__name__
-                    if answer is not None and answer.status_code == 200:
-                        self.acks.append(time.time())
-                        self.sent[answer.json()["id"]] = phase
-                        break
-                    self.retries += 1
-                    self.statuses[key] = self.statuses.get(key, 0) + 1
-                    await asyncio.sleep(0.5)
+                await self.call(client, stop)
                 await asyncio.sleep(max(0.0, interval - (time.monotonic() - began)))
+
+    async def call(self, client: httpx.AsyncClient, stop: asyncio.Event) -> str | None:
+        """One call, posted again until a 200: its response id (None: ``stop`` was set first)."""
+        phase = self.phase
+        body = {"model": "fulmen", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+        answer, failed = await post_until(client, self.url, body, 200, stop, self.statuses)
+        self.retries += failed
+        if answer is None:
+            return None
+        self.acks.append(time.time())
+        self.sent[answer.json()["id"]] = phase
+        return answer.json()["id"]
+
+
+@dataclass
+class FeedbackLoad:
+    """Feedback at ``per_s``, one at a time, each for the target ``pick(n)`` names (``(field, id)``: a response id
+    answered 200, a rollout id seen on the rollouts topic; None: nothing to score yet). A feedback is posted again
+    until a 202 (the gateway gives each request a new id: one answered 503 whose record reached Kafka anyway is
+    stored but never *sent*). ``sent`` maps each 202's feedback id to its phase."""
+
+    url: str
+    pick: Callable[[int], tuple[str, str] | None]
+    per_s: float = 2.0
+    phase: str = "warmup"
+    sent: dict[str, str] = field(default_factory=dict)
+    retries: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+    _picks: itertools.count = field(default_factory=itertools.count)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        interval = 1.0 / self.per_s
+        async with httpx.AsyncClient(timeout=30.0) as client:
+            while not stop.is_set():
+                began = time.monotonic()
+                count = next(self._picks)
+                await self.send(client, self.pick(count), float(count % 3), stop)
+                await asyncio.sleep(max(0.0, interval - (time.monotonic() - began)))
+
+    async def stream(self, targets: list[tuple[str, str]], stop: asyncio.Event) -> None:
+        """Feedback for each of ``targets`` in turn, each sent as soon as the one before is answered 202."""
+        async with httpx.AsyncClient(timeout=30.0) as client:
+            for target in targets:
+                await self.send(client, target, 1.0, stop)
+
+    async def send(self, client: httpx.AsyncClient, target: tuple[str, str] | None, value: float,
+                   stop: asyncio.Event) -> None:  # fmt: skip
+        """One feedback for ``target`` (None: nothing to score yet), posted again until a 202."""
+        phase = self.phase
+        if target is None:
+            return
+        body = {target[0]: target[1], "value": value, "comment": phase}
+        answer, failed = await post_until(client, self.url, body, 202, stop, self.statuses)
+        self.retries += failed
+        if answer is not None:
+            self.sent[answer.json()["feedback_id"]] = phase
 
 
 class TopicTail:

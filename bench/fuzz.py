@@ -9,7 +9,8 @@ gets a bearer token (``FULMEN_*_TOKEN``), which the normal inputs carry; some in
 Endpoints, each fed ``--inputs`` inputs (default 10,000) by ``--concurrency`` clients over fresh loopback
 connections: ``otlp_protobuf`` and ``otlp_json`` (``POST /v1/traces``, gzip variants mixed in), ``llm_chat``
 (``/v1/chat/completions``), ``llm_completions`` (``/v1/completions``), ``llm_rollout_paths``
-(``/rollout/{id}/attempt/{n}/v1/...`` with fuzzed path parts), ``sql_query`` (``POST /query`` JSON) and
+(``/rollout/{id}/attempt/{n}/v1/...`` with fuzzed path parts), ``llm_feedback`` (``POST /v1/feedback``, late
+feedback: inputs in :mod:`bench.fuzz_feedback`), ``sql_query`` (``POST /query`` JSON) and
 ``sql_http`` (``GET|POST /?query=``); then ``sql_limits``, a few reads that only limits can stop. The mix:
 random bytes, byte mutations of valid requests, type confusion of every field (other types, integers past 64
 bits, nesting 1,000 deep, lone surrogates in values and keys, huge strings, odd numbers), wrong methods and
@@ -31,6 +32,10 @@ Per endpoint, on the last line of stdout (one JSON object keyed by endpoint):
   status line while the server lived; ``statuses``; ``server_errors``: exception lines the server logged
   during the endpoint's run, by count (the causes of the 5xx); ``examples``: the first failing inputs by
   reason, truncated, with their index (``--replay ENDPOINT:INDEX`` makes one again, byte for byte).
+
+``llm_feedback`` also says whether anything it accepted was lost: ``accepted`` (answers 202, the good requests'
+included), ``on_topic`` (feedback records on the topic, read to its end after the run), ``lost`` (ids answered 202
+that are not on it), ``doubled`` (on it more than once), ``valid_refused`` (valid requests answered 4xx).
 
 ``store_after`` says whether the store still ingests a span after the SQL inputs, which tables the inputs
 created, and how many files hostile statements managed to write (only ever under the run's ``canary/``).
@@ -62,11 +67,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.fuzz_client import Answer, Server, send
+from bench.fuzz_feedback import accepted_id, feedback_case, good_feedback, topic_check
 from bench.fuzz_inputs import Case, Target, good_llm, good_otlp, llm_case, otlp_case
 from bench.fuzz_sql import good_sql, heavy_case, sql_case
 from bench.span_ingest import free_port
 
-ENDPOINTS = ["otlp_protobuf", "otlp_json", "llm_chat", "llm_completions", "llm_rollout_paths", "sql_query", "sql_http"]
+ENDPOINTS = ["otlp_protobuf", "otlp_json", "llm_chat", "llm_completions", "llm_rollout_paths", "llm_feedback",
+             "sql_query", "sql_http"]  # fmt: skip
 SERVER_OF = {"otlp": "otlp", "llm": "llm", "sql": "consume"}
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "fuzz-token-0123456789"  # every server's bearer token; the normal inputs carry it
@@ -80,6 +87,8 @@ def make_case(endpoint: str, index: int, seed: int, target: Target) -> Case:
     rng = random.Random(f"{seed}:{endpoint}:{index}")
     if endpoint.startswith("otlp"):
         return otlp_case(rng, endpoint, target)
+    if endpoint == "llm_feedback":
+        return feedback_case(rng, target)
     if endpoint.startswith("llm"):
         return llm_case(rng, endpoint, target)
     return sql_case(rng, endpoint, target, index)
@@ -88,6 +97,8 @@ def make_case(endpoint: str, index: int, seed: int, target: Target) -> Case:
 def good_case(endpoint: str, token: str) -> Case:
     if endpoint.startswith("otlp"):
         return good_otlp(endpoint, token)
+    if endpoint == "llm_feedback":
+        return good_feedback(token)
     if endpoint.startswith("llm"):
         return good_llm(endpoint, token)
     return good_sql(endpoint, token)
@@ -164,18 +175,25 @@ class Tally:
 class Bench:
     """The servers, the target description and the run's options."""
 
-    def __init__(self, args: argparse.Namespace, home: Path, servers: dict[str, Server], target: Target) -> None:
+    def __init__(self, args: argparse.Namespace, home: Path, servers: dict[str, Server], target: Target,
+                 bootstrap: str = "") -> None:  # fmt: skip
         self.args = args
         self.home = home
         self.servers = servers
         self.target = target
+        self.bootstrap = bootstrap  # the broker's, to read the feedback topic back
+        self.feedback_ids: list[str] = []  # of every feedback answered 202 ('' when the answer had none)
+        self.valid_refused = 0
 
     async def good(self, endpoint: str) -> bool:
-        """The endpoint's good request answered 200 (a 503 with Retry-After is retried, three times at most)."""
+        """The endpoint's good request answered 200 (202 for feedback; a 503 with Retry-After is retried, three
+        times at most)."""
         server = self.servers[server_of(endpoint)]
         for _ in range(4):
-            answer = await send(server.port, good_case(endpoint, self.target.token), self.args.deadline)
-            if answer.status == 200:
+            case = good_case(endpoint, self.target.token)
+            answer = await send(server.port, case, self.args.deadline)
+            self.note_feedback(endpoint, case, answer)
+            if answer.status == (202 if endpoint == "llm_feedback" else 200):
                 return True
             if not answer.explained_5xx:
                 return False
@@ -210,10 +228,28 @@ class Bench:
                 )
                 answer = await send(server.port, case, self.args.deadline)
                 tally.record(index, case, answer)
+                if self.note_feedback(endpoint, case, answer):
+                    tally.example(f"valid_refused:{answer.status}", index, case, answer, 3)
                 if answer.status is None and answer.error != "hang" and not server.alive():
                     return
 
         await asyncio.gather(*(client() for _ in range(self.args.concurrency)))
+
+    def note_feedback(self, endpoint: str, case: Case, answer: Answer) -> bool:
+        """Keep the id of a feedback answered 202 (the topic must hold it once); True for a valid one refused."""
+        if endpoint != "llm_feedback":
+            return False
+        if answer.status == 202:
+            self.feedback_ids.append(accepted_id(answer.body))
+            return False
+        refused = case.kind == "valid" and answer.status is not None and 400 <= answer.status < 500
+        self.valid_refused += refused
+        return refused
+
+    def feedback_report(self) -> dict[str, Any]:
+        """What ``llm_feedback`` accepted against what its topic holds (:func:`bench.fuzz_feedback.topic_check`)."""
+        report = asyncio.run(topic_check(self.bootstrap, self.feedback_ids))
+        return report | {"valid_refused": self.valid_refused}
 
     def after_batch(self, endpoint: str, tally: Tally) -> bool:
         """Liveness, memory guard, good request; False to stop the endpoint."""
@@ -261,6 +297,8 @@ class Bench:
         report["rss_growth_mb"] = round(server.rss_mb() - rss_before, 1) if server.alive() else None
         report["seconds"] = round(time.monotonic() - began, 1)
         report["server_errors"] = server_errors(server.log_path, log_offset)
+        if endpoint == "llm_feedback":
+            report |= self.feedback_report()
         return report
 
 
@@ -406,7 +444,7 @@ def main() -> None:
         for name in ("otlp", "llm", "consume"):
             if name in needed:
                 servers[name] = Server(name, [*fulmen, *commands[name]], env, home / f"{name}.log", ports[name])
-        bench = Bench(args, home, servers, target)
+        bench = Bench(args, home, servers, target, broker.bootstrap)
         for name, server in servers.items():
             probe = next(e for e in ENDPOINTS if server_of(e) == name)
             print(f"starting {name}...", file=sys.stderr)
@@ -430,7 +468,7 @@ def main() -> None:
     report["meta"] = {
         "seed": args.seed, "inputs_per_endpoint": args.inputs, "concurrency": args.concurrency,
         "deadline_s": args.deadline, "seconds": round(time.monotonic() - began, 1), "home": str(home),
-        "good_after": "batches after which the good request was answered 200, of 'batches'",
+        "good_after": "batches after which the good request was answered 200 (feedback: 202), of 'batches'",
         "crashes": "deaths of the server process + 5xx other than 503 with Retry-After",
     }  # fmt: skip
     print(json.dumps(report, default=str))

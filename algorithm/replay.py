@@ -169,8 +169,9 @@ def _read(reader: StoreReader, sql: str, parameters: dict[str, Any] | None = Non
 def _feedback(reader: StoreReader, database: str, ids: dict[str, Any]) -> dict[tuple[str, str], float]:
     """The latest ``reward`` feedback per (rollout, span); none when the store predates the feedback table."""
     try:
-        result = _read(reader, f"SELECT RolloutId, SpanId, argMax(Value, Timestamp) FROM {database}.feedback WHERE "
-                               "Name = %(name)s AND RolloutId IN %(ids)s GROUP BY RolloutId, SpanId",
+        result = _read(reader, f"SELECT RolloutId, SpanId, argMax(Value, Timestamp) FROM {database}."
+                               f"{TABLES['feedback']} WHERE Name = %(name)s AND RolloutId IN %(ids)s "
+                               "GROUP BY RolloutId, SpanId",
                        {**ids, "name": FEEDBACK_NAME})  # fmt: skip
     except PoisonInputError as exc:
         if "feedback" in str(exc) and ("UNKNOWN_TABLE" in str(exc) or "does not exist" in str(exc)):

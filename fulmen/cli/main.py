@@ -781,7 +781,7 @@ def _query(reader: Any, sql: str, *, final: bool = True) -> Any:
 @friendly
 def config_show() -> None:
     """Print the settings in force, secrets masked: the shared sections (home, kafka, broker, clickhouse, log) and
-    every process's own (runner, otlp, llm, transitions, feedback, train, dashboard)."""
+    every process's own (runner, otlp, llm, transitions, feedback, production, train, dashboard)."""
     from fulmen.algorithm.settings import TrainSettings
     from fulmen.consumers.transitions.settings import ConsumersSettings
     from fulmen.infra.settings import DashboardProcessSettings

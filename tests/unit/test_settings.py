@@ -85,6 +85,7 @@ def test_config_show_prints_every_section_masked(monkeypatch: pytest.MonkeyPatch
         "llm",
         "transitions",
         "feedback",
+        "production",
         "train",
         "dashboard",
     }

@@ -1,0 +1,59 @@
+"""What every ``fulmen`` command shares: the consoles, loading the settings (and logging), and the decorator that
+turns a Fulmen error into one readable line and exit code 1."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from fulmen.infra.errors import FulmenError
+from fulmen.infra.logging import setup_logging
+from fulmen.infra.settings import FulmenSettings
+
+__all__ = ["console", "err", "friendly", "load_settings"]
+
+console = Console()
+err = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+S = TypeVar("S", bound=FulmenSettings)
+
+
+def load_settings(cls: type[S] = FulmenSettings, *, service: bool = False) -> S:  # type: ignore[assignment]
+    """Load settings and set up logging: INFO for long-running services, WARNING for one-shot commands
+    (their output is the answer), unless FULMEN_LOG_LEVEL says otherwise."""
+    try:
+        settings = cls()
+    except Exception as exc:  # pydantic ValidationError: name the variable to fix
+        raise FulmenError(f"invalid settings (FULMEN_* environment variables or .env): {exc}") from exc
+    log_settings = settings.log
+    if not service and "log" not in settings.model_fields_set and not _log_level_in_env():
+        log_settings = log_settings.model_copy(update={"level": "WARNING"})
+    setup_logging(log_settings)
+    return settings
+
+
+def _log_level_in_env() -> bool:
+    return any(name.upper() == "FULMEN_LOG_LEVEL" for name in os.environ)
+
+
+def friendly(fn: F) -> F:
+    """Print Fulmen errors as one readable message and exit 1, instead of a traceback."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except FulmenError as exc:
+            # the message is text, not markup: a "[/path/file.cc:545]" in it (gloo's errors) made rich fail
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True, soft_wrap=True)
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]

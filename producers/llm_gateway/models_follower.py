@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
@@ -156,12 +156,7 @@ class ModelsFollower:
         return sorted(events, key=lambda event: event.adapter != "")
 
     def _decode(self, record: ConsumerRecord) -> ModelVersion | None:
-        try:
-            return decode(ModelVersion, record.value, topic=record.topic, partition=record.partition,
-                          offset=record.offset)  # fmt: skip
-        except FulmenError as exc:
-            log.error("skipping an unreadable model version: %s", exc)
-            return None
+        return _decoded(ModelVersion, record)
 
     async def _maybe_load(self, event: ModelVersion) -> None:
         async with self._loading:  # catch_up's load and the handler's never overlap
@@ -190,7 +185,7 @@ class PromotionsFollower(ModelsFollower):
         caught up, load it unless it is what the gateway serves."""
         latest: dict[str, ModelVersion] = {}
         for record in records:
-            event = self._decode_promotion(record)
+            event = _decoded(ModelPromotion, record)
             if event is not None and event.model.model_name == self.model_name and event.action in _SERVING:
                 latest[event.model.adapter] = event.model
             tp = TopicPartition(record.topic, record.partition)
@@ -199,14 +194,6 @@ class PromotionsFollower(ModelsFollower):
         if self._caught_up:
             for event in self._in_load_order(latest.values()):
                 await self._maybe_load(event)
-
-    def _decode_promotion(self, record: ConsumerRecord) -> ModelPromotion | None:
-        try:
-            return decode(ModelPromotion, record.value, topic=record.topic, partition=record.partition,
-                          offset=record.offset)  # fmt: skip
-        except FulmenError as exc:
-            log.error("skipping an unreadable promotion: %s", exc)
-            return None
 
     async def _maybe_load(self, event: ModelVersion) -> None:
         async with self._loading:
@@ -228,3 +215,15 @@ class PromotionsFollower(ModelsFollower):
                 return
             self._applied[event.adapter] = key
             log.info("serving the promoted version %d of %s (run %s)", event.version, event.model_name, event.run_id)
+
+
+E = TypeVar("E", ModelVersion, ModelPromotion)
+
+
+def _decoded(event_type: type[E], record: ConsumerRecord) -> E | None:
+    """The record's event, or None (logged) when it is unreadable: the gateway keeps serving what it has."""
+    try:
+        return decode(event_type, record.value, topic=record.topic, partition=record.partition, offset=record.offset)
+    except FulmenError as exc:
+        log.error("skipping an unreadable %s: %s", event_type.__name__, exc)
+        return None

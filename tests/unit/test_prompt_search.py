@@ -168,3 +168,29 @@ def test_configuration_errors_say_what_to_set():
     with pytest.raises(ConfigurationError, match="no slots"):
         gepa(Scorer(TableEvaluator(TABLE), RolloutBudget(10)), ScriptedProposer([]), BASE, TRAIN, VAL,
              SearchConfig(slots=["user"]))  # fmt: skip
+
+
+class SlotEcho:
+    """Proposes '<slot>-<n>' for each asked slot and records which slots each request asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[str]] = []
+
+    def propose(self, request):
+        self.asked.append(list(request.slots))
+        return Proposal({s: f"{s}-{len(self.asked)}" for s in request.slots})
+
+
+class Zero:
+    def run(self, slots, task_ids):
+        return [Episode(t, 0.0) for t in task_ids]
+
+
+def test_round_robin_over_slots_or_all_at_once():
+    base = {"a": "A", "b": "B", "c": "C"}
+    echo = SlotEcho()
+    gepa(Scorer(Zero(), RolloutBudget(40)), echo, base, TRAIN, VAL, SearchConfig(minibatch=2, slots=["a", "c"]))
+    assert echo.asked[:4] == [["a"], ["c"], ["a"], ["c"]]  # only the chosen slots, in turn
+    echo_all = SlotEcho()
+    gepa(Scorer(Zero(), RolloutBudget(20)), echo_all, base, TRAIN, VAL, SearchConfig(minibatch=2, all_slots=True))
+    assert echo_all.asked[0] == ["a", "b", "c"]

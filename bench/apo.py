@@ -26,21 +26,25 @@ from fulmen.algorithm.prompts.reflect import ReflectiveProposer
 from fulmen.optimizer_testing import scripted_optimizer
 
 BASE = {"system": "You are a helpful assistant."}
-GOOD = "Answer with one word in UPPERCASE."
-DISTRACTORS = ["Be concise.", "Think step by step.", "Be polite.", "Answer in English.", "Double-check facts."]
+GOOD = "Always reply in French."
+DISTRACTORS = ["Be concise.", "Think step by step.", "Be polite.", "Answer with one word in UPPERCASE.", "Be exact."]
 TRAIN = [f"train-{i}" for i in range(16)]
-VAL = [f"val-{i}" for i in range(8)]
-TEST = [f"test-{i}" for i in range(8)]
+VAL = [f"val-{i}" for i in range(12)]
+TEST = [f"test-{i}" for i in range(12)]
 
 
 class TableEvaluator:
-    """Reward 1 or 0 per (instruction, task) from a seeded table: base 10%, distractors 20-35%, good 95%."""
+    """Reward 1 or 0 per (instruction, task) from a seeded table: the base prompt and every distractor succeed on the
+    same 10% of tasks, the good instruction on 95%. That is what SmolLM2-135M-Instruct did when probed (greedy,
+    6 questions): "Always reply in French." was followed 6/6; the base prompt and the instructions it ignores
+    ("Answer with one word in UPPERCASE.", "Start your reply with 'ANSWER:'.") gave 0/6 French replies alike."""
 
     def __init__(self, seed: int) -> None:
         rng = random.Random(seed)
-        rates = {BASE["system"]: 0.1, GOOD: 0.95, **{d: 0.2 + 0.03 * i for i, d in enumerate(DISTRACTORS)}}
         tasks = TRAIN + VAL + TEST
-        self.table = {text: {t: float(rng.random() < rate) for t in tasks} for text, rate in rates.items()}
+        base = {t: float(rng.random() < 0.1) for t in tasks}
+        self.table = {BASE["system"]: base, **{d: base for d in DISTRACTORS}}
+        self.table[GOOD] = {t: float(rng.random() < 0.95) for t in tasks}
 
     def run(self, slots, task_ids):
         row = self.table.get(slots["system"], {})

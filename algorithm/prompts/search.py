@@ -161,6 +161,8 @@ def gepa(scorer: Scorer, proposer: Proposer, base: Mapping[str, str], train: Seq
     try:
         st.score(base, [], val, role="base")
         for iteration in range(config.max_iterations):
+            if all(r >= config.success for r in st.best().scores.values()):
+                return st.result("solved")  # every validation task succeeds: nothing left to learn from
             leads = frontier(st.candidates, val)
             ids = [c.id for c in st.candidates if c.id in leads]
             parent = st.by_id[st.rng.choices(ids, weights=[leads[i] for i in ids])[0]]

@@ -103,6 +103,8 @@ def test_gepa_accepts_only_a_child_that_beats_its_parent_on_the_same_minibatch()
     assert result.rejected and result.rejected[0]["child_sum"] == result.rejected[0]["parent_sum"]
     assert "bad" in prop.requests[-1].rejected["sys"]
     assert result.rollouts_to_best == result.best.found_at_rollouts <= result.rollouts_used
+    assert result.stopped_by == "solved"  # "good" succeeds on every validation task: no rollout spent after it
+    assert result.rollouts_used == result.rollouts_to_best
 
 
 def test_gepa_never_exceeds_the_budget_and_stops_on_it():

@@ -15,13 +15,12 @@ Errors::
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fulmen.algorithm.errors import ConfigurationError, FulmenError
+from fulmen.schemas.prompts import bundle_id
 
 __all__ = [
     "BudgetExhausted",
@@ -55,10 +54,9 @@ class OptimizerExhausted(SearchStopped):
     """The optimiser LLM's token cap is spent."""
 
 
-def candidate_id(slots: Mapping[str, str]) -> str:
-    """A content hash of a slot map: equal texts give equal ids, whatever the order of the slots."""
-    blob = json.dumps(dict(sorted(slots.items())), ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+def candidate_id(slots: Mapping[str, str], templates: Mapping[str, str] | None = None) -> str:
+    """The id the candidate has once published: ``fulmen.schemas.prompts.bundle_id`` (a content hash)."""
+    return bundle_id(slots, templates)
 
 
 @dataclass(frozen=True)

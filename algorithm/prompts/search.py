@@ -44,6 +44,7 @@ class SearchConfig:
     branch: int = 2  # beam
     rounds: int = 3  # beam
     max_iterations: int = 1000  # a safety net; the budget ends a search first
+    templates: Mapping[str, str] | None = None  # the bundle's original templates (part of its published id)
 
 
 @dataclass
@@ -92,7 +93,7 @@ class _State:
     def score(self, slots: Mapping[str, str], parents: list[str], val: Sequence[str], **why: Any) -> Candidate:
         episodes = self.scorer.run(slots, val)
         cand = Candidate(
-            id=candidate_id(slots),
+            id=candidate_id(slots, self.config.templates),
             slots=dict(slots),
             parents=parents,
             scores={e.task_id: e.reward for e in episodes},
@@ -116,7 +117,7 @@ class _State:
         proposal = self.proposer.propose(request)
         texts = {s: t for s, t in (proposal.texts or {}).items() if s in edit}
         child = {**parent.slots, **texts}
-        if not texts or child == parent.slots or candidate_id(child) in self.by_id:
+        if not texts or child == parent.slots or candidate_id(child, self.config.templates) in self.by_id:
             return None
         if any(texts[s] in self.rejected[s] for s in texts):
             return None
@@ -126,7 +127,7 @@ class _State:
         for slot in self.slots:
             if child[slot] != parent.slots[slot]:
                 self.rejected[slot].append(child[slot])
-        self.rejected_log.append({"parent": parent.id, "id": candidate_id(child), **why})
+        self.rejected_log.append({"parent": parent.id, "id": candidate_id(child, self.config.templates), **why})
 
     def best(self) -> Candidate:
         # highest validation mean; the earliest wins a tie

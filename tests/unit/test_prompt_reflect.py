@@ -89,3 +89,14 @@ def test_gepa_finds_the_good_instruction_through_the_url():
     assert result.best.slots == {"sys": GOOD}
     assert result.report["heldout_before"] == 0.0 and result.report["heldout_after"] == 1.0
     assert result.report["rollouts_used"] <= 60
+
+
+def test_a_template_that_drops_a_placeholder_is_refused_with_the_bundle_validator():
+    from fulmen.schemas.prompts import validate_slot_text
+
+    request = ProposalRequest({"tpl:greet": "Greet {name} briefly."}, ["tpl:greet"], [Episode("t", 0.0)], {})
+    with scripted_optimizer(["Greet the user.", "Greet {name} warmly, in French."]) as server:
+        proposer = ReflectiveProposer(server.url(), validate=validate_slot_text)
+        assert proposer.propose(request).texts is None  # drops {name}
+        assert proposer.propose(request).texts == {"tpl:greet": "Greet {name} warmly, in French."}
+        assert proposer.refused == {"tpl:greet": ["Greet the user."]}

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -42,6 +43,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.anchor import ATTEMPT_ID_KEY, ROLLOUT_ID_KEY, AnchorStore
 from bench.harness import load_average, summarise
 from bench.otlp_payloads import make_request
 from fulmen.infra.kafka.admin import ensure_topics
@@ -51,9 +53,16 @@ from fulmen.infra.store import RemoteReader
 from fulmen.schemas import TopicKey, topic_name
 
 
-def encode_batches(count: int, size: int, prefix: str = "") -> list[tuple[str, bytes]]:
-    """``count`` distinct batches (fresh ids, one marker ``<prefix>b<i>`` each) made by patching one template."""
+def encode_batches(
+    count: int, size: int, prefix: str = "", resource: dict[str, str] | None = None
+) -> list[tuple[str, bytes]]:
+    """``count`` distinct batches (fresh ids, one marker ``<prefix>b<i>`` each) made by patching one template;
+    ``resource`` adds string resource attributes (the anchor files spans by its rollout and attempt ids)."""
     template = make_request(size, seed=7)
+    for key, value in (resource or {}).items():
+        attribute = template.resource_spans[0].resource.attributes.add()
+        attribute.key = key
+        attribute.value.string_value = value
     spans = template.resource_spans[0].scope_spans[0].spans
     marker_index = next(i for i, kv in enumerate(spans[0].attributes) if kv.key == "bench.marker")
     batches = []
@@ -148,6 +157,7 @@ def main() -> None:
     )
     parser.add_argument("--compression", choices=("none", "gzip", "snappy", "lz4", "zstd"),
                         help="FULMEN_KAFKA_COMPRESSION of the gateway (default: the setting's default)")  # fmt: skip
+    parser.add_argument("--no-anchor", action="store_true", help="skip Agent Lightning 0.3.0 (bench/anchor.py)")
     args = parser.parse_args()
     args.compression = args.compression or KafkaSettings().compression
 
@@ -173,10 +183,24 @@ def main() -> None:
         url = f"http://127.0.0.1:{gateway_port}/v1/traces"
         wait_for(lambda: _ready(gateway_port), 60, "the gateway")
         pids = {"gateway": gateway.pid, "consumer": consume.pid, "kafka": broker.status().pid or 0, "load": os.getpid()}
-        window(reader, url, args, "w-", args.warmup_s, pids)
-        load = load_average()
-        runs = [window(reader, url, args, f"r{rep}-", args.seconds, pids) for rep in range(args.repetitions)]
+        with contextlib.ExitStack() as stack:
+            anchor = None if args.no_anchor else stack.enter_context(AnchorStore(free_port(), home / "anchor.log"))
+            window(reader, url, args, "w-", args.warmup_s, pids)
+            if anchor:
+                anchor_window(anchor, args, "aw-", args.warmup_s)
+            load = load_average()
+            runs, anchor_runs = [], []
+            for rep in range(args.repetitions):  # interleaved: Fulmen, anchor, Fulmen, anchor, ...
+                runs.append(window(reader, url, args, f"r{rep}-", args.seconds, pids))
+                if anchor:
+                    anchor_runs.append(anchor_window(anchor, args, f"ar{rep}-", args.seconds))
         report = summarise(runs, load, totals=("lost", "duplicated", "refused_503"))
+        if anchor_runs:
+            anchor_report = summarise(anchor_runs, load)
+            report["anchor"] = anchor_report
+            report["anchor_spans_per_s"] = anchor_report["spans_per_s"]
+            report["ratio_spans"] = round(report["spans_per_s"] / anchor_report["spans_per_s"], 2)
+        report["consumer_peak_rss_mb"] = round(peak_rss_mb(consume.pid) + children_peak_rss_mb(consume.pid), 1)
         report["peak_rss_mb"] = {"gateway": peak_rss_mb(gateway.pid), "consumer": peak_rss_mb(consume.pid),
                                  "kafka": peak_rss_mb(broker.status().pid or 0)}  # fmt: skip
         # the spans topic's log on disk (record batches as produced) per span of all windows and the warm-up
@@ -227,6 +251,45 @@ def window(reader: RemoteReader, url: str, args: argparse.Namespace, prefix: str
         result[f"cpu_us_per_span_{name}"] = round(used * 1e6 / max(total, 1), 1)
     print(f"{prefix}: {json.dumps(result)}", file=sys.stderr, flush=True)
     return result
+
+
+def anchor_window(anchor: AnchorStore, args: argparse.Namespace, prefix: str, seconds: float) -> dict:
+    """The same load against the anchor's OTLP endpoint, until its store holds every span (``total_spans``)."""
+    count = int(args.max_rate * seconds / args.batch) + args.exporters
+    rollout_id, attempt_id = anchor.start_rollout()
+    batches = encode_batches(count, args.batch, prefix, {ROLLOUT_ID_KEY: rollout_id, ATTEMPT_ID_KEY: attempt_id})
+    before = anchor.total_spans()
+    sent, refused, t0, answered = asyncio.run(
+        send_all(anchor.traces_url, batches, args.exporters, seconds, args.rate, args.batch)
+    )
+    send_end = time.time()
+    total = len(sent) * args.batch
+    deadline = time.monotonic() + 180
+    while (stored := anchor.total_spans() - before) < total and time.monotonic() < deadline:
+        time.sleep(0.25)
+    done = time.time()
+    requests = sorted(1000 * s for s in answered)
+    result = {
+        "spans_per_s": round(total / (done - t0), 1),
+        "accepted_spans_per_s": round(total / (send_end - t0), 1),
+        "request_p50_ms": round(requests[len(requests) // 2], 1) if requests else -1.0,
+        "request_p99_ms": round(requests[min(len(requests) - 1, int(0.99 * len(requests)))], 1) if requests else -1.0,
+        "spans_sent": total,
+        "spans_stored": stored,
+        "refused": refused,
+        "peak_rss_mb": peak_rss_mb(anchor.pid),
+    }
+    print(f"anchor {prefix}: {json.dumps(result)}", file=sys.stderr, flush=True)
+    return result
+
+
+def children_peak_rss_mb(pid: int) -> float:
+    """Peak RSS of the direct children of ``pid`` (the consumers process starts none today; counted if it does)."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return 0.0
+    return sum(peak_rss_mb(int(child)) for child in children)
 
 
 def _ready(port: int) -> bool:

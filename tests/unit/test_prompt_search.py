@@ -196,3 +196,15 @@ def test_round_robin_over_slots_or_all_at_once():
     echo_all = SlotEcho()
     gepa(Scorer(Zero(), RolloutBudget(20)), echo_all, base, TRAIN, VAL, SearchConfig(minibatch=2, all_slots=True))
     assert echo_all.asked[0] == ["a", "b", "c"]
+
+
+def test_the_end_to_end_task_reward_reads_french_replies():
+    from bench.apo_agent import is_french
+
+    # replies SmolLM2-135M-Instruct gave (greedy) with and without "Always reply in French."
+    french = ["La femme de France est la femme de France.", "La lumière dans le ciel est un lieur de la lumière, c'",
+              "Bees sont les amants, les amants de l'hippe. Les am"]  # fmt: skip
+    english = ["The capital of France is Paris.", "The opposite of hot is cold.", "The planet we live on is called Earth.",
+               "The animal that says \"moo\" is a kangaroo.", "bees make a waxen body part called a stinger."]  # fmt: skip
+    assert all(is_french(t) for t in french)
+    assert not any(is_french(t) for t in english)

@@ -113,5 +113,48 @@ class AnchorStore:
         return int(self.get("/v1/agl/statistics")["total_spans"])
 
 
+class AnchorLLMProxy:
+    """The anchor's LiteLLM proxy (``bench/anchor_llm_proxy.py`` in its virtualenv) on ``port``, in front of
+    ``upstream`` (an OpenAI base URL), recording spans in ``store``; a context manager like ``AnchorStore``."""
+
+    def __init__(self, port: int, upstream: str, store: AnchorStore, log: Path) -> None:
+        self.port = port
+        self.upstream = upstream
+        self.store = store
+        self.log = log
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> AnchorLLMProxy:
+        script = Path(__file__).with_name("anchor_llm_proxy.py")
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen([str(install()), str(script), str(self.port), self.upstream,
+                                             self.store.url], stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the anchor's LLM proxy exited ({self.process.returncode}); see {self.log}")
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health/liveliness", timeout=5).read()
+                return self
+            except OSError:
+                time.sleep(0.5)
+        raise TimeoutError(f"the anchor's LLM proxy did not answer in 180 s; see {self.log}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid if self.process else 0
+
+    def chat_url(self, rollout_id: str, attempt_id: str) -> str:
+        return f"http://127.0.0.1:{self.port}/rollout/{rollout_id}/attempt/{attempt_id}/v1/chat/completions"
+
+
 if __name__ == "__main__":
     print(install())

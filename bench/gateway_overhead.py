@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -33,6 +34,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.anchor import AnchorLLMProxy, AnchorStore
 from bench.harness import load_average, summarise
 from bench.span_ingest import _ready, cpu_seconds, free_port, peak_rss_mb, wait_for
 from fulmen.infra.kafka.admin import ensure_topics
@@ -84,6 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--no-anchor", action="store_true", help="skip Agent Lightning 0.3.0 (bench/anchor.py)")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="fulmen-bench-gw-"))
     broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")
@@ -110,13 +113,32 @@ def main() -> None:
         pids = {"gateway": gateway.pid, "upstream": upstream.pid, "kafka": broker.status().pid or 0,
                 "load": os.getpid()}  # fmt: skip
         urls = (direct_url, gateway_url)
-        one_pass(urls, pids, 2.0)  # warm-up
-        load_before = load_average()
-        runs = []
-        for rep in range(args.repetitions):
-            runs.append(one_pass(urls, pids, args.seconds))
-            print(f"#{rep + 1}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
+        with contextlib.ExitStack() as stack:
+            anchor_urls = None
+            if not args.no_anchor:
+                store = stack.enter_context(AnchorStore(free_port(), home / "anchor.log"))
+                proxy = stack.enter_context(AnchorLLMProxy(free_port(), f"http://127.0.0.1:{upstream_port}/v1",
+                                                           store, home / "anchor.log"))  # fmt: skip
+                anchor_urls = (direct_url, proxy.chat_url(*store.start_rollout()))
+                anchor_pids = {"store": store.pid}  # the proxy serves from a child process of its own
+            one_pass(urls, pids, 2.0)  # warm-up
+            if anchor_urls:
+                one_pass(anchor_urls, anchor_pids, 2.0)
+            load_before = load_average()
+            runs, anchor_runs = [], []
+            for rep in range(args.repetitions):  # interleaved: Fulmen, anchor, Fulmen, anchor, ...
+                runs.append(one_pass(urls, pids, args.seconds))
+                print(f"#{rep + 1}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
+                if anchor_urls:
+                    anchor_runs.append(one_pass(anchor_urls, anchor_pids, args.seconds))
+                    print(f"anchor #{rep + 1}: {json.dumps(anchor_runs[-1])}", file=sys.stderr, flush=True)
         report = summarise(runs, load_before, totals=("errors_c1", "errors_c16"))
+        if anchor_runs:
+            anchor = summarise(anchor_runs, load_before, totals=("errors_c1", "errors_c16"))
+            report["anchor"] = anchor
+            report |= {f"anchor_{key}": anchor[key] for key in ("added_p50_ms_c1", "calls_per_s_c16", "errors_c16")}
+            report["ratio_added_p50"] = round(anchor["added_p50_ms_c1"] / max(report["added_p50_ms_c1"], 1e-3), 2)
+            report["ratio_calls_c16"] = round(report["calls_per_s_c16"] / max(anchor["calls_per_s_c16"], 1e-3), 2)
         report["peak_rss_mb"] = {"gateway": peak_rss_mb(gateway.pid), "kafka": peak_rss_mb(broker.status().pid or 0)}
     finally:
         for process in (gateway, upstream):

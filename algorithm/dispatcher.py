@@ -175,4 +175,5 @@ def _queued(request: RolloutRequest) -> RolloutEvent:
     return RolloutEvent(
         rollout_id=request.rollout_id, attempt=request.attempt, status=RolloutStatus.QUEUED, task_id=request.task_id,
         group_id=request.group_id, mode=request.mode, runner_id="fulmen train", model_version=request.model_version,
+        prompt_bundle=request.prompt_bundle,
     )  # fmt: skip

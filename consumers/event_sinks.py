@@ -52,6 +52,7 @@ from fulmen.schemas.events import (
     TrainStep,
     TransitionBatch,
 )
+from fulmen.schemas.prompts import PromptBundle, PromptPromotion
 from fulmen.schemas.topics import TopicKey, topic
 
 __all__ = [
@@ -60,6 +61,8 @@ __all__ = [
     "SinkHandler",
     "model_version_rows",
     "promotion_rows",
+    "prompt_bundle_rows",
+    "prompt_promotion_rows",
     "rollout_rows",
     "subscribe",
     "task_rows",
@@ -96,6 +99,7 @@ ROLLOUT_SCHEMA = pa.schema([
     ("RolloutId", pa.string()), ("Attempt", pa.uint32()), ("TaskId", pa.string()), ("GroupId", pa.string()),
     ("Mode", pa.string()), ("Status", pa.string()), ("StatusRank", pa.uint8()), ("Reward", pa.float64()),
     ("Error", pa.string()), ("RunnerId", pa.string()), ("ModelVersion", pa.uint64()), ("Timestamp", _TS6),
+    ("PromptBundle", pa.string()),
 ])  # fmt: skip
 
 
@@ -105,6 +109,7 @@ def rollout_rows(event: RolloutEvent) -> list[dict[str, Any]]:
         "GroupId": event.group_id, "Mode": event.mode.value, "Status": event.status.value,
         "StatusRank": event.status.rank, "Reward": event.reward, "Error": event.error or "",
         "RunnerId": event.runner_id, "ModelVersion": event.model_version, "Timestamp": event.timestamp,
+        "PromptBundle": event.prompt_bundle or "",
     }]  # fmt: skip
 
 
@@ -114,7 +119,7 @@ TRANSITION_SCHEMA = pa.schema([
     ("SpanId", pa.string()), ("AgentName", pa.string()), ("ModelVersion", pa.uint64()),
     ("PromptTokenIds", pa.list_(pa.uint32())), ("ResponseTokenIds", pa.list_(pa.uint32())),
     ("ResponseLogprobs", pa.list_(pa.float32())), ("Reward", pa.float64()), ("IntermediateReward", pa.float64()),
-    ("EpisodeReward", pa.float64()), ("CreatedAt", _TS6),
+    ("EpisodeReward", pa.float64()), ("CreatedAt", _TS6), ("PromptBundle", pa.string()),
 ])  # fmt: skip
 
 
@@ -126,7 +131,7 @@ def transition_rows(batch: TransitionBatch) -> list[dict[str, Any]]:
         "PromptTokenIds": t.prompt_token_ids, "ResponseTokenIds": t.response_token_ids,
         "ResponseLogprobs": t.response_logprobs or [], "Reward": t.reward,
         "IntermediateReward": t.intermediate_reward, "EpisodeReward": batch.episode_reward,
-        "CreatedAt": batch.created_at,
+        "CreatedAt": batch.created_at, "PromptBundle": t.prompt_bundle,
     } for t in batch.transitions]  # fmt: skip
 
 
@@ -180,6 +185,34 @@ def promotion_rows(event: ModelPromotion) -> list[dict[str, Any]]:
     }]  # fmt: skip
 
 
+PROMPT_BUNDLE_SCHEMA = pa.schema([
+    ("BundleId", pa.string()), ("Slots", pa.map_(pa.string(), pa.string())),
+    ("Templates", pa.map_(pa.string(), pa.string())), ("Parents", pa.list_(pa.string())), ("Scores", _ATTR_F64),
+    ("Agent", pa.string()), ("Source", pa.string()), ("RunId", pa.string()), ("CreatedAt", _TS6),
+])  # fmt: skip
+
+
+def prompt_bundle_rows(bundle: PromptBundle) -> list[dict[str, Any]]:
+    return [{
+        "BundleId": bundle.bundle_id, "Slots": list(bundle.slots.items()), "Templates": list(bundle.templates.items()),
+        "Parents": bundle.parents, "Scores": list(bundle.scores.items()), "Agent": bundle.agent,
+        "Source": bundle.source, "RunId": bundle.run_id, "CreatedAt": bundle.created_at,
+    }]  # fmt: skip
+
+
+PROMPT_PROMOTION_SCHEMA = pa.schema([
+    ("Agent", pa.string()), ("Action", pa.string()), ("BundleId", pa.string()), ("Previous", pa.string()),
+    ("Reason", pa.string()), ("CreatedAt", _TS6),
+])  # fmt: skip
+
+
+def prompt_promotion_rows(event: PromptPromotion) -> list[dict[str, Any]]:
+    return [{
+        "Agent": event.agent or "", "Action": event.action.value, "BundleId": event.bundle_id,
+        "Previous": event.previous, "Reason": event.reason, "CreatedAt": event.created_at,
+    }]  # fmt: skip
+
+
 TRAIN_STEP_SCHEMA = pa.schema([
     ("RunId", pa.string()), ("Step", pa.uint64()), ("ModelVersion", pa.uint64()), ("NumTransitions", pa.uint64()),
     ("NumGroups", pa.uint64()), ("RewardMean", pa.float64()), ("RewardStd", pa.float64()),
@@ -227,6 +260,22 @@ EVENT_SINKS: dict[str, EventSink] = {
         EventSink("tasks", TopicKey.TASKS, TABLES["tasks"], RolloutRequest, task_rows, TASK_SCHEMA),
         EventSink(
             "promotions", TopicKey.PROMOTIONS, TABLES["promotions"], ModelPromotion, promotion_rows, PROMOTION_SCHEMA
+        ),
+        EventSink(
+            "prompt_bundles",
+            TopicKey.PROMPTS,
+            TABLES["prompt_bundles"],
+            PromptBundle,
+            prompt_bundle_rows,
+            PROMPT_BUNDLE_SCHEMA,
+        ),
+        EventSink(
+            "prompt_promotions",
+            TopicKey.PROMPT_PROMOTIONS,
+            TABLES["prompt_promotions"],
+            PromptPromotion,
+            prompt_promotion_rows,
+            PROMPT_PROMOTION_SCHEMA,
         ),
     )
 }

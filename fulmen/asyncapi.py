@@ -91,11 +91,12 @@ def senders() -> list[Sender]:
     from fulmen.algorithm.train import SENDER as ALGORITHM
     from fulmen.consumers.production.app import SENDER as PRODUCTION
     from fulmen.consumers.transitions.app import SENDER as TRANSITIONS
+    from fulmen.infra.kafka.prompts import PROMPTS_SENDER as PROMPTS
     from fulmen.producers.feedback import SENDER as FEEDBACK
     from fulmen.producers.runner.app import SENDER as RUNNER
     from fulmen.producers.submit import SENDER as SUBMIT
 
-    return [SUBMIT, ALGORITHM, RUNNER, TRANSITIONS, FEEDBACK, MODELS, PRODUCTION]
+    return [SUBMIT, ALGORITHM, RUNNER, TRANSITIONS, FEEDBACK, MODELS, PRODUCTION, PROMPTS]
 
 
 def declare_components(broker: KafkaBroker, settings: FulmenSettings) -> None:
@@ -111,6 +112,8 @@ def declare_components(broker: KafkaBroker, settings: FulmenSettings) -> None:
         subscribe(broker, sink, consumer_group(settings, f"{group_prefix}.{sink.name}"))
     follow_models(broker)
     follow_models(broker, TopicKey.PROMOTIONS)
+    follow_models(broker, TopicKey.PROMPTS)
+    follow_models(broker, TopicKey.PROMPT_PROMOTIONS)
     for endpoint in NOT_ON_FASTSTREAM:
         title = endpoint_title(endpoint.party, endpoint.action, endpoint.key)
         name = topic(endpoint.key).name

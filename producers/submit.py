@@ -55,7 +55,8 @@ async def publish(publisher: EventPublisher, submission: Submission, runner_id: 
     await publisher.publish_many(TopicKey.TASKS, submission.requests)
     queued = [
         RolloutEvent(rollout_id=r.rollout_id, attempt=r.attempt, status=RolloutStatus.QUEUED, task_id=r.task_id,
-                     group_id=r.group_id, mode=r.mode, runner_id=runner_id, model_version=r.model_version)
+                     group_id=r.group_id, mode=r.mode, runner_id=runner_id, model_version=r.model_version,
+                     prompt_bundle=r.prompt_bundle)
         for r in submission.requests
     ]  # fmt: skip
     await publisher.publish_many(TopicKey.ROLLOUTS, queued)

@@ -40,6 +40,8 @@ TABLES = {
     "feedback": "feedback",
     "tasks": "tasks",
     "promotions": "promotions",
+    "prompt_bundles": "prompt_bundles",
+    "prompt_promotions": "prompt_promotions",
 }
 
 
@@ -284,6 +286,45 @@ CREATE TABLE IF NOT EXISTS {db}.promotions (
 ORDER BY (ModelName, Adapter, CreatedAt, RunId, Version, Action)
 """
 
+# Prompt bundles (``PromptBundle`` on the prompts topic, issue 29): immutable, keyed by their content hash, with
+# their lineage (Parents) and the per-validation-task scores that chose them. Templates keeps each template slot's
+# original template (the text the agent formats).
+_PROMPT_BUNDLES = """
+CREATE TABLE IF NOT EXISTS {db}.prompt_bundles (
+    BundleId String,
+    Slots Map(String, String) CODEC(ZSTD(1)),
+    Templates Map(String, String) CODEC(ZSTD(1)),
+    Parents Array(String),
+    Scores Map(String, Float64),
+    Agent Nullable(String),
+    Source LowCardinality(String),
+    RunId String,
+    CreatedAt DateTime64(6, 'UTC') CODEC(Delta, ZSTD(1))
+) ENGINE = ReplacingMergeTree
+ORDER BY BundleId
+"""
+
+# Which bundle serves the calls that name none (``PromptPromotion``), one row per decision; what serves now in a
+# scope is its latest row (Agent '' is every agent; BundleId '' the agent's own prompts).
+_PROMPT_PROMOTIONS = """
+CREATE TABLE IF NOT EXISTS {db}.prompt_promotions (
+    Agent String,
+    Action LowCardinality(String),
+    BundleId String,
+    Previous String,
+    Reason String CODEC(ZSTD(1)),
+    CreatedAt DateTime64(6, 'UTC') CODEC(Delta, ZSTD(1))
+) ENGINE = ReplacingMergeTree
+ORDER BY (Agent, CreatedAt, BundleId, Action)
+"""
+
+# A rollout records both its model version and its prompt bundle ('' when it named none), and so does each of its
+# transitions (the bundle the gateway applied to that call: the promoted one for a rollout that named none).
+_PROMPT_BUNDLE_COLUMNS = (
+    "ALTER TABLE {db}.rollouts ADD COLUMN IF NOT EXISTS PromptBundle String DEFAULT ''",
+    "ALTER TABLE {db}.transitions ADD COLUMN IF NOT EXISTS PromptBundle String DEFAULT ''",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "spans (otel_traces)", (_SPANS,)),
     Migration(2, "rollouts", (_ROLLOUTS,)),
@@ -296,4 +337,9 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(9, "feedback", (_FEEDBACK,)),
     Migration(10, "tasks: the dispatched task payloads", (_TASKS,)),
     Migration(11, "promotions: which model version serves", (_PROMOTIONS,)),
+    Migration(
+        12,
+        "prompt bundles and their promotions; the bundle of each rollout and transition",
+        (_PROMPT_BUNDLES, _PROMPT_PROMOTIONS, *_PROMPT_BUNDLE_COLUMNS),
+    ),
 )

@@ -48,6 +48,9 @@ Identifier = Annotated[str, StringConstraints(min_length=1, max_length=128, patt
 GroupIdentifier = Annotated[str, StringConstraints(max_length=128, pattern=r"^[A-Za-z0-9._:\-]*$")]
 """An :data:`Identifier`, or '' for a rollout that belongs to no group (a ``production`` one)."""
 
+BundleIdentifier = Annotated[str, StringConstraints(pattern=r"^pb-[0-9a-f]{12}$")]
+"""A prompt bundle's id (:class:`fulmen.schemas.prompts.PromptBundle`): ``pb-`` and 12 hex digits."""
+
 PRODUCTION_ROLLOUT_PREFIX = "trace-"
 """A production episode's rollout id is this prefix and its trace id (``trace-<32 hex digits>``), attempt 1."""
 _PRODUCTION_ROLLOUT = re.compile(r"^trace-([0-9a-f]{32})$")
@@ -156,6 +159,9 @@ class RolloutRequest(Event):
     model_version: int | None = Field(default=None, ge=0, description="version the request was dispatched under")
     metadata: dict[str, str] = Field(default_factory=dict)
     created_at: UtcDatetime = Field(default_factory=utc_now)
+    prompt_bundle: BundleIdentifier | None = Field(
+        default=None, description="the prompt bundle the gateway applies to its calls (None: the promoted one)"
+    )
 
     @model_validator(mode="after")
     def _attempt_within_budget(self) -> RolloutRequest:
@@ -194,6 +200,7 @@ class RolloutEvent(Event):
     runner_id: str = ""
     model_version: int | None = Field(default=None, ge=0)
     timestamp: UtcDatetime = Field(default_factory=utc_now)
+    prompt_bundle: BundleIdentifier | None = None
 
     @model_validator(mode="after")
     def _fields_fit_status(self) -> RolloutEvent:
@@ -232,6 +239,7 @@ class Transition(Event):
     response_logprobs: list[float] | None = None
     reward: float | None = None
     intermediate_reward: float | None = None
+    prompt_bundle: str = Field(default="", description="the prompt bundle the gateway applied to the call ('': none)")
 
     @model_validator(mode="after")
     def _logprobs_match_response(self) -> Transition:

@@ -28,19 +28,24 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from fulmen.schemas.errors import PoisonInputError
-from fulmen.schemas.events import Event, Identifier, UtcDatetime, utc_now
+from fulmen.schemas.events import BundleIdentifier, Event, PromotionAction, UtcDatetime, utc_now
 
 __all__ = [
     "FINGERPRINT_PREFIX",
+    "GLOBAL_SCOPE",
     "TEMPLATE_PREFIX",
     "InvalidPromptError",
     "PromptBundle",
+    "PromptPromotion",
     "apply",
     "bundle_id",
     "fingerprint",
+    "in_force",
     "message_text",
     "normalise",
     "placeholders",
+    "rollback_target",
+    "serving_bundle",
     "validate_candidate",
     "validate_slot_text",
 ]
@@ -161,7 +166,7 @@ class PromptBundle(Event):
     """
 
     schema_version: Literal[1] = 1
-    bundle_id: Identifier
+    bundle_id: BundleIdentifier
     slots: dict[str, str] = Field(min_length=1)
     templates: dict[str, str] = Field(default_factory=dict)
     parents: list[str] = Field(default_factory=list)
@@ -220,6 +225,72 @@ class PromptBundle(Event):
     @property
     def topic_key(self) -> str:
         return self.bundle_id
+
+
+GLOBAL_SCOPE = "*"
+"""The promotions topic key of a bundle promoted for every agent (``agent`` None)."""
+
+
+class PromptPromotion(Event):
+    """Which bundle serves the calls that name none; published to the compacted prompt promotions topic, keyed by
+    the agent scope (:attr:`topic_key`: the agent's name, or ``*`` for every agent), so compaction keeps the one in
+    force per scope.
+
+    ``action`` is ``promote`` or ``rollback`` (a bundle is never "rejected": a search simply does not promote it).
+    ``bundle_id`` is the bundle that serves from now on; ``""`` means the agent's own prompts (a rollback past the
+    first promotion). ``previous`` is the bundle that served in this scope before (``""``: the agent's own), so a
+    rollback knows where to go even after compaction dropped the history. A call whose agent has a promotion of its
+    own gets that bundle; any other call gets the global one.
+    """
+
+    schema_version: Literal[1] = 1
+    action: PromotionAction
+    bundle_id: str = Field(default="", max_length=128, pattern=r"^(pb-[0-9a-f]{12})?$")
+    agent: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:\-]+$")
+    previous: str = Field(default="", max_length=128, pattern=r"^(pb-[0-9a-f]{12})?$")
+    reason: str = Field(default="", max_length=1024)
+    created_at: UtcDatetime = Field(default_factory=utc_now)
+
+    @model_validator(mode="after")
+    def _serving_action(self) -> PromptPromotion:
+        if self.action is PromotionAction.REJECT:
+            raise ValueError("action: a prompt promotion is promote or rollback")
+        return self
+
+    @property
+    def topic_key(self) -> str:
+        return self.agent or GLOBAL_SCOPE
+
+
+def in_force(promotions: Sequence[PromptPromotion], agent: str | None) -> PromptPromotion | None:
+    """The latest promotion of exactly this scope among ``promotions`` (topic order); None: never promoted."""
+    found = None
+    for event in promotions:
+        if event.agent == agent:
+            found = event
+    return found
+
+
+def serving_bundle(promotions: Sequence[PromptPromotion], agent: str | None) -> str:
+    """The bundle a call of ``agent`` gets when it names none: its own scope's bundle in force if the agent has a
+    promotion, else the global one; ``""``: the agent's own prompts."""
+    own = in_force(promotions, agent) if agent else None
+    chosen = own if own is not None else in_force(promotions, None)
+    return chosen.bundle_id if chosen is not None else ""
+
+
+def rollback_target(promotions: Sequence[PromptPromotion], agent: str | None) -> str:
+    """What a rollback of ``agent``'s scope goes back to: the bundle that served in the scope before the one in
+    force (``""``, the agent's own prompts, when none other did). InvalidPromptError when nothing is in force."""
+    history = [event for event in promotions if event.agent == agent]
+    scope = f"agent {agent}" if agent else "every agent"
+    if not history or not history[-1].bundle_id:
+        raise InvalidPromptError(f"no bundle is promoted for {scope}: there is nothing to roll back")
+    current = history[-1].bundle_id
+    for event in reversed(history[:-1]):
+        if event.bundle_id != current:
+            return event.bundle_id
+    return history[-1].previous if history[-1].previous != current else ""
 
 
 def validate_candidate(parent: PromptBundle, child_slots: Mapping[str, str]) -> None:

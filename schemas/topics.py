@@ -25,6 +25,7 @@ from fulmen.schemas.events import (
     TrainStep,
     TransitionBatch,
 )
+from fulmen.schemas.prompts import PromptBundle, PromptPromotion
 
 __all__ = [
     "GROUPS",
@@ -51,6 +52,8 @@ class TopicKey(StrEnum):
     METRICS = "metrics"
     FEEDBACK = "feedback"
     PROMOTIONS = "promotions"
+    PROMPTS = "prompts"
+    PROMPT_PROMOTIONS = "prompt_promotions"
     DLQ = "dlq"
 
 
@@ -149,6 +152,25 @@ TOPICS: dict[TopicKey, Topic] = {
             "compacted, so the version in force is there to read.",
             ("algorithm trainer (--promote-if-better)", "fulmen models"), ("llm-gateway (FOLLOW=promoted)",
                                                                           "consumers: promotions"),
+        ),
+        # Bundles are immutable and keyed by their content hash: compaction never drops one (no key repeats), so the
+        # topic is the registry of every bundle. Promotions get a topic of their own, keyed by agent scope, because
+        # compaction must keep the LATEST promotion per scope while keeping EVERY bundle, and one topic carries one
+        # contract (its sink, its followers); the gateway follows both from their beginnings.
+        Topic(
+            TopicKey.PROMPTS, "fulmen.prompts", "topic_key", PromptBundle, "json", 1,
+            {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"},
+            "Prompt bundles (slot texts, lineage, scores), keyed by their content hash; compacted, so every bundle "
+            "stays there to read.",
+            ("fulmen prompts create", "fulmen optimize-prompt"), ("llm-gateway", "consumers: prompt_bundles"),
+        ),
+        Topic(
+            TopicKey.PROMPT_PROMOTIONS, "fulmen.prompt_promotions", "topic_key", PromptPromotion, "json", 1,
+            {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"},
+            "Which prompt bundle serves the calls that name none, per agent scope (promote, rollback); compacted, so "
+            "the bundle in force per scope is there to read.",
+            ("fulmen prompts promote|rollback", "fulmen optimize-prompt"),
+            ("llm-gateway", "consumers: prompt_promotions"),
         ),
         Topic(
             TopicKey.DLQ, "fulmen.dlq", "original key", None, "original bytes", 1,

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from fulmen.consumers.transitions.rewards import match_rewards
 from fulmen.consumers.transitions.selection import Call, select_calls
 from fulmen.consumers.transitions.tree import SpanRecord, TraceTree
+from fulmen.schemas import semconv
 from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import RolloutEvent, Transition, TransitionBatch
 
@@ -95,7 +96,7 @@ def _transition(event: RolloutEvent, index: int, call: Call) -> Transition:
     logprobs = list(span.response_logprobs) if len(span.response_logprobs) == len(span.response_token_ids) else None
     return Transition(
         rollout_id=event.rollout_id, attempt=event.attempt, index=index, trace_id=span.trace_id,
-        span_id=span.span_id, agent_name=call.agent,
+        span_id=span.span_id, agent_name=call.agent, prompt_bundle=span.attributes.get(semconv.PROMPT_BUNDLE, ""),
         model_version=span.model_version if span.model_version is not None else event.model_version,
         prompt_token_ids=list(span.prompt_token_ids), response_token_ids=list(span.response_token_ids),
         response_logprobs=logprobs,

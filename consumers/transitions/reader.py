@@ -29,7 +29,7 @@ __all__ = ["EXTRA_ATTRIBUTES", "RolloutKey", "SpanReader"]
 RolloutKey = tuple[str, int]
 """(rollout id, attempt)."""
 
-EXTRA_ATTRIBUTES = (semconv.OPENINFERENCE_METADATA, semconv.GEN_AI_RESPONSE_ID)
+EXTRA_ATTRIBUTES = (semconv.OPENINFERENCE_METADATA, semconv.GEN_AI_RESPONSE_ID, semconv.PROMPT_BUNDLE)
 """The span attributes the selection reads besides the typed columns."""
 
 _SPANS_SQL = """
@@ -40,7 +40,8 @@ SELECT RolloutId, Attempt, TraceId, SpanId, ParentSpanId, SpanName, toUnixTimest
        arrayMap(a -> a[{reward_a:String}], `Events.Attributes`),
        arrayMap(a -> a[{reward_b:String}], `Events.Attributes`),
        `Links.TraceId`, `Links.SpanId`,
-       arrayMap(a -> a[{response_id:String}], `Events.Attributes`)
+       arrayMap(a -> a[{response_id:String}], `Events.Attributes`),
+       SpanAttributes[{bundle:String}]
 FROM __TABLE__
 WHERE __WHERE__
 """
@@ -87,7 +88,7 @@ class SpanReader:
         reward_a, reward_b = semconv.REWARD_KEYS
         parameters |= {
             "meta": semconv.OPENINFERENCE_METADATA, "response_id": semconv.GEN_AI_RESPONSE_ID, "reward_a": reward_a,
-            "reward_b": reward_b,
+            "reward_b": reward_b, "bundle": semconv.PROMPT_BUNDLE,
         }  # fmt: skip
         rows = self.store.query(self._spans_sql.replace("__WHERE__", where), parameters, final=True).rows
         found: dict[RolloutKey, list[SpanRecord]] = defaultdict(list)
@@ -153,7 +154,7 @@ def _record(row: Sequence[Any]) -> SpanRecord:
     return SpanRecord(
         trace_id=row[2], span_id=row[3], parent_span_id=row[4], name=row[5], start_ns=start,
         end_ns=start + int(row[7]), agent_name=row[8],
-        attributes={k: v for k, v in zip(EXTRA_ATTRIBUTES, (row[14], row[15]), strict=True) if v},
+        attributes={k: v for k, v in zip(EXTRA_ATTRIBUTES, (row[14], row[15], row[22]), strict=True) if v},
         prompt_token_ids=tuple(row[10]), response_token_ids=tuple(row[11]),
         response_logprobs=tuple(float(x) for x in row[12]),
         model_version=int(row[9]) if row[9] is not None else None, reward=row[13],

@@ -1,7 +1,9 @@
 """``fulmen llm-gateway``: an OpenAI-compatible server that records every call as a span with its token ids.
 
 Routes (each also under ``/rollout/{rollout_id}/attempt/{attempt}``, which ties the call to a rollout with no
-header or SDK, and under either with ``/agent/{name}`` after it, which names the agent that calls, for agents that
+header or SDK, optionally followed by ``/bundle/{bundle_id}``, the prompt bundle applied to the rollout's calls
+(:mod:`~fulmen.producers.llm_gateway.prompts_follower`; calls naming none get the promoted bundle, if any), and
+under any of these with ``/agent/{name}`` after it, which names the agent that calls, for agents that
 give each of their agents its own ``base_url``): ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``GET /v1/models``; plus ``POST /v1/feedback`` (late feedback, below), ``/healthz`` and ``/readyz``. A call that
 names an agent is served by that agent's LoRA adapter when one is loaded (``FULMEN_TRAIN_ADAPTERS=per_agent``
@@ -52,6 +54,7 @@ from fulmen.producers.gateway import Gateway, GatewayStats
 from fulmen.producers.llm_gateway.backends import Backend, build_backend
 from fulmen.producers.llm_gateway.backends.base import CallResult
 from fulmen.producers.llm_gateway.models_follower import ModelsFollower, PromotionsFollower
+from fulmen.producers.llm_gateway.prompts_follower import PromptRegistry, UnknownBundleError, prompt_followers
 from fulmen.producers.llm_gateway.protocol import (
     ApiError,
     ChatRequest,
@@ -72,11 +75,13 @@ from fulmen.producers.llm_gateway.spans import CallContext, build_record, parse_
 from fulmen.schemas import ModelVersion, TopicKey, semconv, topic_name
 from fulmen.schemas.codec import encode
 from fulmen.schemas.events import IDENTIFIER_PATTERN
+from fulmen.schemas.prompts import apply as apply_bundle
 
 INLINE_BYTES = 64 * 1024  # requests up to this size are parsed, recorded and answered on the event loop
 INLINE_TOKENS = 8192  # ... and calls up to this many prompt + completion tokens
 FEEDBACK_MAX_BYTES = 64 * 1024  # a feedback body is a few ids, a number and a comment of at most 4096 characters
 _ATTEMPT = re.compile(r"[0-9]{1,9}")  # ASCII digits only ("²".isdigit() is true), and bounded
+_BUNDLE = re.compile(r"pb-[0-9a-f]{12}")
 
 __all__ = ["LlmGateway", "LlmGatewayStats"]
 
@@ -122,14 +127,17 @@ class LlmGateway(Gateway):
         follower = PromotionsFollower if self.options.follow == "promoted" else ModelsFollower
         self.follower = follower(settings, self.options.served_model_name, self._served_version, self._load_version)
         self.feedback_topic = topic_name(TopicKey.FEEDBACK, settings.kafka.topic_prefix)
+        self.prompts = PromptRegistry()
+        self.prompt_followers = prompt_followers(settings, self.prompts)
         self.stats = LlmGatewayStats()
         # JSON decoding and checks, span and response encoding: CPU work kept off the event loop.
         self._cpu = ThreadPoolExecutor(2, thread_name_prefix="llm-gateway-cpu")
 
     # --- lifecycle hooks (the order is Gateway's) ---------------------------------------------------------------
     def _add_routes(self, app: web.Application) -> None:
-        for prefix in ("", "/agent/{agent}", "/rollout/{rollout_id}/attempt/{attempt}",
-                       "/rollout/{rollout_id}/attempt/{attempt}/agent/{agent}"):  # fmt: skip
+        rollout = "/rollout/{rollout_id}/attempt/{attempt}"
+        for prefix in ("", "/agent/{agent}", rollout, f"{rollout}/agent/{{agent}}", f"{rollout}/bundle/{{bundle}}",
+                       f"{rollout}/bundle/{{bundle}}/agent/{{agent}}"):  # fmt: skip
             app.router.add_post(f"{prefix}/v1/chat/completions", self.handle_chat)
             app.router.add_post(f"{prefix}/v1/completions", self.handle_completion)
             app.router.add_get(f"{prefix}/v1/models", self.handle_models)
@@ -139,6 +147,9 @@ class LlmGateway(Gateway):
         await self.backend.start()
 
     async def _on_connected(self) -> None:
+        await asyncio.gather(*(follower.catch_up() for follower in self.prompt_followers))
+        for follower in self.prompt_followers:
+            self.spawn(follower.run(self.stopping), f"{follower.key.value}-follower")
         if self.options.follow_models:
             await self.follower.catch_up()
             self.spawn(self.follower.run(self.stopping), "model-follower")
@@ -182,12 +193,14 @@ class LlmGateway(Gateway):
         try:
             rollout_id, attempt = _rollout(request)
             agent = _agent(request)
+            named = _bundle(request)
             raw = await read_body(request, max_bytes=self.options.max_body_bytes, timeout_s=self.options.read_timeout_s)
             chat = operation == semconv.OPERATION_CHAT
             body, parsed = await self._off_loop(len(raw) > INLINE_BYTES, _parse, raw, chat, self.options.max_n)
             self._check_model(parsed.model)
             if agent is not None:
                 parsed = dataclasses.replace(parsed, agent=agent)
+            body, parsed, bundle, slots = await self._apply_prompts(named, agent, body, parsed)
             started = time.time_ns()
             call = self.backend.chat if chat else self.backend.complete
             result = await call(parsed, affinity=rollout_id)  # type: ignore[arg-type]
@@ -201,6 +214,8 @@ class LlmGateway(Gateway):
                 rollout_id,
                 attempt,
                 agent,
+                bundle,
+                slots,
             )
             big = len(raw) > INLINE_BYTES or result.prompt_tokens + result.completion_tokens > INLINE_TOKENS
             await self._record(context, result, big)
@@ -242,6 +257,27 @@ class LlmGateway(Gateway):
         log.info("feedback %s for %s %s: %s=%g", feedback.feedback_id, feedback.target.value, feedback.target_id,
                  feedback.name, feedback.value)  # fmt: skip
         return web.json_response({"feedback_id": feedback.feedback_id}, status=202)
+
+    async def _apply_prompts(self, named: str | None, agent: str | None, body: dict[str, Any], parsed: Any) -> tuple[
+        dict[str, Any], Any, str | None, tuple[str, ...]
+    ]:  # fmt: skip
+        """The call with its prompt bundle applied (the one its rollout names, else the one in force for its agent):
+        the body (what the span records) and the parsed request (what is tokenised) both carry the bundle's texts.
+        Returns ``(body, parsed, bundle id or None, slots applied)``; 404 for a bundle that is not known in time.
+        Only chat messages are rewritten; a completion's prompt is left as sent (its span still names the bundle)."""
+        try:
+            bundle = await self.prompts.resolve(named, agent)
+        except UnknownBundleError as exc:
+            raise ApiError(404, exc.message, param="bundle", code="bundle_not_found") from None
+        if bundle is None:
+            return body, parsed, None, ()
+        if not isinstance(parsed, ChatRequest):
+            return body, parsed, bundle.bundle_id, ()
+        messages, slots = apply_bundle(bundle, parsed.messages)
+        if not slots:
+            return body, parsed, bundle.bundle_id, ()
+        body = {**body, "messages": apply_bundle(bundle, body.get("messages", []))[0]}
+        return body, dataclasses.replace(parsed, messages=messages, raw=body), bundle.bundle_id, tuple(slots)
 
     def _check_model(self, model: str) -> None:
         if model != self.options.served_model_name:
@@ -312,6 +348,14 @@ def _agent(request: web.Request) -> str | None:
     if agent is not None and not IDENTIFIER_PATTERN.fullmatch(agent):
         raise ApiError(400, f"agent {agent[:200]!r} in the path is not a valid identifier", param="agent")
     return agent
+
+
+def _bundle(request: web.Request) -> str | None:
+    bundle = request.match_info.get("bundle")
+    if bundle is not None and not _BUNDLE.fullmatch(bundle):
+        raise ApiError(400, f"prompt bundle {bundle[:200]!r} in the path is not a bundle id (pb-<12 hex>)",
+                       param="bundle")  # fmt: skip
+    return bundle
 
 
 def _rollout(request: web.Request) -> tuple[str | None, int | None]:

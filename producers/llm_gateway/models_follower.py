@@ -38,10 +38,10 @@ from fulmen.infra.kafka.admin import partition_count
 from fulmen.infra.kafka.broker import endpoint_title, kafka_broker, provisioned, subscriber_options
 from fulmen.infra.kafka.clients import close_quietly, start_or_raise
 from fulmen.infra.settings import FulmenSettings
-from fulmen.schemas import ModelPromotion, ModelVersion, PromotionAction, TopicKey, decode, topic
+from fulmen.schemas import Event, ModelPromotion, ModelVersion, PromotionAction, TopicKey, decode, topic
 from fulmen.schemas.errors import FulmenError
 
-__all__ = ["ModelsFollower", "PromotionsFollower", "subscribe"]
+__all__ = ["ModelsFollower", "PromotionsFollower", "TopicFollower", "decode_or_skip", "subscribe"]
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +56,14 @@ _SERVING = (PromotionAction.PROMOTE, PromotionAction.ROLLBACK)
 _FOLLOWS = {
     TopicKey.MODELS: "Every gateway reads every version (no consumer group) and hot-loads the newest.",
     TopicKey.PROMOTIONS: "A gateway that follows promotions (no consumer group) serves the version in force.",
+    TopicKey.PROMPTS: "Every gateway reads every prompt bundle (no consumer group) and applies the ones calls name.",
+    TopicKey.PROMPT_PROMOTIONS: "Every gateway (no consumer group) applies the bundle in force to calls naming none.",
 }
 
 
 def subscribe(broker: KafkaBroker, key: TopicKey = TopicKey.MODELS) -> Any:
-    """Declare a follower's subscriber on ``broker``: the models (or promotions) topic from its beginning, no group,
-    no commits."""
+    """Declare a follower's subscriber on ``broker``: the models (promotions, prompts, prompt promotions) topic from
+    its beginning, no group, no commits."""
     return broker.subscriber(
         provisioned(topic(key).name),
         title=endpoint_title("llm-gateway", "receive", key),
@@ -70,36 +72,35 @@ def subscribe(broker: KafkaBroker, key: TopicKey = TopicKey.MODELS) -> Any:
     )
 
 
-class ModelsFollower:
-    """Build with the model name to follow and a loader; :meth:`catch_up` once, then :meth:`run`."""
+class TopicFollower:
+    """Follows one small compacted topic from its beginning, with no group and no commits (the module docstring's
+    mechanism, shared by the model and the prompt followers). A subclass names its topic (``key``) and handles each
+    batch (:meth:`handle`, calling :meth:`_mark_read` per record); :meth:`_on_caught_up` runs once the records up
+    to the end offsets found at start were handled. Build it, :meth:`catch_up` once, then :meth:`run`."""
 
     key = TopicKey.MODELS
+    what = "model follower"
 
-    def __init__(self, settings: FulmenSettings, model_name: str, current: Current, load: Loader) -> None:
+    def __init__(self, settings: FulmenSettings) -> None:
         self.settings = settings
-        self.model_name = model_name
-        self.current = current
-        self.load = load
         self.broker = kafka_broker(settings, consumer_only=True, graceful_timeout=5.0)
         self.subscriber = subscribe(self.broker, self.key)
         self.subscriber(self._handler())
         self.topic = self.subscriber.topics[0].name
-        self.newest: dict[str, ModelVersion] = {}  # the newest version seen so far, of the model ("") and per adapter
         self._read: dict[TopicPartition, int] = {}  # per partition, the offset after the last record handled
         self._caught_up = False
-        self._loading = asyncio.Lock()
         self._started = False
 
     async def catch_up(self) -> None:
-        """Start following; return once every record up to the end offsets found now was handled, with the
-        newest version found loaded (if newer than the backend's).
+        """Start following; return once every record up to the end offsets found now was handled (then
+        :meth:`_on_caught_up` ran).
 
         Raises :class:`~fulmen.infra.errors.BrokerUnavailableError` when the broker does not answer in time.
         """
         partitions = [TopicPartition(self.topic, p) for p in range(await partition_count(self.settings, self.topic))]
         self._started = True
         try:
-            await start_or_raise(self.broker, self.settings, "model follower")
+            await start_or_raise(self.broker, self.settings, self.what)
             consumer = self.subscriber.consumer
             ends = await consumer.end_offsets(partitions)
             starts = await consumer.beginning_offsets(partitions)
@@ -111,8 +112,7 @@ class ModelsFollower:
             await self.close()
             raise
         self._caught_up = True
-        for event in self._in_load_order(self.newest.values()):
-            await self._maybe_load(event)
+        await self._on_caught_up()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow until ``stop`` is set, then stop the subscriber."""
@@ -127,10 +127,40 @@ class ModelsFollower:
             await close_quietly([self.broker])
 
     def _handler(self) -> Callable[..., Any]:
-        async def on_models(message: KafkaMessage) -> None:
+        async def on_records(message: KafkaMessage) -> None:
             await self.handle(message.raw_message)
 
-        return on_models
+        on_records.__name__ = f"on_{self.key.value}"
+        return on_records
+
+    def _mark_read(self, record: ConsumerRecord) -> None:
+        tp = TopicPartition(record.topic, record.partition)
+        self._read[tp] = max(self._read.get(tp, 0), record.offset + 1)
+
+    async def handle(self, records: Sequence[ConsumerRecord]) -> None:
+        raise NotImplementedError
+
+    async def _on_caught_up(self) -> None:
+        """What to do once caught up (nothing by default)."""
+
+
+class ModelsFollower(TopicFollower):
+    """Build with the model name to follow and a loader; :meth:`catch_up` once, then :meth:`run`."""
+
+    key = TopicKey.MODELS
+
+    def __init__(self, settings: FulmenSettings, model_name: str, current: Current, load: Loader) -> None:
+        super().__init__(settings)
+        self.model_name = model_name
+        self.current = current
+        self.load = load
+        self.newest: dict[str, ModelVersion] = {}  # the newest version seen so far, of the model ("") and per adapter
+        self._loading = asyncio.Lock()
+
+    async def _on_caught_up(self) -> None:
+        """Load the newest version found (if newer than the backend's)."""
+        for event in self._in_load_order(self.newest.values()):
+            await self._maybe_load(event)
 
     async def handle(self, records: Sequence[ConsumerRecord]) -> None:
         """One batch: note the newest version of the model in it; once caught up, load it if newer (full weights
@@ -141,8 +171,7 @@ class ModelsFollower:
             if event is not None and event.model_name == self.model_name:
                 seen = newest.get(event.adapter)
                 newest[event.adapter] = event if seen is None or event.version > seen.version else seen
-            tp = TopicPartition(record.topic, record.partition)
-            self._read[tp] = max(self._read.get(tp, 0), record.offset + 1)
+            self._mark_read(record)
         for adapter, event in newest.items():
             if adapter not in self.newest or event.version > self.newest[adapter].version:
                 self.newest[adapter] = event
@@ -156,7 +185,7 @@ class ModelsFollower:
         return sorted(events, key=lambda event: event.adapter != "")
 
     def _decode(self, record: ConsumerRecord) -> ModelVersion | None:
-        return _decoded(ModelVersion, record)
+        return decode_or_skip(ModelVersion, record)
 
     async def _maybe_load(self, event: ModelVersion) -> None:
         async with self._loading:  # catch_up's load and the handler's never overlap
@@ -185,11 +214,10 @@ class PromotionsFollower(ModelsFollower):
         caught up, load it unless it is what the gateway serves."""
         latest: dict[str, ModelVersion] = {}
         for record in records:
-            event = _decoded(ModelPromotion, record)
+            event = decode_or_skip(ModelPromotion, record)
             if event is not None and event.model.model_name == self.model_name and event.action in _SERVING:
                 latest[event.model.adapter] = event.model
-            tp = TopicPartition(record.topic, record.partition)
-            self._read[tp] = max(self._read.get(tp, 0), record.offset + 1)
+            self._mark_read(record)
         self.newest.update(latest)
         if self._caught_up:
             for event in self._in_load_order(latest.values()):
@@ -217,10 +245,10 @@ class PromotionsFollower(ModelsFollower):
             log.info("serving the promoted version %d of %s (run %s)", event.version, event.model_name, event.run_id)
 
 
-E = TypeVar("E", ModelVersion, ModelPromotion)
+E = TypeVar("E", bound=Event)
 
 
-def _decoded(event_type: type[E], record: ConsumerRecord) -> E | None:
+def decode_or_skip(event_type: type[E], record: ConsumerRecord) -> E | None:
     """The record's event, or None (logged) when it is unreadable: the gateway keeps serving what it has."""
     try:
         return decode(event_type, record.value, topic=record.topic, partition=record.partition, offset=record.offset)

@@ -59,6 +59,8 @@ class CallContext:
     rollout_id: str | None = None
     attempt: int | None = None
     agent: str | None = None  # the agent the call named in its path
+    prompt_bundle: str | None = None  # the prompt bundle applied to the messages (named by the rollout or promoted)
+    prompt_slots: tuple[str, ...] = ()  # the bundle's slots that replaced a message
 
 
 def build_record(call: CallContext, result: CallResult) -> tuple[bytes, bytes]:
@@ -129,6 +131,9 @@ def _attributes(call: CallContext, result: CallResult, choice: Choice) -> dict[s
     if call.agent is not None:  # which agent called, and whose adapter served it (``base``: the model's own weights)
         attributes[semconv.LLM_AGENT] = call.agent
         attributes[semconv.LLM_ADAPTER] = result.adapter or semconv.ADAPTER_NONE
+    if call.prompt_bundle is not None:
+        attributes[semconv.PROMPT_BUNDLE] = call.prompt_bundle
+        attributes[semconv.PROMPT_SLOTS] = list(call.prompt_slots)
     if call.rollout_id is not None:
         attributes[semconv.ROLLOUT_ID] = call.rollout_id
         attributes[semconv.ROLLOUT_ATTEMPT] = call.attempt or 1

@@ -322,8 +322,12 @@ class Runner:
         return with_not_before(retry, now + timedelta(seconds=delay))
 
     async def _call(self, request: RolloutRequest) -> tuple[RolloutStatus, float | None, str | None]:
+        # the rollout's scope in the gateway's path: its id and attempt, and the prompt bundle it names (if any)
+        scope = f"/rollout/{request.rollout_id}/attempt/{request.attempt}"
+        if request.prompt_bundle is not None:
+            scope += f"/bundle/{request.prompt_bundle}"
         llm = LLMEndpoint(
-            base_url=f"{self.options.llm_base_url.rstrip('/')}/rollout/{request.rollout_id}/attempt/{request.attempt}/v1",
+            base_url=f"{self.options.llm_base_url.rstrip('/')}{scope}/v1",
             model=self.options.model,
             api_key=self.options.llm_api_key.get_secret_value(),
         )
@@ -353,7 +357,7 @@ class Runner:
         return RolloutEvent(
             rollout_id=request.rollout_id, attempt=request.attempt, status=status, task_id=request.task_id,
             group_id=request.group_id, mode=request.mode, runner_id=self.runner_id,
-            model_version=request.model_version, **fields,
+            model_version=request.model_version, prompt_bundle=request.prompt_bundle, **fields,
         )  # fmt: skip
 
     async def _publish_event(self, event: RolloutEvent) -> None:

@@ -103,7 +103,7 @@ def test_asyncapi_lists_every_topic_with_the_declared_senders_and_receivers(asyn
         assert (
             f"{endpoint.party}:{endpoint.action}:{endpoint.key.value}" in by_topic[endpoint.key.value][endpoint.action]
         )
-    expected = sum(len(s.topics) for s in senders()) + len(EVENT_SINKS) + 2 + len(NOT_ON_FASTSTREAM)  # 2 followers
+    expected = sum(len(s.topics) for s in senders()) + len(EVENT_SINKS) + 4 + len(NOT_ON_FASTSTREAM)  # 4 followers
     assert len(asyncapi["operations"]) == expected  # nothing else: the document is the declarations
     assert asyncapi["servers"]["development"]["host"] == "kafka-1:9092"  # the broker's bootstrap
 

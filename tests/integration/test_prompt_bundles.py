@@ -1,0 +1,91 @@
+"""Prompt bundles through the real broker, store and LLM gateway (tiny model): a rollout naming a bundle gets its
+system prompt replaced before tokenising, a call naming none is unchanged until a bundle is promoted and again after
+the rollback; an unknown bundle is a 404; the bundles and promotions land in the store (issue 29)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+
+from fulmen.infra.kafka.prompts import decide_prompt, publish_bundles
+from fulmen.infra.settings import FulmenSettings
+from fulmen.infra.store import Store
+from fulmen.producers.llm_gateway import LlmGateway
+from fulmen.schemas import PromotionAction, semconv
+from fulmen.schemas.prompts import PromptBundle, fingerprint
+from tests.integration.llm_pipeline import base_url, llm_gateway_running, published_spans
+from tests.integration.test_feedback import consumers_running, rows
+from tests.integration.test_models_follower import until
+from tests.polling import count_reaches
+
+pytestmark = [pytest.mark.integration, pytest.mark.apo]
+
+SYSTEM = "You add two numbers.\n  Reply politely."
+MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "12+7"}]
+BETTER = "Answer with the sum in digits only."
+
+
+async def _call(gateway: LlmGateway, rollout_id: str, bundle: str | None = None, messages=MESSAGES) -> None:
+    url = base_url(gateway, rollout_id)
+    if bundle is not None:
+        url = url.removesuffix("/v1") + f"/bundle/{bundle}/v1"
+    async with AsyncOpenAI(base_url=url, api_key="x") as client:
+        await client.chat.completions.create(model="fulmen", messages=messages, max_tokens=3, seed=1)
+
+
+async def test_a_bundle_rewrites_the_calls_of_the_rollouts_naming_it_and_a_promotion_the_others(
+    settings: FulmenSettings, linked_store: Store, tiny_model: Path
+) -> None:
+    bundle = PromptBundle.create({fingerprint("system", SYSTEM): BETTER}, source="manual")
+    async with consumers_running(settings, linked_store), llm_gateway_running(settings, tiny_model,
+                                                                                follow_models=False) as gateway:  # fmt: skip
+        await publish_bundles(settings, [bundle])
+        await _call(gateway, "named", bundle.bundle_id)  # may arrive before the gateway saw the bundle: it waits
+        await _call(gateway, "plain")
+        await decide_prompt(settings, PromotionAction.PROMOTE, bundle.bundle_id, None, "test")
+        await until(lambda: gateway.prompts.serving(None) == bundle.bundle_id)
+        await _call(gateway, "promoted")
+        await decide_prompt(settings, PromotionAction.ROLLBACK, None, None, "test")
+        await until(lambda: gateway.prompts.serving(None) == "")
+        await _call(gateway, "rolled-back")
+        await _call(gateway, "by-hand", messages=[{"role": "system", "content": BETTER}, MESSAGES[1]])
+        async with httpx.AsyncClient() as http:
+            unknown = await http.post(
+                base_url(gateway, "unknown").removesuffix("/v1") + "/bundle/pb-000000000000/v1/chat/completions",
+                json={"model": "fulmen", "messages": MESSAGES, "max_tokens": 2},
+                timeout=60,
+            )
+        assert unknown.status_code == 404 and "pb-000000000000" in unknown.json()["error"]["message"]
+        spans = {s["attributes"][semconv.ROLLOUT_ID]: s["attributes"] for s in await published_spans(settings, 5)}
+        for table, expected in (("prompt_bundles", 1), ("prompt_promotions", 2)):
+            await count_reaches(linked_store, f"SELECT count() FROM {linked_store.database}.{table} FINAL", expected)
+    for rollout in ("named", "promoted"):
+        attributes = spans[rollout]
+        assert attributes[semconv.PROMPT_BUNDLE] == bundle.bundle_id
+        assert attributes[semconv.PROMPT_SLOTS] == [fingerprint("system", SYSTEM)]
+        assert json.loads(attributes[semconv.GEN_AI_INPUT_MESSAGES])[0]["content"] == BETTER
+        # what was tokenised is the bundle's text: the same ids as the same messages sent by hand
+        assert attributes[semconv.PROMPT_TOKEN_IDS] == spans["by-hand"][semconv.PROMPT_TOKEN_IDS]
+    for rollout in ("plain", "rolled-back"):
+        attributes = spans[rollout]
+        assert semconv.PROMPT_BUNDLE not in attributes
+        assert json.loads(attributes[semconv.GEN_AI_INPUT_MESSAGES])[0]["content"] == SYSTEM
+        assert attributes[semconv.PROMPT_TOKEN_IDS] != spans["by-hand"][semconv.PROMPT_TOKEN_IDS]
+    [[stored_id, slots, source]] = rows(linked_store, "SELECT BundleId, Slots, Source FROM {db}.prompt_bundles FINAL")
+    assert (stored_id, slots, source) == (bundle.bundle_id, bundle.slots, "manual")
+    decisions = rows(linked_store, "SELECT Action, BundleId, Previous FROM {db}.prompt_promotions FINAL "
+                                   "ORDER BY CreatedAt")  # fmt: skip
+    assert decisions == [["promote", bundle.bundle_id, ""], ["rollback", "", bundle.bundle_id]]
+
+
+async def test_a_bundle_id_that_is_not_one_is_refused_with_400(settings: FulmenSettings, tiny_model: Path) -> None:
+    async with llm_gateway_running(settings, tiny_model, follow_models=False) as gateway, httpx.AsyncClient() as http:
+        answer = await http.post(
+            base_url(gateway, "r").removesuffix("/v1") + "/bundle/not-a-bundle/v1/chat/completions",
+            json={"model": "fulmen", "messages": MESSAGES}, timeout=60,
+        )  # fmt: skip
+    assert answer.status_code == 400 and "bundle" in answer.json()["error"]["message"]

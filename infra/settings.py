@@ -39,9 +39,14 @@ class KafkaSettings(BaseModel):
     """How clients reach Kafka. With ``bootstrap`` unset, the local broker (``broker`` section) is used."""
 
     bootstrap: str | None = Field(default=None, description="host:port[,host:port]; unset = start a local broker")
-    topic_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9._\-]*$")
+    topic_prefix: str = Field(
+        default="", pattern=r"^[A-Za-z0-9._\-]*$",
+        description="prefix of every topic name and of Fulmen's consumer groups (several installations on one cluster)",
+    )  # fmt: skip
     client_id: str = "fulmen"
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT", description="client security for the cluster FULMEN_KAFKA_BOOTSTRAP names"
+    )
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = None
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
@@ -72,13 +77,17 @@ class BrokerSettings(BaseModel):
     ``nodes`` (each a broker and a controller in its own JVM; node i listens on ``port + 2(i-1)`` and
     ``controller_port + 2(i-1)``)."""
 
-    version: str = Field(default="4.1.1", pattern=r"^4\.\d+\.\d+$")
+    version: str = Field(
+        default="4.1.1", pattern=r"^4\.\d+\.\d+$", description="Apache Kafka version of the local broker"
+    )
     host: str = "127.0.0.1"
-    port: int = Field(default=9092, ge=1, le=65535)
-    controller_port: int = Field(default=9093, ge=1, le=65535)
+    port: int = Field(default=9092, ge=1, le=65535, description="client port of the local broker (node 1)")
+    controller_port: int = Field(default=9093, ge=1, le=65535, description="KRaft controller port (node 1)")
     nodes: int = Field(default=1, ge=1, le=9, description="local KRaft nodes; 3 = replication factor 3, min ISR 2")
     data_dir: Path | None = Field(default=None, description="default: $FULMEN_HOME/kafka")
-    cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "fulmen")
+    cache_dir: Path = Field(
+        default_factory=lambda: Path.home() / ".cache" / "fulmen", description="where the Kafka jars are cached"
+    )
     heap: str = Field(default="768m", pattern=r"^\d+[mMgG]$", description="JVM heap of each node")
     start_timeout_s: float = Field(default=60.0, gt=0)
 
@@ -92,7 +101,9 @@ class ClickHouseSettings(BaseModel):
 
     url: SecretStr | None = Field(default=None, description="http(s)://user:password@host:8123/db")
     path: Path | None = Field(default=None, description="embedded store directory; default $FULMEN_HOME/chdb")
-    database: str = Field(default="fulmen", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    database: str = Field(
+        default="fulmen", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="database of Fulmen's tables"
+    )
     read_host: str = Field(default="127.0.0.1", description="where the owner of the embedded store serves reads")
     read_port: int = Field(default=8124, ge=0, le=65535, description="0 = do not serve reads")
     read_token: SecretStr | None = Field(
@@ -121,9 +132,11 @@ class ClickHouseSettings(BaseModel):
 
 
 class LogSettings(BaseModel):
+    """Logging of every process."""
+
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    format: Literal["text", "json"] = "text"
-    file: Path | None = None
+    format: Literal["text", "json"] = Field(default="text", description="json: one object a line, for log pipelines")
+    file: Path | None = Field(default=None, description="also write the log to this file")
 
 
 class DashboardSettings(BaseModel):

@@ -20,9 +20,13 @@ class BackendKind(StrEnum):
 
 
 class LlmSection(BaseModel):
-    host: str = "127.0.0.1"
+    """The LLM gateway (``fulmen llm-gateway``): where it listens, its inference backend and model, its limits."""
+
+    host: str = Field(default="127.0.0.1", description="listen address")
     port: int = Field(default=8000, ge=0, le=65535, description="0 = any free port")
-    backend: BackendKind = BackendKind.TRANSFORMERS
+    backend: BackendKind = Field(
+        default=BackendKind.TRANSFORMERS, description="the inference backend: transformers, llamacpp, vllm or openai"
+    )
     model: str = Field(
         default="", description="transformers/llamacpp: a model directory; vllm/openai: the upstream's name"
     )

@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aiokafka import TopicPartition
 
+from bench.anchor import PYTHON, AnchorStore
 from bench.harness import load_average, summarise
 from bench.span_ingest import _ready, cpu_seconds, free_port, wait_for
 from fulmen.infra.kafka.admin import ensure_topics, partition_count
@@ -119,14 +120,26 @@ async def burst(settings: FulmenSettings, reader: RemoteReader, count: int, tag:
     }  # fmt: skip
 
 
+def anchor_burst(anchor: AnchorStore, count: int, workers: int, spans: bool) -> dict:
+    """One burst through the anchor's store by its HTTP runners (``bench/anchor_runner.py`` in its virtualenv)."""
+    script = Path(__file__).with_name("anchor_runner.py")
+    out = subprocess.run([str(PYTHON), str(script), anchor.url, str(count), str(workers), str(10 if spans else 0)],
+                         capture_output=True, text=True, timeout=900, check=True)  # fmt: skip
+    return {key: round(value, 4) for key, value in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+
+
 def run_case(settings: FulmenSettings, reader: RemoteReader, tag: str, spans: bool, args: argparse.Namespace,
-             runner_pid: int) -> dict:  # fmt: skip
+             runner_pid: int, anchor: AnchorStore | None = None) -> dict:  # fmt: skip
     asyncio.run(burst(settings, reader, args.warmup, f"{tag}-warm", spans))  # start-up: groups join, JIT, caches
     warm = asyncio.run(burst(settings, reader, args.burst, f"{tag}-size", spans))  # the rate that sizes the bursts
     size = max(args.burst, int(warm["rollouts_per_s"] * args.seconds * 1.2))
     print(f"{tag}: warm-up {warm['rollouts_per_s']:.0f}/s; bursts of {size}", file=sys.stderr, flush=True)
+    if anchor:  # sized like ours: a burst that lasts the window at the rate of a first, uncounted one
+        anchor_warm = anchor_burst(anchor, 500, args.workers, spans)
+        anchor_size = max(500, int(anchor_warm["rollouts_per_s"] * args.seconds * 1.2))
     load = load_average()
     runs: list[dict] = []
+    anchor_runs: list[dict] = []
     attempt = 0
     while len(runs) < args.repetitions and attempt < args.repetitions + 3:
         cpu_before = cpu_seconds(runner_pid)
@@ -138,7 +151,13 @@ def run_case(settings: FulmenSettings, reader: RemoteReader, tag: str, spans: bo
             size = int(size * args.seconds / result["wall_s"] * 1.2)
             continue
         runs.append({key: round(value, 4) for key, value in result.items()})
-    return summarise(runs, load)
+        if anchor:  # interleaved: Fulmen, anchor, Fulmen, anchor, ...
+            anchor_runs.append(anchor_burst(anchor, anchor_size, args.workers, spans))
+            print(f"{tag} anchor #{len(anchor_runs)}: {json.dumps(anchor_runs[-1])}", file=sys.stderr, flush=True)
+    report = summarise(runs, load)
+    if anchor_runs:
+        report["anchor"] = summarise(anchor_runs, load)
+    return report
 
 
 def main() -> None:
@@ -149,6 +168,7 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--only", choices=("noop", "ten_spans"), action="append")
+    parser.add_argument("--no-anchor", action="store_true", help="skip Agent Lightning 0.3.0 (bench/anchor.py)")
     parser.add_argument("--profile", type=Path, default=None, help="write a cProfile of each runner here")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="fulmen-bench-rollouts-"))
@@ -166,8 +186,10 @@ def main() -> None:
     asyncio.run(ensure_topics(FulmenSettings(kafka={"bootstrap": broker.bootstrap})))
     services = [subprocess.Popen([*fulmen, "consume"], env=base_env, stdout=logs, stderr=logs),
                 subprocess.Popen([*fulmen, "otlp-gateway"], env=base_env, stdout=logs, stderr=logs)]  # fmt: skip
+    anchor = None
     try:
         print(f"logs in {home}", file=sys.stderr)
+        anchor = None if args.no_anchor else AnchorStore(free_port(), home / "anchor.log").__enter__()
         reader = wait_for(lambda: RemoteReader.find("127.0.0.1", read_port), 120, "the store's read endpoint")
         wait_for(lambda: _ready(otlp_port), 60, "the OTLP gateway")
         settings = FulmenSettings(kafka={"bootstrap": broker.bootstrap})
@@ -181,7 +203,7 @@ def main() -> None:
                                       stdout=logs, stderr=logs)  # fmt: skip
             try:
                 time.sleep(3)  # the runner joins its group
-                report[agent] = run_case(settings, reader, agent, spans, args, runner.pid)
+                report[agent] = run_case(settings, reader, agent, spans, args, runner.pid, anchor)
             finally:
                 runner.send_signal(signal.SIGTERM)
                 runner.wait(timeout=60)
@@ -191,6 +213,13 @@ def main() -> None:
         for process in services:
             process.wait(timeout=60)
         broker.stop()
+        if anchor:
+            anchor.__exit__(None, None, None)
+    for agent, key in (("noop", "rollouts"), ("ten_spans", "rollouts_10_spans")):
+        if "anchor" in report.get(agent, {}):
+            report[f"anchor_rollouts_per_s{key[8:]}"] = report[agent]["anchor"]["rollouts_per_s"]
+            ours, theirs = report[agent]["rollouts_per_s"], report[agent]["anchor"]["rollouts_per_s"]
+            report[f"ratio_{key}"] = round(ours / theirs, 2)
     if "noop" in report:
         report["rollouts_per_s"] = report["noop"]["rollouts_per_s"]
         report["kafka_only_rollouts_per_s"] = report["noop"]["kafka_only_rollouts_per_s"]

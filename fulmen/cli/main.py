@@ -21,6 +21,7 @@ from rich.table import Table
 
 from fulmen.cli.base import console, friendly, load_settings
 from fulmen.cli.models import models_app
+from fulmen.cli.prompts import prompts_app
 from fulmen.cli.train import train_command
 from fulmen.infra.errors import FulmenError
 from fulmen.infra.settings import FulmenSettings
@@ -37,6 +38,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(store_app, name="store")
 app.add_typer(models_app, name="models")  # fulmen/cli/models.py
+app.add_typer(prompts_app, name="prompts")  # fulmen/cli/prompts.py
 
 _settings = load_settings  # the commands' name for it
 

@@ -4,6 +4,7 @@ the rollback; an unknown bundle is a 404; the bundles and promotions land in the
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -11,15 +12,17 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from fulmen.infra.kafka.prompts import decide_prompt, publish_bundles
+from fulmen.infra.kafka.prompts import decide_prompt, publish_bundles, read_prompt_promotions
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.producers.llm_gateway import LlmGateway
+from fulmen.prompt_queries import bundle_rows, scan_prompts, serving_by_scope
 from fulmen.schemas import PromotionAction, semconv
 from fulmen.schemas.prompts import PromptBundle, fingerprint
 from tests.integration.llm_pipeline import base_url, llm_gateway_running, published_spans
 from tests.integration.test_feedback import consumers_running, rows
 from tests.integration.test_models_follower import until
+from tests.integration.test_promotion import cli
 from tests.polling import count_reaches
 
 pytestmark = [pytest.mark.integration, pytest.mark.apo]
@@ -61,7 +64,7 @@ async def test_a_bundle_rewrites_the_calls_of_the_rollouts_naming_it_and_a_promo
             )
         assert unknown.status_code == 404 and "pb-000000000000" in unknown.json()["error"]["message"]
         spans = {s["attributes"][semconv.ROLLOUT_ID]: s["attributes"] for s in await published_spans(settings, 5)}
-        for table, expected in (("prompt_bundles", 1), ("prompt_promotions", 2)):
+        for table, expected in (("prompt_bundles", 1), ("prompt_promotions", 2), ("otel_traces", 5)):
             await count_reaches(linked_store, f"SELECT count() FROM {linked_store.database}.{table} FINAL", expected)
     for rollout in ("named", "promoted"):
         attributes = spans[rollout]
@@ -77,6 +80,13 @@ async def test_a_bundle_rewrites_the_calls_of_the_rollouts_naming_it_and_a_promo
         assert attributes[semconv.PROMPT_TOKEN_IDS] != spans["by-hand"][semconv.PROMPT_TOKEN_IDS]
     [[stored_id, slots, source]] = rows(linked_store, "SELECT BundleId, Slots, Source FROM {db}.prompt_bundles FINAL")
     assert (stored_id, slots, source) == (bundle.bundle_id, bundle.slots, "manual")
+    # `fulmen prompts scan` and `list`: the agent's own system prompt (the calls no bundle rewrote), and the bundle
+    scanned = {p.slot: p for p in scan_prompts(linked_store, linked_store.database)}
+    assert (scanned[fingerprint("system", SYSTEM)].calls, scanned[fingerprint("system", SYSTEM)].text) == (2, SYSTEM)
+    assert scanned[fingerprint("user", "12+7")].calls == 3  # the by-hand call's too; its system prompt is BETTER
+    [listed] = bundle_rows(linked_store, linked_store.database)
+    assert (listed.bundle_id, listed.slots, listed.parents) == (bundle.bundle_id, bundle.slots, ())
+    assert serving_by_scope(linked_store, linked_store.database) == {"": ""}  # rolled back to the agent's own
     decisions = rows(linked_store, "SELECT Action, BundleId, Previous FROM {db}.prompt_promotions FINAL "
                                    "ORDER BY CreatedAt")  # fmt: skip
     assert decisions == [["promote", bundle.bundle_id, ""], ["rollback", "", bundle.bundle_id]]
@@ -89,3 +99,23 @@ async def test_a_bundle_id_that_is_not_one_is_refused_with_400(settings: FulmenS
             json={"model": "fulmen", "messages": MESSAGES}, timeout=60,
         )  # fmt: skip
     assert answer.status_code == 400 and "bundle" in answer.json()["error"]["message"]
+
+
+def test_prompts_create_promote_and_rollback_from_the_command_line(settings: FulmenSettings) -> None:
+    slot = fingerprint("system", SYSTEM)
+    done = cli(settings, "prompts", "create", "--slot", f"{slot}={BETTER}", "--agent", "adder")
+    bundle = PromptBundle.create({slot: BETTER}, agent="adder")
+    assert done.returncode == 0 and f"published {bundle.bundle_id}" in done.stdout, done.stdout + done.stderr
+    bad = cli(settings, "prompts", "create", "--slot", "tpl:q=Answer {question}", "--template", "q={question} {hint}")
+    assert bad.returncode != 0 and "drops {hint}" in bad.stdout + bad.stderr
+    done = cli(settings, "prompts", "promote", bundle.bundle_id, "--agent", "adder")
+    assert done.returncode == 0 and f"promoted {bundle.bundle_id} for adder" in done.stdout, done.stdout + done.stderr
+    unknown = cli(settings, "prompts", "promote", "pb-000000000000")
+    assert unknown.returncode != 0 and "no bundle pb-000000000000" in unknown.stdout + unknown.stderr
+    done = cli(settings, "prompts", "rollback", "--agent", "adder")
+    assert done.returncode == 0 and "rolled adder back to the agents' own prompts" in done.stdout
+    nothing = cli(settings, "prompts", "rollback")
+    assert nothing.returncode != 0 and "nothing to roll back" in nothing.stdout + nothing.stderr
+    decisions = asyncio.run(read_prompt_promotions(settings))
+    assert [(d.action.value, d.agent, d.bundle_id, d.previous) for d in decisions] == [
+        ("promote", "adder", bundle.bundle_id, ""), ("rollback", "adder", "", bundle.bundle_id)]  # fmt: skip

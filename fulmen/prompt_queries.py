@@ -1,0 +1,100 @@
+"""What ``fulmen prompts scan`` and ``list`` read from the store: the prompts agents send, and the stored bundles.
+
+``scan`` groups the input messages of the LLM gateway's chat spans (``gen_ai.input.messages``) by role and text,
+skipping calls a bundle was applied to (their texts are the bundle's, not the agent's), and names each prompt by its
+fingerprint slot (:func:`fulmen.schemas.prompts.fingerprint`): the name to put in a bundle to replace it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fulmen.schemas import semconv
+from fulmen.schemas.ddl import TABLES
+from fulmen.schemas.prompts import fingerprint, message_text
+
+__all__ = ["BundleRow", "ScannedPrompt", "bundle_rows", "scan_prompts", "serving_by_scope"]
+
+_SCAN_SQL = """
+SELECT JSONExtractString(m, 'role') AS role, JSONExtractRaw(m, 'content') AS content, count() AS calls,
+       groupUniqArray(8)(AgentName) AS agents
+FROM {db}{spans}
+ARRAY JOIN JSONExtractArrayRaw(SpanAttributes[%(messages)s]) AS m
+WHERE SpanAttributes[%(messages)s] != '' AND SpanAttributes[%(bundle)s] = '' AND role IN %(roles)s
+GROUP BY role, content
+ORDER BY calls DESC
+LIMIT %(limit)s
+"""
+
+
+@dataclass(frozen=True)
+class ScannedPrompt:
+    """A prompt agents send: its slot name, role, how many calls sent it, which agents, and its text."""
+
+    slot: str
+    role: str
+    calls: int
+    agents: tuple[str, ...]
+    text: str
+
+
+def scan_prompts(reader: Any, database: str = "", roles: tuple[str, ...] = ("system", "user"),
+                 limit: int = 1000) -> list[ScannedPrompt]:  # fmt: skip
+    """The prompts stored spans carry, most sent first, merged by fingerprint (texts that differ only in whitespace
+    are one slot)."""
+    db = f"{database}." if database else ""
+    sql = _SCAN_SQL.format(db=db, spans=TABLES["spans"])
+    parameters = {"messages": semconv.GEN_AI_INPUT_MESSAGES, "bundle": semconv.PROMPT_BUNDLE, "roles": tuple(roles),
+                  "limit": limit}  # fmt: skip
+    found: dict[str, dict[str, Any]] = {}
+    for role, content, calls, agents in reader.query(sql, parameters, read_only=True).rows:
+        text = message_text(json.loads(content)) if content else None
+        if text is None:
+            continue
+        slot = fingerprint(role, text)
+        entry = found.setdefault(slot, {"role": role, "calls": 0, "agents": set(), "text": text})
+        entry["calls"] += int(calls)
+        entry["agents"].update(a for a in agents if a)
+    prompts = [ScannedPrompt(slot, e["role"], e["calls"], tuple(sorted(e["agents"])), e["text"])
+               for slot, e in found.items()]  # fmt: skip
+    return sorted(prompts, key=lambda p: (-p.calls, p.slot))
+
+
+@dataclass(frozen=True)
+class BundleRow:
+    """A stored bundle as ``fulmen prompts list`` shows it."""
+
+    bundle_id: str
+    parents: tuple[str, ...]
+    slots: dict[str, str]
+    templates: dict[str, str]
+    scores: dict[str, float]
+    agent: str | None
+    source: str
+    run_id: str
+    created_at: Any
+
+    @property
+    def mean(self) -> float | None:
+        return sum(self.scores.values()) / len(self.scores) if self.scores else None
+
+
+def bundle_rows(reader: Any, database: str = "", bundle_id: str | None = None) -> list[BundleRow]:
+    """The stored bundles (or the one named), oldest first."""
+    db = f"{database}." if database else ""
+    where = "WHERE BundleId = %(id)s" if bundle_id else ""
+    sql = (f"SELECT BundleId, Parents, Slots, Templates, Scores, Agent, Source, RunId, CreatedAt "
+           f"FROM {db}{TABLES['prompt_bundles']} {where} ORDER BY CreatedAt")  # fmt: skip
+    rows = reader.query(sql, {"id": bundle_id} if bundle_id else None, final=True, read_only=True).rows
+    return [BundleRow(r[0], tuple(r[1]), dict(r[2]), dict(r[3]), dict(r[4]), r[5], r[6], r[7], r[8]) for r in rows]
+
+
+def serving_by_scope(reader: Any, database: str = "") -> dict[str, str]:
+    """Per agent scope ('' for every agent), the bundle the latest stored promotion serves ('' for the agent's own
+    prompts)."""
+    db = f"{database}." if database else ""
+    sql = (f"SELECT Agent, argMax(BundleId, CreatedAt) FROM {db}{TABLES['prompt_promotions']} "
+           "GROUP BY Agent")  # fmt: skip
+    return {agent: bundle for agent, bundle in reader.query(sql, None, final=True, read_only=True).rows}

@@ -11,18 +11,24 @@ from pathlib import Path
 import httpx
 import pytest
 from openai import AsyncOpenAI
+from opentelemetry.sdk.trace import TracerProvider
 
+from fulmen.consumers.event_sinks import EVENT_SINKS
+from fulmen.consumers.spans import SpanSink
 from fulmen.infra.kafka.prompts import decide_prompt, publish_bundles, read_prompt_promotions
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.producers.llm_gateway import LlmGateway
+from fulmen.producers.runner import Runner, RunnerSettings, load_agent
 from fulmen.prompt_queries import bundle_rows, scan_prompts, serving_by_scope
-from fulmen.schemas import PromotionAction, semconv
+from fulmen.schemas import PromotionAction, RolloutStatus, semconv
 from fulmen.schemas.prompts import PromptBundle, fingerprint
 from tests.integration.llm_pipeline import base_url, llm_gateway_running, published_spans
+from tests.integration.span_pipeline import span_pipeline
 from tests.integration.test_feedback import consumers_running, rows
 from tests.integration.test_models_follower import until
 from tests.integration.test_promotion import cli
+from tests.integration.test_runner import request, submit, wait_terminal
 from tests.polling import count_reaches
 
 pytestmark = [pytest.mark.integration, pytest.mark.apo]
@@ -119,3 +125,43 @@ def test_prompts_create_promote_and_rollback_from_the_command_line(settings: Ful
     decisions = asyncio.run(read_prompt_promotions(settings))
     assert [(d.action.value, d.agent, d.bundle_id, d.previous) for d in decisions] == [
         ("promote", "adder", bundle.bundle_id, ""), ("rollback", "adder", "", bundle.bundle_id)]  # fmt: skip
+
+
+async def test_a_runner_gets_the_rollouts_bundle_to_the_gateway_with_no_change_to_the_agent(
+    settings: FulmenSettings, linked_store: Store, tiny_model: Path
+) -> None:
+    """tests.agents.chat:ask sends the system prompt "Answer briefly." through the URL the runner hands it."""
+    bundle = PromptBundle.create({fingerprint("system", "Answer briefly."): BETTER})
+    await publish_bundles(settings, [bundle])
+    sinks = [SpanSink(), EVENT_SINKS["rollouts"]]
+    async with (
+        span_pipeline(settings, linked_store, sinks=sinks) as pipeline,
+        llm_gateway_running(settings, tiny_model, follow_models=False) as gateway,
+    ):
+        options = RunnerSettings(
+            home=settings.home, kafka=settings.kafka.model_dump(), clickhouse=settings.clickhouse.model_dump(),
+            runner={"agent": "tests.agents.chat:ask", "concurrency": 2, "otlp_endpoint": "", "shutdown_grace_s": 5,
+                    "llm_base_url": f"http://127.0.0.1:{gateway.port}"},
+        )  # fmt: skip
+        runner = Runner(options, load_agent("tests.agents.chat:ask"), tracer_provider=TracerProvider())
+        stop = asyncio.Event()
+        running = asyncio.create_task(runner.run(stop))
+        try:
+            await submit(settings, [request("with", {"question": "2+2?"}, prompt_bundle=bundle.bundle_id),
+                                    request("without", {"question": "2+2?"})])  # fmt: skip
+            events = await wait_terminal(settings, {"with", "without"}, timeout_s=120)
+        finally:
+            stop.set()
+            await asyncio.wait_for(running, 60)
+        assert [events[r][-1].status for r in ("with", "without")] == [RolloutStatus.SUCCEEDED] * 2
+        assert [events[r][-1].prompt_bundle for r in ("with", "without")] == [bundle.bundle_id, None]
+        await pipeline.wait_spans("ServiceName = 'fulmen-llm-gateway'", 2, timeout_s=60)
+        db = linked_store.database
+        await count_reaches(linked_store, f"SELECT count() FROM {db}.rollouts FINAL WHERE Status = 'succeeded'", 2)
+    calls = {row[0]: row[1:] for row in rows(linked_store, (
+        "SELECT RolloutId, SpanAttributes['fulmen.prompt.bundle'], SpanAttributes['gen_ai.input.messages'] "
+        "FROM {db}.otel_traces FINAL WHERE ServiceName = 'fulmen-llm-gateway'"))}  # fmt: skip
+    assert calls["with"][0] == bundle.bundle_id and json.loads(calls["with"][1])[0]["content"] == BETTER
+    assert calls["without"][0] == "" and json.loads(calls["without"][1])[0]["content"] == "Answer briefly."
+    stored = rows(linked_store, "SELECT RolloutId, PromptBundle FROM {db}.rollouts FINAL ORDER BY RolloutId")
+    assert stored == [["with", bundle.bundle_id], ["without", ""]]

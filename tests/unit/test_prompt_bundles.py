@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from pydantic import ValidationError
 
+from fulmen.consumers.event_sinks import rollout_rows, transition_rows
+from fulmen.consumers.transitions.builder import BuildOptions, build_batch
+from fulmen.schemas import PromotionAction, semconv
 from fulmen.schemas.prompts import (
     InvalidPromptError,
     PromptBundle,
+    PromptPromotion,
     apply,
     bundle_id,
     fingerprint,
+    rollback_target,
+    serving_bundle,
     validate_candidate,
     validate_slot_text,
 )
+from tests.unit.test_transition_builder import ended, three_calls_with_a_reward
 
 SYSTEM = "You are a helpful assistant.\n  Answer briefly."
 TEMPLATE = "Question: {question}\nContext: {context}"
@@ -110,3 +119,31 @@ def test_content_given_as_text_parts_is_matched_and_kept_as_parts() -> None:
     assert new[0]["content"] == [{"type": "text", "text": "new system"}]
     image = [{"type": "image_url", "image_url": {"url": "x"}}]
     assert apply(bundle, [{"role": "system", "content": image}]) == ([{"role": "system", "content": image}], [])
+
+
+def test_a_transition_and_its_row_record_the_bundle_its_call_was_served_with() -> None:
+    spans = three_calls_with_a_reward()
+    spans[2] = dataclasses.replace(spans[2], attributes={semconv.PROMPT_BUNDLE: "pb-0123456789ab"})
+    batch = build_batch(ended(), spans, BuildOptions()).batch
+    assert [t.prompt_bundle for t in batch.transitions] == ["pb-0123456789ab", "", ""]
+    assert [row["PromptBundle"] for row in transition_rows(batch)] == ["pb-0123456789ab", "", ""]
+    assert rollout_rows(ended(prompt_bundle="pb-0123456789ab"))[0]["PromptBundle"] == "pb-0123456789ab"
+    assert rollout_rows(ended())[0]["PromptBundle"] == ""
+
+
+def test_the_bundle_in_force_per_scope_and_what_a_rollback_goes_back_to() -> None:
+    a, b = "pb-aaaaaaaaaaaa", "pb-bbbbbbbbbbbb"
+    promote, rollback = PromotionAction.PROMOTE, PromotionAction.ROLLBACK
+    history = [PromptPromotion(action=promote, bundle_id=a), PromptPromotion(action=promote, bundle_id=b, previous=a),
+               PromptPromotion(action=promote, bundle_id=b, agent="solver")]  # fmt: skip
+    assert (serving_bundle(history, None), serving_bundle(history, "solver"), serving_bundle(history, "other")) == (
+        b, b, b)  # fmt: skip
+    assert rollback_target(history, None) == a and rollback_target(history, "solver") == ""
+    history.append(PromptPromotion(action=rollback, bundle_id=a, previous=b))
+    assert (serving_bundle(history, None), serving_bundle(history, "solver")) == (a, b)  # an agent's own scope wins
+    assert rollback_target(history[-1:], None) == b  # history compacted away: the event's own ``previous``
+    with pytest.raises(InvalidPromptError, match="nothing to roll back"):
+        rollback_target(history, "other")
+    with pytest.raises(ValidationError, match="promote or rollback"):
+        PromptPromotion(action=PromotionAction.REJECT, bundle_id=a)
+    assert PromptPromotion(action=promote, bundle_id=a).topic_key == "*"

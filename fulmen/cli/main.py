@@ -20,6 +20,7 @@ import typer
 from rich.table import Table
 
 from fulmen.cli.base import console, friendly, load_settings
+from fulmen.cli.init import init_command
 from fulmen.cli.models import models_app
 from fulmen.cli.prompts import prompts_app
 from fulmen.cli.train import train_command
@@ -506,6 +507,7 @@ def status() -> None:
 
 # --- algorithm: fulmen train (fulmen/cli/train.py) ------------------------------------------------------------
 app.command("train")(train_command)
+app.command("init")(init_command)  # fulmen/cli/init.py
 
 
 def _query(reader: Any, sql: str, *, final: bool = True) -> Any:

@@ -4,8 +4,9 @@ Both topics are followed as the models topic is (:class:`~fulmen.producers.llm_g
 from the beginning, no consumer group, no commits), into one :class:`PromptRegistry` held in memory. A call whose
 rollout names a bundle (``/rollout/{id}/attempt/{n}/bundle/{bundle_id}/v1``) gets that bundle; a call naming none
 gets the bundle in force for its agent (``/agent/{name}``), else the global one, else nothing (its messages are
-unchanged). A named or promoted bundle the registry has not seen yet may be in flight (published a moment ago): the
-registry waits up to ``wait_s`` for it before the call is refused (404).
+unchanged). A named bundle the registry has not seen yet may be in flight (published a moment ago): the registry waits
+up to ``wait_s`` for it before the call is refused (404). A promoted bundle it has not seen is skipped (logged once):
+a call that names none is never refused for a promotion.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class PromptRegistry:
         self.bundles: dict[str, PromptBundle] = {}
         self.in_force: dict[str | None, PromptPromotion] = {}  # agent scope (None: every agent) -> latest promotion
         self._arrived = asyncio.Condition()
+        self._missing: set[str] = set()  # promoted bundles not seen, warned about once
 
     async def add_bundles(self, bundles: Sequence[PromptBundle]) -> None:
         async with self._arrived:
@@ -62,15 +64,22 @@ class PromptRegistry:
         return serving_bundle(list(self.in_force.values()), agent) if self.in_force else ""
 
     async def resolve(self, named: str | None, agent: str | None) -> PromptBundle | None:
-        """The bundle to apply to a call: the one it names, else the one in force; None when there is none.
+        """The bundle to apply to a call: the one it names, else the one in force; None when there is none (or the
+        one in force has not arrived: logged once, the call goes on unchanged).
 
-        Raises :class:`UnknownBundleError` when that bundle does not arrive within ``wait_s``."""
+        Raises :class:`UnknownBundleError` when a named bundle does not arrive within ``wait_s``."""
         bundle_id = named or self.serving(agent)
         if not bundle_id:
             return None
         found = self.bundles.get(bundle_id)
         if found is not None:
             return found
+        if not named:  # a promotion whose bundle is not here (yet): calls go on unchanged rather than fail
+            if bundle_id not in self._missing:
+                self._missing.add(bundle_id)
+                log.warning("the promoted prompt bundle %s is not on the prompts topic; calls are served unchanged "
+                            "until it arrives", bundle_id)  # fmt: skip
+            return None
         try:
             async with asyncio.timeout(self.wait_s), self._arrived:
                 await self._arrived.wait_for(lambda: bundle_id in self.bundles)

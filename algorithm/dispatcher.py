@@ -12,7 +12,8 @@ groups are out, then returns. A group stays in flight until :meth:`Dispatcher.re
 or dropped it), so ``fill`` waits for groups to finish before dispatching more. The tasks are read in passes:
 ``cycle=True`` (training) starts another pass, reshuffled with the seed, when one ends; ``cycle=False``
 (validation) stops after one pass (:attr:`Dispatcher.exhausted`) until :meth:`Dispatcher.rewind`. Each request
-is announced as ``queued`` on the rollouts topic once the tasks topic acknowledged it.
+is announced as ``queued`` on the rollouts topic once the tasks topic acknowledged it. ``prompt_bundle``: every
+request names this prompt bundle (the gateway applies it to the rollout's calls; the prompt search's evaluator).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class Dispatcher:
         rollout_timeout_s: float = 600.0,
         max_attempts: int = 3,
         metadata: dict[str, str] | None = None,
+        prompt_bundle: str | None = None,
     ) -> None:
         if not tasks:
             raise ConfigurationError("the dispatcher needs at least one task")
@@ -80,6 +82,7 @@ class Dispatcher:
         self.rollout_timeout_s = rollout_timeout_s
         self.max_attempts = max_attempts
         self.metadata = dict(metadata or {})
+        self.prompt_bundle = prompt_bundle
         self.in_flight: dict[str, DispatchedGroup] = {}
         self.passes = 0
         self.dispatched = 0
@@ -150,7 +153,7 @@ class Dispatcher:
             RolloutRequest(
                 task_id=task.task_id, group_id=group_id, mode=self.mode, input=task.input,
                 timeout_s=self.rollout_timeout_s, max_attempts=self.max_attempts, model_version=model_version,
-                metadata={**self.metadata, **task.metadata},
+                metadata={**self.metadata, **task.metadata}, prompt_bundle=self.prompt_bundle,
             )
             for _ in range(self.group_size)
         ]  # fmt: skip

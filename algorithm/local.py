@@ -24,7 +24,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.stack import StackPorts, core_services, runner_spec
 from fulmen.schemas.events import TrainStep, new_id
 
-__all__ = ["LocalPlan", "LocalRun", "TrainReport", "run_locally"]
+__all__ = ["LocalPlan", "LocalRun", "LocalStack", "TrainReport", "local_stack", "run_locally"]
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,46 @@ def run_locally(settings: FulmenSettings, plan: LocalPlan, train: dict[str, Any]
                 after: Callable[[LocalRun], None] = lambda _: None) -> LocalRun:  # fmt: skip
     """Run the system and train ``plan.agent`` (module docstring). ``train`` holds ``TrainSection`` fields; the
     run's identity, model, agent and consumer group are set here."""
+    with local_stack(settings, plan, run_dir=run_dir, on_phase=on_phase) as stack:
+        run = stack.run
+        on_phase("training")
+        train_settings = _train_settings(stack.settings, stack.bootstrap, run, plan, train)
+        run.steps = asyncio.run(_train(train_settings, list(tasks), list(val_tasks or []), stack.services, on_step))
+        run.train_s = time.perf_counter() - stack.started - run.startup_s
+        if run.steps:
+            run.final_model = run.run_dir / "checkpoints" / f"v{run.steps[-1].model_version}"
+        after(run)
+    return run
+
+
+@dataclass
+class LocalStack:
+    """A running local stack (:func:`local_stack`): the run, its services, the run's settings (its topic prefix)
+    with the broker's address, and when it started (``time.perf_counter``)."""
+
+    run: LocalRun
+    services: Services
+    settings: FulmenSettings
+    bootstrap: str
+    ports: StackPorts
+    started: float
+
+    def client_settings(self) -> FulmenSettings:
+        """Settings for a client of this run in this process: its broker and topic prefix, and its store read
+        through ``fulmen consume``'s read port (``open_reader``)."""
+        kafka = self.settings.kafka.model_copy(update={"bootstrap": self.bootstrap})
+        clickhouse = self.settings.clickhouse.model_copy(
+            update={"url": None, "path": self.run.store_path, "read_port": self.ports.read}
+        )
+        return self.settings.model_copy(update={"kafka": kafka, "clickhouse": clickhouse})
+
+
+@contextlib.contextmanager
+def local_stack(settings: FulmenSettings, plan: LocalPlan, *, run_dir: Path | None = None,
+                on_phase: Callable[[str], None] = lambda _: None) -> Iterator[LocalStack]:  # fmt: skip
+    """Steps 1 and 2 of the module docstring: Kafka, this run's topics, ``fulmen consume``, both gateways and the
+    runners of ``plan.agent``, all stopped when the block ends (also on failure). What runs inside the block is the
+    caller's: training (:func:`run_locally`) or a prompt search (``fulmen.optimize_prompt``)."""
     from fulmen.infra.services import ensure_kafka
 
     started = time.perf_counter()
@@ -129,18 +169,11 @@ def run_locally(settings: FulmenSettings, plan: LocalPlan, train: dict[str, Any]
         with Services(run_dir / "logs", _base_env(run_settings, ready.bootstrap, run, ports)) as services:
             _start_services(services, run, plan, ports, on_phase)
             run.startup_s = time.perf_counter() - started
-            on_phase("training")
-            train_settings = _train_settings(run_settings, ready.bootstrap, run, plan, train)
-            run.steps = asyncio.run(_train(train_settings, list(tasks), list(val_tasks or []), services, on_step))
-            run.train_s = time.perf_counter() - started - run.startup_s
-            if run.steps:
-                run.final_model = run_dir / "checkpoints" / f"v{run.steps[-1].model_version}"
-            after(run)
+            yield LocalStack(run, services, run_settings, ready.bootstrap, ports, started)
     finally:
         if ready.started is not None:
             ready.started.stop()
     run.wall_s = time.perf_counter() - started
-    return run
 
 
 def _base_env(settings: FulmenSettings, bootstrap: str, run: LocalRun, ports: StackPorts) -> dict[str, str]:

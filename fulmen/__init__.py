@@ -9,6 +9,8 @@ The public API, for agent authors and for code that reads Fulmen's events::
     async def solve(task: dict, llm: fulmen.LLMEndpoint) -> float: ...
 
     report = fulmen.train(agent="my_agents.solver:solve", dataset="train.jsonl", val="val.jsonl", model="tiny")
+    report = fulmen.optimize_prompt(agent="my_agents.solver:solve", dataset="train.jsonl", val="val.jsonl",
+                                    test="test.jsonl", optimizer_url="https://.../v1", max_rollouts=200)
 
 Everything else lives in the subpackages, whose imports flow one way: ``fulmen.schemas`` (the contracts) <-
 ``fulmen.infra`` (settings, Kafka, the store) <- ``fulmen.producers`` / ``fulmen.consumers`` /
@@ -32,6 +34,7 @@ __all__ = [
     "ModelPromotion",
     "ModelVersion",
     "PromotionAction",
+    "PromptReport",
     "RolloutEvent",
     "RolloutMode",
     "RolloutRequest",
@@ -43,6 +46,7 @@ __all__ = [
     "__version__",
     "emit_annotation",
     "emit_reward",
+    "optimize_prompt",
     "train",
 ]
 
@@ -57,6 +61,8 @@ _HOMES = {
     "emit_annotation": "fulmen.producers.agent_helpers",
     "LLMEndpoint": "fulmen.producers.runner.agent",
     "train": "fulmen.training",
+    "optimize_prompt": "fulmen.prompt_optimization",
+    "PromptReport": "fulmen.prompt_optimization",
     "TrainReport": "fulmen.algorithm.local",
     **dict.fromkeys(
         (
@@ -82,6 +88,7 @@ if TYPE_CHECKING:
     from fulmen.algorithm.local import TrainReport
     from fulmen.producers.agent_helpers import emit_annotation, emit_reward
     from fulmen.producers.runner.agent import LLMEndpoint
+    from fulmen.prompt_optimization import PromptReport, optimize_prompt
     from fulmen.schemas.events import (
         DeadLetterHeaders,
         Feedback,

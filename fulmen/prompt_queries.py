@@ -15,14 +15,14 @@ from fulmen.schemas import semconv
 from fulmen.schemas.ddl import TABLES
 from fulmen.schemas.prompts import fingerprint, message_text
 
-__all__ = ["BundleRow", "ScannedPrompt", "bundle_rows", "scan_prompts", "serving_by_scope"]
+__all__ = ["BundleRow", "ScannedPrompt", "bundle_mismatches", "bundle_rows", "scan_prompts", "serving_by_scope"]
 
 _SCAN_SQL = """
 SELECT JSONExtractString(m, 'role') AS role, JSONExtractRaw(m, 'content') AS content, count() AS calls,
        groupUniqArray(8)(AgentName) AS agents
 FROM {db}{spans}
 ARRAY JOIN JSONExtractArrayRaw(SpanAttributes[%(messages)s]) AS m
-WHERE SpanAttributes[%(messages)s] != '' AND SpanAttributes[%(bundle)s] = '' AND role IN %(roles)s
+WHERE SpanAttributes[%(messages)s] != '' AND SpanAttributes[%(bundle)s] = '' AND role IN %(roles)s{rollouts}
 GROUP BY role, content
 ORDER BY calls DESC
 LIMIT %(limit)s
@@ -41,13 +41,14 @@ class ScannedPrompt:
 
 
 def scan_prompts(reader: Any, database: str = "", roles: tuple[str, ...] = ("system", "user"),
-                 limit: int = 1000) -> list[ScannedPrompt]:  # fmt: skip
+                 limit: int = 1000, rollout_ids: tuple[str, ...] | None = None) -> list[ScannedPrompt]:  # fmt: skip
     """The prompts stored spans carry, most sent first, merged by fingerprint (texts that differ only in whitespace
-    are one slot)."""
+    are one slot); ``rollout_ids``: only those rollouts' calls."""
     db = f"{database}." if database else ""
-    sql = _SCAN_SQL.format(db=db, spans=TABLES["spans"])
+    only = " AND RolloutId IN %(rollouts)s" if rollout_ids is not None else ""
+    sql = _SCAN_SQL.format(db=db, spans=TABLES["spans"], rollouts=only)
     parameters = {"messages": semconv.GEN_AI_INPUT_MESSAGES, "bundle": semconv.PROMPT_BUNDLE, "roles": tuple(roles),
-                  "limit": limit}  # fmt: skip
+                  "limit": limit, "rollouts": tuple(rollout_ids or ("",))}  # fmt: skip
     found: dict[str, dict[str, Any]] = {}
     for role, content, calls, agents in reader.query(sql, parameters, read_only=True).rows:
         text = message_text(json.loads(content)) if content else None
@@ -98,3 +99,26 @@ def serving_by_scope(reader: Any, database: str = "") -> dict[str, str]:
     sql = (f"SELECT Agent, argMax(BundleId, CreatedAt) FROM {db}{TABLES['prompt_promotions']} "
            "GROUP BY Agent")  # fmt: skip
     return {agent: bundle for agent, bundle in reader.query(sql, None, final=True, read_only=True).rows}
+
+
+_MISMATCH_SQL = """
+SELECT count() AS calls, countIf(s.SpanAttributes[%(bundle)s] != r.PromptBundle) AS mismatches
+FROM {db}{spans} AS s
+INNER JOIN (SELECT RolloutId, Attempt, max(PromptBundle) AS PromptBundle FROM {db}{rollouts}
+            GROUP BY RolloutId, Attempt) AS r ON s.RolloutId = r.RolloutId AND s.Attempt = r.Attempt
+WHERE s.SpanAttributes[%(op)s] IN %(ops)s{only}
+"""
+
+
+def bundle_mismatches(reader: Any, database: str = "", rollout_ids: tuple[str, ...] | None = None) -> tuple[int, int]:
+    """``(LLM calls checked, calls whose span names a bundle other than its rollout's)`` over the stored calls of
+    dispatched rollouts (or of ``rollout_ids``). A rollout that named no bundle has '' and so must its calls: a call
+    served with a promoted bundle inside such a rollout counts as a mismatch too."""
+    db = f"{database}." if database else ""
+    only = " AND s.RolloutId IN %(ids)s" if rollout_ids is not None else ""
+    sql = _MISMATCH_SQL.format(db=db, spans=TABLES["spans"], rollouts=TABLES["rollouts"], only=only)
+    parameters = {"bundle": semconv.PROMPT_BUNDLE, "op": semconv.GEN_AI_OPERATION_NAME,
+                  "ops": (semconv.OPERATION_CHAT, semconv.OPERATION_TEXT_COMPLETION),
+                  "ids": tuple(rollout_ids or ("",))}  # fmt: skip
+    [[calls, mismatches]] = reader.query(sql, parameters, final=True, read_only=True).rows
+    return int(calls), int(mismatches)

@@ -22,6 +22,7 @@ from rich.table import Table
 from fulmen.cli.base import console, friendly, load_settings
 from fulmen.cli.init import init_command
 from fulmen.cli.models import models_app
+from fulmen.cli.optimize import optimize_prompt_command
 from fulmen.cli.prompts import prompts_app
 from fulmen.cli.train import train_command
 from fulmen.infra.errors import FulmenError
@@ -508,6 +509,7 @@ def status() -> None:
 # --- algorithm: fulmen train (fulmen/cli/train.py) ------------------------------------------------------------
 app.command("train")(train_command)
 app.command("init")(init_command)  # fulmen/cli/init.py
+app.command("optimize-prompt")(optimize_prompt_command)  # fulmen/cli/optimize.py
 
 
 def _query(reader: Any, sql: str, *, final: bool = True) -> Any:

@@ -1,0 +1,83 @@
+"""``fulmen optimize-prompt``: search better texts for the prompts an agent already sends (registered by
+``fulmen.cli.main``); :func:`fulmen.optimize_prompt` does the work, this prints its progress and report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from fulmen.cli.base import console, friendly, load_settings
+
+__all__ = ["optimize_prompt_command"]
+
+
+@friendly
+def optimize_prompt_command(
+    agent: Annotated[str, typer.Option(help="module:function the runners run (the agent, unchanged)")],
+    dataset: Annotated[Path, typer.Option(help="JSONL of training tasks (the search's minibatches)")],
+    val: Annotated[Path, typer.Option(help="JSONL of validation tasks (the candidates' scores)")],
+    test: Annotated[Path, typer.Option(help="JSONL of test tasks (the report; never used to choose)")],
+    optimizer_url: Annotated[
+        str, typer.Option(help="an OpenAI-compatible URL ending in /v1 (key: FULMEN_OPTIMIZER_API_KEY)")
+    ],
+    max_rollouts: Annotated[int, typer.Option(help="the budget: agent rollouts at most, the report's included", min=1)],
+    search: Annotated[str, typer.Option(help="gepa (reflective, Pareto frontier) or beam (the anchor's APO)")] = "gepa",
+    model: Annotated[
+        str, typer.Option(help="the policy: 'tiny', a model directory, or the upstream's name (FULMEN_LLM_BACKEND)")
+    ] = "tiny",
+    slot: Annotated[
+        list[str] | None, typer.Option(help="a slot to optimise (repeat; fp-... from `fulmen prompts scan`)")
+    ] = None,
+    role: Annotated[list[str] | None, typer.Option(help="without --slot: the roles whose prompts to optimise")] = None,
+    seed: Annotated[int, typer.Option(help="the search's seed")] = 0,
+    minibatch: Annotated[int, typer.Option(help="gepa: training tasks per minibatch", min=1)] = 4,
+    optimizer_model: Annotated[str, typer.Option(help="the model name sent to the optimiser")] = "optimizer",
+    max_optimizer_tokens: Annotated[int, typer.Option(help="the optimiser's token cap", min=1)] = 200_000,
+    promote: Annotated[
+        bool, typer.Option("--promote", help="serve the best bundle to the calls that name none")
+    ] = False,
+    promote_agent: Annotated[str | None, typer.Option(help="--promote for this agent only (its /agent/NAME)")] = None,
+    local: Annotated[
+        bool, typer.Option("--local/--deployed", help="start the stack for this run, or use the deployment in force")
+    ] = True,
+    runners: Annotated[int, typer.Option(help="--local: runner processes of the agent", min=1)] = 1,
+    concurrency: Annotated[int, typer.Option(help="--local: rollouts at once per runner", min=1)] = 32,
+    rollout_timeout: Annotated[float, typer.Option(help="seconds one rollout may take", min=1)] = 300.0,
+    json_out: Annotated[bool, typer.Option("--json", help="print the report as one JSON line")] = False,
+) -> None:
+    """Optimise the prompts AGENT already sends, with no change to it: candidates are prompt bundles the LLM
+    gateway applies to each rollout's calls, scored by the agent's own rewards through the whole system; the
+    optimiser LLM reads the failing episodes from the store. Reports the best bundle on --test."""
+    from fulmen.prompt_optimization import optimize_prompt
+
+    report = optimize_prompt(
+        agent, dataset, val, test, optimizer_url, max_rollouts, search=search, model=model, slots=slot,
+        roles=tuple(role or ("system",)), seed=seed, minibatch=minibatch, optimizer_model=optimizer_model,
+        max_optimizer_tokens=max_optimizer_tokens, promote=promote, promote_agent=promote_agent, runners=runners,
+        concurrency=concurrency, rollout_timeout_s=rollout_timeout, local=local, settings=load_settings(),
+        on_phase=None if json_out else (lambda text: console.print(f"[green]•[/] {text}")),
+    )  # fmt: skip
+    if json_out:
+        typer.echo(json.dumps(report.summary() | {"run_dir": str(report.run_dir), "best_slots": report.best_slots}))
+        return
+    table = Table("bundle", "parents", "validation", "found at rollout", "texts")
+    for row in report.lineage:
+        texts = " | ".join(" ".join(text.split())[:60] for text in row["slots"].values())
+        best = " (best)" if row["id"] == report.best_bundle else ""
+        table.add_row(row["id"] + best, ", ".join(row["parents"]) or "-", f"{row['mean']:.3f}",
+                      str(row["found_at_rollouts"] + 1), texts)  # fmt: skip
+    console.print(table)
+    console.print(f"test split: {report.heldout_before:.3f} with the agent's own prompts, {report.heldout_after:.3f} "
+                  f"with {report.best_bundle}")  # fmt: skip
+    console.print(f"rollouts used: {report.rollouts_used} of {report.max_rollouts} ({report.stopped_by}); calls whose "
+                  f"span names another bundle than their rollout's: {report.bundle_mismatches} of "
+                  f"{report.calls_checked}")  # fmt: skip
+    for name, text in sorted(report.best_slots.items()):
+        console.print(f"\n[bold]{name}[/bold]", highlight=False)
+        console.print(text, highlight=False, markup=False)
+    served = f"promoted {report.promoted}" if report.promoted else f"fulmen prompts promote {report.best_bundle}"
+    console.print(f"\nrun {report.run_id} in {report.wall_s:.0f}s; {served}")

@@ -1,0 +1,287 @@
+"""``fulmen.optimize_prompt(...)``: optimise the prompts an agent already sends, through the whole system, in one call.
+
+    report = fulmen.optimize_prompt(agent="my_agents.solver:run", dataset="train.jsonl", val="val.jsonl",
+                                    test="test.jsonl", optimizer_url="https://api.example.com/v1", max_rollouts=200)
+    report.best_bundle, report.heldout_before, report.heldout_after
+
+It starts the local stack as ``fulmen.train`` does (:func:`fulmen.algorithm.local.local_stack`: Kafka unless
+``FULMEN_KAFKA_BOOTSTRAP``, ``fulmen consume``, both gateways, ``runners`` runners of the agent), then:
+
+1. finds the slots: one rollout of the first training task with no bundle, and the prompts of the chosen
+   ``roles`` its calls sent (as ``fulmen prompts scan`` would list them), unless ``slots`` names them;
+2. searches (``gepa`` or ``beam``, :mod:`fulmen.algorithm.prompts.search`) with the
+   :class:`~fulmen.algorithm.prompts.system.SystemEvaluator` (each candidate a published bundle, its rollouts
+   dispatched through Kafka to the runners, the gateway applying it) and the
+   :class:`~fulmen.algorithm.prompts.reflect.ReflectiveProposer` at ``optimizer_url`` (key:
+   ``FULMEN_OPTIMIZER_API_KEY``), within ``max_rollouts`` rollouts, the discovery rollout and the test report
+   included;
+3. scores the agent's own prompts and the best bundle on the test split, publishes every candidate again with its
+   lineage (parents, validation scores), counts the calls whose span names a bundle other than their rollout's
+   (SQL on the store), and promotes the best bundle when ``promote`` (and it differs from the agent's own).
+
+The LLM gateway gets the ``FULMEN_LLM_*`` variables in force (``FULMEN_LLM_BACKEND=openai`` and
+``FULMEN_LLM_UPSTREAM_URL`` put any OpenAI-compatible model behind it; ``model`` is then the upstream's name).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fulmen.infra.errors import ConfigurationError
+from fulmen.training import Tasks, _agent_name, _model_dir, _tasks
+
+if TYPE_CHECKING:
+    from fulmen.algorithm.prompts.search import SearchResult
+    from fulmen.infra.settings import FulmenSettings
+
+__all__ = ["PromptReport", "optimize_prompt"]
+
+log = logging.getLogger(__name__)
+
+_LLM_RUN_OWN = ("FULMEN_LLM_PORT", "FULMEN_LLM_HOST", "FULMEN_LLM_MODEL", "FULMEN_LLM_MODEL_VERSION")
+_UPSTREAM_BACKENDS = ("openai", "vllm")
+
+
+@dataclass(frozen=True)
+class PromptReport:
+    """What a prompt search gave: the best bundle and its texts, the test-split scores of the agent's own prompts
+    (``heldout_before``) and of the best bundle (``heldout_after``), the rollouts used of the budget (discovery and
+    test included), the candidates' lineage, calls checked and ``bundle_mismatches`` (calls whose span names a bundle
+    other than their rollout's), the promotion made (None: none), the run's id and directory, and its wall time."""
+
+    run_id: str
+    run_dir: Path
+    search: str
+    base_bundle: str
+    base_slots: dict[str, str]
+    best_bundle: str
+    best_slots: dict[str, str]
+    heldout_before: float
+    heldout_after: float
+    rollouts_used: int
+    max_rollouts: int
+    rollouts_to_best: int
+    stopped_by: str
+    lineage: list[dict[str, Any]]
+    calls_checked: int
+    bundle_mismatches: int
+    promoted: str | None = None
+    optimizer_tokens: int = 0
+    rollout_ids: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """The report as one JSON-ready object, without the lineage's texts."""
+        keys = ("run_id", "search", "base_bundle", "best_bundle", "heldout_before", "heldout_after", "rollouts_used",
+                "max_rollouts", "rollouts_to_best", "stopped_by", "calls_checked", "bundle_mismatches", "promoted",
+                "optimizer_tokens", "wall_s")  # fmt: skip
+        return {k: getattr(self, k) for k in keys} | {"candidates": len(self.lineage)}
+
+
+def optimize_prompt(agent: str | Callable[..., Any], dataset: Tasks, val: Tasks, test: Tasks, optimizer_url: str,
+                    max_rollouts: int, *, search: str = "gepa", model: str | Path = "tiny",
+                    slots: Sequence[str] | None = None, roles: Sequence[str] = ("system",), seed: int = 0,
+                    minibatch: int = 4, optimizer_model: str = "optimizer", max_optimizer_tokens: int = 200_000,
+                    promote: bool = False, promote_agent: str | None = None, runners: int = 1,
+                    concurrency: int = 32, rollout_timeout_s: float = 300.0, local: bool = True,
+                    settings: FulmenSettings | None = None,
+                    on_phase: Callable[[str], None] | None = None) -> PromptReport:  # fmt: skip
+    """Optimise ``agent``'s prompts (module docstring). ``dataset``/``val``/``test``: task files or task inputs
+    (distinct task ids across the three); ``slots``: the slot names to optimise (default: every prompt of
+    ``roles`` the agent sends); ``promote_agent``: the scope of the promotion (None: every agent); ``local=False``:
+    no stack is started, the deployment the settings name runs the rollouts (its runners must run ``agent``). Raises
+    ConfigurationError for bad arguments, FulmenError when a service or the optimiser fails."""
+    from fulmen.algorithm.local import LocalPlan, local_stack
+    from fulmen.algorithm.prompts.search import get_search
+    from fulmen.infra.settings import FulmenSettings
+    from fulmen.schemas.events import new_id
+
+    started = time.perf_counter()
+    get_search(search)  # an unknown name fails before anything starts
+    settings = settings or FulmenSettings()
+    splits = _splits(dataset, val, test, max_rollouts)
+    args = _SearchArgs(search, max_rollouts, tuple(slots or ()), tuple(roles), seed, minibatch, optimizer_url,
+                       optimizer_model, max_optimizer_tokens, promote, promote_agent, rollout_timeout_s)  # fmt: skip
+    phase = on_phase or (lambda _: None)
+    name = _agent_name(agent)
+    if not local:  # the deployment in force (`fulmen up`, or services started by hand) runs the agent
+        run_id = f"prompts-{new_id()[:10]}"
+        where = _Where(settings, run_id, settings.home / "runs" / run_id, lambda: None)
+        report = asyncio.run(_run(where, name, splits, args, phase))
+        return dataclasses.replace(report, wall_s=time.perf_counter() - started)
+    llm_env = {k: v for k, v in os.environ.items() if k.startswith("FULMEN_LLM_") and k not in _LLM_RUN_OWN}
+    served = Path(str(model)) if llm_env.get("FULMEN_LLM_BACKEND") in _UPSTREAM_BACKENDS else None
+    plan = LocalPlan(name, served or _model_dir(model, settings.home), runners=runners, concurrency=concurrency,
+                     llm_env=llm_env, run_prefix="prompts")  # fmt: skip
+    with local_stack(settings, plan, on_phase=phase) as stack:
+        where = _Where(stack.client_settings(), stack.run.run_id, stack.run.run_dir, stack.services.check)
+        phase(f"searching ({search}, at most {max_rollouts} rollouts)")
+        report = asyncio.run(_run(where, name, splits, args, phase))
+    return dataclasses.replace(report, wall_s=time.perf_counter() - started)
+
+
+def _splits(dataset: Tasks, val: Tasks, test: Tasks, max_rollouts: int) -> dict[str, list]:
+    splits = {name: _tasks(tasks) for name, tasks in (("dataset", dataset), ("val", val), ("test", test))}
+    ids = [t.task_id for tasks in splits.values() for t in tasks]
+    if len(set(ids)) != len(ids):
+        raise ConfigurationError("dataset, val and test must not share task ids (the report is on test alone)")
+    least = 1 + len(splits["val"]) + 2 * len(splits["test"])
+    if max_rollouts < least:
+        raise ConfigurationError(f"max_rollouts={max_rollouts} cannot pay for finding the prompts (1 rollout), one "
+                                 f"validation pass ({len(splits['val'])}) and the test report of the agent's own "
+                                 f"prompts and the best bundle ({2 * len(splits['test'])}): raise it to at least "
+                                 f"{least}")  # fmt: skip
+    return splits
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where a search runs: the settings its clients use, its run id and directory, and a health check."""
+
+    settings: FulmenSettings
+    run_id: str
+    run_dir: Path
+    check: Callable[[], None]
+
+
+@dataclass(frozen=True)
+class _SearchArgs:
+    search: str
+    max_rollouts: int
+    slots: tuple[str, ...]
+    roles: tuple[str, ...]
+    seed: int
+    minibatch: int
+    optimizer_url: str
+    optimizer_model: str
+    max_optimizer_tokens: int
+    promote: bool
+    promote_agent: str | None
+    rollout_timeout_s: float
+
+
+async def _run(where: _Where, agent: str, splits: dict[str, list], args: _SearchArgs,
+               phase: Callable[[str], None]) -> PromptReport:  # fmt: skip
+    from fulmen.algorithm.collector import Collector
+    from fulmen.algorithm.groups import GroupBook
+    from fulmen.algorithm.prompts.evidence import episode_evidence
+    from fulmen.algorithm.prompts.system import EvaluatorOptions, SystemEvaluator
+    from fulmen.algorithm.settings import IncompletePolicy
+    from fulmen.algorithm.train import SENDER
+    from fulmen.infra.kafka.broker import kafka_broker
+    from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
+    from fulmen.infra.kafka.prompts import PROMPTS_SENDER
+    from fulmen.infra.kafka.publish import EventPublisher
+    from fulmen.infra.store import open_reader
+    from fulmen.schemas.topics import TopicKey, topic_name
+
+    settings = where.settings
+    broker = kafka_broker(settings)
+    transitions = topic_name(TopicKey.TRANSITIONS, settings.kafka.topic_prefix)
+    source = consumer(settings, f"{where.run_id}.prompts", transitions)
+    await start_or_raise(broker, settings, "prompt search publisher")
+    reader = None
+    try:
+        await start_or_raise(source, settings, "prompt search collector")
+        reader = await asyncio.to_thread(open_reader, settings)
+        db = settings.clickhouse.database
+        book = GroupBook(timeout_s=args.rollout_timeout_s + 60.0, policy=IncompletePolicy.DROP)
+        options = EvaluatorOptions(agent=agent, run_id=where.run_id, source=args.search,
+                                   bundle_agent=args.promote_agent,
+                                   rollout_timeout_s=args.rollout_timeout_s)  # fmt: skip
+        evaluator = SystemEvaluator(
+            EventPublisher(broker, SENDER), EventPublisher(broker, PROMPTS_SENDER), Collector(source, book),
+            [t for tasks in splits.values() for t in tasks], asyncio.get_running_loop(), options,
+            evidence=lambda ids: episode_evidence(reader, db, ids), check=where.check,
+        )  # fmt: skip
+        phase("finding the prompts the agent sends (one rollout of the first training task, no bundle)")
+        base = await _discover(evaluator, reader, db, splits["dataset"][0], args)
+        phase(f"optimising {len(base)} slot(s): {', '.join(sorted(base))}")
+        result, tokens = await asyncio.to_thread(_search, evaluator, base, splits, args)
+        return await _finish(where, evaluator, reader, base, result, tokens, args, phase)
+    finally:
+        if reader is not None:
+            reader.close()
+        await close_quietly([source, broker])
+
+
+async def _discover(evaluator: Any, reader: Any, database: str, task: Any, args: _SearchArgs) -> dict[str, str]:
+    """The base slots: the prompts of ``args.roles`` one rollout of ``task`` sent with no bundle (or those named)."""
+    from fulmen.prompt_queries import scan_prompts
+
+    [episode] = await evaluator.evaluate(None, [task.task_id])
+    found = await asyncio.to_thread(scan_prompts, reader, database, args.roles, 100, (episode.rollout_id,))
+    sent = {p.slot: p.text for p in found}
+    wanted = list(args.slots) or sorted(sent)
+    missing = [s for s in wanted if s not in sent]
+    if not wanted or missing:
+        raise ConfigurationError(
+            f"the agent's rollout of task {task.task_id} sent no {'/'.join(args.roles)} prompt"
+            + (f" named {', '.join(missing)}" if missing else "")
+            + f" (it sent: {', '.join(sorted(sent)) or 'none'}); check that it calls the LLM through the base_url it "
+            "is given, or pass --role/--slot"
+        )
+    return {s: sent[s] for s in wanted}
+
+
+def _search(evaluator: Any, base: dict[str, str], splits: dict[str, list], args: _SearchArgs
+            ) -> tuple[SearchResult, int]:  # fmt: skip
+    from fulmen.algorithm.prompts.reflect import ReflectiveProposer
+    from fulmen.algorithm.prompts.search import SearchConfig, optimize
+    from fulmen.schemas.prompts import validate_slot_text
+
+    proposer = ReflectiveProposer(args.optimizer_url, args.optimizer_model, max_tokens_total=args.max_optimizer_tokens,
+                                  validate=validate_slot_text)  # fmt: skip
+    try:
+        config = SearchConfig(seed=args.seed, minibatch=args.minibatch)
+        result = optimize(evaluator, proposer, base, train=[t.task_id for t in splits["dataset"]],
+                          val=[t.task_id for t in splits["val"]], test=[t.task_id for t in splits["test"]],
+                          max_rollouts=args.max_rollouts - 1, search=args.search, config=config)  # fmt: skip
+    finally:
+        proposer.close()
+    return result, proposer.tokens_used
+
+
+async def _finish(where: _Where, evaluator: Any, reader: Any, base: dict[str, str], result: SearchResult,
+                  tokens: int, args: _SearchArgs, phase: Callable[[str], None]) -> PromptReport:  # fmt: skip
+    from fulmen.infra.kafka.prompts import decide_prompt
+    from fulmen.prompt_queries import bundle_mismatches
+    from fulmen.schemas.events import PromotionAction
+    from fulmen.schemas.prompts import PromptBundle
+    from fulmen.schemas.topics import TopicKey
+
+    settings = where.settings
+    o = evaluator.options
+    lineage = [
+        PromptBundle.create(c.slots, templates=o.templates, parents=c.parents, scores=c.scores, agent=o.bundle_agent,
+                            source=args.search, run_id=o.run_id)
+        for c in result.candidates
+    ]  # fmt: skip
+    await evaluator.bundles.publish_many(TopicKey.PROMPTS, lineage)
+    calls, mismatches = await asyncio.to_thread(bundle_mismatches, reader, settings.clickhouse.database,
+                                                tuple(evaluator.rollout_ids))  # fmt: skip
+    base_id = evaluator.bundle(base).bundle_id
+    promoted = None
+    if args.promote and result.best.id != base_id:
+        phase(f"promoting {result.best.id} for {args.promote_agent or 'every agent'}")
+        reason = f"fulmen optimize-prompt {o.run_id}: test {result.report['heldout_after']:.3f} (was " \
+                 f"{result.report['heldout_before']:.3f})"  # fmt: skip
+        promoted = (await decide_prompt(settings, PromotionAction.PROMOTE, result.best.id, args.promote_agent,
+                                        reason)).bundle_id  # fmt: skip
+    return PromptReport(
+        run_id=o.run_id, run_dir=where.run_dir, search=args.search, base_bundle=base_id, base_slots=dict(base),
+        best_bundle=result.best.id, best_slots=dict(result.best.slots),
+        heldout_before=result.report["heldout_before"], heldout_after=result.report["heldout_after"],
+        rollouts_used=result.rollouts_used + 1, max_rollouts=args.max_rollouts,
+        rollouts_to_best=result.rollouts_to_best + 1, stopped_by=result.stopped_by, lineage=result.lineage(),
+        calls_checked=calls, bundle_mismatches=mismatches, promoted=promoted, optimizer_tokens=tokens,
+        rollout_ids=list(evaluator.rollout_ids),
+    )  # fmt: skip

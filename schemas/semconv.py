@@ -87,6 +87,7 @@ LLM_ADAPTER: Final = "fulmen.llm.adapter"  # whose LoRA adapter served that call
 ADAPTER_NONE: Final = "base"  # the call named an agent with no adapter: the model's own weights served it
 PROMPT_BUNDLE: Final = "fulmen.prompt.bundle"  # the prompt bundle applied to the call (schemas/prompts.py)
 PROMPT_SLOTS: Final = "fulmen.prompt.slots"  # the bundle's slots whose text replaced the agent's (string array)
+PROMPT_BUNDLE_HEADER: Final = "X-Fulmen-Prompt-Bundle"  # the LLM gateway's response header: the bundle it applied
 REWARD_VALUE: Final = "fulmen.reward.value"
 REWARD_NAME: Final = "fulmen.reward.name"
 ANNOTATION_PREFIX: Final = "fulmen.annotation."

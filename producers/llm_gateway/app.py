@@ -2,7 +2,8 @@
 
 Routes (each also under ``/rollout/{rollout_id}/attempt/{attempt}``, which ties the call to a rollout with no
 header or SDK, optionally followed by ``/bundle/{bundle_id}``, the prompt bundle applied to the rollout's calls
-(:mod:`~fulmen.producers.llm_gateway.prompts_follower`; calls naming none get the promoted bundle, if any), and
+(:mod:`~fulmen.producers.llm_gateway.prompts_follower`; calls naming none get the promoted bundle, if any; the
+response's ``X-Fulmen-Prompt-Bundle`` header names the bundle applied), and
 under any of these with ``/agent/{name}`` after it, which names the agent that calls, for agents that
 give each of their agents its own ``base_url``): ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``GET /v1/models``; plus ``POST /v1/feedback`` (late feedback, below), ``/healthz`` and ``/readyz``. A call that
@@ -229,12 +230,13 @@ class LlmGateway(Gateway):
             response = _error_response(request, exc.status, (exc.text or exc.reason).strip(), {})
             response.force_close()  # the body was not read to its end: the connection cannot be reused
             return response
+        served = {semconv.PROMPT_BUNDLE_HEADER: bundle} if bundle else {}  # which bundle the call was served with
         if not parsed.stream:
             response = chat_response(result) if chat else completion_response(result)
             payload = await self._off_loop(big, _json_bytes, response)
-            return web.Response(body=payload, content_type="application/json")
+            return web.Response(body=payload, content_type="application/json", headers=served)
         chunks = chat_chunks if chat else completion_chunks
-        return await self._stream(request, chunks(result, parsed.include_usage))
+        return await self._stream(request, chunks(result, parsed.include_usage), served)
 
     async def handle_feedback(self, request: web.Request) -> web.Response:
         """``POST /v1/feedback``: publish one Feedback; 202 with its id once Kafka acknowledged (module docstring)."""
@@ -317,8 +319,10 @@ class LlmGateway(Gateway):
             return function(*args)
         return await asyncio.get_running_loop().run_in_executor(self._cpu, function, *args)
 
-    async def _stream(self, request: web.Request, chunks) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    async def _stream(self, request: web.Request, chunks, headers: dict[str, str]) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
+        )
         await response.prepare(request)
         for chunk in chunks:
             await response.write(sse(chunk))

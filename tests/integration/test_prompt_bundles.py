@@ -38,12 +38,15 @@ MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "
 BETTER = "Answer with the sum in digits only."
 
 
-async def _call(gateway: LlmGateway, rollout_id: str, bundle: str | None = None, messages=MESSAGES) -> None:
+async def _call(gateway: LlmGateway, rollout_id: str, bundle: str | None = None, messages=MESSAGES) -> str | None:
+    """One call; the bundle the gateway says it applied (its response header), None when none."""
     url = base_url(gateway, rollout_id)
     if bundle is not None:
         url = url.removesuffix("/v1") + f"/bundle/{bundle}/v1"
     async with AsyncOpenAI(base_url=url, api_key="x") as client:
-        await client.chat.completions.create(model="fulmen", messages=messages, max_tokens=3, seed=1)
+        raw = await client.chat.completions.with_raw_response.create(model="fulmen", messages=messages, max_tokens=3,
+                                                                     seed=1)  # fmt: skip
+    return raw.headers.get(semconv.PROMPT_BUNDLE_HEADER)
 
 
 async def test_a_bundle_rewrites_the_calls_of_the_rollouts_naming_it_and_a_promotion_the_others(
@@ -53,11 +56,12 @@ async def test_a_bundle_rewrites_the_calls_of_the_rollouts_naming_it_and_a_promo
     async with consumers_running(settings, linked_store), llm_gateway_running(settings, tiny_model,
                                                                                 follow_models=False) as gateway:  # fmt: skip
         await publish_bundles(settings, [bundle])
-        await _call(gateway, "named", bundle.bundle_id)  # may arrive before the gateway saw the bundle: it waits
-        await _call(gateway, "plain")
+        # may arrive before the gateway saw the bundle: it waits; the response names the bundle it was served with
+        assert await _call(gateway, "named", bundle.bundle_id) == bundle.bundle_id
+        assert await _call(gateway, "plain") is None
         await decide_prompt(settings, PromotionAction.PROMOTE, bundle.bundle_id, None, "test")
         await until(lambda: gateway.prompts.serving(None) == bundle.bundle_id)
-        await _call(gateway, "promoted")
+        assert await _call(gateway, "promoted") == bundle.bundle_id
         await decide_prompt(settings, PromotionAction.ROLLBACK, None, None, "test")
         await until(lambda: gateway.prompts.serving(None) == "")
         await _call(gateway, "rolled-back")

@@ -116,7 +116,7 @@ def settings_page() -> str:
 
     from fulmen.algorithm.settings import TrainSettings
     from fulmen.consumers.transitions.settings import ConsumersSettings
-    from fulmen.infra.settings import DashboardProcessSettings, FulmenSettings
+    from fulmen.infra.settings import CliProcessSettings, DashboardProcessSettings, FulmenSettings
     from fulmen.producers.llm_gateway.settings import LlmGatewaySettings
     from fulmen.producers.otlp_gateway.settings import OtlpGatewaySettings
     from fulmen.producers.runner.settings import RunnerSettings
@@ -129,6 +129,7 @@ def settings_page() -> str:
         (ConsumersSettings, "`fulmen consume`"),
         (TrainSettings, "`fulmen train`"),
         (DashboardProcessSettings, "`fulmen dashboard`"),
+        (CliProcessSettings, "`fulmen sql`, `fulmen rollouts`, `fulmen status`"),
     ]
     lines = [
         "# Settings",

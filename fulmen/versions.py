@@ -1,6 +1,7 @@
-"""What the store says of a model's versions: their runs, parents, held-out scores, promotion decisions, and which
-one serves. ``fulmen models list`` prints it and the dashboard's models page shows it; both read through the
-read-only reader (values as bound parameters)."""
+"""What the store says of a model's versions: their runs, parents, held-out scores, promotion decisions, which
+one serves, and which served a rollout. ``fulmen models list`` prints it and the dashboard's models page shows it;
+``fulmen rollouts`` and the dashboard's rollout pages show a rollout's version with :func:`rollout_versions`; all
+read through the read-only reader (values as bound parameters)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from fulmen.schemas.events import PromotionAction
 
-__all__ = ["VersionRow", "model_names", "version_rows"]
+__all__ = ["VersionRow", "model_names", "rollout_versions", "version_label", "version_rows"]
 
 
 def model_names(reader: Any, database: str = "") -> list[str]:
@@ -63,3 +64,29 @@ def version_rows(reader: Any, model_name: str, database: str = "") -> list[Versi
         shown.append(VersionRow(version, run, parent if version > 0 else "-", score, row["decision"],
                                 serving == (run, version), row["uri"]))  # fmt: skip
     return shown
+
+
+def rollout_versions(reader: Any, keys: list[tuple[str, int]], database: str = "") -> dict[tuple[str, int], str]:
+    """The version each rollout attempt in ``keys`` was served by, as :func:`version_label` shows it.
+
+    A rollout's row carries the version its request was dispatched under (often none: ``fulmen submit`` names
+    none), while each LLM call's span carries the version the gateway served it with, which its transition
+    copies. What a rollout shows is what served its calls, read from its LLM spans, so that it matches them;
+    an attempt whose calls two versions served (a new one published mid-rollout) shows both ends, "0–1".
+    """
+    if not keys:
+        return {}
+    db = f"{database}." if database else ""
+    rows = reader.query(
+        f"SELECT RolloutId, Attempt, min(ModelVersion), max(ModelVersion) FROM {db}otel_traces "
+        "WHERE RolloutId IN %(ids)s AND ModelVersion IS NOT NULL GROUP BY RolloutId, Attempt",
+        {"ids": sorted({rollout_id for rollout_id, _ in keys})}, final=True, read_only=True,
+    ).rows  # fmt: skip
+    return {(str(rollout), int(attempt)): version_label(low, high) for rollout, attempt, low, high in rows}
+
+
+def version_label(low: int | None, high: int | None = None) -> str:
+    """How a version shows: "0"; "0–1" for calls served by versions 0 to 1; "–" when nothing says."""
+    if low is None:
+        return "–"
+    return str(low) if high is None or high == low else f"{low}–{high}"

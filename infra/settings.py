@@ -19,6 +19,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = [
     "BrokerSettings",
+    "CliProcessSettings",
+    "CliSettings",
     "ClickHouseSettings",
     "DashboardProcessSettings",
     "DashboardSettings",
@@ -148,6 +150,39 @@ class DashboardSettings(BaseModel):
     poll_s: float = Field(default=3.0, ge=0.5, le=300, description="how often the pages fetch new data")
 
 
+class CliSettings(BaseModel):
+    """How ``fulmen`` prints its tables (``sql``, ``rollouts``, ``status``)."""
+
+    timezone: str = Field(
+        default="local",
+        description="the zone times are shown in: 'local' (this machine's), 'UTC', or an IANA name such as "
+        "'Europe/Paris'; --utc says UTC for one command",
+    )
+    wide: bool = Field(default=False, description="print every value whole (full ids, times to the microsecond) "
+                       "instead of fitting the terminal; --wide for one command")  # fmt: skip
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        if value.lower() != "local":
+            from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+            try:
+                ZoneInfo(value)
+            except (ZoneInfoNotFoundError, ValueError) as exc:
+                raise ValueError(f"FULMEN_CLI_TIMEZONE={value!r} is no time zone: use local, UTC or an IANA "
+                                 "name such as Europe/Paris") from exc  # fmt: skip
+        return value
+
+    def zone(self, *, utc: bool = False) -> Any:
+        """The ``tzinfo`` times are shown in (None: the local zone); ``utc`` overrides the setting."""
+        from zoneinfo import ZoneInfo
+
+        if utc:
+            return ZoneInfo("UTC")
+        return None if self.timezone.lower() == "local" else ZoneInfo(self.timezone)
+
+
 class FulmenSettings(BaseSettings):
     """The sections every process shares. Subclass it to add a process's own section."""
 
@@ -242,3 +277,10 @@ class DashboardProcessSettings(FulmenSettings):
     """Settings of ``fulmen dashboard``: the shared sections plus ``FULMEN_DASHBOARD_*``."""
 
     dashboard: DashboardSettings = Field(default_factory=DashboardSettings)
+
+
+class CliProcessSettings(FulmenSettings):
+    """Settings of the commands that print tables (``fulmen sql``, ``rollouts``, ``status``): the shared sections
+    plus ``FULMEN_CLI_*``."""
+
+    cli: CliSettings = Field(default_factory=CliSettings)

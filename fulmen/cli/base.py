@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from functools import wraps
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -16,11 +16,15 @@ from fulmen.infra.errors import FulmenError
 from fulmen.infra.logging import setup_logging
 from fulmen.infra.settings import FulmenSettings
 
-__all__ = ["console", "err", "friendly", "load_settings"]
+__all__ = ["UtcOption", "WideOption", "console", "err", "friendly", "load_settings", "read_query"]
 
 console = Console()
 err = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
+# The options of every command that prints a table (fulmen/cli/render.py; FULMEN_CLI_* set their defaults).
+WideOption = Annotated[bool, typer.Option("--wide", help="print every value whole: full ids, times to the microsecond "
+                                          "(FULMEN_CLI_WIDE=true: always)")]  # fmt: skip
+UtcOption = Annotated[bool, typer.Option("--utc", help="times in UTC (otherwise FULMEN_CLI_TIMEZONE, default local)")]
 
 
 S = TypeVar("S", bound=FulmenSettings)
@@ -57,3 +61,14 @@ def friendly(fn: F) -> F:
             raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def read_query(reader: Any, sql: str, parameters: dict[str, Any] | None = None, *, final: bool = True) -> Any:
+    """A read-only query (``%(name)s`` placeholders bound from ``parameters``) whose engine error becomes one
+    readable message."""
+    try:
+        return reader.query(sql, parameters or None, final=final, read_only=True)
+    except FulmenError:
+        raise
+    except Exception as exc:
+        raise FulmenError(f"query failed: {exc}") from exc

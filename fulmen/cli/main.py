@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import signal
 import sys
 from collections.abc import Callable
@@ -19,14 +18,15 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from fulmen.cli.base import console, friendly, load_settings
+from fulmen.cli.base import UtcOption, WideOption, console, friendly, load_settings, read_query
 from fulmen.cli.init import init_command
 from fulmen.cli.models import models_app
 from fulmen.cli.optimize import optimize_prompt_command
 from fulmen.cli.prompts import prompts_app
+from fulmen.cli.rollouts import rollouts_command
 from fulmen.cli.train import train_command
 from fulmen.infra.errors import FulmenError
-from fulmen.infra.settings import FulmenSettings
+from fulmen.infra.settings import CliProcessSettings, FulmenSettings
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="Fulmen: reinforcement learning for agents you already run."
@@ -188,18 +188,23 @@ def sql(
     query: Annotated[str, typer.Argument(help="a SELECT (writes and DDL are refused)")],
     fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv, json or jsonl")] = "table",
     raw: Annotated[bool, typer.Option(help="do not deduplicate (show rows a redelivery wrote twice)")] = False,
+    wide: WideOption = False,
+    utc: UtcOption = False,
 ) -> None:
     """Query the store with SQL. Results are deduplicated unless --raw.
 
     With the embedded store, a running `fulmen consume` owns it and answers the query; otherwise the store is
-    opened here. With FULMEN_CLICKHOUSE_URL the server is queried.
+    opened here. With FULMEN_CLICKHOUSE_URL the server is queried. A table fits the terminal: ids as unique
+    prefixes, times to the second (--wide: whole); csv and json carry every value whole.
     """
-    from fulmen.cli.render import FORMATS, render
+    from fulmen.cli.render import FORMATS, render, table_style
     from fulmen.infra.store import open_reader
 
     if fmt not in FORMATS:
         raise typer.BadParameter(f"--format must be one of {', '.join(FORMATS)}")
-    render(_query(open_reader(_settings()), query, final=not raw), fmt, console)
+    settings = _settings(CliProcessSettings)
+    result = read_query(open_reader(settings), query, final=not raw)
+    render(result, fmt, console, table_style(settings.cli, wide=wide, utc=utc))
 
 
 # --- consumers -----------------------------------------------------------------------------------------------
@@ -401,28 +406,7 @@ def feedback(
     console.print(send_feedback(_settings(), request).feedback_id)
 
 
-@app.command("rollouts")
-@friendly
-def rollouts(
-    limit: Annotated[int, typer.Option(help="how many recent rollouts to list")] = 20,
-    group: Annotated[str | None, typer.Option(help="only this group")] = None,
-) -> None:
-    """Rollout status from the store: counts by status, then the most recent rollouts."""
-    from fulmen.cli.render import render
-    from fulmen.infra.store import open_reader
-
-    settings = _settings()
-    reader = open_reader(settings)
-    db = settings.clickhouse.database
-    if group is not None and not re.fullmatch(r"[A-Za-z0-9._:\-]+", group):
-        raise FulmenError("--group must be an id (letters, digits, . _ : -)")
-    where = f"WHERE GroupId = '{group}'" if group else ""
-    latest = (f"SELECT RolloutId, max(Attempt) AS LastAttempt, argMax(Status, Attempt) AS State, "
-              f"argMax(Reward, Attempt) AS LastReward, any(GroupId) AS Group, max(Timestamp) AS Updated "
-              f"FROM {db}.rollouts {where} GROUP BY RolloutId")  # fmt: skip
-    counts = f"SELECT State AS Status, count() AS Rollouts FROM ({latest}) GROUP BY State ORDER BY State"
-    render(_query(reader, counts), "table", console)
-    render(_query(reader, f"SELECT * FROM ({latest}) ORDER BY Updated DESC LIMIT {int(limit)}"), "table", console)
+app.command("rollouts")(rollouts_command)  # fulmen/cli/rollouts.py
 
 
 # --- the stack -----------------------------------------------------------------------------------------------
@@ -488,21 +472,22 @@ def down() -> None:
 
 @app.command("status")
 @friendly
-def status() -> None:
+def status(wide: WideOption = False, utc: UtcOption = False) -> None:
     """Each service of the stack `fulmen up` runs: pid, state, URL, uptime. Exit 1 when one is down, 3 when no
     stack runs."""
+    from fulmen.cli.render import render, table_style
     from fulmen.cli.stack import stack_dir, status_rows
+    from fulmen.infra.store import QueryResult
 
-    settings = _settings()
+    settings = _settings(CliProcessSettings)
     rows, code = status_rows(settings)
     if not rows:
         console.print(f"no stack runs ({stack_dir(settings)} has no up.pid): start one with `fulmen up`")
         raise typer.Exit(code)
-    table = Table("service", "pid", "state", "url", "uptime")
-    for row in rows:
-        shown = row[2] if row[2] == "up" else f"[red]{row[2]}[/]"
-        table.add_row(row[0], row[1], shown, row[3], row[4])
-    console.print(table)
+    result = QueryResult(["service", "pid", "state", "url", "uptime"], [list(row) for row in rows])
+    render(result, "table", console, table_style(settings.cli, wide=wide, utc=utc),
+           cell_styles={"state": lambda state: None if state == "up" else "red"})  # fmt: skip
+    console.print(f"stack directory: {stack_dir(settings)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -512,22 +497,12 @@ app.command("init")(init_command)  # fulmen/cli/init.py
 app.command("optimize-prompt")(optimize_prompt_command)  # fulmen/cli/optimize.py
 
 
-def _query(reader: Any, sql: str, *, final: bool = True) -> Any:
-    """A read-only query whose engine error becomes one readable message."""
-    try:
-        return reader.query(sql, final=final, read_only=True)
-    except FulmenError:
-        raise
-    except Exception as exc:
-        raise FulmenError(f"query failed: {exc}") from exc
-
-
 # --- config and schemas --------------------------------------------------------------------------------------
 @config_app.command("show")
 @friendly
 def config_show() -> None:
     """Print the settings in force, secrets masked: the shared sections (home, kafka, broker, clickhouse, log) and
-    every process's own (runner, otlp, llm, transitions, feedback, production, train, dashboard)."""
+    every process's own (runner, otlp, llm, transitions, feedback, production, train, dashboard, cli)."""
     from fulmen.algorithm.settings import TrainSettings
     from fulmen.consumers.transitions.settings import ConsumersSettings
     from fulmen.infra.settings import DashboardProcessSettings
@@ -537,7 +512,7 @@ def config_show() -> None:
 
     shown: dict[str, Any] = {}
     for cls in (RunnerSettings, OtlpGatewaySettings, LlmGatewaySettings, ConsumersSettings, TrainSettings,
-                DashboardProcessSettings):  # fmt: skip
+                DashboardProcessSettings, CliProcessSettings):  # fmt: skip
         shown.update(_settings(cls).masked())  # each has the shared sections too
     console.print_json(json.dumps(shown))
 

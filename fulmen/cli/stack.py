@@ -322,7 +322,8 @@ def _kill_leftovers(home: Path, state: dict[str, Any], say: Say) -> None:
 
 
 def status_rows(settings: FulmenSettings) -> tuple[list[tuple[str, str, str, str, str]], int]:
-    """(service, pid, state, URL, uptime) rows and the exit code: 0 all up, 1 something down, 3 no stack."""
+    """(service, pid, state, URL, uptime) rows and the exit code: 0 all up, 1 something down, 3 no stack. The
+    supervisor's URL is '-' (its directory is :func:`stack_dir`, which ``fulmen status`` prints under the table)."""
     home = stack_dir(settings)
     pid = _read_pid(home / "up.pid")
     state = read_state(settings)
@@ -330,7 +331,7 @@ def status_rows(settings: FulmenSettings) -> tuple[list[tuple[str, str, str, str
         return [], 3
     now = time.time()
     alive = process_alive(pid)
-    rows = [("supervisor", str(pid), "up" if alive else "down (stale pid file)", str(home), _uptime(now, state))]
+    rows = [("supervisor", str(pid), "up" if alive else "down (stale pid file)", "-", _uptime(now, state))]
     kafka = state.get("kafka")
     if kafka:
         rows.append(("kafka", "-", "up" if _answers(kafka["bootstrap"]) else "down", kafka["bootstrap"], "-"))

@@ -26,7 +26,7 @@ from fulmen.algorithm.credit import CREDIT_STRATEGIES, assign_credit
 from fulmen.infra.errors import FulmenError
 from fulmen.schemas import semconv
 from fulmen.schemas.events import RolloutMode, RolloutStatus
-from fulmen.versions import model_names, version_rows
+from fulmen.versions import model_names, rollout_versions, version_label, version_rows
 
 __all__ = ["DashboardQueries", "FilterError", "Reader", "RolloutFilters", "jsonable", "parse_filters"]
 
@@ -197,8 +197,16 @@ class DashboardQueries:
         counts = {row["Status"]: row["N"] for row in self._rows(_ROLLOUT_COUNTS, bound)}
         return {
             "filters": vars(filters), "total": sum(counts.values()), "counts": counts,
-            "rollouts": self._rows(_ROLLOUTS, bound),
+            "rollouts": self._with_versions(self._rows(_ROLLOUTS, bound)),
         }  # fmt: skip
+
+    def _with_versions(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Rollout rows with ``Version``: what served their calls, as their spans and transitions say
+        (:func:`fulmen.versions.rollout_versions`), else the version they were dispatched under (``ModelVersion``)."""
+        served = rollout_versions(self.reader, [(row["RolloutId"], row["Attempt"]) for row in rows])
+        for row in rows:
+            row["Version"] = served.get((row["RolloutId"], row["Attempt"])) or version_label(row["ModelVersion"])
+        return rows
 
     def _run_window(self, run: str) -> dict[str, str]:
         """A run's rollouts: those last seen from its start (its first step's start) to the next run's start.
@@ -218,7 +226,7 @@ class DashboardQueries:
     def rollout(self, params: Mapping[str, str]) -> dict[str, Any]:
         """One rollout attempt: its lifecycle row(s), its spans as a tree, its transitions with their credit."""
         rollout_id = _identifier(params, "id", required=True)
-        attempts = self._rows(_ATTEMPTS, {"id": rollout_id})
+        attempts = self._with_versions(self._rows(_ATTEMPTS, {"id": rollout_id}))
         attempt = _integer(params, "attempt", max((a["Attempt"] for a in attempts), default=1), 1, 100)
         credit = _choice(params, "credit", CREDIT_STRATEGIES.names()) or "broadcast"
         gamma = _gamma(params.get("gamma", ""))

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +20,10 @@ pytestmark = pytest.mark.integration
 FULMEN = [sys.executable, "-m", "fulmen.cli.main"]
 
 
-def run(args: list[str], env: dict[str, str], timeout: int = 180) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | env | {"COLUMNS": "200"}
+def run(
+    args: list[str], env: dict[str, str], timeout: int = 180, columns: int = 200
+) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | env | {"COLUMNS": str(columns)}
     return subprocess.run([*FULMEN, *args], env=full_env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -147,11 +150,16 @@ def test_submit_then_rollouts_shows_them_queued(env: dict[str, str], tmp_path: P
         # store itself and race the consumers for it).
         assert _wait_read_endpoint(port), "the consumers process never served reads"
         deadline = time.monotonic() + 90
-        shown = run(["rollouts"], env)
+        shown = run(["rollouts"], env, columns=100)
         while "│ queued │ 6 " not in shown.stdout and time.monotonic() < deadline:
             time.sleep(0.5)
-            shown = run(["rollouts"], env)
+            shown = run(["rollouts"], env, columns=100)
         assert "│ queued │ 6 " in shown.stdout, shown.stdout + shown.stderr
+        # In a 100-column terminal: each rollout on one line, its id a unique prefix, its time to the second.
+        lines = shown.stdout.splitlines()
+        assert max(map(len, lines)) <= 100 and "ids are unique prefixes" in lines[-1], shown.stdout
+        assert sum(bool(re.match(r"│ [0-9a-f]{8,12} +│ 1 +│ queued +│ .* │ \d{4}-\d\d-\d\d \d\d:\d\d:\d\d │$", line))
+                   for line in lines) == 6, shown.stdout  # fmt: skip
     finally:
         consume.send_signal(signal.SIGTERM)
         consume.wait(timeout=60)

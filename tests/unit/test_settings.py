@@ -88,6 +88,7 @@ def test_config_show_prints_every_section_masked(monkeypatch: pytest.MonkeyPatch
         "production",
         "train",
         "dashboard",
+        "cli",
     }
     for (section, name), (_, masked) in SECRET_IN_EACH_SECTION.items():
         assert shown[section][name].startswith(masked), (section, name, shown[section][name])

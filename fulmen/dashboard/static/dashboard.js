@@ -48,6 +48,13 @@ function when(iso) {
   return iso ? iso.replace("T", " ").replace(/\.\d+/, "").replace("+00:00", " UTC") : "–";
 }
 
+// A rollout's version is what served its LLM calls (as its spans and transitions say); its row's own
+// ModelVersion is the version it was dispatched under, often none.
+function versionTitle(r) {
+  const dispatched = r.ModelVersion === null ? "none named" : String(r.ModelVersion);
+  return `served its calls: ${r.Version}; dispatched under: ${dispatched}`;
+}
+
 function table(id, columns, rows, rowAttrs) {
   const head = el("tr", {}, ...columns.map(([label]) => el("th", { text: label })));
   const body = el("tbody");
@@ -176,7 +183,7 @@ function rolloutsPage() {
     list.replaceChildren(table("rollouts-table", [
       ["rollout", (r) => el("a", { href: `/rollout?id=${encodeURIComponent(r.RolloutId)}&attempt=${r.Attempt}`, text: r.RolloutId })],
       ["attempt", (r) => r.Attempt], ["status", (r) => el("span", { class: `badge ${r.Status}`, text: r.Status })],
-      ["mode", (r) => r.Mode], ["reward", (r) => r.Reward], ["version", (r) => r.ModelVersion],
+      ["mode", (r) => r.Mode], ["reward", (r) => r.Reward], ["version", (r) => el("span", { title: versionTitle(r), text: r.Version })],
       ["task", (r) => r.TaskId], ["group", (r) => r.GroupId], ["runner", (r) => r.RunnerId],
       ["last change", (r) => when(r.Timestamp)], ["error", (r) => r.Error || ""],
     ], answer.rollouts, (r) => ({ "data-rollout": r.RolloutId, "data-attempt": r.Attempt, "data-status": r.Status })));
@@ -267,7 +274,7 @@ function rolloutPage() {
       ["attempt", (a) => a.Attempt === answer.attempt ? el("strong", { text: String(a.Attempt) })
         : el("a", { href: `/rollout?id=${encodeURIComponent(a.RolloutId)}&attempt=${a.Attempt}`, text: String(a.Attempt) })],
       ["status", (a) => el("span", { class: `badge ${a.Status}`, text: a.Status })], ["mode", (a) => a.Mode],
-      ["reward", (a) => a.Reward], ["version", (a) => a.ModelVersion], ["task", (a) => a.TaskId],
+      ["reward", (a) => a.Reward], ["version", (a) => el("span", { title: versionTitle(a), text: a.Version })], ["task", (a) => a.TaskId],
       ["group", (a) => a.GroupId], ["runner", (a) => a.RunnerId], ["last change", (a) => when(a.Timestamp)],
       ["error", (a) => a.Error || ""],
     ], answer.attempts) : el("p", { class: "empty", text: "No lifecycle events for this rollout." }));

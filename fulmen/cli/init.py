@@ -47,6 +47,8 @@ def init_command(
     """Scaffold an agent project to fill in: agent.py (run(task, llm) with the plain OpenAI client), reward.py,
     teacher.py, train.jsonl / val.jsonl and a README with the commands that train it."""
     scaffold(name)
-    console.print(f"wrote {', '.join(FILES)} to {name}/")
-    console.print(f"next: cd {name} && python teacher.py && fulmen train --local --agent agent:run "
-                  "--dataset train.jsonl --val val.jsonl --model tiny --steps 1")  # fmt: skip
+    # soft_wrap: the terminal wraps a long line; Rich would break it with a newline, and a command pasted back
+    # from the screen would run in two halves
+    console.print(f"wrote {', '.join(FILES)} to {name}/", soft_wrap=True, highlight=False)
+    command = "fulmen train --local --agent agent:run --dataset train.jsonl --val val.jsonl --model tiny --steps 1"
+    console.print(f"next: cd {name} && python teacher.py && {command}", soft_wrap=True, highlight=False)

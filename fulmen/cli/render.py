@@ -5,6 +5,8 @@ column whose name says it holds ids (``RolloutId``, ``trace_id``, ``id``) or who
 or 16 hex digits, after an optional ``word-`` prefix) is shown as the shortest prefix, 8 characters or more,
 that tells its values apart, and never wraps; a time is shown to the second in the zone the user set
 (``FULMEN_CLI_TIMEZONE``, ``--utc``) and never wraps; any other value wraps inside its cell and is never cut.
+A result with more columns than the terminal can hold (ids and times at their width, every other column at least
+8 characters) is printed a row after the other, a line per column, like psql's expanded display, values whole.
 ``--wide`` (:attr:`TableStyle.wide`) shows every value whole, times to the microsecond, at the table's natural
 width. CSV and JSON always carry every value whole, times in ISO 8601 as stored.
 """
@@ -88,36 +90,71 @@ def _print_table(
 ) -> None:
     columns = [[row[i] for row in result.rows] for i in range(len(result.columns))]
     kinds = [_kind(name, values) for name, values in zip(result.columns, columns, strict=True)]
-    shown: list[Mapping[str, str]] = [
-        short_ids([v for v in values if isinstance(v, str)]) if kind == "id" and not style.wide else {}
-        for kind, values in zip(kinds, columns, strict=True)
-    ]
-    table = Table(show_lines=False)
-    for name, kind in zip(result.columns, kinds, strict=True):
-        if style.wide or kind in ("id", "time"):
-            table.add_column(name, no_wrap=True)  # ids and times never wrap
-        else:
-            table.add_column(name, overflow="fold")  # long values wrap inside their cell, never cut
-    for row in result.rows:
-        cells = []
-        for name, value, kind, ids in zip(result.columns, row, kinds, shown, strict=True):
-            text = ids.get(value, str(value)) if kind == "id" and isinstance(value, str) else _cell(value, style)
-            cells.append(Text(text, style=(cell_styles[name](value) or "") if name in cell_styles else ""))
-        table.add_row(*cells)
-    if style.wide:  # at its natural width, past the terminal's (Console.print caps width at the console's)
-        natural = console.measure(table, options=console.options.update(width=10**6)).maximum
-        Console(file=console.file, width=max(console.width, natural), color_system=console.color_system,
-                force_terminal=console.is_terminal, no_color=console.no_color).print(table, crop=False)  # fmt: skip
+    shown = [short_ids([v for v in values if isinstance(v, str)]) if kind == "id" and not style.wide else {}
+             for kind, values in zip(kinds, columns, strict=True)]  # fmt: skip
+    full = [[_cell(value, style) for value in row] for row in result.rows]
+    short = [[ids.get(value, text) if isinstance(value, str) else text
+              for value, text, ids in zip(row, texts, shown, strict=True)]
+             for row, texts in zip(result.rows, full, strict=True)]  # fmt: skip
+    styles = [[(cell_styles[name](value) or "") if name in cell_styles else ""
+               for name, value in zip(result.columns, row, strict=True)] for row in result.rows]  # fmt: skip
+    down = not style.wide and _too_wide(result.columns, kinds, short, console.width)
+    if down:  # too many columns for the terminal: one row after the other, a line per column, values whole
+        _print_down(result.columns, full, styles, console)
     else:
-        console.print(table)
+        _print_across(result.columns, kinds, short, styles, console, style.wide)
     notes = [f"{len(result.rows)} row{'s' if len(result.rows) != 1 else ''}"] if count else []
     if any(isinstance(value, datetime) for row in result.rows for value in row):
         notes.append(f"times in {style.zone_name()}")
-    if any(ids.get(v, v) != v for ids, kind, values in zip(shown, kinds, columns, strict=True) for v in values
-           if kind == "id" and isinstance(v, str)):  # fmt: skip
+    if not down and short != full:
         notes.append("ids are unique prefixes; --wide shows them whole")
     if notes:
         console.print(" · ".join(notes), style="dim", highlight=False)
+
+
+_FOLDED_MIN = 8  # the narrowest a wrapping column is worth; below it the rows are printed one after the other
+
+
+def _too_wide(names: list[str], kinds: list[str], cells: list[list[str]], width: int) -> bool:
+    """Whether the columns cannot fit ``width``: ids and times at their width (they never wrap), every other
+    column at least :data:`_FOLDED_MIN` characters (or its widest value, when narrower), plus the borders."""
+    needed = 1 + 3 * len(names)
+    for index, kind in enumerate(kinds):
+        widest = max([len(row[index]) for row in cells] + [0])
+        needed += max(widest, len(names[index])) if kind in ("id", "time") else min(widest, _FOLDED_MIN) or 1
+    return needed > width
+
+
+def _print_across(names: list[str], kinds: list[str], cells: list[list[str]], styles: list[list[str]],
+                  console: Console, wide: bool) -> None:  # fmt: skip
+    table = Table(show_lines=False)
+    for name, kind in zip(names, kinds, strict=True):
+        if wide or kind in ("id", "time"):
+            table.add_column(name, no_wrap=True)  # ids and times never wrap
+        else:
+            table.add_column(name, overflow="fold")  # long values wrap inside their cell, never cut
+    for row, row_styles in zip(cells, styles, strict=True):
+        table.add_row(*(Text(text, style=cell_style) for text, cell_style in zip(row, row_styles, strict=True)))
+    if not wide:
+        console.print(table)
+        return
+    # at its natural width, past the terminal's (Console.print caps its width at the console's)
+    natural = console.measure(table, options=console.options.update(width=10**6)).maximum
+    Console(file=console.file, width=max(console.width, natural), color_system=console.color_system,
+            force_terminal=console.is_terminal, no_color=console.no_color).print(table, crop=False)  # fmt: skip
+
+
+def _print_down(names: list[str], cells: list[list[str]], styles: list[list[str]], console: Console) -> None:
+    """psql's expanded display: a section per row, a line per column (``row``, ``column``, ``value``)."""
+    table = Table("row", "column", "value", show_lines=False)
+    table.columns[1].no_wrap = True
+    table.columns[2].overflow = "fold"
+    for number, (row, row_styles) in enumerate(zip(cells, styles, strict=True), start=1):
+        if number > 1:
+            table.add_section()
+        for index, (name, text, cell_style) in enumerate(zip(names, row, row_styles, strict=True)):
+            table.add_row(str(number) if index == 0 else "", name, Text(text, style=cell_style))
+    console.print(table)
 
 
 def _kind(name: str, values: Sequence[Any]) -> str:

@@ -146,6 +146,35 @@ def test_sql_tables_fit_and_keep_other_values_whole(reader: CannedReader, monkey
     assert as_json[0]["TraceId"] == spans.rows[0][0] and as_json[0]["Timestamp"] == AT.isoformat()  # whole
 
 
+def test_a_result_with_too_many_columns_prints_a_row_after_the_other(
+    reader: CannedReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    names = [
+        "RolloutId",
+        "Attempt",
+        "TaskId",
+        "GroupId",
+        "Mode",
+        "Status",
+        "StatusRank",
+        "Reward",
+        "Error",
+        "RunnerId",
+        "ModelVersion",
+        "Timestamp",
+        "PromptBundle",
+    ]  # SELECT * FROM rollouts
+    rows = [[rollout, 1, "task-17", GROUP, "train", "succeeded", 3, 1.0, "", "runner-1", 0, AT, ""] for rollout in IDS]
+    monkeypatch.setattr(reader, "query", lambda *args, **kwargs: QueryResult(names, rows))
+    lines = fulmen("sql", "SELECT * FROM rollouts")
+    fits(lines)
+    on_one_line(lines, *IDS, GROUP, "2026-12-05 07:51:02")  # room for every value whole
+    cells = [[cell.strip() for cell in line.split("│")[1:4]] for line in lines if line.count("│") == 4]
+    assert [name for _, name, _ in cells] == names * len(IDS)
+    assert [number for number, _, _ in cells if number] == ["1", "2", "3", "4"]
+    assert lines[-1] == "4 rows · times in UTC"
+
+
 def test_status_fits(reader: CannedReader, tmp_path: Path) -> None:
     stack = tmp_path / "stack"
     stack.mkdir()

@@ -32,10 +32,8 @@ def rollouts_command(
 ) -> None:
     """Rollout status from the store: counts by status, then the most recent rollouts, ids shortened to unique
     prefixes (--wide: whole). Given a rollout id or its start: each attempt of that rollout, every value whole.
-
     Version is the model version that served the rollout's LLM calls (as its spans and transitions say; "0–1" when
-    a new version was published mid-rollout), else the one it was dispatched under, else "–".
-    """
+    a new version was published mid-rollout), else the one it was dispatched under, else "–"."""
     from fulmen.cli.render import render, table_style
     from fulmen.infra.store import QueryResult, open_reader
 

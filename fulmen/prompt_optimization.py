@@ -7,8 +7,9 @@
 It starts the local stack as ``fulmen.train`` does (:func:`fulmen.algorithm.local.local_stack`: Kafka unless
 ``FULMEN_KAFKA_BOOTSTRAP``, ``fulmen consume``, both gateways, ``runners`` runners of the agent), then:
 
-1. finds the slots: one rollout of the first training task with no bundle, and the prompts of the chosen
-   ``roles`` its calls sent (as ``fulmen prompts scan`` would list them), unless ``slots`` names them;
+1. finds the slots: ``discover`` rollouts (default 1) of the first training tasks with no bundle, and the prompts
+   of the chosen ``roles`` (of the chosen ``agents``' calls) they sent, as ``fulmen prompts scan`` would list them;
+   ``slots`` picks among them;
 2. searches (``gepa`` or ``beam``, :mod:`fulmen.algorithm.prompts.search`) with the
    :class:`~fulmen.algorithm.prompts.system.SystemEvaluator` (each candidate a published bundle, its rollouts
    dispatched through Kafka to the runners, the gateway applying it) and the
@@ -91,14 +92,17 @@ def optimize_prompt(agent: str | Callable[..., Any], dataset: Tasks, val: Tasks,
                     slots: Sequence[str] | None = None, roles: Sequence[str] = ("system",), seed: int = 0,
                     minibatch: int = 4, optimizer_model: str = "optimizer", max_optimizer_tokens: int = 200_000,
                     promote: bool = False, promote_agent: str | None = None, runners: int = 1,
-                    concurrency: int = 32, rollout_timeout_s: float = 300.0, local: bool = True,
+                    concurrency: int = 32, rollout_timeout_s: float = 300.0, agents: Sequence[str] | None = None,
+                    discover: int = 1, local: bool = True,
                     settings: FulmenSettings | None = None,
                     on_phase: Callable[[str], None] | None = None) -> PromptReport:  # fmt: skip
     """Optimise ``agent``'s prompts (module docstring). ``dataset``/``val``/``test``: task files or task inputs
-    (distinct task ids across the three); ``slots``: the slot names to optimise (default: every prompt of
-    ``roles`` the agent sends); ``promote_agent``: the scope of the promotion (None: every agent); ``local=False``:
-    no stack is started, the deployment the settings name runs the rollouts (its runners must run ``agent``). Raises
-    ConfigurationError for bad arguments, FulmenError when a service or the optimiser fails."""
+    (distinct task ids across the three); ``slots``: the slot names to optimise (default: every prompt of ``roles``
+    the agent sends, found from ``discover`` rollouts of the first training tasks with the agent's own prompts);
+    ``agents``: only the prompts of these agents' calls (their names in ``/agent/{name}``); ``promote_agent``: the
+    scope of the promotion (None: every agent); ``local=False``: no stack is started, the deployment the settings
+    name runs the rollouts (its runners must run ``agent``). Raises ConfigurationError for bad arguments,
+    FulmenError when a service or the optimiser fails."""
     from fulmen.algorithm.local import LocalPlan, local_stack
     from fulmen.algorithm.prompts.search import get_search
     from fulmen.infra.settings import FulmenSettings
@@ -107,9 +111,13 @@ def optimize_prompt(agent: str | Callable[..., Any], dataset: Tasks, val: Tasks,
     started = time.perf_counter()
     get_search(search)  # an unknown name fails before anything starts
     settings = settings or FulmenSettings()
-    splits = _splits(dataset, val, test, max_rollouts)
+    if discover < 1:
+        raise ConfigurationError("discover: at least one rollout finds the prompts the agent sends")
+    splits = _splits(dataset, val, test, max_rollouts, discover)
+    discover = min(discover, len(splits["dataset"]))
     args = _SearchArgs(search, max_rollouts, tuple(slots or ()), tuple(roles), seed, minibatch, optimizer_url,
-                       optimizer_model, max_optimizer_tokens, promote, promote_agent, rollout_timeout_s)  # fmt: skip
+                       optimizer_model, max_optimizer_tokens, promote, promote_agent, rollout_timeout_s,
+                       tuple(agents or ()), discover)  # fmt: skip
     phase = on_phase or (lambda _: None)
     name = _agent_name(agent)
     if not local:  # the deployment in force (`fulmen up`, or services started by hand) runs the agent
@@ -128,14 +136,14 @@ def optimize_prompt(agent: str | Callable[..., Any], dataset: Tasks, val: Tasks,
     return dataclasses.replace(report, wall_s=time.perf_counter() - started)
 
 
-def _splits(dataset: Tasks, val: Tasks, test: Tasks, max_rollouts: int) -> dict[str, list]:
+def _splits(dataset: Tasks, val: Tasks, test: Tasks, max_rollouts: int, discover: int) -> dict[str, list]:
     splits = {name: _tasks(tasks) for name, tasks in (("dataset", dataset), ("val", val), ("test", test))}
     ids = [t.task_id for tasks in splits.values() for t in tasks]
     if len(set(ids)) != len(ids):
         raise ConfigurationError("dataset, val and test must not share task ids (the report is on test alone)")
-    least = 1 + len(splits["val"]) + 2 * len(splits["test"])
+    least = discover + len(splits["val"]) + 2 * len(splits["test"])
     if max_rollouts < least:
-        raise ConfigurationError(f"max_rollouts={max_rollouts} cannot pay for finding the prompts (1 rollout), one "
+        raise ConfigurationError(f"max_rollouts={max_rollouts} cannot pay for finding the prompts ({discover}), one "
                                  f"validation pass ({len(splits['val'])}) and the test report of the agent's own "
                                  f"prompts and the best bundle ({2 * len(splits['test'])}): raise it to at least "
                                  f"{least}")  # fmt: skip
@@ -166,6 +174,8 @@ class _SearchArgs:
     promote: bool
     promote_agent: str | None
     rollout_timeout_s: float
+    agents: tuple[str, ...]
+    discover: int
 
 
 async def _run(where: _Where, agent: str, splits: dict[str, list], args: _SearchArgs,
@@ -202,8 +212,9 @@ async def _run(where: _Where, agent: str, splits: dict[str, list], args: _Search
             [t for tasks in splits.values() for t in tasks], asyncio.get_running_loop(), options,
             evidence=lambda ids: episode_evidence(reader, db, ids), check=where.check,
         )  # fmt: skip
-        phase("finding the prompts the agent sends (one rollout of the first training task, no bundle)")
-        base = await _discover(evaluator, reader, db, splits["dataset"][0], args)
+        first = splits["dataset"][: args.discover]
+        phase(f"finding the prompts the agent sends ({len(first)} rollout(s) of training tasks, no bundle)")
+        base = await _discover(evaluator, reader, db, first, args)
         phase(f"optimising {len(base)} slot(s): {', '.join(sorted(base))}")
         result, tokens = await asyncio.to_thread(_search, evaluator, base, splits, args)
         return await _finish(where, evaluator, reader, base, result, tokens, args, phase)
@@ -213,21 +224,24 @@ async def _run(where: _Where, agent: str, splits: dict[str, list], args: _Search
         await close_quietly([source, broker])
 
 
-async def _discover(evaluator: Any, reader: Any, database: str, task: Any, args: _SearchArgs) -> dict[str, str]:
-    """The base slots: the prompts of ``args.roles`` one rollout of ``task`` sent with no bundle (or those named)."""
+async def _discover(evaluator: Any, reader: Any, database: str, tasks: list, args: _SearchArgs) -> dict[str, str]:
+    """The base slots: the prompts of ``args.roles`` (of ``args.agents``' calls, when named) that rollouts of
+    ``tasks`` sent with no bundle; or those ``args.slots`` names."""
     from fulmen.prompt_queries import scan_prompts
 
-    [episode] = await evaluator.evaluate(None, [task.task_id])
-    found = await asyncio.to_thread(scan_prompts, reader, database, args.roles, 100, (episode.rollout_id,))
-    sent = {p.slot: p.text for p in found}
+    episodes = await evaluator.evaluate(None, [t.task_id for t in tasks])
+    rollouts = tuple(e.rollout_id for e in episodes)
+    found = await asyncio.to_thread(scan_prompts, reader, database, args.roles, 100, rollouts)
+    sent = {p.slot: p.text for p in found if not args.agents or set(p.agents) & set(args.agents)}
     wanted = list(args.slots) or sorted(sent)
     missing = [s for s in wanted if s not in sent]
     if not wanted or missing:
+        whose = f" by agent(s) {', '.join(args.agents)}" if args.agents else ""
         raise ConfigurationError(
-            f"the agent's rollout of task {task.task_id} sent no {'/'.join(args.roles)} prompt"
+            f"the agent's {len(rollouts)} rollout(s) with its own prompts sent no {'/'.join(args.roles)} prompt{whose}"
             + (f" named {', '.join(missing)}" if missing else "")
-            + f" (it sent: {', '.join(sorted(sent)) or 'none'}); check that it calls the LLM through the base_url it "
-            "is given, or pass --role/--slot"
+            + f" (found: {', '.join(sorted(sent)) or 'none'}); check that it calls the LLM through the base_url it "
+            "is given, or change --role / --only-agent / --slot, or run more rollouts first (--discover)"
         )
     return {s: sent[s] for s in wanted}
 
@@ -244,7 +258,8 @@ def _search(evaluator: Any, base: dict[str, str], splits: dict[str, list], args:
         config = SearchConfig(seed=args.seed, minibatch=args.minibatch)
         result = optimize(evaluator, proposer, base, train=[t.task_id for t in splits["dataset"]],
                           val=[t.task_id for t in splits["val"]], test=[t.task_id for t in splits["test"]],
-                          max_rollouts=args.max_rollouts - 1, search=args.search, config=config)  # fmt: skip
+                          max_rollouts=args.max_rollouts - args.discover, search=args.search,
+                          config=config)  # fmt: skip
     finally:
         proposer.close()
     return result, proposer.tokens_used
@@ -280,8 +295,9 @@ async def _finish(where: _Where, evaluator: Any, reader: Any, base: dict[str, st
         run_id=o.run_id, run_dir=where.run_dir, search=args.search, base_bundle=base_id, base_slots=dict(base),
         best_bundle=result.best.id, best_slots=dict(result.best.slots),
         heldout_before=result.report["heldout_before"], heldout_after=result.report["heldout_after"],
-        rollouts_used=result.rollouts_used + 1, max_rollouts=args.max_rollouts,
-        rollouts_to_best=result.rollouts_to_best + 1, stopped_by=result.stopped_by, lineage=result.lineage(),
+        rollouts_used=result.rollouts_used + args.discover, max_rollouts=args.max_rollouts,
+        rollouts_to_best=result.rollouts_to_best + args.discover, stopped_by=result.stopped_by,
+        lineage=[row | {"found_at_rollouts": row["found_at_rollouts"] + args.discover} for row in result.lineage()],
         calls_checked=calls, bundle_mismatches=mismatches, promoted=promoted, optimizer_tokens=tokens,
         rollout_ids=list(evaluator.rollout_ids),
     )  # fmt: skip

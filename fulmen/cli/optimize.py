@@ -32,7 +32,11 @@ def optimize_prompt_command(
     slot: Annotated[
         list[str] | None, typer.Option(help="a slot to optimise (repeat; fp-... from `fulmen prompts scan`)")
     ] = None,
-    role: Annotated[list[str] | None, typer.Option(help="without --slot: the roles whose prompts to optimise")] = None,
+    role: Annotated[list[str] | None, typer.Option(help="the roles whose prompts to optimise (default system)")] = None,
+    only_agent: Annotated[
+        list[str] | None, typer.Option(help="only the prompts of this agent's calls (repeat; its /agent/NAME)")
+    ] = None,
+    discover: Annotated[int, typer.Option(help="rollouts of the agent's own prompts that find them", min=1)] = 1,
     seed: Annotated[int, typer.Option(help="the search's seed")] = 0,
     minibatch: Annotated[int, typer.Option(help="gepa: training tasks per minibatch", min=1)] = 4,
     optimizer_model: Annotated[str, typer.Option(help="the model name sent to the optimiser")] = "optimizer",
@@ -58,7 +62,8 @@ def optimize_prompt_command(
         agent, dataset, val, test, optimizer_url, max_rollouts, search=search, model=model, slots=slot,
         roles=tuple(role or ("system",)), seed=seed, minibatch=minibatch, optimizer_model=optimizer_model,
         max_optimizer_tokens=max_optimizer_tokens, promote=promote, promote_agent=promote_agent, runners=runners,
-        concurrency=concurrency, rollout_timeout_s=rollout_timeout, local=local, settings=load_settings(),
+        concurrency=concurrency, rollout_timeout_s=rollout_timeout, agents=only_agent, discover=discover, local=local,
+        settings=load_settings(),
         on_phase=None if json_out else (lambda text: console.print(f"[green]•[/] {text}")),
     )  # fmt: skip
     if json_out:
@@ -69,7 +74,7 @@ def optimize_prompt_command(
         texts = " | ".join(" ".join(text.split())[:60] for text in row["slots"].values())
         best = " (best)" if row["id"] == report.best_bundle else ""
         table.add_row(row["id"] + best, ", ".join(row["parents"]) or "-", f"{row['mean']:.3f}",
-                      str(row["found_at_rollouts"] + 1), texts)  # fmt: skip
+                      str(row["found_at_rollouts"]), texts)  # fmt: skip
     console.print(table)
     console.print(f"test split: {report.heldout_before:.3f} with the agent's own prompts, {report.heldout_after:.3f} "
                   f"with {report.best_bundle}")  # fmt: skip

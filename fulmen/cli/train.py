@@ -152,8 +152,10 @@ def _print_train_report(report: Any) -> None:
     for (step, reward), (_, loss) in zip(report.reward_curve, report.loss_curve, strict=True):
         table.add_row(str(step), f"{reward:.3f}", f"{loss:.4f}", f"{accuracy[step]:.3f}" if step in accuracy else "-")
     console.print(table)
-    console.print(f"run {report.run_id}: {report.steps} step(s) in {report.wall_s:.0f}s; run dir {report.run_dir}")
-    console.print(f"final model: {report.final_model or '- (no step trained)'}")
+    # soft_wrap: the terminal wraps a long path, Rich would break it with a newline (copied back, it is two halves)
+    console.print(f"run {report.run_id}: {report.steps} step(s) in {report.wall_s:.0f}s; run dir {report.run_dir}",
+                  soft_wrap=True, highlight=False)  # fmt: skip
+    console.print(f"final model: {report.final_model or '- (no step trained)'}", soft_wrap=True, highlight=False)
 
 
 def _train_here(settings: Any, dataset: Path | None, val: Path | None) -> None:

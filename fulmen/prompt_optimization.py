@@ -131,7 +131,6 @@ def optimize_prompt(agent: str | Callable[..., Any], dataset: Tasks, val: Tasks,
                      llm_env=llm_env, run_prefix="prompts")  # fmt: skip
     with local_stack(settings, plan, on_phase=phase) as stack:
         where = _Where(stack.client_settings(), stack.run.run_id, stack.run.run_dir, stack.services.check)
-        phase(f"searching ({search}, at most {max_rollouts} rollouts)")
         report = asyncio.run(_run(where, name, splits, args, phase))
     return dataclasses.replace(report, wall_s=time.perf_counter() - started)
 
@@ -215,7 +214,10 @@ async def _run(where: _Where, agent: str, splits: dict[str, list], args: _Search
         first = splits["dataset"][: args.discover]
         phase(f"finding the prompts the agent sends ({len(first)} rollout(s) of training tasks, no bundle)")
         base = await _discover(evaluator, reader, db, first, args)
-        phase(f"optimising {len(base)} slot(s): {', '.join(sorted(base))}")
+        phase(
+            f"searching ({args.search}, at most {args.max_rollouts} rollouts in all) over {len(base)} slot(s): "
+            f"{', '.join(sorted(base))}"
+        )
         result, tokens = await asyncio.to_thread(_search, evaluator, base, splits, args)
         return await _finish(where, evaluator, reader, base, result, tokens, args, phase)
     finally:

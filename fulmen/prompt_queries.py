@@ -1,8 +1,9 @@
 """What ``fulmen prompts scan`` and ``list`` read from the store: the prompts agents send, and the stored bundles.
 
 ``scan`` groups the input messages of the LLM gateway's chat spans (``gen_ai.input.messages``) by role and text,
-skipping calls a bundle was applied to (their texts are the bundle's, not the agent's), and names each prompt by its
-fingerprint slot (:func:`fulmen.schemas.prompts.fingerprint`): the name to put in a bundle to replace it.
+skipping calls a bundle was applied to (their texts are the bundle's, not the agent's), with the agents that sent
+each (the span's agent, else the one its URL named: ``/agent/{name}``), and names each prompt by its fingerprint
+slot (:func:`fulmen.schemas.prompts.fingerprint`): the name to put in a bundle to replace it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ __all__ = ["BundleRow", "ScannedPrompt", "bundle_mismatches", "bundle_rows", "sc
 
 _SCAN_SQL = """
 SELECT JSONExtractString(m, 'role') AS role, JSONExtractRaw(m, 'content') AS content, count() AS calls,
-       groupUniqArray(8)(AgentName) AS agents
+       groupUniqArray(8)(if(AgentName != '', AgentName, SpanAttributes[%(llm_agent)s])) AS agents
 FROM {db}{spans}
 ARRAY JOIN JSONExtractArrayRaw(SpanAttributes[%(messages)s]) AS m
 WHERE SpanAttributes[%(messages)s] != '' AND SpanAttributes[%(bundle)s] = '' AND role IN %(roles)s{rollouts}
@@ -48,7 +49,8 @@ def scan_prompts(reader: Any, database: str = "", roles: tuple[str, ...] = ("sys
     only = " AND RolloutId IN %(rollouts)s" if rollout_ids is not None else ""
     sql = _SCAN_SQL.format(db=db, spans=TABLES["spans"], rollouts=only)
     parameters = {"messages": semconv.GEN_AI_INPUT_MESSAGES, "bundle": semconv.PROMPT_BUNDLE, "roles": tuple(roles),
-                  "limit": limit, "rollouts": tuple(rollout_ids or ("",))}  # fmt: skip
+                  "limit": limit, "rollouts": tuple(rollout_ids or ("",)),
+                  "llm_agent": semconv.LLM_AGENT}  # fmt: skip
     found: dict[str, dict[str, Any]] = {}
     for role, content, calls, agents in reader.query(sql, parameters, read_only=True).rows:
         text = message_text(json.loads(content)) if content else None

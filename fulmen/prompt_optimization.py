@@ -18,7 +18,8 @@ It starts the local stack as ``fulmen.train`` does (:func:`fulmen.algorithm.loca
    included;
 3. scores the agent's own prompts and the best bundle on the test split, publishes every candidate again with its
    lineage (parents, validation scores), counts the calls whose span names a bundle other than their rollout's
-   (SQL on the store), and promotes the best bundle when ``promote`` (and it differs from the agent's own).
+   (SQL on the store), and promotes the best bundle when ``promote``, unless it is the agent's own prompts or does
+   worse than them on the test split.
 
 The LLM gateway gets the ``FULMEN_LLM_*`` variables in force (``FULMEN_LLM_BACKEND=openai`` and
 ``FULMEN_LLM_UPSTREAM_URL`` put any OpenAI-compatible model behind it; ``model`` is then the upstream's name).
@@ -287,12 +288,16 @@ async def _finish(where: _Where, evaluator: Any, reader: Any, base: dict[str, st
                                                 tuple(evaluator.rollout_ids))  # fmt: skip
     base_id = evaluator.bundle(base).bundle_id
     promoted = None
-    if args.promote and result.best.id != base_id:
+    before, after = result.report["heldout_before"], result.report["heldout_after"]
+    if args.promote and result.best.id == base_id:
+        phase("not promoting: no candidate beat the agent's own prompts")
+    elif args.promote and after < before:
+        phase(f"not promoting {result.best.id}: it does worse than the agent's own prompts on test")
+    elif args.promote:
         phase(f"promoting {result.best.id} for {args.promote_agent or 'every agent'}")
-        reason = f"fulmen optimize-prompt {o.run_id}: test {result.report['heldout_after']:.3f} (was " \
-                 f"{result.report['heldout_before']:.3f})"  # fmt: skip
-        promoted = (await decide_prompt(settings, PromotionAction.PROMOTE, result.best.id, args.promote_agent,
-                                        reason)).bundle_id  # fmt: skip
+        reason = f"fulmen optimize-prompt {o.run_id}: test {after:.3f} (was {before:.3f})"
+        event = await decide_prompt(settings, PromotionAction.PROMOTE, result.best.id, args.promote_agent, reason)
+        promoted = event.bundle_id
     return PromptReport(
         run_id=o.run_id, run_dir=where.run_dir, search=args.search, base_bundle=base_id, base_slots=dict(base),
         best_bundle=result.best.id, best_slots=dict(result.best.slots),

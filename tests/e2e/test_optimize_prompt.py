@@ -5,7 +5,7 @@ the optimiser is the scripted one (fulmen/optimizer_testing.py: distractors, the
 
 Checked afterwards with SQL on the run's store (`fulmen sql`): every rollout counted, none over the budget; every
 call's span names its rollout's bundle; the best bundle is the good instruction, stored with its lineage; the test
-split ran only for the report (the agent's own prompts and the best bundle, once each)."""
+split ran only for the report (the agent's own prompts and the best bundle, once each); --promote promoted the best."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_optimize_prompt_finds_the_instruction_through_the_whole_system(kafka_br
         done = subprocess.run(
             [*FULMEN, "optimize-prompt", "--agent", "bench.apo_agent:solve", "--dataset", str(splits["train"]),
              "--val", str(splits["val"]), "--test", str(splits["test"]), "--optimizer-url", optimizer.url(),
-             "--max-rollouts", str(BUDGET), "--model", "scripted", "--minibatch", "2", "--json"],
+             "--max-rollouts", str(BUDGET), "--model", "scripted", "--minibatch", "2", "--promote", "--json"],
             capture_output=True, text=True, env=env_run, timeout=540, cwd=REPO,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
@@ -68,6 +68,7 @@ def test_optimize_prompt_finds_the_instruction_through_the_whole_system(kafka_br
     assert report["best_slots"] == {slot: GOOD}, report
     assert (report["heldout_before"], report["heldout_after"]) == (0.0, 1.0), report
     assert report["rollouts_used"] <= BUDGET and report["bundle_mismatches"] == 0, report
+    assert report["promoted"] == report["best_bundle"], report  # --promote: it beat the agent's own prompts on test
     assert asked >= len(DISTRACTORS) + 1  # the good instruction came last: the distractors were tried and refused
 
     store = env | {"FULMEN_CLICKHOUSE_PATH": str(Path(report["run_dir"]) / "chdb"), "FULMEN_CLICKHOUSE_READ_PORT": "0"}
@@ -82,6 +83,8 @@ def test_optimize_prompt_finds_the_instruction_through_the_whole_system(kafka_br
     [best] = _sql(store, f"SELECT Slots, Parents, Source, length(Scores) AS scored FROM prompt_bundles "
                          f"WHERE BundleId = '{report['best_bundle']}'")  # fmt: skip
     assert dict(best["Slots"]) == {slot: GOOD} and best["Parents"] and best["Source"] == "gepa" and best["scored"] == 4
+    promotions = _sql(store, "SELECT Action, BundleId, Agent FROM prompt_promotions")
+    assert promotions == [{"Action": "promote", "BundleId": report["best_bundle"], "Agent": ""}], promotions
     test_ids = ", ".join(f"'{t.task_id}'" for t in load_task_file(splits["test"]))
     test_runs = _sql(store, f"SELECT PromptBundle AS bundle, count() AS n, avg(Reward) AS reward FROM rollouts "
                             f"WHERE TaskId IN ({test_ids}) GROUP BY PromptBundle ORDER BY reward")  # fmt: skip

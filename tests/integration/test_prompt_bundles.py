@@ -169,3 +169,21 @@ async def test_a_runner_gets_the_rollouts_bundle_to_the_gateway_with_no_change_t
     assert calls["without"][0] == "" and json.loads(calls["without"][1])[0]["content"] == "Answer briefly."
     stored = rows(linked_store, "SELECT RolloutId, PromptBundle FROM {db}.rollouts FINAL ORDER BY RolloutId")
     assert stored == [["with", bundle.bundle_id], ["without", ""]]
+
+
+async def test_scan_names_the_agent_a_call_named_in_its_url_and_reads_chosen_rollouts(
+    settings: FulmenSettings, linked_store: Store, tiny_model: Path
+) -> None:
+    """A framework's gateway span carries no agent name of its own: scan takes the one the URL named
+    (``/agent/{name}``), which is what `fulmen optimize-prompt --only-agent` filters on; ``rollout_ids`` keeps
+    only those rollouts' calls."""
+    async with consumers_running(settings, linked_store), llm_gateway_running(settings, tiny_model,
+                                                                                follow_models=False) as gateway:  # fmt: skip
+        async with AsyncOpenAI(base_url=base_url(gateway, "w1").removesuffix("/v1") + "/agent/writer/v1",
+                               api_key="x") as client:  # fmt: skip
+            await client.chat.completions.create(model="fulmen", messages=MESSAGES, max_tokens=2, seed=1)
+        other = [{"role": "system", "content": "Another prompt."}, MESSAGES[1]]
+        await _call(gateway, "o1", messages=other)
+        await count_reaches(linked_store, f"SELECT count() FROM {linked_store.database}.otel_traces FINAL", 2)
+    scanned = scan_prompts(linked_store, linked_store.database, ("system",), rollout_ids=("w1",))
+    assert [(p.slot, p.agents) for p in scanned] == [(fingerprint("system", SYSTEM), ("writer",))]

@@ -63,6 +63,7 @@ def test_optimize_prompt_finds_the_instruction_through_the_whole_system(kafka_br
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
         asked = len(optimizer.chat_requests())
+        shown = list(optimizer.script.prompts)
     report = json.loads(done.stdout.strip().splitlines()[-1])
     slot = fingerprint("system", SYSTEM)
     assert report["best_slots"] == {slot: GOOD}, report
@@ -70,6 +71,8 @@ def test_optimize_prompt_finds_the_instruction_through_the_whole_system(kafka_br
     assert report["rollouts_used"] <= BUDGET and report["bundle_mismatches"] == 0, report
     assert report["promoted"] == report["best_bundle"], report  # --promote: it beat the agent's own prompts on test
     assert asked >= len(DISTRACTORS) + 1  # the good instruction came last: the distractors were tried and refused
+    # the optimiser was shown the failing episodes as the store has them: what the model saw and answered
+    assert f"system: {SYSTEM}" in shown[0] and "assistant: The sky is blue" in shown[0], shown[0]
 
     store = env | {"FULMEN_CLICKHOUSE_PATH": str(Path(report["run_dir"]) / "chdb"), "FULMEN_CLICKHOUSE_READ_PORT": "0"}
     [counted] = _sql(store, "SELECT count(DISTINCT RolloutId) AS n, countIf(Status = 'succeeded') AS ok FROM rollouts")

@@ -71,6 +71,7 @@ class ConsumerOptions:
     group_prefix: str = "fulmen.consumers"
     serve_reads: bool = True
     max_records: int = 5000
+    max_bytes: int = 4 * 1024**2  # record values a batch of the BatchConsumer sinks holds (spans: ~3,500 spans)
     max_wait_s: float = 0.5
 
 
@@ -120,7 +121,8 @@ class ConsumersApp:
                 else:
                     worker = BatchConsumer(
                         sink, kafka_consumer, self.store, dead_letters,
-                        max_records=self.options.max_records, max_wait_s=self.options.max_wait_s,
+                        max_records=self.options.max_records, max_bytes=self.options.max_bytes,
+                        max_wait_s=self.options.max_wait_s,
                     )  # fmt: skip
                 # Start before subscribing: start() then only connects (bounded by the connect timeout),
                 # and the group join, which may wait out a crashed member's session, happens while polling.

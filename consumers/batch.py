@@ -1,6 +1,7 @@
 """The batch consumer: Kafka records → decoded units → one Arrow insert → offsets committed.
 
-Lifecycle of a batch: poll until ``max_records`` units or ``max_wait_s`` since the first one; decode each
+Lifecycle of a batch: poll until ``max_records`` units, ``max_bytes`` of record values (which bounds the memory
+of the insert: the store's working memory grows with the batch) or ``max_wait_s`` since the first one; decode each
 record (a record that is poison goes to the dead-letter topic, the stream goes on); insert the batch into the
 store as one Arrow table or pre-encoded block (Native) (retried with backoff while the store is down, never skipped)
 while the next batch is being polled; wait for the dead-letter sends to be acknowledged; then commit the
@@ -71,22 +72,26 @@ class BatchConsumer:
         dead_letters: DeadLetters,
         *,
         max_records: int = 5000,
+        max_bytes: int = 4 * 1024**2,
         max_wait_s: float = 0.5,
         retry_backoff_s: float = 0.5,
     ) -> None:
-        if max_records < 1 or max_wait_s <= 0:
-            raise ValueError("max_records must be >= 1 and max_wait_s > 0")
+        if max_records < 1 or max_bytes < 1 or max_wait_s <= 0:
+            raise ValueError("max_records and max_bytes must be >= 1 and max_wait_s > 0")
         self.sink = sink
         self.consumer = consumer
         self.store = store
         self.dead_letters = dead_letters
         self.max_records = max_records
+        self.max_bytes = max_bytes
         self.max_wait_s = max_wait_s
         self.retry_backoff_s = retry_backoff_s
         self.stats = BatchStats()
         self._units: list[Any] = []
         self._records: list[ConsumerRecord] = []
         self._offsets: dict[TopicPartition, int] = {}
+        self._bytes = 0  # record values buffered
+        self._record_bytes = 0.0  # running mean size of a record value
         self._first_at: float | None = None
         self._lock = asyncio.Lock()
         self._inflight: asyncio.Task[None] | None = None
@@ -113,13 +118,14 @@ class BatchConsumer:
         timeout_s = self.max_wait_s
         if self._first_at is not None:
             timeout_s = max(0.0, self._first_at + self.max_wait_s - time.monotonic())
-        fetched = await self.consumer.getmany(
-            timeout_ms=int(timeout_s * 1000), max_records=max(1, self.max_records - len(self._units))
-        )
+        # what fits in max_bytes at the mean record size seen so far (one record until there is a mean)
+        room = self.max_records - len(self._units)
+        room = min(room, int((self.max_bytes - self._bytes) / self._record_bytes) if self._record_bytes else 1)
+        fetched = await self.consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=max(1, room))
         for tp, records in fetched.items():
             for record in records:
                 await self._take(tp, record)
-        full = len(self._units) >= self.max_records
+        full = len(self._units) >= self.max_records or self._bytes >= self.max_bytes
         due = self._first_at is not None and time.monotonic() - self._first_at >= self.max_wait_s
         if full or due or (self._offsets and not self._units):
             await self.flush(wait=False)
@@ -134,6 +140,9 @@ class BatchConsumer:
         else:
             self._units.append(unit)
             self._records.append(record)
+            size = len(record.value or b"")
+            self._bytes += size
+            self._record_bytes = size if not self._record_bytes else 0.9 * self._record_bytes + 0.1 * size
             if self._first_at is None:
                 self._first_at = time.monotonic()
         self._offsets[tp] = record.offset + 1
@@ -149,6 +158,7 @@ class BatchConsumer:
             if self._offsets:
                 units, records, offsets = self._units, self._records, self._offsets
                 self._units, self._records, self._offsets, self._first_at = [], [], {}, None
+                self._bytes = 0
                 batch = await self._to_batch(units, records) if units else None
                 await self._drain()
                 self._inflight = asyncio.create_task(self._insert_and_commit(batch, records, offsets))

@@ -121,6 +121,21 @@ class ClickHouseSettings(BaseModel):
     read_max_result_bytes: int = Field(default=256 * 1024**2, gt=0, description="bytes one read may return")
     read_max_threads: int = Field(default=1, ge=1, description="engine threads per read (ingestion keeps the rest)")
     read_concurrency: int = Field(default=2, ge=1, le=64, description="reads run at once; more wait their turn")
+    # The embedded engine's memory (a server's is its own configuration). Left alone, chdb sizes its caches from
+    # the machine's RAM (5 GiB mark and index caches, a cap of 90% of RAM) and the spans table's insert and merge
+    # buffers from server defaults; these bound them in the process that owns the store.
+    engine_max_memory_bytes: int = Field(
+        default=4 * 1024**3, ge=0,
+        description="embedded: memory the whole engine may track (max_server_memory_usage); 0 = 90% of RAM",
+    )  # fmt: skip
+    engine_cache_bytes: int = Field(
+        default=128 * 1024**2, ge=0, description="embedded: size of each of the engine's mark and index caches"
+    )
+    engine_compress_block_bytes: int = Field(
+        default=256 * 1024, ge=64 * 1024,
+        description="embedded: the spans table's compression block (each column's write buffer in inserts and "
+        "merges; ClickHouse's default is 1 MiB)",
+    )  # fmt: skip
 
     @field_validator("url", "read_url")
     @classmethod

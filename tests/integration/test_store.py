@@ -166,3 +166,18 @@ def test_otel_traces_has_the_collector_exporter_s_columns_and_types(store: Store
                   "VALUES ('t', 's', map('gen_ai.system', 'fulmen', 'k', 'v'))")  # fmt: skip
     items = store.query(f"SELECT SpanAttributeItems FROM {store.database}.otel_traces WHERE TraceId = 't'").rows
     assert [list(row) for row in items] == [[["gen_ai.system=fulmen", "k=v"]]]
+
+
+def test_the_embedded_engine_runs_with_bounded_caches_and_spans_writers(store: Store) -> None:
+    """The engine options of ClickHouseSettings reach the engine; the spans table's writers are bounded."""
+    server = dict(store.query(
+        "SELECT name, value FROM system.server_settings WHERE name IN ('mark_cache_size', 'max_server_memory_usage')"
+    ).rows)  # fmt: skip
+    assert int(server["mark_cache_size"]) == store.settings.engine_cache_bytes
+    assert int(server["max_server_memory_usage"]) == store.settings.engine_max_memory_bytes
+    ddl = store.query(
+        "SELECT create_table_query FROM system.tables WHERE database = {db:String} AND name = 'otel_traces'",
+        {"db": store.database},
+    ).rows[0][0]
+    assert f"max_compress_block_size = {store.settings.engine_compress_block_bytes}" in ddl
+    assert "vertical_merge_algorithm_min_rows_to_activate = 1" in ddl

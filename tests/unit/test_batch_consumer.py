@@ -19,13 +19,15 @@ def _event(i: int, status: RolloutStatus = RolloutStatus.RUNNING) -> bytes:
     return encode(RolloutEvent(rollout_id=f"r{i}", attempt=1, status=status, task_id="t", group_id="g"))
 
 
-def _build(failures: int = 0, max_records: int = 100) -> tuple[BatchConsumer, FakeConsumer, FakeProducer, FakeStore]:
+def _build(
+    failures: int = 0, max_records: int = 100, max_bytes: int = 2**20
+) -> tuple[BatchConsumer, FakeConsumer, FakeProducer, FakeStore]:
     consumer = FakeConsumer()
     producer = FakeProducer(consumer.events)
     store = FakeStore(consumer.events, failures)
     worker = BatchConsumer(
         EVENT_SINKS["rollouts"], consumer, store, DeadLetters(producer, consumer_group="g"),  # type: ignore[arg-type]
-        max_records=max_records, max_wait_s=0.05, retry_backoff_s=0.001,
+        max_records=max_records, max_bytes=max_bytes, max_wait_s=0.05, retry_backoff_s=0.001,
     )  # fmt: skip
     return worker, consumer, producer, store
 
@@ -81,6 +83,17 @@ async def test_batches_respect_max_records() -> None:
     await _drain(worker, polls=6)
     assert [t.num_rows for t in store.tables["rollouts"]] == [4, 4, 2]
     assert consumer.commit_calls == 3
+
+
+async def test_batches_respect_max_bytes() -> None:
+    """A batch holds at most max_bytes of record values (it bounds the insert's memory in the store)."""
+    size = len(_event(0))
+    worker, consumer, _, store = _build(max_bytes=3 * size)
+    for i in range(10):
+        consumer.append(TOPIC, 0, _event(i))
+    await _drain(worker, polls=10)
+    assert [t.num_rows for t in store.tables["rollouts"]] == [3, 3, 3, 1]
+    assert sorted(r["RolloutId"] for r in store.rows("rollouts")) == sorted(f"r{i}" for i in range(10))
 
 
 async def test_a_record_that_decodes_but_cannot_be_stored_is_dead_lettered_alone() -> None:

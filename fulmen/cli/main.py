@@ -568,7 +568,7 @@ def smoke(
     from fulmen.cli.smoke import run_smoke
     from fulmen.infra.services import ensure_kafka, ensure_store
 
-    settings = _settings()
+    settings = _settings(CliProcessSettings)  # its tables print as FULMEN_CLI_* says
     with console.status("starting Kafka (first run downloads its jars) and the store..."):
         ready = ensure_kafka(settings)
         store = ensure_store(settings)
@@ -580,7 +580,7 @@ def smoke(
     finally:
         if ready.started is not None:
             ready.started.stop()
-    _print_smoke(report, ready.started is not None)
+    _print_smoke(report, ready.started is not None, settings.cli)
     if as_json:
         print(json.dumps(report.as_dict()))
     ok = report.task_read_back and report.dead_letter is not None and all(r.rows for _, _, r in report.queries)
@@ -588,8 +588,8 @@ def smoke(
         raise FulmenError("the smoke run did not see every event come back; see the output above")
 
 
-def _print_smoke(report: Any, stopped: bool) -> None:
-    from fulmen.cli.render import render
+def _print_smoke(report: Any, stopped: bool, cli: Any) -> None:
+    from fulmen.cli.render import render, table_style
 
     console.print(
         f"[green]✓[/] published (run id {report.run_id}): " + ", ".join(f"{k} {v}" for k, v in report.published.items())
@@ -601,7 +601,7 @@ def _print_smoke(report: Any, stopped: bool) -> None:
         console.print(f"[green]✓[/] poison record dead-lettered: {where}: {d.error}")
     for title, query, result in report.queries:
         console.print(f'\n[bold]{title}[/]  [dim]fulmen sql "{query}"[/]')
-        render(result, "table", console)
+        render(result, "table", console, table_style(cli))
     console.print(
         f"\ndone in {report.wall_s:.1f}s" + ("; the broker this demo started is stopped." if stopped else ".")
     )

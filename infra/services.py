@@ -12,7 +12,7 @@ from fulmen.infra.kafka.cluster import LocalCluster
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 
-__all__ = ["KafkaReady", "ensure_kafka", "ensure_store"]
+__all__ = ["KafkaReady", "check_kafka_can_start", "ensure_kafka", "ensure_store"]
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +22,13 @@ class KafkaReady:
     bootstrap: str
     started: LocalCluster | None  # the local Kafka this call started (stop it when done); None if it ran or is remote
     topics: list[TopicState]
+
+
+def check_kafka_can_start(settings: FulmenSettings) -> None:
+    """In local mode, ConfigurationError now if a local Kafka node that does not run could not start (a taken
+    port), so a command with a long preparation before :func:`ensure_kafka` fails before it, not after."""
+    if settings.local_kafka:
+        LocalCluster.from_settings(settings).check_ports()
 
 
 def ensure_kafka(settings: FulmenSettings, *, start: bool = True) -> KafkaReady:

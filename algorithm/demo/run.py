@@ -21,6 +21,7 @@ from fulmen.algorithm.demo.agent import CALL_TOKENS
 from fulmen.algorithm.demo.tasks import heldout_tasks, train_tasks
 from fulmen.algorithm.demo.warmup import WarmupPlan, warm_up
 from fulmen.algorithm.local import LocalPlan, LocalRun, run_locally
+from fulmen.infra.services import check_kafka_can_start
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas.events import TrainStep
 
@@ -62,6 +63,7 @@ def run_demo(settings: FulmenSettings, options: DemoOptions, *, on_phase: Callab
     """Run the demo (module docstring). ``on_warmup(step, steps, loss)`` follows a warm-up that is not cached;
     ``after`` runs while the services still run (the report's queries)."""
     started = time.perf_counter()
+    check_kafka_can_start(settings)  # a taken broker port fails now, not after minutes of warm-up
     on_phase("warming up the tiny model (cached after the first run)")
     model = warm_up(options.warmup_dir or settings.home / "demo-warmup", options.warmup, on_warmup)
     warmup_s = time.perf_counter() - started

@@ -138,12 +138,19 @@ class LocalCluster:
         return ClusterStatus([n.status() for n in self.nodes], self.bootstrap, self.home)
 
     # --- lifecycle ------------------------------------------------------------------------------------------
-    def start(self) -> ClusterStatus:
-        """Start every node that does not run; return once all answer and the cluster lists every broker."""
+    def check_ports(self) -> list[LocalKafka]:
+        """The nodes that do not run, once every port they need is known free (ConfigurationError naming a taken
+        one): checked before any JVM starts, so a taken port never leaves a half-started cluster, and by callers
+        before a long preparation (the demo's warm-up) so it does not fail only at the end."""
         self._refuse_other_layouts()
         stopped = [n for n in self.nodes if not n.status().running]
         for node in stopped:
-            node.check_ports()  # every port before any JVM: no half-started cluster for a taken port
+            node.check_ports()
+        return stopped
+
+    def start(self) -> ClusterStatus:
+        """Start every node that does not run; return once all answer and the cluster lists every broker."""
+        stopped = self.check_ports()
         if self.size > 1:
             self._format_if_new()
         spawned = [(node, node.launch()) for node in stopped]

@@ -183,3 +183,23 @@ def test_demo_options_select_the_algorithm_and_the_mode(algorithm: str, mode: st
     assert section.correction == ("tis" if mode == "async" else "")
     assert section.overlong_limits is None or section.overlong_limits[0] == CALL_TOKENS
     assert section.max_staleness == 2
+
+
+def test_a_taken_broker_port_fails_the_demo_before_its_warm_up(tmp_path: Path) -> None:
+    """A port another process holds is an error at once, not after minutes of warm-up."""
+    import socket
+
+    from fulmen.algorithm.demo.run import DemoOptions, run_demo
+    from fulmen.infra.errors import ConfigurationError
+    from fulmen.infra.settings import BrokerSettings, FulmenSettings
+    from tests.conftest import free_port
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        settings = FulmenSettings(home=tmp_path, broker=BrokerSettings(port=port, controller_port=free_port()))
+        phases: list[str] = []
+        with pytest.raises(ConfigurationError, match=rf"port {port} .* is taken"):
+            run_demo(settings, DemoOptions(warmup_dir=tmp_path / "warmup"), on_phase=phases.append)
+    assert phases == [] and not (tmp_path / "warmup").exists()

@@ -1,4 +1,5 @@
-"""What ``fulmen prompts scan`` and ``list`` read from the store: the prompts agents send, and the stored bundles.
+"""What ``fulmen prompts scan`` and ``list`` (and the dashboard's Prompts page) read from the store: the prompts
+agents send, the stored bundles, where each serves and what its rollouts scored.
 
 ``scan`` groups the input messages of the LLM gateway's chat spans (``gen_ai.input.messages``) by role and text,
 skipping calls a bundle was applied to (their texts are the bundle's, not the agent's), with the agents that sent
@@ -14,9 +15,13 @@ from typing import Any
 
 from fulmen.schemas import semconv
 from fulmen.schemas.ddl import TABLES
+from fulmen.schemas.events import RolloutStatus
 from fulmen.schemas.prompts import fingerprint, message_text
 
-__all__ = ["BundleRow", "ScannedPrompt", "bundle_mismatches", "bundle_rows", "scan_prompts", "serving_by_scope"]
+__all__ = [
+    "BundleRewards", "BundleRow", "ScannedPrompt", "bundle_mismatches", "bundle_rewards", "bundle_rows", "scan_prompts",
+    "serving_by_scope",
+]  # fmt: skip
 
 _SCAN_SQL = """
 SELECT JSONExtractString(m, 'role') AS role, JSONExtractRaw(m, 'content') AS content, count() AS calls,
@@ -101,6 +106,37 @@ def serving_by_scope(reader: Any, database: str = "") -> dict[str, str]:
     sql = (f"SELECT Agent, argMax(BundleId, CreatedAt) FROM {db}{TABLES['prompt_promotions']} "
            "GROUP BY Agent")  # fmt: skip
     return {agent: bundle for agent, bundle in reader.query(sql, None, final=True, read_only=True).rows}
+
+
+_REWARDS_SQL = """
+SELECT PromptBundle, Mode, count() AS rollouts, countIf(Reward IS NOT NULL) AS rewarded, avg(Reward) AS mean
+FROM {db}{rollouts} WHERE PromptBundle != '' AND Status IN %(ended)s
+GROUP BY PromptBundle, Mode ORDER BY PromptBundle, Mode
+"""
+
+
+@dataclass(frozen=True)
+class BundleRewards:
+    """The ended rollouts (latest attempt state) that named a bundle, in one mode: how many, how many have a reward,
+    and their mean reward (None: none has one)."""
+
+    rollouts: int
+    rewarded: int
+    mean: float | None
+
+
+def bundle_rewards(reader: Any, database: str = "") -> dict[str, dict[str, BundleRewards]]:
+    """Per bundle, per rollout mode (``train``, ``val``, ...), the ended rollouts that named it and their mean reward:
+    what the bundle scored wherever it ran (a search's minibatches, validation and test passes, a GRPO phase), beside
+    the validation scores its lineage stores."""
+    db = f"{database}." if database else ""
+    sql = _REWARDS_SQL.format(db=db, rollouts=TABLES["rollouts"])
+    ended = (RolloutStatus.SUCCEEDED.value, RolloutStatus.FAILED.value, RolloutStatus.TIMED_OUT.value)
+    found: dict[str, dict[str, BundleRewards]] = {}
+    for bundle, mode, rollouts, rewarded, mean in reader.query(sql, {"ended": ended}, final=True,
+                                                               read_only=True).rows:  # fmt: skip
+        found.setdefault(bundle, {})[mode] = BundleRewards(int(rollouts), int(rewarded), mean if rewarded else None)
+    return found
 
 
 _MISMATCH_SQL = """

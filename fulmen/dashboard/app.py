@@ -5,15 +5,13 @@ serves until :meth:`Dashboard.stop`; :meth:`Dashboard.run` does both around a st
 ``GET /healthz`` answers 200 as soon as the server listens, with whether the store answers (``store``): the
 dashboard starts before ``fulmen consume`` and shows the store's state instead of failing.
 
-Routes: the pages (``/`` runs and their steps, ``/rollouts``, ``/rollout``, ``/dead-letters``), ``/static/*``
-(one script, one stylesheet, uPlot vendored at install: no page needs the internet; a Content-Security-Policy
-of ``'self'`` says so to the browser), and ``/api/*`` (JSON from :class:`DashboardQueries`). A bad query
-parameter is a 400 naming it; a store that does not answer is a 503 with the reason. Only GET is served. On
-loopback (the default) a request whose ``Host`` is not loopback is refused (DNS rebinding), and so is a
-cross-site call of the API; there is no login, so beyond loopback put it behind a proxy that has one.
-
-Reads go to the read endpoint that ``fulmen consume`` serves (embedded store: the dashboard never opens the
-store itself, so it never holds chdb's lock) or to the ClickHouse server (``FULMEN_CLICKHOUSE_URL``).
+Routes: the pages (``/`` runs and their steps, ``/rollouts``, ``/rollout``, ``/models``, ``/prompts``,
+``/dead-letters``), ``/static/*`` (one script, one stylesheet, uPlot vendored at install: no page needs the
+internet; a Content-Security-Policy of ``'self'`` says so to the browser), and ``/api/*`` (JSON from
+:class:`DashboardQueries`). A bad query parameter is a 400 naming it; a store that does not answer is a 503 with
+the reason. Only GET is served. On loopback (the default) a request whose ``Host`` is not loopback is refused (DNS
+rebinding), and so is a cross-site call of the API; there is no login, so beyond loopback put it behind a proxy
+that has one.
 """
 
 from __future__ import annotations
@@ -42,7 +40,7 @@ UPLOT = STATIC / "vendor" / "uPlot.iife.min.js"
 # path -> (the page's name for the script, its title); every page is static/page.html, the script draws it
 PAGES = {
     "/": ("runs", "Runs"), "/rollouts": ("rollouts", "Rollouts"), "/rollout": ("rollout", "Rollout"),
-    "/models": ("models", "Models"), "/dead-letters": ("dead", "Dead letters"),
+    "/models": ("models", "Models"), "/prompts": ("prompts", "Prompts"), "/dead-letters": ("dead", "Dead letters"),
 }  # fmt: skip
 _SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
@@ -104,6 +102,7 @@ class Dashboard:
             "/api/rollouts": self.queries.rollouts,
             "/api/rollout": self.queries.rollout,
             "/api/models": self.queries.models,
+            "/api/prompts": self.queries.prompts,
             "/api/dead-letters": self.queries.dead_letters,
         }
         for path, read in api.items():

@@ -1,5 +1,5 @@
 """What the dashboard shows, as read-only SQL over the store: runs and their steps, rollouts, one rollout's
-trace, model versions and which one serves, dead letters.
+trace, model versions and which one serves, prompt bundles and their scores, dead letters.
 
 Every query goes through a reader of the read-only surface (:class:`~fulmen.infra.store.RemoteReader` to the
 endpoint ``fulmen consume`` serves, or :class:`~fulmen.infra.store.Store` on a ClickHouse server, always with
@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from fulmen.algorithm.credit import CREDIT_STRATEGIES, assign_credit
 from fulmen.infra.errors import FulmenError
+from fulmen.prompt_queries import bundle_rewards, bundle_rows, serving_by_scope
 from fulmen.schemas import semconv
 from fulmen.schemas.events import RolloutMode, RolloutStatus
 from fulmen.versions import model_names, rollout_versions, version_label, version_rows
@@ -32,6 +33,7 @@ __all__ = ["DashboardQueries", "FilterError", "Reader", "RolloutFilters", "jsona
 
 _ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _MAX_PAGE = 500
+_SLOT_CHARS = 200  # of each bundle slot's text on the Prompts page
 _MESSAGE_CHARS = 20_000  # of each call's prompt and response messages shown
 _ATTRIBUTE_CHARS = 500  # of every other span attribute
 
@@ -252,11 +254,38 @@ class DashboardQueries:
         rows = [vars(row) for row in version_rows(self.reader, model)] if model else []
         return {"models": names, "model": model, "versions": rows}
 
+    # --- prompt bundles ---------------------------------------------------------------------------------
+    def prompts(self, params: Mapping[str, str]) -> dict[str, Any]:
+        """The stored bundles, newest first (or those of one search ``run``): agent scope, source, parents, each
+        slot's text shortened, the mean of the validation scores their lineage stores (and per task), the ended
+        rollouts that named each per mode with their mean reward, and the agent scopes each serves now
+        (``serving``: scope -> bundle, '' = the agent's own prompts). Reads :mod:`fulmen.prompt_queries`."""
+        run = _identifier(params, "run")
+        stored = bundle_rows(self.reader)
+        rows = [row for row in stored if not run or row.run_id == run]
+        rewards = bundle_rewards(self.reader)
+        serving = serving_by_scope(self.reader)
+        bundles = [{
+            "bundle_id": row.bundle_id, "agent": row.agent, "source": row.source, "run_id": row.run_id,
+            "created_at": row.created_at, "parents": list(row.parents),
+            "slots": {slot: _shortened(text) for slot, text in sorted(row.slots.items())},
+            "templates": sorted(row.templates), "val_mean": row.mean, "val_tasks": len(row.scores),
+            "scores": dict(sorted(row.scores.items())),
+            "rollouts": {mode: vars(r) for mode, r in rewards.get(row.bundle_id, {}).items()},
+            "serving": sorted(scope for scope, bundle in serving.items() if bundle == row.bundle_id),
+        } for row in reversed(rows)]  # fmt: skip
+        return {"bundles": bundles, "serving": serving, "runs": sorted({row.run_id for row in stored if row.run_id})}
+
     # --- dead letters -----------------------------------------------------------------------------------
     def dead_letters(self, params: Mapping[str, str]) -> dict[str, Any]:
         limit = _integer(params, "limit", 100, 1, _MAX_PAGE)
         total = self._rows(_DEAD_LETTER_COUNT)[0]["N"]
         return {"total": total, "records": self._rows(_DEAD_LETTERS, {"limit": limit})}
+
+
+def _shortened(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= _SLOT_CHARS else flat[: _SLOT_CHARS - 1] + "…"
 
 
 def _gamma(text: str) -> float:

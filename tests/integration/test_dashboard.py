@@ -120,6 +120,63 @@ def test_models_show_each_version_its_score_and_decision_and_which_serves(http: 
     assert http.get("/api/models", params={"model": "no'quote"}).status_code == 400
 
 
+def test_prompts_show_each_bundle_its_lineage_scores_rollouts_and_where_it_serves(
+    http: httpx.Client, store: Store
+) -> None:
+    from fulmen.consumers.event_sinks import EVENT_SINKS
+    from fulmen.schemas import PromotionAction
+    from fulmen.schemas.events import RolloutEvent, RolloutMode, RolloutStatus
+    from fulmen.schemas.prompts import PromptBundle, PromptPromotion
+
+    long = "Answer in French. " * 30  # shortened on the page
+    base = PromptBundle.create({"fp-0123456789ab": "You are helpful."}, source="gepa", run_id="s-run",
+                               scores={"v1": 0.0, "v2": 0.0})  # fmt: skip
+    child = PromptBundle.create({"fp-0123456789ab": long}, parents=[base.bundle_id], source="gepa", run_id="s-run",
+                                scores={"v1": 1.0, "v2": 0.5}, agent="write")  # fmt: skip
+    hand = PromptBundle.create({"fp-0123456789ab": "Be brief."})
+    promoted = PromptPromotion(action=PromotionAction.PROMOTE, bundle_id=child.bundle_id, agent="write")
+
+    def rollout(n: int, bundle: str, mode: RolloutMode, status: RolloutStatus, reward: float | None) -> RolloutEvent:
+        return RolloutEvent(rollout_id=f"pr{n}", attempt=1, status=status, task_id=f"t{n}", group_id=f"g{n}",
+                            mode=mode, reward=reward, model_version=3, prompt_bundle=bundle,
+                            error="agent raised" if status is RolloutStatus.FAILED else None)  # fmt: skip
+
+    rollouts = [
+        rollout(1, child.bundle_id, RolloutMode.VAL, RolloutStatus.SUCCEEDED, 1.0),
+        rollout(2, child.bundle_id, RolloutMode.VAL, RolloutStatus.SUCCEEDED, 0.0),
+        rollout(3, child.bundle_id, RolloutMode.TRAIN, RolloutStatus.SUCCEEDED, 1.0),
+        rollout(4, child.bundle_id, RolloutMode.TRAIN, RolloutStatus.FAILED, None),
+        rollout(5, child.bundle_id, RolloutMode.TRAIN, RolloutStatus.RUNNING, None),  # not ended: not counted
+    ]
+    for name, events in (("prompt_bundles", [base, child, hand]), ("prompt_promotions", [promoted]),
+                         ("rollouts", rollouts)):  # fmt: skip
+        sink = EVENT_SINKS[name]
+        store.insert_batch(sink.table, sink.to_batch([sink.rows(e) for e in events]))
+
+    answer = get(http, "/api/prompts")
+    assert answer["serving"] == {"write": child.bundle_id} and answer["runs"] == ["s-run"]
+    shown = {b["bundle_id"]: b for b in answer["bundles"]}
+    assert set(shown) == {base.bundle_id, child.bundle_id, hand.bundle_id}
+    b = shown[child.bundle_id]
+    assert (b["agent"], b["parents"], b["serving"], b["val_mean"], b["val_tasks"]) == (
+        "write",
+        [base.bundle_id],
+        ["write"],
+        0.75,
+        2,
+    )
+    assert b["scores"] == {"v1": 1.0, "v2": 0.5}
+    [text] = b["slots"].values()
+    assert text.startswith("Answer in French.") and text.endswith("…") and len(text) < len(long)
+    assert b["rollouts"] == {"train": {"rollouts": 2, "rewarded": 1, "mean": 1.0},
+                             "val": {"rollouts": 2, "rewarded": 2, "mean": 0.5}}  # fmt: skip
+    made_by_hand = shown[hand.bundle_id]
+    assert (made_by_hand["val_mean"], made_by_hand["rollouts"], made_by_hand["serving"]) == (None, {}, [])
+    one_run = get(http, "/api/prompts", run="s-run")["bundles"]
+    assert [b["bundle_id"] for b in one_run] == [child.bundle_id, base.bundle_id]  # newest first, no hand-made one
+    assert http.get("/api/prompts", params={"run": "x' OR 1=1"}).status_code == 400
+
+
 def test_dead_letters_and_health(http: httpx.Client) -> None:
     answer = get(http, "/api/dead-letters")
     assert answer["total"] == 3 and answer["records"][0]["ErrorType"] == "DecodeError"
@@ -127,7 +184,7 @@ def test_dead_letters_and_health(http: httpx.Client) -> None:
 
 
 def test_the_pages_need_nothing_from_elsewhere(http: httpx.Client) -> None:
-    for path in ("/", "/rollouts", "/rollout?id=x", "/models", "/dead-letters"):
+    for path in ("/", "/rollouts", "/rollout?id=x", "/models", "/prompts", "/dead-letters"):
         page = http.get(path)
         assert page.status_code == 200 and "default-src 'self'" in page.headers["Content-Security-Policy"]
         assert "http://" not in page.text and "https://" not in page.text

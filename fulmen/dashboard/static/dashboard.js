@@ -318,6 +318,52 @@ function modelsPage() {
   });
 }
 
+// --- prompt bundles -----------------------------------------------------------------------------------
+function scoreCell(b) {
+  if (b.val_mean === null) return el("span", { class: "muted", text: "not scored" });
+  const tasks = Object.entries(b.scores).map(([task, score]) => `${task}: ${fmt(score)}`).join("\n");
+  return el("span", { title: tasks, text: `${fmt(b.val_mean)} (${b.val_tasks} val task(s))` });
+}
+
+function rolloutsCell(b) {
+  const modes = Object.entries(b.rollouts);
+  if (!modes.length) return "–";
+  return el("div", {}, ...modes.map(([mode, r]) =>
+    el("div", { "data-mode": mode, text: `${mode}: ${r.rollouts} rollout(s), mean reward ${fmt(r.mean)}` })));
+}
+
+function slotsCell(b) {
+  return el("div", { class: "messages" }, ...Object.entries(b.slots).map(([slot, text]) =>
+    el("div", { class: "message" }, el("span", { class: "role", text: slot }), el("pre", { text }))));
+}
+
+function promptsPage() {
+  const params = new URLSearchParams(location.search);
+  const run = params.get("run") || "";
+  const picker = el("p", { id: "prompt-runs" });
+  const summary = el("p", { id: "prompts-summary" });
+  const list = el("div", { id: "bundles" });
+  main.append(el("h2", { text: "Prompt bundles" }), picker, summary, list);
+  poll(async () => {
+    const answer = await api("prompts", { run });
+    picker.replaceChildren("search run: ", run ? el("a", { href: "/prompts", text: "any" }) : el("strong", { text: "any" }),
+      ...answer.runs.flatMap((r) => [" ", r === run ? el("strong", { text: r })
+        : el("a", { href: `/prompts?run=${encodeURIComponent(r)}`, text: r })]));
+    const serving = Object.entries(answer.serving).map(([scope, bundle]) =>
+      `${bundle || "the agent's own prompts"} for ${scope || "every agent"}`);
+    summary.replaceChildren(el("span", { id: "prompts-serving", text: serving.length
+      ? `Serving calls that name no bundle: ${serving.join("; ")}.` : "No bundle promoted: agents' own prompts serve." }));
+    list.replaceChildren(answer.bundles.length ? table("bundles-table", [
+      ["serves", (b) => (b.serving.length ? `★ ${b.serving.map((s) => s || "every agent").join(", ")}` : "")],
+      ["bundle", (b) => el("code", { text: b.bundle_id })], ["agent", (b) => b.agent || "any"],
+      ["source", (b) => b.source], ["run", (b) => b.run_id || "–"],
+      ["parents", (b) => b.parents.join(", ") || "–"], ["validation score", scoreCell],
+      ["rollouts naming it", rolloutsCell], ["slots", slotsCell], ["created", (b) => when(b.created_at)],
+    ], answer.bundles, (b) => ({ "data-bundle": b.bundle_id, class: b.serving.length ? "serving" : "" }))
+      : el("p", { class: "empty", text: "No prompt bundle stored yet (fulmen prompts create, fulmen optimize-prompt)." }));
+  });
+}
+
 // --- dead letters --------------------------------------------------------------------------------------
 function deadPage() {
   const summary = el("p", { id: "dead-summary" });
@@ -334,6 +380,8 @@ function deadPage() {
   });
 }
 
-const PAGES = { runs: runsPage, rollouts: rolloutsPage, rollout: rolloutPage, models: modelsPage, dead: deadPage };
+const PAGES = {
+  runs: runsPage, rollouts: rolloutsPage, rollout: rolloutPage, models: modelsPage, prompts: promptsPage, dead: deadPage,
+};
 document.querySelector(`[data-nav="${document.body.dataset.page === "rollout" ? "rollouts" : document.body.dataset.page}"]`)?.classList.add("here");
 PAGES[document.body.dataset.page]();

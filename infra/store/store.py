@@ -232,7 +232,6 @@ def _embedded_client(path: Path, settings: ClickHouseSettings) -> Client:
         except ClickHouseError as exc:
             raise ConfigurationError(f"cannot open the embedded store at {path}: {exc}") from exc
         _embedded[path] = client
-        _release_load_pages("_chdb.")
         return client
 
 
@@ -269,45 +268,6 @@ def _bound_allocator() -> None:
         return
     for param, value in ((_M_ARENA_MAX, 2), (_M_MMAP_THRESHOLD, 1024**2), (_M_TRIM_THRESHOLD, 1024**2)):
         mallopt(param, value)
-
-
-def _release_load_pages(library: str) -> None:
-    """Unmap the pages of ``library``'s code and read-only data that loading it touched (its static initialisers
-    run all over its ~380 MB of code: ~300 MB resident after the import). They are clean copies of the file, so
-    this is what the kernel does to them under memory pressure: the pages the engine runs again fault back in
-    from the page cache (~100 MB under the span bench). Only mappings without a private (written) page are
-    touched; Linux only, best effort."""
-    madvise_dontneed = 4
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        smaps = Path("/proc/self/smaps").read_text()
-    except (OSError, AttributeError):
-        return
-    for start, end in _clean_mappings(smaps, library):
-        libc.madvise(start, end - start, madvise_dontneed)
-
-
-def _clean_mappings(smaps: str, library: str) -> list[tuple[int, int]]:
-    """(start, end) of the read-only file mappings of a path containing ``library`` with no private dirty or
-    anonymous (copied-on-write) page, from /proc/self/smaps text."""
-    found: list[tuple[int, int]] = []
-    current: tuple[int, int] | None = None
-    written = False
-    for line in [*smaps.splitlines(), "0-0 ---p 0 0 0 0 end"]:
-        fields = line.split()
-        if not fields:
-            continue
-        if "-" in fields[0] and len(fields) >= 5 and not fields[0].endswith(":"):
-            if current is not None and not written:
-                found.append(current)
-            current, written = None, False
-            if len(fields) >= 6 and library in fields[5] and "w" not in fields[1]:
-                low, high = fields[0].split("-")
-                current = (int(low, 16), int(high, 16))
-        elif current is not None and fields[0] in ("Anonymous:", "Private_Dirty:", "Shared_Dirty:"):
-            written = written or int(fields[1]) > 0
-    return found
 
 
 def _other_owner(path: Path) -> str | None:

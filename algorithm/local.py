@@ -8,7 +8,8 @@ store ``<run dir>/chdb``, so runs never mix, even on a shared broker, and then:
    when the plan selects agents), ``fulmen otlp-gateway``, ``fulmen llm-gateway`` on the plan's model as version
    0 (it follows ``fulmen.models``), and ``runners`` ``fulmen runner --agent <plan.agent>`` processes, each the
    real command in its own process, configured as ``fulmen up`` configures them (:mod:`fulmen.infra.stack`);
-3. the trainer in this process (:func:`fulmen.algorithm.train.train`) with the given ``FULMEN_TRAIN_*`` fields;
+3. the trainer in this process (:func:`train_in_stack`: :func:`fulmen.algorithm.train.train` with the given
+   ``FULMEN_TRAIN_*`` fields, after publishing the prompt bundles its rollouts name on the run's prompts topic);
    its validation pass runs the held-out tasks through the same runners, gateway, spans and transitions before
    step 1, every ``val_every`` steps and after the last step (``initial_val_accuracy`` / ``val_accuracy`` in
    ``TrainStep.extra``). Progress comes from the metrics topic (the ``TrainStep`` events), read by a second
@@ -35,8 +36,9 @@ from fulmen.infra.processes import Services
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.stack import StackPorts, core_services, runner_spec
 from fulmen.schemas.events import TrainStep, new_id
+from fulmen.schemas.prompts import PromptBundle
 
-__all__ = ["LocalPlan", "LocalRun", "LocalStack", "TrainReport", "local_stack", "run_locally"]
+__all__ = ["LocalPlan", "LocalRun", "LocalStack", "TrainReport", "local_stack", "run_locally", "train_in_stack"]
 
 log = logging.getLogger(__name__)
 
@@ -111,19 +113,40 @@ def run_locally(settings: FulmenSettings, plan: LocalPlan, train: dict[str, Any]
                 val_tasks: Sequence[DatasetTask] | None, *, run_dir: Path | None = None,
                 on_phase: Callable[[str], None] = lambda _: None,
                 on_step: Callable[[TrainStep], None] = lambda _: None,
-                after: Callable[[LocalRun], None] = lambda _: None) -> LocalRun:  # fmt: skip
+                after: Callable[[LocalRun], None] = lambda _: None,
+                bundles: Sequence[PromptBundle] = ()) -> LocalRun:  # fmt: skip
     """Run the system and train ``plan.agent`` (module docstring). ``train`` holds ``TrainSection`` fields; the
-    run's identity, model, agent and consumer group are set here."""
+    run's identity, model, agent and consumer group are set here. ``bundles``: published on the run's prompts topic
+    before training (the one ``train['prompt_bundle']`` names must be among them or already there)."""
     with local_stack(settings, plan, run_dir=run_dir, on_phase=on_phase) as stack:
-        run = stack.run
-        on_phase("training")
-        train_settings = _train_settings(stack.settings, stack.bootstrap, run, plan, train)
-        run.steps = asyncio.run(_train(train_settings, list(tasks), list(val_tasks or []), stack.services, on_step))
-        run.train_s = time.perf_counter() - stack.started - run.startup_s
-        if run.steps:
-            run.final_model = run.run_dir / "checkpoints" / f"v{run.steps[-1].model_version}"
-        after(run)
-    return run
+        train_in_stack(stack, plan, train, tasks, val_tasks, on_phase=on_phase, on_step=on_step, bundles=bundles)
+        after(stack.run)
+    return stack.run
+
+
+def train_in_stack(stack: LocalStack, plan: LocalPlan, train: dict[str, Any], tasks: Sequence[DatasetTask],
+                   val_tasks: Sequence[DatasetTask] | None, *, on_phase: Callable[[str], None] = lambda _: None,
+                   on_step: Callable[[TrainStep], None] = lambda _: None,
+                   bundles: Sequence[PromptBundle] = ()) -> list[TrainStep]:  # fmt: skip
+    """Step 3 of the module docstring on a running :func:`local_stack`: publish ``bundles`` (acknowledged before any
+    rollout names one), then train; the steps are added to ``stack.run`` (a prompt search's stack trains after its
+    search with this too: ``fulmen.optimize_prompt(train_steps=N)``)."""
+    from fulmen.infra.kafka.prompts import publish_bundles
+
+    run = stack.run
+    if bundles:
+        on_phase(f"publishing prompt bundle(s) {', '.join(b.bundle_id for b in bundles)} for this run's rollouts")
+        asyncio.run(publish_bundles(stack.client_settings(), bundles))
+    on_phase("training" + (f" on rollouts naming prompt bundle {train['prompt_bundle']}"
+                           if train.get("prompt_bundle") else ""))  # fmt: skip
+    train_settings = _train_settings(stack.settings, stack.bootstrap, run, plan, train)
+    began = time.perf_counter()
+    steps = asyncio.run(_train(train_settings, list(tasks), list(val_tasks or []), stack.services, on_step))
+    run.train_s += time.perf_counter() - began
+    run.steps += steps
+    if run.steps:
+        run.final_model = run.run_dir / "checkpoints" / f"v{run.steps[-1].model_version}"
+    return steps
 
 
 @dataclass

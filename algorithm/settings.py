@@ -83,6 +83,10 @@ class TrainSection(BaseModel):
     model_name: str = Field(default="fulmen", pattern=IDENTIFIER_PATTERN.pattern, description="served name")
     agent: str = Field(default="", pattern=r"^$|^[\w.]+:[\w.]+$",
                        description="module:function the runners run (recorded in request metadata)")  # fmt: skip
+    prompt_bundle: str = Field(default="", pattern=r"^$|^pb-[0-9a-f]{12}$", description="every training and "
+                               "validation rollout names this prompt bundle (the LLM gateway applies it; it must be "
+                               "on the prompts topic): GRPO on a chosen bundle's rollouts. '' = none named (the "
+                               "promoted bundle, else the agent's own prompts)")  # fmt: skip
     steps: int = Field(default=10, ge=1, description="the run's last step (= model version); a resumed run "
                        "continues up to it")  # fmt: skip
     group_size: int = Field(default=8, ge=1, le=1024, description="rollouts per task (GRPO's G)")

@@ -390,4 +390,5 @@ def _dispatcher(publisher: EventPublisher, tasks: list[DatasetTask], options: Tr
         group_size=options.group_size if training else options.val_group_size,
         max_in_flight=options.groups_in_flight, rollout_timeout_s=options.rollout_timeout_s,
         max_attempts=options.max_attempts, metadata={"agent": options.agent} if options.agent else None,
+        prompt_bundle=options.prompt_bundle or None,
     )  # fmt: skip

@@ -19,7 +19,13 @@ It starts the local stack as ``fulmen.train`` does (:func:`fulmen.algorithm.loca
 3. scores the agent's own prompts and the best bundle on the test split, publishes every candidate again with its
    lineage (parents, validation scores), counts the calls whose span names a bundle other than their rollout's
    (SQL on the store), and promotes the best bundle when ``promote``, unless it is the agent's own prompts or does
-   worse than them on the test split.
+   worse than them on the test split;
+4. with ``train_steps`` N: N GRPO steps on the same stack, every training and validation rollout naming the best
+   bundle (:func:`fulmen.algorithm.local.train_in_stack`, ``fulmen.train``'s path with ``prompt_bundle``): prompts
+   first, then weights; each rollout and transition records its bundle and its model version. The model must be
+   one the trainer can load ('tiny' or a directory) served with token ids (not ``FULMEN_LLM_BACKEND=openai``);
+   ``train`` holds ``TrainSection`` fields (``fulmen.train``'s keyword arguments), the ``FULMEN_TRAIN_*`` in force
+   are the base.
 
 The LLM gateway gets the ``FULMEN_LLM_*`` variables in force (``FULMEN_LLM_BACKEND=openai`` and
 ``FULMEN_LLM_UPSTREAM_URL`` put any OpenAI-compatible model behind it; ``model`` is then the upstream's name).
@@ -32,7 +38,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +47,7 @@ from fulmen.infra.errors import ConfigurationError
 from fulmen.training import Tasks, _agent_name, _model_dir, _tasks
 
 if TYPE_CHECKING:
+    from fulmen.algorithm.local import TrainReport
     from fulmen.algorithm.prompts.search import SearchResult
     from fulmen.infra.settings import FulmenSettings
 
@@ -57,7 +64,8 @@ class PromptReport:
     """What a prompt search gave: the best bundle and its texts, the test-split scores of the agent's own prompts
     (``heldout_before``) and of the best bundle (``heldout_after``), the rollouts used of the budget (discovery and
     test included), the candidates' lineage, calls checked and ``bundle_mismatches`` (calls whose span names a bundle
-    other than their rollout's), the promotion made (None: none), the run's id and directory, and its wall time."""
+    other than their rollout's), the promotion made (None: none), the run's id and directory, its wall time, and the
+    GRPO phase's report on the best bundle's rollouts (``train_steps``; None without one)."""
 
     run_id: str
     run_dir: Path
@@ -79,13 +87,16 @@ class PromptReport:
     optimizer_tokens: int = 0
     rollout_ids: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    train: TrainReport | None = None
 
     def summary(self) -> dict[str, Any]:
         """The report as one JSON-ready object, without the lineage's texts."""
         keys = ("run_id", "search", "base_bundle", "best_bundle", "heldout_before", "heldout_after", "rollouts_used",
                 "max_rollouts", "rollouts_to_best", "stopped_by", "calls_checked", "bundle_mismatches", "promoted",
                 "optimizer_tokens", "wall_s")  # fmt: skip
-        return {k: getattr(self, k) for k in keys} | {"candidates": len(self.lineage)}
+        trained = {"train_steps": self.train.steps, "final_model": str(self.train.final_model or "") or None,
+                   "train_reward_curve": self.train.reward_curve} if self.train is not None else {}  # fmt: skip
+        return {k: getattr(self, k) for k in keys} | {"candidates": len(self.lineage)} | trained
 
 
 def optimize_prompt(agent: str | Callable[..., Any], dataset: Tasks, val: Tasks, test: Tasks, optimizer_url: str,
@@ -94,16 +105,17 @@ def optimize_prompt(agent: str | Callable[..., Any], dataset: Tasks, val: Tasks,
                     minibatch: int = 4, optimizer_model: str = "optimizer", max_optimizer_tokens: int = 200_000,
                     promote: bool = False, promote_agent: str | None = None, runners: int = 1,
                     concurrency: int = 32, rollout_timeout_s: float = 300.0, agents: Sequence[str] | None = None,
-                    discover: int = 1, local: bool = True,
-                    settings: FulmenSettings | None = None,
+                    discover: int = 1, local: bool = True, train_steps: int = 0,
+                    train: Mapping[str, Any] | None = None, settings: FulmenSettings | None = None,
                     on_phase: Callable[[str], None] | None = None) -> PromptReport:  # fmt: skip
     """Optimise ``agent``'s prompts (module docstring). ``dataset``/``val``/``test``: task files or task inputs
     (distinct task ids across the three); ``slots``: the slot names to optimise (default: every prompt of ``roles``
     the agent sends, found from ``discover`` rollouts of the first training tasks with the agent's own prompts);
     ``agents``: only the prompts of these agents' calls (their names in ``/agent/{name}``); ``promote_agent``: the
     scope of the promotion (None: every agent); ``local=False``: no stack is started, the deployment the settings
-    name runs the rollouts (its runners must run ``agent``). Raises ConfigurationError for bad arguments,
-    FulmenError when a service or the optimiser fails."""
+    name runs the rollouts (its runners must run ``agent``); ``train_steps``/``train``: then GRPO on the best
+    bundle's rollouts (step 4 of the module docstring). Raises ConfigurationError for bad arguments, FulmenError
+    when a service or the optimiser fails."""
     from fulmen.algorithm.local import LocalPlan, local_stack
     from fulmen.algorithm.prompts.search import get_search
     from fulmen.infra.settings import FulmenSettings
@@ -127,13 +139,48 @@ def optimize_prompt(agent: str | Callable[..., Any], dataset: Tasks, val: Tasks,
         report = asyncio.run(_run(where, name, splits, args, phase))
         return dataclasses.replace(report, wall_s=time.perf_counter() - started)
     llm_env = {k: v for k, v in os.environ.items() if k.startswith("FULMEN_LLM_") and k not in _LLM_RUN_OWN}
-    served = Path(str(model)) if llm_env.get("FULMEN_LLM_BACKEND") in _UPSTREAM_BACKENDS else None
-    plan = LocalPlan(name, served or _model_dir(model, settings.home), runners=runners, concurrency=concurrency,
-                     llm_env=llm_env, run_prefix="prompts")  # fmt: skip
+    upstream = llm_env.get("FULMEN_LLM_BACKEND") in _UPSTREAM_BACKENDS
+    fields = _train_phase(train_steps, train, upstream)
+    plan = LocalPlan(name, Path(str(model)) if upstream else _model_dir(model, settings.home), runners=runners,
+                     concurrency=concurrency, llm_env=llm_env, run_prefix="prompts")  # fmt: skip
     with local_stack(settings, plan, on_phase=phase) as stack:
         where = _Where(stack.client_settings(), stack.run.run_id, stack.run.run_dir, stack.services.check)
         report = asyncio.run(_run(where, name, splits, args, phase))
+        if fields is not None:
+            report = dataclasses.replace(report, train=_train_best(stack, plan, fields, report, splits, phase))
     return dataclasses.replace(report, wall_s=time.perf_counter() - started)
+
+
+def _train_phase(train_steps: int, train: Mapping[str, Any] | None, upstream: bool) -> dict[str, Any] | None:
+    """The GRPO phase's ``TrainSection`` fields (None: no phase), refused before anything starts when it cannot run."""
+    from fulmen.algorithm.settings import TrainSettings
+    from fulmen.training import train_fields
+
+    if train_steps < 0:
+        raise ConfigurationError("train_steps: 0 (no GRPO phase) or more")
+    if not train_steps:
+        if train:
+            raise ConfigurationError("train: GRPO settings without a GRPO phase; pass train_steps too")
+        return None
+    if upstream:
+        raise ConfigurationError("train_steps: GRPO needs the served model's token ids and weights, which "
+                                 "FULMEN_LLM_BACKEND=openai/vllm does not give here; serve 'tiny' or a model "
+                                 "directory with the transformers backend")  # fmt: skip
+    return train_fields(TrainSettings(), train or {}, train_steps)
+
+
+def _train_best(stack: Any, plan: Any, fields: dict[str, Any], report: PromptReport, splits: dict[str, list],
+                phase: Callable[[str], None]) -> TrainReport:  # fmt: skip
+    """Step 4: GRPO on the training split, validated on the validation split, every rollout naming the best bundle
+    (already on this run's prompts topic: the search published it)."""
+    from fulmen.algorithm.local import train_in_stack
+
+    phase(f"GRPO: {fields['steps']} step(s) on rollouts naming the best bundle {report.best_bundle}")
+    steps = train_in_stack(stack, plan, fields | {"prompt_bundle": report.best_bundle}, splits["dataset"],
+                           splits["val"], on_phase=phase)  # fmt: skip
+    run = stack.run
+    final = run.run_dir / "checkpoints" / f"v{steps[-1].model_version}" if steps else None
+    return dataclasses.replace(run.report(), steps=len(steps), final_model=final, wall_s=run.train_s)
 
 
 def _splits(dataset: Tasks, val: Tasks, test: Tasks, max_rollouts: int, discover: int) -> dict[str, list]:

@@ -16,11 +16,11 @@ from typing import Any
 from fulmen.schemas import semconv
 from fulmen.schemas.ddl import TABLES
 from fulmen.schemas.events import RolloutStatus
-from fulmen.schemas.prompts import fingerprint, message_text
+from fulmen.schemas.prompts import PromptBundle, fingerprint, message_text
 
 __all__ = [
     "BundleRewards", "BundleRow", "ScannedPrompt", "bundle_mismatches", "bundle_rewards", "bundle_rows", "scan_prompts",
-    "serving_by_scope",
+    "serving_by_scope", "stored_bundle",
 ]  # fmt: skip
 
 _SCAN_SQL = """
@@ -97,6 +97,16 @@ def bundle_rows(reader: Any, database: str = "", bundle_id: str | None = None) -
            f"FROM {db}{TABLES['prompt_bundles']} {where} ORDER BY CreatedAt")  # fmt: skip
     rows = reader.query(sql, {"id": bundle_id} if bundle_id else None, final=True, read_only=True).rows
     return [BundleRow(r[0], tuple(r[1]), dict(r[2]), dict(r[3]), dict(r[4]), r[5], r[6], r[7], r[8]) for r in rows]
+
+
+def stored_bundle(reader: Any, database: str, bundle_id: str) -> PromptBundle | None:
+    """The stored bundle ``bundle_id`` as the event that published it (to publish it again elsewhere), or None."""
+    rows = bundle_rows(reader, database, bundle_id)
+    if not rows:
+        return None
+    row = rows[-1]
+    return PromptBundle.create(row.slots, templates=row.templates, parents=row.parents, scores=row.scores,
+                               agent=row.agent, source=row.source, run_id=row.run_id)  # fmt: skip
 
 
 def serving_by_scope(reader: Any, database: str = "") -> dict[str, str]:

@@ -26,9 +26,10 @@ if TYPE_CHECKING:
     from fulmen.algorithm.local import TrainReport
     from fulmen.algorithm.settings import TrainSettings
     from fulmen.schemas.events import TrainStep
+    from fulmen.schemas.prompts import PromptBundle
     from fulmen.schemas.task_file import TaskSpec
 
-__all__ = ["train"]
+__all__ = ["train", "train_fields"]
 
 Tasks = str | Path | Sequence["Mapping[str, Any] | TaskSpec"]
 # identity of the run: run_locally sets these (run id, run dir, model, agent, the trainer's consumer group)
@@ -39,6 +40,7 @@ _LLM_RUN_OWN = ("FULMEN_LLM_PORT", "FULMEN_LLM_HOST", "FULMEN_LLM_MODEL", "FULME
 def train(agent: str | Callable[..., Any], dataset: Tasks | None, model: str | Path = "tiny", *,
           val: Tasks | None = None, replay: str | None = None, source_store: str | Path | None = None,
           steps: int | None = None, runners: int = 1, concurrency: int = 32, agent_pattern: str | None = None,
+          prompt_bundle: str | PromptBundle | None = None,
           settings: TrainSettings | None = None, on_step: Callable[[TrainStep], None] | None = None,
           on_phase: Callable[[str], None] | None = None, **train_settings: Any) -> TrainReport:  # fmt: skip
     """Train ``agent`` (``"module:function"``, or a function defined in an importable module) on ``dataset`` (a
@@ -50,17 +52,16 @@ def train(agent: str | Callable[..., Any], dataset: Tasks | None, model: str | P
     store is a new one).
     ``agent_pattern``: train only the calls of matching agents (default: the
     ``FULMEN_TRANSITIONS_AGENT_PATTERN`` in force, as ``fulmen consume`` would read it). Raises ConfigurationError
-    for bad arguments, FulmenError when a service fails."""
+    for bad arguments, FulmenError when a service fails.
+    ``prompt_bundle``: every training and validation rollout names this bundle (GRPO on its rollouts; each rollout
+    and transition records it beside the model version): a :class:`~fulmen.schemas.prompts.PromptBundle`, or the id
+    of one stored in ``source_store`` (e.g. ``fulmen optimize-prompt``'s run's ``<run dir>/chdb``; default: the
+    store in force); either is published on this run's prompts topic before training."""
     from fulmen.algorithm.local import LocalPlan, run_locally
     from fulmen.algorithm.settings import TrainSettings
 
     settings = settings or TrainSettings()
-    fields = settings.train.model_dump(exclude=set(_RUN_OWN))
-    unknown = set(train_settings) - set(fields)
-    if unknown:
-        raise ConfigurationError(f"unknown training setting(s) {', '.join(sorted(unknown))}; valid: "
-                                 f"{', '.join(sorted(fields))}")  # fmt: skip
-    fields |= train_settings | ({"steps": steps} if steps is not None else {})
+    fields = train_fields(settings, train_settings, steps)
     if replay is not None:
         fields["replay_sql"] = replay
     if source_store is not None:
@@ -75,9 +76,50 @@ def train(agent: str | Callable[..., Any], dataset: Tasks | None, model: str | P
     agent_pattern = agent_pattern or os.environ.get("FULMEN_TRANSITIONS_AGENT_PATTERN") or None
     plan = LocalPlan(_agent_name(agent), _model_dir(model, settings.home), runners=runners, concurrency=concurrency,
                      agent_pattern=agent_pattern, llm_env=llm_env, run_prefix="train")  # fmt: skip
+    bundles = _bundles(settings, fields, prompt_bundle)
     run = run_locally(settings, plan, fields, tasks, val_tasks, on_phase=on_phase or (lambda _: None),
-                      on_step=on_step or (lambda _: None))  # fmt: skip
+                      on_step=on_step or (lambda _: None), bundles=bundles)  # fmt: skip
     return run.report()
+
+
+def train_fields(settings: TrainSettings, train_settings: Mapping[str, Any], steps: int | None) -> dict[str, Any]:
+    """The ``TrainSection`` fields of a local run: those in force, then ``train_settings`` (an unknown name is a
+    ConfigurationError naming the valid ones) and ``steps``; the run's identity is the run's own."""
+    fields = settings.train.model_dump(exclude=set(_RUN_OWN))
+    unknown = set(train_settings) - set(fields)
+    if unknown:
+        raise ConfigurationError(f"unknown training setting(s) {', '.join(sorted(unknown))}; valid: "
+                                 f"{', '.join(sorted(fields))}")  # fmt: skip
+    return fields | dict(train_settings) | ({"steps": steps} if steps is not None else {})
+
+
+def _bundles(settings: TrainSettings, fields: dict[str, Any], bundle: str | PromptBundle | None) -> list[PromptBundle]:
+    """The bundle the run's rollouts name (``fields['prompt_bundle']`` set to its id), to publish on the run's own
+    prompts topic: the one given, else the stored one with that id (``source_store``, else the store in force)."""
+    from fulmen.schemas.prompts import PromptBundle
+
+    if isinstance(bundle, PromptBundle):
+        fields["prompt_bundle"] = bundle.bundle_id
+        return [bundle]
+    if bundle is not None:
+        fields["prompt_bundle"] = bundle
+    if not fields.get("prompt_bundle"):
+        return []
+    from fulmen.algorithm.train import source_store_settings
+    from fulmen.infra.store import open_reader
+    from fulmen.prompt_queries import stored_bundle
+
+    store = source_store_settings(settings, fields.get("source_store") or "")
+    reader = open_reader(store)
+    try:
+        found = stored_bundle(reader, store.clickhouse.database, fields["prompt_bundle"])
+    finally:
+        reader.close()
+    if found is None:
+        raise ConfigurationError(f"prompt bundle {fields['prompt_bundle']}: not in the store read (source_store="
+                                 f"{fields.get('source_store') or 'the store in force'}); pass the store that holds "
+                                 "it (an earlier run's <run dir>/chdb) or the PromptBundle itself")  # fmt: skip
+    return [found]
 
 
 def _agent_name(agent: str | Callable[..., Any]) -> str:

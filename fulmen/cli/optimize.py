@@ -51,11 +51,20 @@ def optimize_prompt_command(
     runners: Annotated[int, typer.Option(help="--local: runner processes of the agent", min=1)] = 1,
     concurrency: Annotated[int, typer.Option(help="--local: rollouts at once per runner", min=1)] = 32,
     rollout_timeout: Annotated[float, typer.Option(help="seconds one rollout may take", min=1)] = 300.0,
+    train_steps: Annotated[
+        int,
+        typer.Option(
+            help="then this many GRPO steps on rollouts naming the best bundle (the FULMEN_TRAIN_* in force; "
+            "needs a model the trainer loads: 'tiny' or a directory)",
+            min=0,
+        ),
+    ] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as one JSON line")] = False,
 ) -> None:
     """Optimise the prompts AGENT already sends, with no change to it: candidates are prompt bundles the LLM
     gateway applies to each rollout's calls, scored by the agent's own rewards through the whole system; the
-    optimiser LLM reads the failing episodes from the store. Reports the best bundle on --test."""
+    optimiser LLM reads the failing episodes from the store. Reports the best bundle on --test. With --train-steps
+    N it then trains the model N GRPO steps on the best bundle's rollouts (prompts first, then weights)."""
     from fulmen.prompt_optimization import optimize_prompt
 
     report = optimize_prompt(
@@ -63,7 +72,7 @@ def optimize_prompt_command(
         roles=tuple(role or ("system",)), seed=seed, minibatch=minibatch, optimizer_model=optimizer_model,
         max_optimizer_tokens=max_optimizer_tokens, promote=promote, promote_agent=promote_agent, runners=runners,
         concurrency=concurrency, rollout_timeout_s=rollout_timeout, agents=only_agent, discover=discover, local=local,
-        settings=load_settings(),
+        train_steps=train_steps, settings=load_settings(),
         on_phase=None if json_out else (lambda text: console.print(f"[green]•[/] {text}")),
     )  # fmt: skip
     if json_out:
@@ -85,4 +94,9 @@ def optimize_prompt_command(
         console.print(f"\n[bold]{name}[/bold]", highlight=False)
         console.print(text, highlight=False, markup=False)
     served = f"promoted {report.promoted}" if report.promoted else f"fulmen prompts promote {report.best_bundle}"
+    if report.train is not None:
+        console.print(f"GRPO on {report.best_bundle}'s rollouts: {report.train.steps} step(s), rewards "
+                      + ", ".join(f"{r:.3f}" for _, r in report.train.reward_curve))  # fmt: skip
+        console.print(f"final model: {report.train.final_model or '- (no step trained)'}", soft_wrap=True,
+                      highlight=False)  # fmt: skip
     console.print(f"\nrun {report.run_id} in {report.wall_s:.0f}s; {served}")

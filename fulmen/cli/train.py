@@ -78,6 +78,13 @@ def train_command(
         int | None,
         typer.Option(help="train on calls at most this many versions old (FULMEN_TRAIN_MAX_STALENESS)", min=0),
     ] = None,
+    prompt_bundle: Annotated[
+        str | None,
+        typer.Option(
+            help="every rollout names this prompt bundle (pb-...): GRPO on its rollouts; --local publishes it "
+            "from --source-store (or the store in force) (FULMEN_TRAIN_PROMPT_BUNDLE)"
+        ),
+    ] = None,
 ) -> None:
     """Train with GRPO on rollouts of the dataset: dispatch tasks, collect transitions, update, publish versions.
 
@@ -96,7 +103,7 @@ def train_command(
     overrides = {"model_path": model, "agent": agent, "steps": steps, "nproc": nproc, "replay_sql": replay,
                  "replay_fraction": replay_fraction, "source_store": source_store, "tasks_sql": tasks_sql,
                  "max_staleness": max_staleness, "promote_if_better": promote_if_better or None,
-                 "promote_tolerance": promote_tolerance}  # fmt: skip
+                 "promote_tolerance": promote_tolerance, "prompt_bundle": prompt_bundle}  # fmt: skip
     for name, value in overrides.items():
         if value is not None:
             setattr(settings.train, name, value)
@@ -114,7 +121,7 @@ def train_command(
         options = {"--dataset": dataset, "--model": model, "--agent": agent, "--val": val, "--steps": steps,
                    "--replay": replay, "--replay-fraction": replay_fraction, "--source-store": source_store,
                    "--tasks-sql": tasks_sql, "--max-staleness": max_staleness,
-                   "--promote-tolerance": promote_tolerance}  # fmt: skip
+                   "--promote-tolerance": promote_tolerance, "--prompt-bundle": prompt_bundle}  # fmt: skip
         args = [str(part) for name, value in options.items() if value is not None for part in (name, value)]
         args += ["--promote-if-better"] if promote_if_better else []
         command = distributed.relaunch_command(settings.train.nproc, ["-m", "fulmen.cli.main", "train", *args])

@@ -93,3 +93,36 @@ def test_optimize_prompt_finds_the_instruction_through_the_whole_system(kafka_br
                             f"WHERE TaskId IN ({test_ids}) GROUP BY PromptBundle ORDER BY reward")  # fmt: skip
     assert test_runs == [{"bundle": report["base_bundle"], "n": 4, "reward": 0.0},
                          {"bundle": report["best_bundle"], "n": 4, "reward": 1.0}], test_runs  # fmt: skip
+
+
+def test_optimize_prompt_then_grpo_on_the_best_bundles_rollouts(kafka_broker: LocalKafka, tmp_path: Path,
+                                                                 tiny_model: Path) -> None:  # fmt: skip
+    """--train-steps: after the search (here on the tiny model, which earns no reward: plumbing, not learning), GRPO
+    steps on the same stack whose every rollout names the best bundle; its rollouts and transitions record the bundle
+    and the model version that served them."""
+    splits = write_splits(tmp_path / "data", (2, 2, 2))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")}
+    env |= {"FULMEN_KAFKA_BOOTSTRAP": kafka_broker.bootstrap, "FULMEN_HOME": str(tmp_path / "home"),
+            "FULMEN_TRAIN_GROUP_SIZE": "2", "FULMEN_TRAIN_GROUPS_PER_STEP": "1", "FULMEN_TRAIN_VAL_GROUP_SIZE": "1",
+            "FULMEN_TRAIN_MICRO_BATCH_SIZE": "8", "FULMEN_TRAIN_DTYPE": "float32", "FULMEN_TRAIN_DEVICE": "cpu",
+            "FULMEN_TRAIN_ROLLOUT_TIMEOUT_S": "120"}  # fmt: skip
+    with scripted_optimizer([GOOD]) as optimizer:
+        done = subprocess.run(
+            [*FULMEN, "optimize-prompt", "--agent", "bench.apo_agent:solve", "--dataset", str(splits["train"]),
+             "--val", str(splits["val"]), "--test", str(splits["test"]), "--optimizer-url", optimizer.url(),
+             "--max-rollouts", "12", "--model", str(tiny_model), "--minibatch", "2", "--train-steps", "1", "--json"],
+            capture_output=True, text=True, env=env, timeout=540, cwd=REPO,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["train_steps"] == 1 and report["final_model"].endswith("/checkpoints/v1"), report
+    assert report["rollouts_used"] <= 12, report  # the GRPO phase's rollouts are not the search's budget
+
+    store = env | {"FULMEN_CLICKHOUSE_PATH": str(Path(report["run_dir"]) / "chdb"), "FULMEN_CLICKHOUSE_READ_PORT": "0"}
+    grpo = _sql(store, "SELECT RolloutId, Mode, PromptBundle, ModelVersion FROM rollouts FINAL WHERE Mode = 'train'")
+    assert len(grpo) >= 2 and all(r["PromptBundle"] == report["best_bundle"] for r in grpo), grpo  # only GRPO trains
+    assert all(r["ModelVersion"] is not None for r in grpo), grpo
+    ids = ", ".join(f"'{r['RolloutId']}'" for r in grpo)
+    transitions = _sql(store, f"SELECT PromptBundle, ModelVersion FROM transitions FINAL WHERE RolloutId IN ({ids})")
+    assert len(transitions) >= 2, transitions  # at least the trained group's, one call a rollout
+    assert all(t["PromptBundle"] == report["best_bundle"] and t["ModelVersion"] is not None for t in transitions)

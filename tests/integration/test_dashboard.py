@@ -5,6 +5,8 @@ with nothing from elsewhere."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -120,9 +122,17 @@ def test_models_show_each_version_its_score_and_decision_and_which_serves(http: 
     assert http.get("/api/models", params={"model": "no'quote"}).status_code == 400
 
 
-def test_prompts_show_each_bundle_its_lineage_scores_rollouts_and_where_it_serves(
-    http: httpx.Client, store: Store
-) -> None:
+@dataclass(frozen=True)
+class PromptData:
+    base: Any
+    child: Any
+    hand: Any
+    long: str
+
+
+def insert_prompt_data(store: Store) -> PromptData:
+    """Three bundles (a search's base and child, one made by hand), a promotion of the child for agent ``write``,
+    and rollouts naming the child, inserted through the real sinks."""
     from fulmen.consumers.event_sinks import EVENT_SINKS
     from fulmen.schemas import PromotionAction
     from fulmen.schemas.events import RolloutEvent, RolloutMode, RolloutStatus
@@ -136,23 +146,30 @@ def test_prompts_show_each_bundle_its_lineage_scores_rollouts_and_where_it_serve
     hand = PromptBundle.create({"fp-0123456789ab": "Be brief."})
     promoted = PromptPromotion(action=PromotionAction.PROMOTE, bundle_id=child.bundle_id, agent="write")
 
-    def rollout(n: int, bundle: str, mode: RolloutMode, status: RolloutStatus, reward: float | None) -> RolloutEvent:
+    def rollout(n: int, mode: RolloutMode, status: RolloutStatus, reward: float | None) -> RolloutEvent:
         return RolloutEvent(rollout_id=f"pr{n}", attempt=1, status=status, task_id=f"t{n}", group_id=f"g{n}",
-                            mode=mode, reward=reward, model_version=3, prompt_bundle=bundle,
+                            mode=mode, reward=reward, model_version=3, prompt_bundle=child.bundle_id,
                             error="agent raised" if status is RolloutStatus.FAILED else None)  # fmt: skip
 
     rollouts = [
-        rollout(1, child.bundle_id, RolloutMode.VAL, RolloutStatus.SUCCEEDED, 1.0),
-        rollout(2, child.bundle_id, RolloutMode.VAL, RolloutStatus.SUCCEEDED, 0.0),
-        rollout(3, child.bundle_id, RolloutMode.TRAIN, RolloutStatus.SUCCEEDED, 1.0),
-        rollout(4, child.bundle_id, RolloutMode.TRAIN, RolloutStatus.FAILED, None),
-        rollout(5, child.bundle_id, RolloutMode.TRAIN, RolloutStatus.RUNNING, None),  # not ended: not counted
+        rollout(1, RolloutMode.VAL, RolloutStatus.SUCCEEDED, 1.0),
+        rollout(2, RolloutMode.VAL, RolloutStatus.SUCCEEDED, 0.0),
+        rollout(3, RolloutMode.TRAIN, RolloutStatus.SUCCEEDED, 1.0),
+        rollout(4, RolloutMode.TRAIN, RolloutStatus.FAILED, None),
+        rollout(5, RolloutMode.TRAIN, RolloutStatus.RUNNING, None),  # not ended: not counted
     ]
     for name, events in (("prompt_bundles", [base, child, hand]), ("prompt_promotions", [promoted]),
                          ("rollouts", rollouts)):  # fmt: skip
         sink = EVENT_SINKS[name]
         store.insert_batch(sink.table, sink.to_batch([sink.rows(e) for e in events]))
+    return PromptData(base, child, hand, long)
 
+
+def test_prompts_show_each_bundle_its_lineage_scores_rollouts_and_where_it_serves(
+    http: httpx.Client, store: Store
+) -> None:
+    data = insert_prompt_data(store)
+    base, child, hand, long = data.base, data.child, data.hand, data.long
     answer = get(http, "/api/prompts")
     assert answer["serving"] == {"write": child.bundle_id} and answer["runs"] == ["s-run"]
     shown = {b["bundle_id"]: b for b in answer["bundles"]}
@@ -208,3 +225,32 @@ def test_health_says_when_the_store_does_not_answer(store: Store) -> None:
         assert client.get("/healthz").json() == {"status": "ok", "store": False}
         answer = client.get("/api/runs")
         assert answer.status_code == 503 and "did not answer" in answer.json()["error"]
+
+
+@pytest.mark.browser
+def test_the_prompts_page_draws_in_chromium(http: httpx.Client, store: Store, tmp_path: Path) -> None:
+    """The Prompts page in headless Chromium: one row per bundle, the served one marked with its scope, the
+    lineage's mean score and the rollouts per mode shown, no script error."""
+    chromium = Path("/usr/bin/chromium")
+    if not chromium.is_file():
+        pytest.skip("Debian's chromium is not installed at /usr/bin/chromium (make install installs it)")
+    from playwright.sync_api import sync_playwright
+
+    data = insert_prompt_data(store)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+        page.goto(str(http.base_url.join("/prompts")))
+        page.wait_for_selector("#bundles-table tbody tr", timeout=30_000)
+        assert page.locator("#bundles-table tbody tr").count() == 3
+        row = page.locator(f'tr[data-bundle="{data.child.bundle_id}"]')
+        assert "★ write" in row.inner_text() and "0.750 (2 val task(s))" in row.inner_text()
+        assert row.locator('[data-mode="train"]').inner_text() == "train: 2 rollout(s), mean reward 1"
+        assert "serving calls that name no bundle" in page.locator("#prompts-serving").inner_text().lower()
+        page.screenshot(path=str(tmp_path / "prompts.png"), full_page=True)
+        browser.close()
+    assert not errors, errors
+    assert (tmp_path / "prompts.png").stat().st_size > 10_000

@@ -333,8 +333,8 @@ function rolloutsCell(b) {
 }
 
 function slotsCell(b) {
-  return el("div", { class: "messages" }, ...Object.entries(b.slots).map(([slot, text]) =>
-    el("div", { class: "message" }, el("span", { class: "role", text: slot }), el("pre", { text }))));
+  return el("div", {}, ...Object.entries(b.slots).map(([slot, text]) =>
+    el("div", { class: "slot", "data-slot": slot }, el("code", { text: slot }), el("pre", { text }))));
 }
 
 function promptsPage() {
@@ -355,9 +355,9 @@ function promptsPage() {
       ? `Serving calls that name no bundle: ${serving.join("; ")}.` : "No bundle promoted: agents' own prompts serve." }));
     list.replaceChildren(answer.bundles.length ? table("bundles-table", [
       ["serves", (b) => (b.serving.length ? `★ ${b.serving.map((s) => s || "every agent").join(", ")}` : "")],
-      ["bundle", (b) => el("code", { text: b.bundle_id })], ["agent", (b) => b.agent || "any"],
+      ["bundle", (b) => el("code", { class: "id", text: b.bundle_id })], ["agent", (b) => b.agent || "any"],
       ["source", (b) => b.source], ["run", (b) => b.run_id || "–"],
-      ["parents", (b) => b.parents.join(", ") || "–"], ["validation score", scoreCell],
+      ["parents", (b) => (b.parents.length ? el("div", {}, ...b.parents.map((p) => el("div", {}, el("code", { class: "id", text: p })))) : "–")], ["validation score", scoreCell],
       ["rollouts naming it", rolloutsCell], ["slots", slotsCell], ["created", (b) => when(b.created_at)],
     ], answer.bundles, (b) => ({ "data-bundle": b.bundle_id, class: b.serving.length ? "serving" : "" }))
       : el("p", { class: "empty", text: "No prompt bundle stored yet (fulmen prompts create, fulmen optimize-prompt)." }));

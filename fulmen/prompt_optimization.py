@@ -133,6 +133,11 @@ def optimize_prompt(agent: str | Callable[..., Any], dataset: Tasks, val: Tasks,
                        tuple(agents or ()), discover)  # fmt: skip
     phase = on_phase or (lambda _: None)
     name = _agent_name(agent)
+    if not local and (train_steps or train):
+        raise ConfigurationError(
+            "train_steps: the GRPO phase trains on the stack this call starts; against a "
+            "deployment, run `fulmen train --prompt-bundle <best bundle>` after the search"
+        )
     if not local:  # the deployment in force (`fulmen up`, or services started by hand) runs the agent
         run_id = f"prompts-{new_id()[:10]}"
         where = _Where(settings, run_id, settings.home / "runs" / run_id, lambda: None)

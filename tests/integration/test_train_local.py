@@ -135,3 +135,7 @@ def test_bad_arguments_are_refused_before_anything_starts(tmp_path: Path, monkey
     with pytest.raises(ConfigurationError, match="train_steps: GRPO needs the served model's token ids"):
         monkeypatch.setenv("FULMEN_LLM_BACKEND", "openai")
         fulmen.optimize_prompt("a:b", [{"q": 1}], [{"q": 2}], [{"q": 3}], "http://127.0.0.1:9/v1", 10, train_steps=1)
+    with pytest.raises(ConfigurationError, match="against a deployment, run `fulmen train --prompt-bundle"):
+        fulmen.optimize_prompt(
+            "a:b", [{"q": 1}], [{"q": 2}], [{"q": 3}], "http://127.0.0.1:9/v1", 10, train_steps=1, local=False
+        )

@@ -173,6 +173,8 @@ def _train_here(settings: Any, dataset: Path | None, val: Path | None) -> None:
 
     tasks, val_tasks = load_task_file(dataset) if dataset else [], load_task_file(val) if val else None
     ensure_kafka(settings)
+    if settings.train.prompt_bundle:
+        _check_bundle(settings, settings.train.prompt_bundle)
 
     async def main() -> list[Any]:
         stop = asyncio.Event()
@@ -189,3 +191,14 @@ def _train_here(settings: Any, dataset: Path | None, val: Path | None) -> None:
 
     done = asyncio.run(main())
     console.print(f"run {settings.train.run_id}: {len(done)} step(s) trained; checkpoints in {settings.run_dir}")
+
+
+def _check_bundle(settings: Any, bundle_id: str) -> None:
+    """--prompt-bundle against a deployment: the bundle must be on its prompts topic (else every rollout would be
+    refused by the LLM gateway)."""
+    from fulmen.infra.kafka.prompts import read_bundles
+
+    if bundle_id not in asyncio.run(read_bundles(settings)):
+        raise FulmenError(f"--prompt-bundle {bundle_id}: not on this deployment's prompts topic (`fulmen prompts "
+                          "list`); publish it first (`fulmen prompts create`), or train with --local and "
+                          "--source-store <the store that holds it>")  # fmt: skip

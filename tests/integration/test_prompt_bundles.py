@@ -126,6 +126,11 @@ def test_prompts_create_promote_and_rollback_from_the_command_line(settings: Ful
     assert done.returncode == 0 and "rolled adder back to the agents' own prompts" in done.stdout
     nothing = cli(settings, "prompts", "rollback")
     assert nothing.returncode != 0 and "nothing to roll back" in nothing.stdout + nothing.stderr
+    dataset = settings.home / "tasks.jsonl"
+    dataset.write_text('{"input": {"q": 1}}\n')
+    untrained = cli(settings, "train", "--dataset", str(dataset), "--prompt-bundle", "pb-000000000000")
+    assert untrained.returncode != 0 and "pb-000000000000: not on this deployment's prompts topic" in (
+        untrained.stdout + untrained.stderr), untrained.stdout + untrained.stderr  # fmt: skip
     decisions = asyncio.run(read_prompt_promotions(settings))
     assert [(d.action.value, d.agent, d.bundle_id, d.previous) for d in decisions] == [
         ("promote", "adder", bundle.bundle_id, ""), ("rollback", "adder", "", bundle.bundle_id)]  # fmt: skip

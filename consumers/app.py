@@ -71,7 +71,7 @@ class ConsumerOptions:
     group_prefix: str = "fulmen.consumers"
     serve_reads: bool = True
     max_records: int = 5000
-    max_bytes: int = 4 * 1024**2  # record values a batch of the BatchConsumer sinks holds (spans: ~3,500 spans)
+    max_bytes: int = 16 * 1024**2  # record values a batch of the BatchConsumer sinks holds (spans: ~14,000)
     max_wait_s: float = 0.5
 
 

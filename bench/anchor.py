@@ -51,7 +51,26 @@ def install() -> Path:
     return PYTHON
 
 
-class AnchorStore:
+class _AnchorProcess:
+    """One of the anchor's server processes (started by a subclass's ``__enter__``), stopped on exit: SIGTERM, then
+    SIGKILL after 30 s."""
+
+    process: subprocess.Popen | None = None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid if self.process else 0
+
+
+class AnchorStore(_AnchorProcess):
     """The anchor's LightningStore server on ``port`` (in memory), started and stopped as a context manager."""
 
     def __init__(self, port: int, log: Path) -> None:
@@ -77,18 +96,6 @@ class AnchorStore:
                 time.sleep(0.3)
         raise TimeoutError(f"the anchor's store server did not answer in 120 s; see {self.log}")
 
-    def __exit__(self, *exc: object) -> None:
-        if self.process is not None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid if self.process else 0
-
     @property
     def traces_url(self) -> str:
         return f"{self.url}/v1/traces"
@@ -113,7 +120,7 @@ class AnchorStore:
         return int(self.get("/v1/agl/statistics")["total_spans"])
 
 
-class AnchorLLMProxy:
+class AnchorLLMProxy(_AnchorProcess):
     """The anchor's LiteLLM proxy (``bench/anchor_llm_proxy.py`` in its virtualenv) on ``port``, in front of
     ``upstream`` (an OpenAI base URL), recording spans in ``store``; a context manager like ``AnchorStore``."""
 
@@ -139,18 +146,6 @@ class AnchorLLMProxy:
             except OSError:
                 time.sleep(0.5)
         raise TimeoutError(f"the anchor's LLM proxy did not answer in 180 s; see {self.log}")
-
-    def __exit__(self, *exc: object) -> None:
-        if self.process is not None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid if self.process else 0
 
     def chat_url(self, rollout_id: str, attempt_id: str) -> str:
         return f"http://127.0.0.1:{self.port}/rollout/{rollout_id}/attempt/{attempt_id}/v1/chat/completions"

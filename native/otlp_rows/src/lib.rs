@@ -14,6 +14,7 @@ use pyo3::types::PyBytes;
 mod json;
 mod native;
 mod proto;
+mod wire;
 
 use proto::{any_value::Value, AnyValue, ExportTraceServiceRequest, KeyValue, Span};
 use native::{Block, Row};
@@ -340,8 +341,31 @@ fn whole(text: &str, bound: f64) -> Option<u64> {
     if x >= 0.0 && x.trunc() < bound { Some(x.trunc() as u64) } else { None }
 }
 
+/// The OTLP gateway's split of a protobuf `ExportTraceServiceRequest` body (already parsed once by the caller)
+/// into records by trace, on the wire bytes (`wire.rs`): `(accepted, rejected, reasons, keys, values)`, or None
+/// when the body holds something the reference path (`producers/otlp_gateway/otlp.py`) must decide.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn split_traces<'py>(
+    py: Python<'py>,
+    body: Bound<'py, PyBytes>,
+    max_span_bytes: usize,
+    max_record_bytes: usize,
+) -> Option<(usize, usize, Vec<String>, Vec<Bound<'py, PyBytes>>, Vec<Bound<'py, PyBytes>>)> {
+    let data = body.as_bytes();
+    let split = py.detach(|| wire::split(data, max_span_bytes, max_record_bytes))?;
+    let keys = split.records.iter().map(|(key, _)| PyBytes::new(py, key)).collect();
+    let values = if split.whole {
+        vec![body.clone()]
+    } else {
+        split.records.iter().map(|(_, value)| PyBytes::new(py, value)).collect()
+    };
+    Some((split.accepted, split.rejected, split.reasons, keys, values))
+}
+
 #[pymodule]
 fn _otlp_rows(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Flattener>()?;
+    m.add_function(wrap_pyfunction!(split_traces, m)?)?;
     Ok(())
 }

@@ -10,6 +10,7 @@ use prost::Message;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use std::sync::Mutex;
 
 mod json;
 mod native;
@@ -69,6 +70,8 @@ struct Flattener {
     invalid: String,
     agent_keys: Vec<String>,
     reward_keys: Vec<String>,
+    /// The last batch's block, emptied: its columns keep their memory for the next batch.
+    spare: Mutex<Option<Block>>,
 }
 
 #[pymethods]
@@ -87,7 +90,7 @@ impl Flattener {
         agent_keys: Vec<String>,
         reward_keys: Vec<String>,
     ) -> Self {
-        Flattener { service_name, rollout_id, attempt, model_version, prompt_ids, response_ids, logprobs, invalid, agent_keys, reward_keys }
+        Flattener { service_name, rollout_id, attempt, model_version, prompt_ids, response_ids, logprobs, invalid, agent_keys, reward_keys, spare: Mutex::new(None) }
     }
 
     /// None if `data` is a valid ExportTraceServiceRequest, else the decoder's message.
@@ -101,20 +104,34 @@ impl Flattener {
         COLUMNS.iter().map(|(name, _)| *name).collect()
     }
 
-    /// One Native block of every span of every request, and how many rows it holds.
-    fn flatten<'py>(&self, py: Python<'py>, requests: Vec<Vec<u8>>) -> PyResult<(Bound<'py, PyBytes>, usize)> {
-        let (out, rows) = py
+    /// One Native block of every span of every request, and how many rows it holds. The records are read where
+    /// they are (not copied) and the block is written straight into the bytes object returned.
+    fn flatten<'py>(&self, py: Python<'py>, requests: Vec<Bound<'py, PyBytes>>) -> PyResult<(Bound<'py, PyBytes>, usize)> {
+        let records: Vec<&[u8]> = requests.iter().map(|r| r.as_bytes()).collect();
+        let spare = self.spare.lock().ok().and_then(|mut spare| spare.take());
+        let block = py
             .detach(|| {
-                let mut block = Block::new(COLUMNS);
-                for data in &requests {
-                    let request = ExportTraceServiceRequest::decode(data.as_slice()).map_err(|e| e.to_string())?;
-                    self.write_request(&mut block, &request);
+                let mut block = spare.unwrap_or_else(|| Block::new(COLUMNS));
+                for data in &records {
+                    match ExportTraceServiceRequest::decode(*data) {
+                        Ok(request) => self.write_request(&mut block, &request),
+                        Err(e) => return Err(e.to_string()),
+                    }
                 }
-                let rows = block.rows();
-                Ok::<_, String>((block.into_bytes(), rows))
+                Ok(block)
             })
             .map_err(PyValueError::new_err)?;
-        Ok((PyBytes::new(py, &out), rows))
+        let rows = block.rows();
+        let out = PyBytes::new_with(py, block.size(), |buf| {
+            block.write_to(buf);
+            Ok(())
+        })?;
+        let mut block = block;
+        block.clear();
+        if let Ok(mut spare) = self.spare.lock() {
+            *spare = Some(block);
+        }
+        Ok((out, rows))
     }
 }
 

@@ -145,20 +145,60 @@ impl Block {
         self.rows
     }
 
-    pub fn into_bytes(self) -> Vec<u8> {
-        let size: usize = self.columns.iter().map(Column::len).sum::<usize>() + 64 * self.spec.len();
-        let mut out = Vec::with_capacity(size);
-        varuint(&mut out, self.spec.len());
-        varuint(&mut out, self.rows);
-        for ((name, kind), c) in self.spec.iter().zip(self.columns) {
-            string(&mut out, name.as_bytes());
-            string(&mut out, kind.as_bytes());
-            for part in [c.offsets, c.inner_offsets, c.nulls, c.keys, c.data] {
-                out.extend_from_slice(&part);
+    /// The block's size in Native bytes (what `write_to` fills exactly).
+    pub fn size(&self) -> usize {
+        let header = varuint_len(self.spec.len()) + varuint_len(self.rows);
+        let names: usize = self.spec.iter().map(|(name, kind)| string_len(name.len()) + string_len(kind.len())).sum();
+        header + names + self.columns.iter().map(Column::len).sum::<usize>()
+    }
+
+    /// Writes the block into `out`, which is exactly `size()` bytes (the Python bytes object it is returned in).
+    pub fn write_to(&self, out: &mut [u8]) {
+        let mut at = 0;
+        let mut put = |bytes: &[u8]| {
+            out[at..at + bytes.len()].copy_from_slice(bytes);
+            at += bytes.len();
+        };
+        let mut head = Vec::with_capacity(16);
+        varuint(&mut head, self.spec.len());
+        varuint(&mut head, self.rows);
+        put(&head);
+        for ((name, kind), c) in self.spec.iter().zip(&self.columns) {
+            head.clear();
+            string(&mut head, name.as_bytes());
+            string(&mut head, kind.as_bytes());
+            put(&head);
+            for part in [&c.offsets, &c.inner_offsets, &c.nulls, &c.keys, &c.data] {
+                put(part);
             }
         }
-        out
+        assert_eq!(at, out.len(), "the block's size and its bytes disagree");
     }
+
+    /// Empties the block for the next batch, keeping its columns' memory (no fresh pages to fault in).
+    pub fn clear(&mut self) {
+        for c in &mut self.columns {
+            for part in [&mut c.offsets, &mut c.inner_offsets, &mut c.nulls, &mut c.keys, &mut c.data] {
+                part.clear();
+            }
+            c.total = 0;
+            c.inner_total = 0;
+        }
+        self.rows = 0;
+    }
+}
+
+fn varuint_len(mut n: usize) -> usize {
+    let mut len = 1;
+    while n >= 0x80 {
+        n >>= 7;
+        len += 1;
+    }
+    len
+}
+
+fn string_len(n: usize) -> usize {
+    varuint_len(n) + n
 }
 
 pub struct Row<'a> {

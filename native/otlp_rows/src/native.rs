@@ -25,7 +25,7 @@ pub struct Column {
     data: Vec<u8>,
 }
 
-fn varuint(buf: &mut Vec<u8>, mut n: usize) {
+pub(crate) fn varuint(buf: &mut Vec<u8>, mut n: usize) {
     loop {
         let byte = (n & 0x7f) as u8;
         n >>= 7;
@@ -188,7 +188,7 @@ impl Block {
     }
 }
 
-fn varuint_len(mut n: usize) -> usize {
+pub(crate) fn varuint_len(mut n: usize) -> usize {
     let mut len = 1;
     while n >= 0x80 {
         n >>= 7;

@@ -13,6 +13,8 @@
 
 use std::collections::HashMap;
 
+use crate::native::{varuint, varuint_len};
+
 /// How far below the span limit a span's bytes must be for this walk to judge its size. The reference compares the
 /// span's re-encoded size, which can exceed its bytes only by a few bytes (a negative enum written in 5 bytes is
 /// re-encoded in 10); within this margin of the limit the reference path decides.
@@ -139,31 +141,14 @@ struct Group<'a> {
     spans: Vec<&'a [u8]>,
 }
 
-fn varint_len(mut n: usize) -> usize {
-    let mut len = 1;
-    while n >= 0x80 {
-        n >>= 7;
-        len += 1;
-    }
-    len
-}
-
-fn put_varint(out: &mut Vec<u8>, mut n: usize) {
-    while n >= 0x80 {
-        out.push((n as u8 & 0x7f) | 0x80);
-        n >>= 7;
-    }
-    out.push(n as u8);
-}
-
 /// A length-delimited field's size on the wire: tag (one byte for fields 1-15), length, payload.
 fn field_len(payload: usize) -> usize {
-    1 + varint_len(payload) + payload
+    1 + varuint_len(payload) + payload
 }
 
 fn put_field(out: &mut Vec<u8>, number: u8, payload: &[u8]) {
     out.push(number << 3 | 2);
-    put_varint(out, payload.len());
+    varuint(out, payload.len());
     out.extend_from_slice(payload);
 }
 
@@ -195,12 +180,12 @@ impl Builder<'_, '_> {
             let scope = &self.scopes[group.scope];
             let resource = &self.resources[scope.resource];
             out.push(1 << 3 | 2);
-            put_varint(&mut out, self.resource_spans_len(group));
+            varuint(&mut out, self.resource_spans_len(group));
             for part in present(&resource.parts) {
                 put_field(&mut out, 1, part);
             }
             out.push(2 << 3 | 2);
-            put_varint(&mut out, self.scope_spans_len(group));
+            varuint(&mut out, self.scope_spans_len(group));
             for part in present(&scope.parts) {
                 put_field(&mut out, 1, part);
             }

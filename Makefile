@@ -22,10 +22,10 @@ $(STAMP): pyproject.toml requirements.lock $(NATIVE_SOURCES)
 	$(VENV)/bin/uv pip install -q --python $(VENV)/bin/python --no-deps -e .
 	@$(VENV)/bin/uv pip uninstall -q --python $(VENV)/bin/python fulmen-otlp-rows 2>/dev/null || true
 	@if command -v cargo >/dev/null; then \
-		echo "building the native span flattener ($(NATIVE), Rust) into consumers/ (fulmen.consumers._otlp_rows)..."; \
+		echo "building the native span flattener ($(NATIVE), Rust) into infra/ (fulmen.infra._otlp_rows: the gateway splits with it, the spans consumer flattens)..."; \
 		cargo build -q --release --manifest-path $(NATIVE)/Cargo.toml && \
-		cp $(NATIVE)/target/release/libfulmen_otlp_rows.so consumers/_otlp_rows.abi3.so.tmp && \
-		mv -f consumers/_otlp_rows.abi3.so.tmp consumers/_otlp_rows.abi3.so; \
+		cp $(NATIVE)/target/release/libfulmen_otlp_rows.so infra/_otlp_rows.abi3.so.tmp && \
+		mv -f infra/_otlp_rows.abi3.so.tmp infra/_otlp_rows.abi3.so; \
 	else \
 		echo "note: cargo not found, so the native span flattener is not built; spans use the Python path"; \
 	fi

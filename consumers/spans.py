@@ -34,7 +34,7 @@ __all__ = ["SpanSink", "native_flattener"]
 def native_flattener() -> Any | None:
     """The native flattener built with our attribute keys, or None when the extension is not installed."""
     try:
-        from fulmen.consumers._otlp_rows import Flattener
+        from fulmen.infra._otlp_rows import Flattener
     except ImportError:
         return None
     return Flattener(
@@ -54,7 +54,7 @@ class SpanSink:
     def __init__(self, native: bool | None = None) -> None:
         self.flattener = native_flattener() if native in (None, True) else None
         if native is True and self.flattener is None:
-            raise ImportError("the native span flattener (fulmen.consumers._otlp_rows) is not built: make install")
+            raise ImportError("the native span flattener (fulmen.infra._otlp_rows) is not built: make install")
         self._native_columns = tuple(self.flattener.columns()) if self.flattener is not None else ()
 
     @property

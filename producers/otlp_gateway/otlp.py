@@ -26,7 +26,7 @@ from fulmen.producers.otlp_gateway.evaluations import EVALUATION_EVENT, evaluati
 from fulmen.schemas.codec import encode
 
 try:  # the split on the wire bytes (native/otlp_rows/src/wire.rs); without cargo at install, the reference below
-    from fulmen.consumers._otlp_rows import split_traces as _split_on_wire
+    from fulmen.infra._otlp_rows import split_traces as _split_on_wire
 except ImportError:
     _split_on_wire = None
 

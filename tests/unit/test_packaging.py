@@ -112,7 +112,7 @@ def test_the_native_flattener_has_the_fulmen_name_only() -> None:
     assert importlib.util.find_spec("fulmen_otlp_rows") is None  # the old top-level name is gone
     if native_flattener() is None:
         pytest.skip("the native flattener is not built (needs cargo: make install)")
-    assert importlib.util.find_spec("fulmen.consumers._otlp_rows") is not None
+    assert importlib.util.find_spec("fulmen.infra._otlp_rows") is not None
 
 
 # imported only where their optional extra or tool is installed (each import is guarded or lazy)

@@ -194,14 +194,19 @@ class BatchConsumer:
     async def _to_batch(self, units: list[Any], records: list[ConsumerRecord]) -> pa.Table | EncodedRows:
         try:
             return self.sink.to_batch(units)
-        except (pa.ArrowException, OverflowError, ValueError, TypeError) as batch_error:
+        except (PoisonInputError, pa.ArrowException, OverflowError, ValueError, TypeError) as batch_error:
             log.warning("%s: batch conversion failed (%s); converting record by record", self.sink.name, batch_error)
         good = []
         for unit, record in zip(units, records, strict=True):
             try:
                 self.sink.to_batch([unit])
-            except (pa.ArrowException, OverflowError, ValueError, TypeError) as exc:
-                error = PoisonInputError(f"cannot store in {self.sink.table}: {exc}")
+            except (PoisonInputError, pa.ArrowException, OverflowError, ValueError, TypeError) as exc:
+                error = (
+                    exc
+                    if isinstance(exc, PoisonInputError)
+                    else PoisonInputError(f"cannot store in {self.sink.table}: {exc}")
+                )
+                error.topic, error.partition, error.offset = record.topic, record.partition, record.offset
                 await self.dead_letters.send(record, error)
                 self.stats.dead_lettered += 1
             else:

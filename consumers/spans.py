@@ -66,9 +66,8 @@ class SpanSink:
         if record.value is None:
             raise DecodeError("ExportTraceServiceRequest: the record has no value", **where)
         if self.flattener is not None:
-            problem = self.flattener.check(record.value)
-            if problem is not None:
-                raise DecodeError(f"ExportTraceServiceRequest: not valid OTLP protobuf ({problem})", **where)
+            # Decoded once, in to_batch: a record that does not decode fails its batch, which the batch consumer
+            # then converts record by record, dead-lettering this one with the DecodeError below.
             return record.value
         request = ExportTraceServiceRequest()
         try:
@@ -79,7 +78,10 @@ class SpanSink:
 
     def to_batch(self, units: Sequence[Any]) -> pa.Table | EncodedRows:
         if self.flattener is not None:
-            data, rows = self.flattener.flatten(list(units))
+            try:
+                data, rows = self.flattener.flatten(list(units))
+            except ValueError as exc:
+                raise DecodeError(f"ExportTraceServiceRequest: not valid OTLP protobuf ({exc})") from None
             return EncodedRows(self._native_columns, data, rows, fmt="Native")
         columns = SpanColumns()
         for request in units:

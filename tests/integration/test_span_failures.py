@@ -126,7 +126,7 @@ async def test_undecodable_kafka_records_go_to_the_dead_letter_topic(
     headers = DeadLetterHeaders.from_kafka(records[0].headers)
     assert records[0].value == b"\x0a\x05garbage-not-protobuf"
     assert (headers.source_topic, headers.source_offset) == (spans_topic, 1)
-    assert "not valid OTLP protobuf" in headers.error
+    assert "not valid OTLP protobuf" in headers.error and headers.error_type == "DecodeError"
 
 
 def _start_consumers(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

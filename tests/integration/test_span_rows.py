@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
+from bench.otlp_payloads import make_request
 from fulmen.consumers.otlp_rows import SPAN_SCHEMA
 from fulmen.consumers.spans import SpanSink, native_flattener
+from fulmen.infra.errors import DecodeError
 from fulmen.infra.store import Store
 from fulmen.schemas import semconv
 
@@ -146,7 +148,17 @@ def test_native_block_has_the_columns_of_the_reference() -> None:
     assert tuple(native_flattener().columns()) == tuple(SPAN_SCHEMA.names)
 
 
-def test_native_check_rejects_what_protobuf_rejects() -> None:
+def test_native_flatten_rejects_what_protobuf_rejects() -> None:
     flattener = native_flattener()
-    assert flattener.check(ExportTraceServiceRequest().SerializeToString()) is None
-    assert flattener.check(b"\x0a\x05garbage") is not None
+    assert flattener.flatten([ExportTraceServiceRequest().SerializeToString()])[1] == 0
+    with pytest.raises(ValueError):
+        flattener.flatten([ExportTraceServiceRequest().SerializeToString(), b"\x0a\x05garbage"])
+    assert flattener.flatten([ExportTraceServiceRequest().SerializeToString()])[1] == 0  # usable after a failure
+
+
+def test_a_record_that_does_not_decode_fails_only_itself_with_a_decode_error() -> None:
+    sink = SpanSink()
+    good = make_request(3).SerializeToString()
+    with pytest.raises(DecodeError, match="not valid OTLP protobuf"):
+        sink.to_batch([good, b"\x0a\x05garbage"])
+    assert sink.to_batch([good]).num_rows == 3

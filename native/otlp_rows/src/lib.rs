@@ -93,11 +93,6 @@ impl Flattener {
         Flattener { service_name, rollout_id, attempt, model_version, prompt_ids, response_ids, logprobs, invalid, agent_keys, reward_keys, spare: Mutex::new(None) }
     }
 
-    /// None if `data` is a valid ExportTraceServiceRequest, else the decoder's message.
-    fn check(&self, data: &[u8]) -> Option<String> {
-        ExportTraceServiceRequest::decode(data).err().map(|e| e.to_string())
-    }
-
     /// The names of the block's columns, in order.
     #[staticmethod]
     fn columns() -> Vec<&'static str> {

@@ -38,8 +38,8 @@ class Sink(Protocol):
 
     ``decode`` works on one record and raises :class:`PoisonInputError` for a record that will never be
     valid; ``to_batch`` turns a batch of decoded units into one insert, an Arrow table or pre-encoded rows (it
-    may raise for a unit that decoded but cannot be stored; the batch is then converted unit by unit and the
-    culprits dead-lettered).
+    may raise for a unit that cannot be stored, or a PoisonInputError for one a sink decodes only here; the batch
+    is then converted unit by unit and the culprits dead-lettered, a PoisonInputError as it was raised).
     """
 
     name: str

@@ -156,7 +156,7 @@ def test_native_flatten_rejects_what_protobuf_rejects() -> None:
     assert flattener.flatten([ExportTraceServiceRequest().SerializeToString()])[1] == 0  # usable after a failure
 
 
-def test_a_record_that_does_not_decode_fails_only_itself_with_a_decode_error() -> None:
+def test_the_sink_raises_a_decode_error_for_a_batch_with_a_record_that_does_not_decode() -> None:
     sink = SpanSink()
     good = make_request(3).SerializeToString()
     with pytest.raises(DecodeError, match="not valid OTLP protobuf"):

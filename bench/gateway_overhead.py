@@ -35,8 +35,8 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.anchor import AnchorLLMProxy, AnchorStore
-from bench.harness import load_average, summarise
-from bench.span_ingest import _ready, cpu_seconds, free_port, peak_rss_mb, wait_for
+from bench.harness import ProcessCounters, load_average, summarise
+from bench.span_ingest import _ready, free_port, peak_rss_mb, wait_for
 from fulmen.infra.kafka.admin import ensure_topics
 from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
@@ -87,6 +87,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--no-anchor", action="store_true", help="skip Agent Lightning 0.3.0 (bench/anchor.py)")
+    parser.add_argument("--syscalls", action="store_true", help="count each process's system calls (perf stat)")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="fulmen-bench-gw-"))
     broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")
@@ -127,7 +128,7 @@ def main() -> None:
             load_before = load_average()
             runs, anchor_runs = [], []
             for rep in range(args.repetitions):  # interleaved: Fulmen, anchor, Fulmen, anchor, ...
-                runs.append(one_pass(urls, pids, args.seconds))
+                runs.append(one_pass(urls, pids, args.seconds, args.syscalls))
                 print(f"#{rep + 1}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
                 if anchor_urls:
                     anchor_runs.append(one_pass(anchor_urls, anchor_pids, args.seconds))
@@ -152,18 +153,16 @@ def main() -> None:
     print(json.dumps(report))
 
 
-def one_pass(urls: tuple[str, str], pids: dict[str, int], seconds: float) -> dict:
+def one_pass(urls: tuple[str, str], pids: dict[str, int], seconds: float, syscalls: bool = False) -> dict:
     """1 and 16 clients, each directly and through the gateway; the figures, CPU per call by process at 16."""
     direct_url, gateway_url = urls
     result: dict = {}
     for clients in (1, 16):
         direct = asyncio.run(load(direct_url, clients, seconds))
-        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        counters = ProcessCounters(pids, syscalls=syscalls and clients == 16)
         through = asyncio.run(load(gateway_url, clients, seconds))
-        if clients == 16:
-            for name, pid in pids.items():
-                used = 1e6 * (cpu_seconds(pid) - before[name]) / max(through["calls"], 1)
-                result[f"cpu_us_per_call_c16_{name}"] = round(used, 1)
+        if clients == 16:  # per call and process: CPU, context switches, system calls (with --syscalls)
+            result |= counters.per(through["calls"], "call_c16")
         result |= {
             f"added_p50_ms_c{clients}": through["p50_ms"] - direct["p50_ms"],
             f"added_p99_ms_c{clients}": through["p99_ms"] - direct["p99_ms"],

@@ -4,16 +4,25 @@ A bench measures one repetition as a dict of figures; :func:`summarise` turns th
 medians (the bench's headline keys), each figure's spread (``[min, max]``) and the load average before and after,
 so a reader can tell a noisy machine from a real difference. Warm-up is the bench's own business (one repetition
 run and thrown away, or a short burst): it says which in its docstring.
+
+Where the time goes, by process: :class:`ProcessCounters` takes each process's CPU time, context switches (from
+``/proc``, every thread) and system calls (``perf stat`` attached to it, where perf may trace it) over a window and
+divides them by the units of work done in it (a span, a rollout, a call).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import statistics
+import subprocess
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-__all__ = ["load_average", "summarise"]
+__all__ = ["ProcessCounters", "cpu_seconds", "load_average", "summarise"]
 
 
 def load_average() -> list[float]:
@@ -41,3 +50,92 @@ def summarise(
     summary["runs"] = list(runs)
     summary["load_average"] = {"before": load_before, "after": load_average()}
     return summary
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (from /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def context_switches(pid: int) -> tuple[int, int]:
+    """(voluntary, involuntary) context switches of a process so far, summed over its live threads: a voluntary
+    one is a thread that waited (a poll, a lock, a read with nothing to read), an involuntary one a thread the
+    kernel took off a core for another."""
+    voluntary = involuntary = 0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return 0, 0
+    for task in tasks:
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    voluntary += int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches:"):
+                    involuntary += int(line.split()[1])
+        except OSError:
+            continue  # the thread ended meanwhile
+    return voluntary, involuntary
+
+
+class ProcessCounters:
+    """CPU, context switches and system calls of some processes over a window (from construction to
+    :meth:`per`). System calls are counted by one ``perf stat -e raw_syscalls:sys_enter -p PID`` per process when
+    perf is installed and allowed to trace it; otherwise their keys are absent."""
+
+    def __init__(self, pids: dict[str, int], *, syscalls: bool = True) -> None:
+        self.pids = pids
+        self.cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        self.switches = {name: context_switches(pid) for name, pid in pids.items()}
+        self._perf: dict[str, subprocess.Popen[bytes]] = {}
+        perf = shutil.which("perf") if syscalls else None
+        self._dir = Path(tempfile.mkdtemp(prefix="fulmen-perf-")) if perf else Path()
+        for name, pid in pids.items() if perf else ():
+            command = [perf, "stat", "-x", ",", "-e", "raw_syscalls:sys_enter", "-p", str(pid), "-o",
+                       str(self._dir / f"{name}.csv")]  # fmt: skip
+            self._perf[name] = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def per(self, units: float, unit: str) -> dict[str, float]:
+        """Stop counting; per ``unit`` of work and process: ``cpu_us_per_<unit>_<process>``,
+        ``syscalls_per_<unit>_<process>``, ``ctx_switches_per_<unit>_<process>`` (voluntary + involuntary) and
+        ``involuntary_ctx_switches_per_<unit>_<process>``."""
+        units = max(units, 1)
+        result: dict[str, float] = {}
+        for name, pid in self.pids.items():
+            voluntary, involuntary = context_switches(pid)
+            before_voluntary, before_involuntary = self.switches[name]
+            result[f"cpu_us_per_{unit}_{name}"] = round((cpu_seconds(pid) - self.cpu[name]) * 1e6 / units, 1)
+            switched = voluntary - before_voluntary + involuntary - before_involuntary
+            result[f"ctx_switches_per_{unit}_{name}"] = round(switched / units, 3)
+            result[f"involuntary_ctx_switches_per_{unit}_{name}"] = round((involuntary - before_involuntary) / units, 3)
+        for name, process in self._perf.items():
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                continue
+            count = _perf_count(self._dir / f"{name}.csv")
+            if count is not None:
+                result[f"syscalls_per_{unit}_{name}"] = round(count / units, 2)
+        if self._perf:
+            shutil.rmtree(self._dir, ignore_errors=True)
+        self._perf.clear()
+        return result
+
+
+def _perf_count(path: Path) -> int | None:
+    """The count in ``perf stat -x ,`` output (None when perf could not count: not allowed, or the process ended)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split(",")
+        if len(fields) > 2 and fields[2].startswith("raw_syscalls:sys_enter"):
+            return int(fields[0]) if fields[0].isdigit() else None
+    return None

@@ -14,10 +14,12 @@ case also ``fulmen otlp-gateway``, to which the runner exports each rollout's sp
    event was read (the figure this bench gave before: nothing stored).
 
 Latency percentiles are from the store's clock: when 50% / 99% of the burst was queryable (the poll's time;
-polls every 0.1 s). CPU per rollout is the runner's. The JSON has the medians at the top level (``spread`` holds
-min and max, ``runs`` each repetition, the load average before and after).
+polls every 0.1 s). Per rollout and process (runner, consumer, kafka, bench, and gateway for ten spans): CPU
+microseconds, context switches and, with ``--syscalls``, system calls (``perf stat``); ``runner_cpu_ms_per_rollout``
+is the runner's CPU. The JSON has the medians at the top level (``spread`` holds min and max, ``runs`` each
+repetition, the load average before and after).
 
-    .venv/bin/python bench/rollout_throughput.py [--seconds 10] [--burst 2000] [--repetitions 3]
+    .venv/bin/python bench/rollout_throughput.py [--seconds 10] [--burst 2000] [--repetitions 3] [--syscalls]
 
 Prints one JSON object on its last line: ``rollouts_per_s`` (no-op, done in store, median),
 ``rollouts_per_s_10_spans`` (ten stored spans each), ``kafka_only_rollouts_per_s`` (no-op, Kafka only).
@@ -41,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aiokafka import TopicPartition
 
 from bench.anchor import PYTHON, AnchorStore
-from bench.harness import load_average, summarise
-from bench.span_ingest import _ready, cpu_seconds, free_port, wait_for
+from bench.harness import ProcessCounters, load_average, summarise
+from bench.span_ingest import _ready, free_port, wait_for
 from fulmen.infra.kafka.admin import ensure_topics, partition_count
 from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
@@ -129,7 +131,7 @@ def anchor_burst(anchor: AnchorStore, count: int, workers: int, spans: bool) -> 
 
 
 def run_case(settings: FulmenSettings, reader: RemoteReader, tag: str, spans: bool, args: argparse.Namespace,
-             runner_pid: int, anchor: AnchorStore | None = None) -> dict:  # fmt: skip
+             pids: dict[str, int], anchor: AnchorStore | None = None) -> dict:  # fmt: skip
     asyncio.run(burst(settings, reader, args.warmup, f"{tag}-warm", spans))  # start-up: groups join, JIT, caches
     warm = asyncio.run(burst(settings, reader, args.burst, f"{tag}-size", spans))  # the rate that sizes the bursts
     size = max(args.burst, int(warm["rollouts_per_s"] * args.seconds * 1.2))
@@ -142,9 +144,10 @@ def run_case(settings: FulmenSettings, reader: RemoteReader, tag: str, spans: bo
     anchor_runs: list[dict] = []
     attempt = 0
     while len(runs) < args.repetitions and attempt < args.repetitions + 3:
-        cpu_before = cpu_seconds(runner_pid)
+        counters = ProcessCounters(pids, syscalls=args.syscalls)
         result = asyncio.run(burst(settings, reader, size, f"{tag}-r{attempt}", spans))
-        result["runner_cpu_ms_per_rollout"] = 1000 * (cpu_seconds(runner_pid) - cpu_before) / size
+        result |= counters.per(size, "rollout")  # CPU, context switches, system calls by process
+        result["runner_cpu_ms_per_rollout"] = result["cpu_us_per_rollout_runner"] / 1000
         print(f"{tag} #{attempt + 1}: {json.dumps({k: round(v, 3) for k, v in result.items()})}", file=sys.stderr)
         attempt += 1
         if result["wall_s"] < args.seconds:  # shorter than the window: not counted, the next burst is bigger
@@ -170,6 +173,7 @@ def main() -> None:
     parser.add_argument("--only", choices=("noop", "ten_spans"), action="append")
     parser.add_argument("--no-anchor", action="store_true", help="skip Agent Lightning 0.3.0 (bench/anchor.py)")
     parser.add_argument("--profile", type=Path, default=None, help="write a cProfile of each runner here")
+    parser.add_argument("--syscalls", action="store_true", help="count each process's system calls (perf stat)")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="fulmen-bench-rollouts-"))
     broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")
@@ -203,7 +207,11 @@ def main() -> None:
                                       stdout=logs, stderr=logs)  # fmt: skip
             try:
                 time.sleep(3)  # the runner joins its group
-                report[agent] = run_case(settings, reader, agent, spans, args, runner.pid, anchor)
+                pids = {"runner": runner.pid, "consumer": services[0].pid, "kafka": broker.status().pid or 0,
+                        "bench": os.getpid()}  # fmt: skip
+                if spans:
+                    pids["gateway"] = services[1].pid
+                report[agent] = run_case(settings, reader, agent, spans, args, pids, anchor)
             finally:
                 runner.send_signal(signal.SIGTERM)
                 runner.wait(timeout=60)

@@ -44,7 +44,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.anchor import ATTEMPT_ID_KEY, ROLLOUT_ID_KEY, AnchorStore
-from bench.harness import load_average, summarise
+from bench.harness import ProcessCounters, load_average, summarise
 from bench.otlp_payloads import make_request
 from fulmen.infra.kafka.admin import ensure_topics
 from fulmen.infra.kafka.local import LocalKafka
@@ -82,15 +82,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (from /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -158,6 +149,7 @@ def main() -> None:
     parser.add_argument("--compression", choices=("none", "gzip", "snappy", "lz4", "zstd"),
                         help="FULMEN_KAFKA_COMPRESSION of the gateway (default: the setting's default)")  # fmt: skip
     parser.add_argument("--no-anchor", action="store_true", help="skip Agent Lightning 0.3.0 (bench/anchor.py)")
+    parser.add_argument("--syscalls", action="store_true", help="count each process's system calls (perf stat)")
     args = parser.parse_args()
     args.compression = args.compression or KafkaSettings().compression
 
@@ -230,7 +222,7 @@ def window(reader: RemoteReader, url: str, args: argparse.Namespace, prefix: str
     batches = encode_batches(count, args.batch, prefix)
     # the wait polls a plain count (cheap for the store, which shares the consumer's process) of all windows so far
     before = reader.query("SELECT count() FROM fulmen.otel_traces", final=False).rows[0][0]
-    cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    counters = ProcessCounters(pids, syscalls=args.syscalls)
     sent, refused, t0, answered = asyncio.run(send_all(url, batches, args.exporters, seconds, args.rate, args.batch))
     send_end = time.time()
     total = len(sent) * args.batch
@@ -244,11 +236,11 @@ def window(reader: RemoteReader, url: str, args: argparse.Namespace, prefix: str
         f"SELECT count() FROM (SELECT 1 FROM fulmen.otel_traces WHERE {mine} GROUP BY TraceId, SpanId "
         "HAVING count() > 1)"
     ).rows[0][0]
-    cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+    per_span = counters.per(total, "span")
     result = summarize(sent, rows, args, t0, send_end, total, stored, doubled, refused, answered)
-    # Where the time goes: CPU microseconds per stored span, by process (2 cores = 2 s of CPU per second).
-    for name, used in cpu.items():
-        result[f"cpu_us_per_span_{name}"] = round(used * 1e6 / max(total, 1), 1)
+    # Where the time goes, per stored span and process: CPU (2 cores = 2 s of CPU per second), context switches and
+    # (with --syscalls) system calls.
+    result |= per_span
     print(f"{prefix}: {json.dumps(result)}", file=sys.stderr, flush=True)
     return result
 

@@ -39,7 +39,8 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from bench.span_ingest import cpu_seconds, free_port, peak_rss_mb
+from bench.harness import cpu_seconds
+from bench.span_ingest import free_port, peak_rss_mb
 from fulmen.infra.kafka.admin import ensure_topics
 from fulmen.infra.kafka.clients import consumer, producer, start_or_raise
 from fulmen.infra.kafka.local import LocalKafka

@@ -1,0 +1,22 @@
+"""The benches' per-process counters: CPU, context switches and (where perf may count them) system calls."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from bench.harness import ProcessCounters, context_switches
+
+
+def test_counters_divide_what_a_process_did_by_the_units_of_work() -> None:
+    counters = ProcessCounters({"me": os.getpid()})
+    for _ in range(20):
+        time.sleep(0.001)  # each sleep is a voluntary context switch
+    figures = counters.per(10, "call")
+    assert figures["ctx_switches_per_call_me"] >= 1.0
+    assert figures["cpu_us_per_call_me"] >= 0 and figures["involuntary_ctx_switches_per_call_me"] >= 0
+    assert figures.get("syscalls_per_call_me", 0) >= 0  # absent where perf is missing or may not trace
+
+
+def test_a_process_that_is_gone_counts_nothing() -> None:
+    assert context_switches(2**22 + 1) == (0, 0)

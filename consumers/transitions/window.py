@@ -14,6 +14,7 @@ forgotten first), so a terminal event of an older attempt that arrives after a n
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping
@@ -51,6 +52,10 @@ class BuildWindow:
     def __init__(self) -> None:
         self._offsets = OffsetTracker()
         self._built: dict[RolloutKey, Built] = {}
+        # Per partition, the built events by offset (a heap): a commit stops watching the rollouts below it by
+        # popping them, not by scanning every watched rollout (tens of thousands in a minute's window). An entry
+        # whose rollout was unwatched or built again since is skipped when it comes up.
+        self._by_offset: dict[TopicPartition, list[tuple[int, RolloutKey]]] = {}
 
     def read(self, tp: TopicPartition, offset: int) -> None:
         """Record that the event at ``offset`` was read (not done yet)."""
@@ -63,7 +68,9 @@ class BuildWindow:
     def built(self, item: Built, ready_at: float) -> None:
         """The event's batch was published; watch the rollout for late spans until ``ready_at``."""
         if self._offsets.done(item.tp, item.record.offset, ready_at=ready_at):  # not when its partition is gone
-            self._built[(item.event.rollout_id, item.event.attempt)] = item
+            key = (item.event.rollout_id, item.event.attempt)
+            self._built[key] = item
+            heapq.heappush(self._by_offset.setdefault(item.tp, []), (item.record.offset, key))
 
     def has_built(self, key: RolloutKey) -> bool:
         return key in self._built
@@ -82,7 +89,13 @@ class BuildWindow:
         """The offsets to commit (of ``partitions``, or all): one past the leading events of each partition that
         are done and past their window. The rollouts of those events stop being watched."""
         commits = self._offsets.committable(now, partitions)
-        self._unwatch(lambda item: item.tp in commits and item.record.offset < commits[item.tp])
+        for tp, below in commits.items():
+            heap = self._by_offset.get(tp, [])
+            while heap and heap[0][0] < below:
+                _, key = heapq.heappop(heap)
+                item = self._built.get(key)
+                if item is not None and item.tp == tp and item.record.offset < below:
+                    del self._built[key]
         return commits
 
     def committed(self, offsets: Mapping[TopicPartition, int]) -> None:
@@ -91,6 +104,8 @@ class BuildWindow:
     def forget(self, partitions: list[TopicPartition]) -> None:
         """Drop what is known of ``partitions`` (revoked: their next owner reads them again)."""
         self._offsets.forget(partitions)
+        for tp in partitions:
+            self._by_offset.pop(tp, None)
         self._unwatch(lambda item: item.tp in partitions)
 
     def pending(self) -> int:

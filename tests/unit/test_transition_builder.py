@@ -134,6 +134,30 @@ def test_offsets_commit_in_order_once_done_and_past_their_window() -> None:
     assert not window.watched() and window.pending() == 0
 
 
+def test_a_commit_stops_watching_exactly_the_rollouts_below_it() -> None:
+    window = BuildWindow()
+    other = TopicPartition("fulmen.rollouts", 1)
+    for offset in range(6):
+        window.read(TP, offset)
+        window.read(other, offset)
+    for offset in (4, 0, 2):  # built out of offset order
+        event = ended().model_copy(update={"rollout_id": f"r{offset}"})
+        window.built(Built(event, 0, event.timestamp, TP, record(offset)), ready_at=1.0)
+    event = ended().model_copy(update={"rollout_id": "elsewhere"})
+    window.built(Built(event, 0, event.timestamp, other, record(0)), ready_at=9.0)
+    window.unwatch(("r2", 1))  # a late span rebuilt it: built again at a later offset
+    rebuilt = ended().model_copy(update={"rollout_id": "r2"})
+    window.built(Built(rebuilt, 1, rebuilt.timestamp, TP, record(5)), ready_at=9.0)
+    for offset in (1, 3):
+        window.done(TP, offset, ready_at=1.0)
+    assert window.committable(now=2.0) == {TP: 5}
+    # r2's first build (offset 2) is below the commit, its second (offset 5) is not; the other partition's rollout
+    # is still in its window
+    assert sorted(window.watched()) == [("elsewhere", 1), ("r2", 1)]
+    assert window.committable(now=9.0) == {TP: 6, other: 1}
+    assert not window.watched()
+
+
 def test_a_revoked_partition_is_forgotten() -> None:
     window = BuildWindow()
     window.read(TP, 7)

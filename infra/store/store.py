@@ -27,6 +27,7 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from fulmen.infra.errors import ConfigurationError, RetryableError
 from fulmen.infra.settings import ClickHouseSettings, FulmenSettings
+from fulmen.infra.store.params import bind_fast
 from fulmen.infra.store.reads import QueryResult, SqlReader, connect_embedded, connect_server, read_limits
 from fulmen.infra.store.sql_guard import ReadOnlyError
 from fulmen.schemas.ddl import MIGRATIONS, MIGRATIONS_TABLE, TABLES, Migration
@@ -193,7 +194,7 @@ class Store:
         """
         if read_only:
             return self.reader().query(sql, parameters, final=final)
-        result = self.client.query(sql, parameters=dict(parameters or {}), settings=_final(final))
+        result = self.client.query(sql, parameters=bind_fast(parameters or {}), settings=_final(final))
         return QueryResult(result.column_names, result.result_rows)
 
     def query_arrow(
@@ -201,7 +202,7 @@ class Store:
     ) -> pa.Table:
         if read_only:
             return self.reader().arrow(sql, parameters, final=final)
-        return self.client.query_arrow(sql, parameters=dict(parameters or {}), settings=_final(final))
+        return self.client.query_arrow(sql, parameters=bind_fast(parameters or {}), settings=_final(final))
 
 
 def _final(final: bool) -> dict[str, Any]:

@@ -181,3 +181,12 @@ def test_the_embedded_engine_runs_with_bounded_caches_and_spans_writers(store: S
     ).rows[0][0]
     assert f"max_compress_block_size = {store.settings.engine_compress_block_bytes}" in ddl
     assert "vertical_merge_algorithm_min_rows_to_activate = 1" in ddl
+
+
+def test_a_long_array_parameter_finds_its_rows(store: Store) -> None:
+    ids = [f"r-{i}'" for i in range(200)]  # quotes in them: the literal escapes them
+    rows = store.query("SELECT count() FROM numbers(1) WHERE concat('r-', '7', '''') IN {ids:Array(String)}",
+                       {"ids": ids}, final=False).rows  # fmt: skip
+    keys = [(f"r-{i}'", i) for i in range(200)]
+    found = store.query("SELECT ('r-7''', 7) IN {keys:Array(Tuple(String, UInt32))}", {"keys": keys}, final=False)
+    assert rows == [[1]] and found.rows == [[1]]

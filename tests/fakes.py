@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
@@ -106,12 +107,14 @@ class FakeProducer:
 
 class FakeBroker:
     """What :class:`~fulmen.infra.kafka.publish.EventPublisher` uses of a faststream ``KafkaBroker``: declared
-    publishers whose ``publish(..., no_confirm=True)`` returns ``producer.send``'s delivery future."""
+    publishers (their prefixed topic) and the started broker's aiokafka producer, where
+    :func:`~fulmen.infra.kafka.broker.broker_producer` finds it."""
 
     def __init__(self, producer: Any, prefix: str = "") -> None:
         self.producer = producer
         self.prefix = prefix
         self.declared: list[dict[str, Any]] = []
+        self.config = SimpleNamespace(producer=SimpleNamespace(_producer=SimpleNamespace(producer=producer)))
 
     def publisher(self, topic: str, **kwargs: Any) -> _FakePublisher:
         self.declared.append({"topic": topic, **kwargs})
@@ -128,11 +131,6 @@ class _FakePublisher:
     def __init__(self, broker: FakeBroker, topic: str) -> None:
         self.broker = broker
         self.topic = topic
-
-    async def publish(self, message: bytes, *, key: bytes, headers: dict[str, str], no_confirm: bool) -> Any:
-        if not no_confirm:
-            raise AssertionError("EventPublisher waits for the acknowledgement itself")
-        return await self.broker.producer.send(self.topic, value=message, key=key, headers=list(headers.items()))
 
 
 class FakeStore:

@@ -35,6 +35,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 from faststream.kafka import KafkaBroker, Topic
 from faststream.middlewares import AckPolicy
@@ -44,7 +45,7 @@ from fulmen.infra.kafka.clients import connection_kwargs
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas.topics import TopicKey
 
-__all__ = ["endpoint_title", "kafka_broker", "provisioned", "subscriber_options"]
+__all__ = ["broker_producer", "endpoint_title", "kafka_broker", "provisioned", "subscriber_options"]
 
 log = logging.getLogger(__name__)  # faststream's own lines (per-message at DEBUG, handler errors at ERROR)
 
@@ -89,6 +90,16 @@ def kafka_broker(settings: FulmenSettings, **overrides: Any) -> KafkaBroker:
     # compose, so the publishers and subscribers declared on the broker or on its routers all take it, once.
     broker.config.broker_config.prefix = settings.kafka.topic_prefix
     return broker
+
+
+def broker_producer(broker: Any) -> AIOKafkaProducer:
+    """The aiokafka producer a started broker built from :func:`kafka_broker`'s options (idempotent, ``acks="all"``,
+    the compression): one producer, one connection per process, whichever way a record is sent.
+
+    faststream 0.7 keeps it in its producer's state, which raises ``IncorrectState`` before the broker started (as
+    faststream's own publish does). A new broker start builds a new one, so it is looked up at each send.
+    """
+    return broker.config.producer._producer.producer
 
 
 def _security(kwargs: dict[str, Any]) -> BaseSecurity | None:

@@ -8,6 +8,7 @@ from itertools import chain
 
 import pytest
 from aiokafka.structs import TopicPartition
+from faststream.exceptions import IncorrectState
 from faststream.middlewares import AckPolicy
 from faststream.security import SASLScram512
 
@@ -114,3 +115,19 @@ def test_a_publisher_refuses_what_its_sender_did_not_declare() -> None:
         publisher.topic_name(TopicKey.ROLLOUTS)
     with pytest.raises(ValueError, match="spans carry no JSON event"):
         Sender("gateway", (TopicKey.SPANS,))
+
+
+async def test_a_published_event_is_one_keyed_json_record_on_the_prefixed_topic() -> None:
+    producer = FakeProducer([])
+    publisher = EventPublisher(FakeBroker(producer, prefix="p."), Sender("runner", (TopicKey.ROLLOUTS,)))  # type: ignore[arg-type]
+    event = RolloutEvent(rollout_id="r1", attempt=1, status=RolloutStatus.RUNNING, task_id="t1", group_id="g1")
+    await publisher.publish(TopicKey.ROLLOUTS, event)
+    assert producer.sent == [{"topic": "p.fulmen.rollouts", "value": encode(event), "key": b"r1",
+                              "headers": [("content-type", b"application/json")]}]  # fmt: skip
+
+
+async def test_publishing_before_the_broker_started_is_refused() -> None:
+    publisher = EventPublisher(kafka_broker(FulmenSettings()), Sender("runner", (TopicKey.ROLLOUTS,)))
+    event = RolloutEvent(rollout_id="r1", attempt=1, status=RolloutStatus.RUNNING, task_id="t1", group_id="g1")
+    with pytest.raises(IncorrectState, match="connect broker first"):
+        await publisher.publish(TopicKey.ROLLOUTS, event)

@@ -11,6 +11,9 @@ Every user query (``fulmen sql``, the read endpoint that ``fulmen consume`` serv
 * limits: execution time, memory, result rows and bytes, engine threads (settings ``FULMEN_CLICKHOUSE_READ_*``);
 * reads never share a handle with inserts, so a long read does not hold ingestion back, and at most
   ``read_concurrency`` run at once (the rest wait, then get a :class:`RetryableError`);
+* a statement that passed is remembered by its text (the last :data:`_CHECKED_STATEMENTS`), so a dashboard or a
+  script polling the same query does not pay the engine's two parses each time; the check depends on the text
+  and the database only;
 * each read is tagged, so :meth:`SqlReader.cancel` stops it in the engine (``KILL QUERY``) when its client
   goes away or the process stops;
 * values from outside (a dashboard's filters) travel as ``parameters`` for ``%(name)s`` placeholders: bound by
@@ -23,6 +26,7 @@ import logging
 import queue
 import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -41,6 +45,7 @@ __all__ = ["Parameters", "QueryResult", "SqlReader", "bind_parameters", "read_li
 log = logging.getLogger(__name__)
 
 _WAIT_FOR_HANDLE_S = 10.0
+_CHECKED_STATEMENTS = 256
 _SCALARS = (str, int, float, bool)
 
 # Values for ``%(name)s`` placeholders: scalars, or lists of scalars (for ``IN %(names)s``).
@@ -118,17 +123,27 @@ class SqlReader:
         self._all: list[Client] = []
         self._lock = threading.Lock()
         self._running: set[str] = set()
+        self._checked: OrderedDict[str, ReadStatement] = OrderedDict()  # guarded by _lock
 
     # --- checking -------------------------------------------------------------------------------------------
     def check(self, sql: str) -> ReadStatement:
         """The statement as it will run, or :class:`ReadOnlyError` saying why it may not."""
+        with self._lock:
+            if (known := self._checked.get(sql)) is not None:
+                self._checked.move_to_end(sql)
+                return known
         with self._handle(final=False) as client:
-            return check_read(
+            statement = check_read(
                 sql,
                 format_query=lambda text: _format_query(client, text),
                 explain_ast=lambda text: _explain_ast(client, text),
                 database=self.database,
             )
+        with self._lock:
+            self._checked[sql] = statement
+            if len(self._checked) > _CHECKED_STATEMENTS:
+                self._checked.popitem(last=False)
+        return statement
 
     # --- running --------------------------------------------------------------------------------------------
     def raw(self, sql: str, fmt: str, *, final: bool = True, tag: str | None = None) -> tuple[bytes, str]:

@@ -162,6 +162,27 @@ def test_show_describe_and_explain_are_reads(db_store: Store) -> None:
     assert b"CREATE TABLE" in reader.raw(f"SHOW CREATE TABLE {db}.otel_traces", "TabSeparated")[0]
 
 
+def test_a_statement_that_passed_is_not_parsed_again_and_a_refusal_stands(
+    db_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reader, parses = db_store.reader(), []
+    sql = f"SELECT count() FROM {db_store.database}.otel_traces"
+    first = reader.check(sql)
+    with reader._handle(final=False) as client:
+        original = type(client).raw_query  # what the check's EXPLAIN AST goes through
+
+    def counting(self, query, *args, **kwargs):  # type: ignore[no-untyped-def]
+        parses.append(query)
+        return original(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(type(client), "raw_query", counting)
+    assert reader.check(sql) is first and not parses
+    for _ in range(2):
+        with pytest.raises(ReadOnlyError):
+            reader.check(f"DROP TABLE {db_store.database}.otel_traces")
+    assert len(parses) == 2  # a refusal is judged afresh each time, never remembered
+
+
 @pytest.mark.parametrize("fmt", ["TSV; DROP TABLE x", "JSON FORMAT CSV", "", "../etc", "TSV INTO OUTFILE 'x'"])
 def test_the_default_format_is_a_name_not_sql(db_store: Store, fmt: str) -> None:
     with pytest.raises(ReadOnlyError, match="output format"):

@@ -7,7 +7,9 @@ run and thrown away, or a short burst): it says which in its docstring.
 
 Where the time goes, by process: :class:`ProcessCounters` takes each process's CPU time, context switches (from
 ``/proc``, every thread) and system calls (``perf stat`` attached to it, where perf may trace it) over a window and
-divides them by the units of work done in it (a span, a rollout, a call).
+divides them by the units of work done in it (a span, a rollout, a call). :class:`MemorySampler` tells a process's
+peak resident memory apart: anonymous (heap, the engine's working memory) and file-backed (mapped code and files,
+clean pages the kernel can drop and read back), which ``VmHWM`` lumps together.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ import signal
 import statistics
 import subprocess
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ProcessCounters", "cpu_seconds", "load_average", "summarise"]
+__all__ = ["MemorySampler", "ProcessCounters", "cpu_seconds", "load_average", "resident_mb", "summarise"]
 
 
 def load_average() -> list[float]:
@@ -139,3 +142,59 @@ def _perf_count(path: Path) -> int | None:
         if len(fields) > 2 and fields[2].startswith("raw_syscalls:sys_enter"):
             return int(fields[0]) if fields[0].isdigit() else None
     return None
+
+
+def resident_mb(pid: int) -> dict[str, float]:
+    """A process's resident memory now, in MiB: ``anon``, ``file`` and ``shmem`` (``/proc/PID/status``; {} once it
+    is gone)."""
+    fields = {"RssAnon:": "anon", "RssFile:": "file", "RssShmem:": "shmem"}
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    found = {}
+    for line in lines:
+        name, *values = line.split()
+        if name in fields:
+            found[fields[name]] = int(values[0]) / 1024
+    return found
+
+
+class MemorySampler:
+    """Samples :func:`resident_mb` of ``pid`` every ``interval_s`` on a thread while in a ``with`` block; then
+    :meth:`peaks` gives the peak anonymous memory, and the file-backed memory at the peak of the total."""
+
+    def __init__(self, pid: int, interval_s: float = 0.1) -> None:
+        self.pid, self.interval_s = pid, interval_s
+        self.peak_anon = 0.0
+        self.peak_total: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            self.sample()
+            if self._stop.wait(self.interval_s):
+                return
+
+    def sample(self) -> None:
+        now = resident_mb(self.pid)
+        if not now:
+            return
+        self.peak_anon = max(self.peak_anon, now.get("anon", 0.0))
+        if sum(now.values()) > sum(self.peak_total.values()):
+            self.peak_total = now
+
+    def peaks(self) -> dict[str, float]:
+        """``peak_anon_mb``; ``file_mb_at_peak`` and ``anon_mb_at_peak`` (the sample with the largest total)."""
+        return {"peak_anon_mb": round(self.peak_anon, 1),
+                "anon_mb_at_peak": round(self.peak_total.get("anon", 0.0), 1),
+                "file_mb_at_peak": round(self.peak_total.get("file", 0.0), 1)}  # fmt: skip

@@ -18,7 +18,9 @@ load average. Done = every span of the window queryable in ``fulmen.otel_traces`
 
 ``--compression`` sets the gateway's ``FULMEN_KAFKA_COMPRESSION`` (default: the setting's, zstd);
 ``kafka_bytes_per_span`` is the spans topic's log on disk per span, what the codec saves on the network and the
-brokers' disks.
+brokers' disks. ``consumer_peak_rss_mb`` is the consumers process's peak resident memory (``VmHWM``);
+``consumer_memory_mb`` says what it is made of, sampled every 0.1 s: the peak of the anonymous memory (heap, the
+engine's working memory) and, at the largest sample, the file-backed part (mostly the engine library's code).
 
 Prints one JSON object on the last line: ``spans_per_s``, ``p99_ms`` (export -> queryable), ``request_p99_ms``,
 ``lost``, ``duplicated``, ``compression``, ``kafka_bytes_per_span``, ...
@@ -44,7 +46,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.anchor import ATTEMPT_ID_KEY, ROLLOUT_ID_KEY, AnchorStore
-from bench.harness import ProcessCounters, load_average, summarise
+from bench.harness import MemorySampler, ProcessCounters, load_average, summarise
 from bench.otlp_payloads import make_request
 from fulmen.infra.kafka.admin import ensure_topics
 from fulmen.infra.kafka.local import LocalKafka
@@ -177,6 +179,7 @@ def main() -> None:
         pids = {"gateway": gateway.pid, "consumer": consume.pid, "kafka": broker.status().pid or 0, "load": os.getpid()}
         with contextlib.ExitStack() as stack:
             anchor = None if args.no_anchor else stack.enter_context(AnchorStore(free_port(), home / "anchor.log"))
+            memory = stack.enter_context(MemorySampler(consume.pid))
             window(reader, url, args, "w-", args.warmup_s, pids)
             if anchor:
                 anchor_window(anchor, args, "aw-", args.warmup_s)
@@ -193,6 +196,7 @@ def main() -> None:
             report["anchor_spans_per_s"] = anchor_report["spans_per_s"]
             report["ratio_spans"] = round(report["spans_per_s"] / anchor_report["spans_per_s"], 2)
         report["consumer_peak_rss_mb"] = round(peak_rss_mb(consume.pid) + children_peak_rss_mb(consume.pid), 1)
+        report["consumer_memory_mb"] = memory.peaks()  # what the peak is made of: anonymous, file-backed (code)
         report["peak_rss_mb"] = {"gateway": peak_rss_mb(gateway.pid), "consumer": peak_rss_mb(consume.pid),
                                  "kafka": peak_rss_mb(broker.status().pid or 0)}  # fmt: skip
         # the spans topic's log on disk (record batches as produced) per span of all windows and the warm-up

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from bench.harness import ProcessCounters, context_switches
+from bench.harness import MemorySampler, ProcessCounters, context_switches, resident_mb
 
 
 def test_counters_divide_what_a_process_did_by_the_units_of_work() -> None:
@@ -20,3 +20,14 @@ def test_counters_divide_what_a_process_did_by_the_units_of_work() -> None:
 
 def test_a_process_that_is_gone_counts_nothing() -> None:
     assert context_switches(2**22 + 1) == (0, 0)
+
+
+def test_the_memory_sampler_sees_anonymous_memory_apart_from_mapped_code() -> None:
+    with MemorySampler(os.getpid(), interval_s=0.01) as memory:
+        block = bytearray(64 * 1024 * 1024)
+        block[::4096] = b"x" * len(block[::4096])  # touched: resident
+        memory.sample()
+        del block
+    peaks = memory.peaks()
+    assert peaks["peak_anon_mb"] >= 64 and peaks["file_mb_at_peak"] > 0
+    assert resident_mb(2**22 + 7) == {}  # no such process

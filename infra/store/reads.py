@@ -11,9 +11,9 @@ Every user query (``fulmen sql``, the read endpoint that ``fulmen consume`` serv
 * limits: execution time, memory, result rows and bytes, engine threads (settings ``FULMEN_CLICKHOUSE_READ_*``);
 * reads never share a handle with inserts, so a long read does not hold ingestion back, and at most
   ``read_concurrency`` run at once (the rest wait, then get a :class:`RetryableError`);
-* a statement that passed is remembered by its text (the last :data:`_CHECKED_STATEMENTS`), so a dashboard or a
-  script polling the same query does not pay the engine's two parses each time; the check depends on the text
-  and the database only;
+* a statement that passed is remembered by its text (the last :data:`_CHECKED_STATEMENTS`, each of at most
+  :data:`_CHECKED_TEXT_CHARS`), so a dashboard or a script polling the same query does not pay the engine's two
+  parses each time; the check depends on the text and the database only;
 * each read is tagged, so :meth:`SqlReader.cancel` stops it in the engine (``KILL QUERY``) when its client
   goes away or the process stops;
 * values from outside (a dashboard's filters) travel as ``parameters`` for ``%(name)s`` placeholders: bound by
@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 _WAIT_FOR_HANDLE_S = 10.0
 _CHECKED_STATEMENTS = 256
+_CHECKED_TEXT_CHARS = 16_384  # a longer text (a long list bound into it) is checked each time, never kept
 _SCALARS = (str, int, float, bool)
 
 # Values for ``%(name)s`` placeholders: scalars, or lists of scalars (for ``IN %(names)s``).
@@ -139,10 +140,11 @@ class SqlReader:
                 explain_ast=lambda text: _explain_ast(client, text),
                 database=self.database,
             )
-        with self._lock:
-            self._checked[sql] = statement
-            if len(self._checked) > _CHECKED_STATEMENTS:
-                self._checked.popitem(last=False)
+        if len(sql) <= _CHECKED_TEXT_CHARS:
+            with self._lock:
+                self._checked[sql] = statement
+                if len(self._checked) > _CHECKED_STATEMENTS:
+                    self._checked.popitem(last=False)
         return statement
 
     # --- running --------------------------------------------------------------------------------------------

@@ -181,6 +181,10 @@ def test_a_statement_that_passed_is_not_parsed_again_and_a_refusal_stands(
         with pytest.raises(ReadOnlyError):
             reader.check(f"DROP TABLE {db_store.database}.otel_traces")
     assert len(parses) == 2  # a refusal is judged afresh each time, never remembered
+    long = f"SELECT count() FROM {db_store.database}.otel_traces WHERE SpanName IN ({', '.join(['%s'] * 4000)})"
+    for _ in range(2):
+        reader.check(long % tuple(f"'s{i}'" for i in range(4000)))
+    assert len(parses) == 4  # a text too long to keep is checked each time
 
 
 @pytest.mark.parametrize("fmt", ["TSV; DROP TABLE x", "JSON FORMAT CSV", "", "../etc", "TSV INTO OUTFILE 'x'"])

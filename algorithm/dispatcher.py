@@ -14,6 +14,9 @@ or dropped it), so ``fill`` waits for groups to finish before dispatching more. 
 (validation) stops after one pass (:attr:`Dispatcher.exhausted`) until :meth:`Dispatcher.rewind`. Each request
 is announced as ``queued`` on the rollouts topic once the tasks topic acknowledged it. ``prompt_bundle``: every
 request names this prompt bundle (the gateway applies it to the rollout's calls; the prompt search's evaluator).
+Each request carries a sampling seed derived from the dispatcher's ``seed``, its mode, the group's number and
+the member's place in it (:func:`fulmen.infra.seeds.derive_seed`): the same run seed dispatches the same seeds in
+the same order, so a rerun samples the same tokens as far as the engine allows.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 
 from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.seeds import derive_seed
 from fulmen.schemas.events import RolloutEvent, RolloutMode, RolloutRequest, RolloutStatus
 from fulmen.schemas.task_file import TaskSpec
 from fulmen.schemas.topics import TopicKey
@@ -84,6 +88,8 @@ class Dispatcher:
         self.metadata = dict(metadata or {})
         self.prompt_bundle = prompt_bundle
         self.in_flight: dict[str, DispatchedGroup] = {}
+        self.seed = seed
+        self.groups_made = 0
         self.passes = 0
         self.dispatched = 0
         self._random = random.Random(seed)
@@ -148,14 +154,16 @@ class Dispatcher:
         self.passes += 1
 
     def _group(self, task: DatasetTask, model_version: int) -> tuple[DispatchedGroup, list[RolloutRequest]]:
-        group_id = task.new_group_id()
+        group_id, number = task.new_group_id(), self.groups_made
+        self.groups_made += 1
         requests = [
             RolloutRequest(
                 task_id=task.task_id, group_id=group_id, mode=self.mode, input=task.input,
                 timeout_s=self.rollout_timeout_s, max_attempts=self.max_attempts, model_version=model_version,
                 metadata={**self.metadata, **task.metadata}, prompt_bundle=self.prompt_bundle,
+                seed=derive_seed(self.seed, self.mode.value, number, member),
             )
-            for _ in range(self.group_size)
+            for member in range(self.group_size)
         ]  # fmt: skip
         group = DispatchedGroup(
             group_id=group_id, task_id=task.task_id, mode=self.mode, size=self.group_size,

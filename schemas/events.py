@@ -162,6 +162,10 @@ class RolloutRequest(Event):
     prompt_bundle: BundleIdentifier | None = Field(
         default=None, description="the prompt bundle the gateway applies to its calls (None: the promoted one)"
     )
+    seed: int | None = Field(
+        default=None, ge=0, lt=2**63, description="the rollout's sampling seed: the gateway derives each sampled "
+        "call's seed from it, the attempt and the call's number (None: unseeded, the engine draws)",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _attempt_within_budget(self) -> RolloutRequest:

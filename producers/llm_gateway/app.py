@@ -1,7 +1,9 @@
 """``fulmen llm-gateway``: an OpenAI-compatible server that records every call as a span with its token ids.
 
 Routes (each also under ``/rollout/{rollout_id}/attempt/{attempt}``, which ties the call to a rollout with no
-header or SDK, optionally followed by ``/bundle/{bundle_id}``, the prompt bundle applied to the rollout's calls
+header or SDK, optionally followed by ``/seed/{seed}``, the rollout's sampling seed, from which each call that
+names no seed of its own gets one (:mod:`~fulmen.producers.llm_gateway.call_seeds`), then by
+``/bundle/{bundle_id}``, the prompt bundle applied to the rollout's calls
 (:mod:`~fulmen.producers.llm_gateway.prompts_follower`; calls naming none get the promoted bundle, if any; the
 response's ``X-Fulmen-Prompt-Bundle`` header names the bundle applied), and
 under any of these with ``/agent/{name}`` after it, which names the agent that calls, for agents that
@@ -50,10 +52,12 @@ from aiokafka.errors import KafkaError
 from fulmen.infra.errors import BrokerUnavailableError
 from fulmen.infra.http import read_body
 from fulmen.infra.kafka.clients import producer
+from fulmen.infra.seeds import SEED_LIMIT
 from fulmen.producers.feedback import FeedbackRequestError, feedback_from
 from fulmen.producers.gateway import Gateway, GatewayStats
 from fulmen.producers.llm_gateway.backends import Backend, build_backend
 from fulmen.producers.llm_gateway.backends.base import CallResult
+from fulmen.producers.llm_gateway.call_seeds import CallSeeds
 from fulmen.producers.llm_gateway.models_follower import ModelsFollower, PromotionsFollower
 from fulmen.producers.llm_gateway.prompts_follower import PromptRegistry, UnknownBundleError, prompt_followers
 from fulmen.producers.llm_gateway.protocol import (
@@ -82,6 +86,7 @@ INLINE_BYTES = 64 * 1024  # requests up to this size are parsed, recorded and an
 INLINE_TOKENS = 8192  # ... and calls up to this many prompt + completion tokens
 FEEDBACK_MAX_BYTES = 64 * 1024  # a feedback body is a few ids, a number and a comment of at most 4096 characters
 _ATTEMPT = re.compile(r"[0-9]{1,9}")  # ASCII digits only ("²".isdigit() is true), and bounded
+_SEED = re.compile(r"[0-9]{1,19}")
 _BUNDLE = re.compile(r"pb-[0-9a-f]{12}")
 
 __all__ = ["LlmGateway", "LlmGatewayStats"]
@@ -131,14 +136,16 @@ class LlmGateway(Gateway):
         self.prompts = PromptRegistry()
         self.prompt_followers = prompt_followers(settings, self.prompts)
         self.stats = LlmGatewayStats()
+        self.call_seeds = CallSeeds()
         # JSON decoding and checks, span and response encoding: CPU work kept off the event loop.
         self._cpu = ThreadPoolExecutor(2, thread_name_prefix="llm-gateway-cpu")
 
     # --- lifecycle hooks (the order is Gateway's) ---------------------------------------------------------------
     def _add_routes(self, app: web.Application) -> None:
-        rollout = "/rollout/{rollout_id}/attempt/{attempt}"
-        for prefix in ("", "/agent/{agent}", rollout, f"{rollout}/agent/{{agent}}", f"{rollout}/bundle/{{bundle}}",
-                       f"{rollout}/bundle/{{bundle}}/agent/{{agent}}"):  # fmt: skip
+        rollouts = ("/rollout/{rollout_id}/attempt/{attempt}", "/rollout/{rollout_id}/attempt/{attempt}/seed/{seed}")
+        scoped = [f"{rollout}{tail}" for rollout in rollouts
+                  for tail in ("", "/agent/{agent}", "/bundle/{bundle}", "/bundle/{bundle}/agent/{agent}")]  # fmt: skip
+        for prefix in ("", "/agent/{agent}", *scoped):
             app.router.add_post(f"{prefix}/v1/chat/completions", self.handle_chat)
             app.router.add_post(f"{prefix}/v1/completions", self.handle_completion)
             app.router.add_get(f"{prefix}/v1/models", self.handle_models)
@@ -201,6 +208,7 @@ class LlmGateway(Gateway):
             self._check_model(parsed.model)
             if agent is not None:
                 parsed = dataclasses.replace(parsed, agent=agent)
+            body, parsed = self._seeded(request, rollout_id, attempt, body, parsed)
             body, parsed, bundle, slots = await self._apply_prompts(named, agent, body, parsed)
             started = time.time_ns()
             call = self.backend.chat if chat else self.backend.complete
@@ -281,6 +289,18 @@ class LlmGateway(Gateway):
         body = {**body, "messages": apply_bundle(bundle, body.get("messages", []))[0]}
         return body, dataclasses.replace(parsed, messages=messages, raw=body), bundle.bundle_id, tuple(slots)
 
+    def _seeded(self, request: web.Request, rollout_id: str | None, attempt: int | None, body: dict[str, Any],
+                parsed: Any) -> tuple[dict[str, Any], Any]:  # fmt: skip
+        """The call with its own seed when its rollout is seeded (``/seed/{seed}`` in the path) and the call names
+        none (:mod:`~fulmen.producers.llm_gateway.call_seeds`); the body carries it too, so the span records it and
+        an upstream backend forwards it."""
+        rollout_seed = _seed(request)
+        if rollout_seed is None or rollout_id is None or parsed.sampling.seed is not None:
+            return body, parsed
+        seed = self.call_seeds.next(rollout_id, attempt or 1, rollout_seed)
+        body = {**body, "seed": seed}
+        return body, dataclasses.replace(parsed, sampling=dataclasses.replace(parsed.sampling, seed=seed), raw=body)
+
     def _check_model(self, model: str) -> None:
         if model != self.options.served_model_name:
             shown = model if len(model) <= 200 else model[:197] + "..."
@@ -360,6 +380,15 @@ def _bundle(request: web.Request) -> str | None:
         raise ApiError(400, f"prompt bundle {bundle[:200]!r} in the path is not a bundle id (pb-<12 hex>)",
                        param="bundle")  # fmt: skip
     return bundle
+
+
+def _seed(request: web.Request) -> int | None:
+    text = request.match_info.get("seed")
+    if text is None:
+        return None
+    if not _SEED.fullmatch(text) or int(text) >= SEED_LIMIT:
+        raise ApiError(400, f"seed {text[:40]!r} in the path must be an integer in [0, 2**63)", param="seed")
+    return int(text)
 
 
 def _rollout(request: web.Request) -> tuple[str | None, int | None]:

@@ -322,8 +322,11 @@ class Runner:
         return with_not_before(retry, now + timedelta(seconds=delay))
 
     async def _call(self, request: RolloutRequest) -> tuple[RolloutStatus, float | None, str | None]:
-        # the rollout's scope in the gateway's path: its id and attempt, and the prompt bundle it names (if any)
+        # the rollout's scope in the gateway's path: its id and attempt, its sampling seed and the prompt bundle it
+        # names (if any)
         scope = f"/rollout/{request.rollout_id}/attempt/{request.attempt}"
+        if request.seed is not None:
+            scope += f"/seed/{request.seed}"
         if request.prompt_bundle is not None:
             scope += f"/bundle/{request.prompt_bundle}"
         llm = LLMEndpoint(

@@ -251,3 +251,25 @@ async def test_a_call_that_names_its_agent_gets_that_agents_adapter(
     assert check["attributes"][semconv.LLM_AGENT] == "check"
     assert check["attributes"][semconv.LLM_ADAPTER] == semconv.ADAPTER_NONE == "base"
     assert check["attributes"][semconv.MODEL_VERSION] == 0
+
+
+async def test_a_seeded_rollout_samples_the_same_tokens_again_call_by_call(
+    settings: FulmenSettings, tiny_model: Path
+) -> None:
+    """Two attempts of a rollout under one seed path: each call's seed comes from (seed, attempt, call number), so
+    a rerun (a second gateway, the same rollout seed) samples what the first did; another seed samples otherwise."""
+    request = {"model": "fulmen", "messages": MESSAGES, "max_tokens": 16, "temperature": 1.0}
+
+    async def sample(rollout: str, seed: int) -> list[str]:
+        async with llm_gateway_running(settings, tiny_model) as gateway:
+            url = f"http://127.0.0.1:{gateway.port}/rollout/{rollout}/attempt/1/seed/{seed}/v1"
+            client = AsyncOpenAI(base_url=url, api_key="x", max_retries=0)
+            return [(await client.chat.completions.create(**request)).choices[0].message.content for _ in range(3)]
+
+    first, again, other = await sample("r-a", 42), await sample("r-b", 42), await sample("r-c", 43)
+    assert first == again  # the rollout id is not part of the seed: the dispatcher's seed already names the rollout
+    assert first != other
+    assert len(set(first)) > 1  # each call of an episode draws with its own seed
+    spans = await published_spans(settings, 9)
+    seeds = [span["attributes"][semconv.GEN_AI_REQUEST_SEED] for span in spans]
+    assert len(set(seeds)) == 6 and seeds[:3] == seeds[3:6]

@@ -182,8 +182,8 @@ class TrainingLoop:
         self.backend = backend
         self.publisher = publisher
         self.collector = collector
-        if train is None and replay is None:
-            raise ValueError("a training loop needs tasks to dispatch or a replay buffer")
+        if train is None and replay is None and plan.train.steps > 0:
+            raise ValueError("a training loop needs tasks to dispatch or a replay buffer (or steps=0: validate only)")
         self.train = train
         self.val = val
         self.replay = replay

@@ -87,8 +87,8 @@ class TrainSection(BaseModel):
                                "validation rollout names this prompt bundle (the LLM gateway applies it; it must be "
                                "on the prompts topic): GRPO on a chosen bundle's rollouts. '' = none named (the "
                                "promoted bundle, else the agent's own prompts)")  # fmt: skip
-    steps: int = Field(default=10, ge=1, description="the run's last step (= model version); a resumed run "
-                       "continues up to it")  # fmt: skip
+    steps: int = Field(default=10, ge=0, description="the run's last step (= model version); a resumed run "
+                       "continues up to it; 0 = validate the model once and stop (an evaluation)")  # fmt: skip
     group_size: int = Field(default=8, ge=1, le=1024, description="rollouts per task (GRPO's G)")
     groups_per_step: int = Field(default=4, ge=1, description="complete groups in one optimisation step")
     max_groups_in_flight: int = Field(default=0, ge=0, description="dispatched, unfinished groups; "

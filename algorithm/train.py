@@ -252,7 +252,10 @@ async def train(
         raise ConfigurationError("--promote-if-better judges each version on held-out tasks: pass --val FILE")
     if options.promote_if_better and options.per_agent:
         raise ConfigurationError("--promote-if-better promotes one model; per-agent adapters are not gated yet")
-    if not tasks and not options.replay_sql:
+    if options.steps == 0 and not val_tasks:
+        raise ConfigurationError("--steps 0 validates the model once and stops: pass --val FILE (the tasks to "
+                                 "validate on)")  # fmt: skip
+    if not tasks and not options.replay_sql and options.steps > 0:
         raise ConfigurationError("nothing to train on: give training tasks (--dataset or --tasks-sql) or rollouts "
                                  "to replay (--replay SQL)")  # fmt: skip
     run_dir = settings.run_dir

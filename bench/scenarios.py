@@ -1,37 +1,36 @@
 """Does a real model learn through the whole system? SmolLM2-135M-Instruct on the three examples, on the CPU, with
-a protocol a skeptic can check: a large held-out set, a paired confidence interval, a shuffled-reward control.
+a protocol a skeptic can check: several seeds, two held-out splits (in distribution, and shapes never trained on),
+an equal-compute SFT baseline, the model with no warm-up, and a shuffled-reward control.
 
-Per scenario, two runs of ``python -m examples.train NAME --model smollm2`` (the driver a user runs: Kafka, the
-store, both gateways, a runner with the real framework, the trainer; everything stopped after), each in its own
-process, one after the other:
+Each part is one ``python -m examples.train NAME --model smollm2`` run in its own process (the driver a user runs:
+Kafka, the store, both gateways, a runner with the real framework, the trainer; everything stopped after):
 
-1. the real run: a cached supervised warm-up on the teacher's demonstrations of ``--warmup-tasks`` training tasks
-   (``examples.teacher``; "before" means after it), then ``--steps`` GRPO steps on training tasks;
-2. the control: the same seeds and settings with the rewards of each step shuffled across its rollouts
-   (``--shuffle-rewards``), which keeps everything but the signal.
+* ``real`` (one per seed, ``--seeds``): a cached supervised warm-up on the teacher's demonstrations of
+  ``--warmup-tasks`` training tasks (seeded: its sampling order), then ``--steps`` GRPO steps on training tasks (a
+  seeded task order; every rollout and LLM call seeded: ``fulmen.infra.seeds``);
+* ``control`` (seed 0): the same with the rewards of each step shuffled across its rollouts;
+* ``sft`` (seed 0): the warmed-up model fine-tuned further on the teacher's demonstrations of ``--sft-tasks`` other
+  training tasks, for as many tokens as the real runs trained on (their mean ``tokens_trained_per_step`` x steps),
+  then validated (``--steps 0``);
+* ``zero_shot``: the model with no warm-up, validated.
 
-Held-out: ``--heldout`` problems (200 by default) of the example's held-out split (never in training or warm-up:
-``examples/*/data.py`` draws them from other seeds and drops any question the training split holds), run greedily
-through the whole system before the first step, every ``--val-every`` steps and after the last. ``heldout_ci95`` is
-the 95% interval of the paired difference after minus before (the same tasks; normal approximation of the mean of
-per-task differences). ``tool_call_valid_*``: the share of held-out episodes whose first call was a well-formed
-tool call (the gateway parsed one).
+Validation (greedy, through the whole system) covers ``--heldout`` problems of the example's held-out split and
+``--unseen`` of its unseen-shapes split, before the first step and after the last (``--val-every`` adds points).
+Per-task outcomes come back from the run's store with SQL (``examples.outcomes``): solved or not, and the failure
+kind. The arithmetic (pooled intervals, breakdowns) is ``bench/scenario_stats.py``.
 
-Where a step goes (``profile``): ``gen_s_per_step`` (waiting for the step's rollouts: generation, the agents,
-Kafka and the store), ``update_s_per_step``, ``publish_s_per_step`` (checkpoint, version published and loaded),
-the validations' seconds, tokens per episode and seconds inside LLM calls vs the whole episode (from the spans).
-``update_gflops``: the update's matrix-multiply FLOPs (``StepMetrics.flops``) per second, against a 2048^3 float32
-matmul measured in the same run (``matmul_gflops``). ``tokens_trained_per_step``: tokens the decoder computed in
-one training pass (shared prefixes once), beside ``input_tokens_per_step`` (the batch's tokens, row by row).
+Parts are resumable: each finished part is merged into ``--results`` (``bench/results/scenarios.json``) as it
+ends, and a part already there is skipped unless ``--rerun``; ``--arms`` and ``--seeds`` choose what runs now.
 
-    .venv/bin/python bench/scenarios.py --only calc_agent [--steps 40] [--no-control] [--engine llamacpp]
-    .venv/bin/python bench/scenarios.py --only calc_agent --control-only --real-from real.out   # the control later
+    .venv/bin/python bench/scenarios.py --only calc_agent --arms real --seeds 1        # seed 0 only
+    .venv/bin/python bench/scenarios.py --only calc_agent                              # the rest of the protocol
+    .venv/bin/python bench/scenarios.py --only calc_agent --report-only                # the summary from the file
 
-Prints one JSON object on its last line keyed by scenario (``calc_agent``, ...) with the keys of issue 27
-(``heldout_before``, ``heldout_after``, ``heldout_ci95``, ``heldout_n``, ``control_delta``, ``s_per_step``,
-``gen_s_per_step``, ``update_s_per_step``, ``update_gflops``, ``tokens_trained_per_step``, ``steps``, ``wall_s``,
-``tool_call_valid_before``, ``tool_call_valid_after``, ``model``, ``engine``), the control's figures under
-``control``, and writes the held-out curves (real run and control, with the intervals) to ``--plot``.
+Prints one JSON object on its last line keyed by scenario with the issue's keys (``seeds``, ``heldout_before``,
+``heldout_after``, ``gain_by_seed``, ``heldout_ci95``, ``heldout_n``, ``unseen_before``, ``unseen_after``,
+``unseen_ci95``, ``unseen_n``, ``sft_baseline_after``, ``zero_shot``, ``control_delta``, ``by_template``,
+``failures_before``, ``failures_after``, ``wall_s``, ``s_per_step``, ``engine``, ``model``) and ``results``, the
+path of the JSON file; the figure (every seed, the control, the baselines) goes to ``--plot``.
 """
 
 from __future__ import annotations
@@ -40,17 +39,20 @@ import argparse
 import json
 import math
 import os
-import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scenario_stats import accuracy, before_after, by_template, failure_counts, pooled_gain, seed_interval
+
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("sql_agent", "rag_agent", "calc_agent")
+ARMS = ("real", "control", "sft", "zero_shot")
 MODEL = "SmolLM2-135M-Instruct (CPU, float32)"
-Z95 = 1.959964
+RESULTS = ROOT / "bench" / "results" / "scenarios.json"
 
 
 def run_example(name: str, args: argparse.Namespace, *extra: str) -> dict[str, Any]:
@@ -61,8 +63,7 @@ def run_example(name: str, args: argparse.Namespace, *extra: str) -> dict[str, A
                 ("warmup-tasks", args.warmup_tasks), ("warmup-lr", args.warmup_lr), ("concurrency", args.concurrency),
                 ("rollout-timeout-s", args.rollout_timeout_s), ("val-every", args.val_every),
                 ("lora-r", args.lora_r), ("micro-batch-tokens", args.micro_batch_tokens), ("engine", args.engine),
-                ("llm-context", args.llm_context),
-                ("seed", args.seed))  # fmt: skip
+                ("llm-context", args.llm_context), ("unseen", args.unseen), ("sft-tasks", args.sft_tasks))  # fmt: skip
     command = [sys.executable, "-m", "examples.train", name, "--model", "smollm2", "--json"]
     for flag, value in settings:
         command += [f"--{flag}", str(value)]
@@ -79,31 +80,6 @@ def run_example(name: str, args: argparse.Namespace, *extra: str) -> dict[str, A
         wall = round(time.perf_counter() - started)
         return {"error": f"exit {done.returncode}: {done.stderr[-2000:]}", "wall_s": wall}
     return json.loads(lines[-1]) | {"process_wall_s": round(time.perf_counter() - started, 1)}
-
-
-def paired(report: dict[str, Any]) -> dict[str, Any]:
-    """Held-out accuracy at the first and the last version validated, and the 95% interval of the paired
-    difference (tasks validated at both)."""
-    by_version = report.get("heldout_by_version") or {}
-    if len(by_version) < 2:
-        return {}
-    versions = sorted(by_version, key=int)
-    before, after = by_version[versions[0]], by_version[versions[-1]]
-    tasks = sorted(set(before) & set(after))
-    if not tasks:
-        return {}
-    correct = [(float(before[t] > 0.5), float(after[t] > 0.5)) for t in tasks]
-    diffs = [a - b for b, a in correct]
-    n = len(diffs)
-    mean = sum(diffs) / n
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1)) if n > 1 else 0.0
-    half = Z95 * sd / math.sqrt(n)
-    return {
-        "heldout_before": round(sum(b for b, _ in correct) / n, 4),
-        "heldout_after": round(sum(a for _, a in correct) / n, 4), "heldout_delta": round(mean, 4),
-        "heldout_ci95": [round(mean - half, 4), round(mean + half, 4)], "heldout_n": n,
-        "heldout_versions": [int(versions[0]), int(versions[-1])],
-    }  # fmt: skip
 
 
 def tool_calls(report: dict[str, Any]) -> dict[str, float | None]:
@@ -124,32 +100,17 @@ def figures(report: dict[str, Any], matmul_gflops: float) -> dict[str, Any]:
     flops = steps.get("update_flops")
     gflops = round(flops / update / 1e9, 2) if flops and update else None
     return {
-        **paired(report), **tool_calls(report),
+        **tool_calls(report),
         "s_per_step": round(sum(x for x in (gen, update, publish) if x is not None), 2) if gen is not None else None,
         "gen_s_per_step": gen, "update_s_per_step": update, "publish_s_per_step": publish, "update_gflops": gflops,
         "update_gflops_of_matmul": round(gflops / matmul_gflops, 3) if gflops else None,
         "tokens_trained_per_step": steps.get("computed_tokens"), "input_tokens_per_step": steps.get("input_tokens"),
         "response_tokens_per_step": steps.get("response_tokens"), "steps": report.get("steps"),
         "wall_s": report.get("wall_s"), "model": MODEL, "engine": report.get("engine"),
-        "heldout_curve": report.get("heldout_curve"), "reward_curve": report.get("reward_curve"),
+        "reward_curve": report.get("reward_curve"),
         "profile": {"step": steps, "episode": report.get("episode_profile")},
         "calls_per_episode": report.get("calls_per_episode"), "run_dir": report.get("run_dir"),
     }  # fmt: skip
-
-
-def last_json(path: Path, names: list[str]) -> dict[str, Any]:
-    """The last JSON line of an earlier run's output, which must hold the real run of each of ``names``."""
-    try:
-        lines = [line for line in path.read_text().splitlines() if line.startswith("{")]
-        earlier = json.loads(lines[-1]) if lines else None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SystemExit(f"--real-from {path}: {exc}") from exc
-    if not isinstance(earlier, dict):
-        raise SystemExit(f"--real-from {path}: no JSON line (give the output of an earlier run of this bench)")
-    missing = [n for n in names if "heldout_curve" not in (earlier.get(n) or {})]
-    if missing:
-        raise SystemExit(f"--real-from {path}: no real run of {', '.join(missing)} in it")
-    return earlier
 
 
 def matmul_rate(size: int = 2048, repeats: int = 5) -> float:
@@ -166,48 +127,197 @@ def matmul_rate(size: int = 2048, repeats: int = 5) -> float:
     return round(2 * size**3 / best / 1e9, 1)
 
 
+def compact(report: dict[str, Any]) -> dict[str, Any]:
+    """A run's outcomes as the results file keeps them: per split and version, the solved flags as a string of
+    0/1 and the failure kinds; the task ids and templates once per split."""
+    kept: dict[str, Any] = {}
+    for split, data in (report.get("outcomes") or {}).items():
+        kept[split] = {"tasks": data["tasks"], "templates": data["templates"], "by_version": {
+            version: {"solved": "".join("1" if s else "0" for s in v["solved"]), "failures": v["failures"]}
+            for version, v in data["by_version"].items()}}  # fmt: skip
+    return kept
+
+
+def expand(outcomes: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`compact` for the flags."""
+    return {split: data | {"by_version": {version: {"solved": [c == "1" for c in v["solved"]],
+                                                    "failures": v["failures"]}
+                                          for version, v in data["by_version"].items()}}
+            for split, data in outcomes.items()}  # fmt: skip
+
+
+def run_part(name: str, arm: str, seed: int, args: argparse.Namespace, matmul: float,
+             sft_tokens: int | None) -> dict[str, Any]:  # fmt: skip
+    """One part of the protocol (module docstring); its figures and compacted outcomes."""
+    extra = ["--seed", str(seed)]
+    if arm == "control":
+        extra += ["--shuffle-rewards"]
+    elif arm == "sft":
+        extra += ["--steps", "0", "--sft-tokens", str(sft_tokens)]
+    elif arm == "zero_shot":
+        extra += ["--steps", "0", "--warmup-steps", "0"]
+    print(f"--- {name} {arm} seed {seed}", file=sys.stderr, flush=True)
+    report = run_example(name, args, *extra)
+    if "error" in report:
+        return report
+    return figures(report, matmul) | {"outcomes": compact(report), "seed": seed, "arm": arm,
+                                      "sft_tokens": report.get("sft_tokens")}  # fmt: skip
+
+
+def tokens_of_real_runs(runs: dict[str, Any]) -> int | None:
+    """Tokens the real runs trained on, on average (tokens a step x steps): the SFT baseline's budget."""
+    trained = [r["tokens_trained_per_step"] * r["steps"] for key, r in runs.items()
+               if key.startswith("real/") and r.get("tokens_trained_per_step") and r.get("steps")]  # fmt: skip
+    return round(sum(trained) / len(trained)) if trained else None
+
+
+def _pairs(runs: list[dict[str, Any]], split: str) -> list[tuple[list[bool], list[bool]]]:
+    pairs = [before_after(expand(r["outcomes"])[split]) for r in runs if split in (r.get("outcomes") or {})]
+    return [p for p in pairs if p is not None]
+
+
+def _only_version(run: dict[str, Any] | None, split: str) -> float | None:
+    """An evaluation run's accuracy on ``split`` (its one validated version)."""
+    data = expand((run or {}).get("outcomes") or {}).get(split)
+    if not data or not data["by_version"]:
+        return None
+    return accuracy(data["by_version"][sorted(data["by_version"], key=int)[-1]]["solved"])
+
+
+def summary(name: str, runs: dict[str, Any]) -> dict[str, Any]:
+    """The issue's keys for one scenario, from every part the results file holds."""
+    real = [runs[k] for k in sorted(runs) if k.startswith("real/") and "outcomes" in runs[k]]
+    out: dict[str, Any] = {"seeds": len(real), "model": MODEL}
+    for split in ("heldout", "unseen"):
+        pairs = _pairs(real, split)
+        if not pairs:
+            continue
+        pooled = pooled_gain(pairs)
+        out |= {
+            f"{split}_before": round(sum(accuracy(b) for b, _ in pairs) / len(pairs), 4),
+            f"{split}_after": round(sum(accuracy(a) for _, a in pairs) / len(pairs), 4),
+            f"{split}_gain": pooled["gain"], f"{split}_ci95": pooled["ci95"], f"{split}_n": pooled["n"],
+            f"{split}_gain_by_seed": [round(accuracy(a) - accuracy(b), 4) for b, a in pairs],
+            f"{split}_seed_ci95": seed_interval([accuracy(a) - accuracy(b) for b, a in pairs]),
+        }  # fmt: skip
+        templates = expand(real[0]["outcomes"])[split]["templates"]
+        out.setdefault("by_template", {})[split] = by_template(templates, pairs)
+    out["gain_by_seed"] = out.pop("heldout_gain_by_seed", None)
+    for when, index in (("before", 0), ("after", -1)):
+        kinds = []
+        for run in real:
+            for data in expand(run["outcomes"]).values():
+                versions = sorted(data["by_version"], key=int)
+                kinds.append(data["by_version"][versions[index]]["failures"])
+        out[f"failures_{when}"] = failure_counts(kinds) if kinds else None
+    control = runs.get("control/0")
+    control_pairs = _pairs([control], "heldout") if control and "outcomes" in control else []
+    out["control_delta"] = pooled_gain(control_pairs)["gain"] if control_pairs else None
+    out["control_ci95"] = pooled_gain(control_pairs)["ci95"] if control_pairs else None
+    out["sft_baseline_after"] = _only_version(runs.get("sft/0"), "heldout")
+    out["sft_baseline_unseen"] = _only_version(runs.get("sft/0"), "unseen")
+    out["sft_tokens"] = (runs.get("sft/0") or {}).get("sft_tokens")
+    out["zero_shot"] = _only_version(runs.get("zero_shot/0"), "heldout")
+    out["zero_shot_unseen"] = _only_version(runs.get("zero_shot/0"), "unseen")
+    steps = [r["s_per_step"] for r in real if r.get("s_per_step")]
+    out["s_per_step"] = round(sum(steps) / len(steps), 2) if steps else None
+    out["wall_s"] = round(sum(r.get("process_wall_s") or 0 for r in runs.values()), 1)
+    out["wall_s_by_part"] = {k: r.get("process_wall_s") for k, r in sorted(runs.items())}
+    out["engine"] = next((r.get("engine") for r in real), None)
+    out["profile"] = {k: (r.get("profile") or {}).get("step") for k, r in sorted(runs.items())}
+    return out
+
+
+def curve(run: dict[str, Any], split: str) -> list[tuple[int, float]]:
+    """``(version, accuracy)`` at every validated version of one run."""
+    data = expand(run.get("outcomes") or {}).get(split)
+    if not data:
+        return []
+    return [(int(v), accuracy(data["by_version"][v]["solved"]) or 0.0) for v in sorted(data["by_version"], key=int)]
+
+
 def plot(results: dict[str, Any], path: Path) -> None:
-    """Held-out accuracy by step, real run and control, per scenario (the final point with its interval)."""
+    """Per scenario: held-out accuracy by step for every seed and the control, the unseen split's before/after,
+    the baselines as lines, and the pooled interval of the gain (inside 0-100%)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [n for n in SCENARIOS if isinstance(results.get(n), dict) and results[n].get("heldout_curve")]
+    names = [n for n in SCENARIOS if (results.get(n) or {}).get("runs")]
     if not names:
         return
-    fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 4.2), squeeze=False)
     for ax, name in zip(axes[0], names, strict=True):
-        control = results[name].get("control") or {}
-        for label, run, style in (("GRPO", results[name], "-o"), ("shuffled rewards (control)", control, "--s")):
-            curve = run.get("heldout_curve") or []
-            if curve:
-                ax.plot([s for s, _ in curve], [100 * a for _, a in curve], style, label=label)
-        ci = results[name].get("heldout_ci95")
-        if ci and results[name].get("heldout_curve"):
-            last_step = results[name]["heldout_curve"][-1][0]
-            before = results[name]["heldout_before"]
-            ax.errorbar([last_step], [100 * (before + (ci[0] + ci[1]) / 2)], yerr=[[100 * (ci[1] - ci[0]) / 2]],
-                        fmt="none", capsize=4, color="black", label="95% interval of the gain")  # fmt: skip
-        ax.set_title(f"{name}: held-out accuracy (n={results[name].get('heldout_n')})")
+        runs, summed = results[name]["runs"], results[name].get("summary") or {}
+        for key in sorted(runs):
+            arm = key.split("/")[0]
+            for split, style in (("heldout", "-o"), ("unseen", ":^")):
+                points = curve(runs[key], split)
+                if arm in ("real", "control") and points:
+                    label = f"{'GRPO' if arm == 'real' else 'control'} seed {key.split('/')[1]} ({split})"
+                    ax.plot([s for s, _ in points], [100 * a for _, a in points],
+                            style if arm == "real" else "--s", alpha=0.8, label=label)  # fmt: skip
+        for label, key, style in (("SFT baseline", "sft_baseline_after", "g-."), ("zero-shot", "zero_shot", "k:")):
+            if summed.get(key) is not None:
+                ax.axhline(100 * summed[key], linestyle=style[1:], color=style[0], label=f"{label} (held-out)")
+        ci, before = summed.get("heldout_ci95"), summed.get("heldout_before")
+        if ci and before is not None:
+            last = max(s for key in runs if key.startswith("real/") for s, _ in curve(runs[key], "heldout") or [(0, 0)])
+            low, high = (max(0.0, min(1.0, before + x)) for x in ci)
+            ax.errorbar([last], [100 * (low + high) / 2], yerr=[[100 * (high - low) / 2]], fmt="none", capsize=4,
+                        color="black", label="pooled 95% interval of the gain")  # fmt: skip
+        ax.set_ylim(0, 100)
+        ax.set_title(f"{name} (held-out n={summed.get('heldout_n')}, unseen n={summed.get('unseen_n')})")
         ax.set_xlabel("GRPO step")
-        ax.set_ylabel("% correct (greedy, through the system)")
+        ax.set_ylabel("% solved (greedy, through the system)")
         ax.grid(alpha=0.3)
-        ax.legend(loc="best", fontsize=8)
+        ax.legend(loc="best", fontsize=6)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
 
 
+def load_results(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"{path}: not JSON ({exc}); move it away to start afresh") from exc
+
+
+def save_results(path: Path, results: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    temporary.replace(path)
+
+
+def parts(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """The (arm, seed) parts asked for, in the order they run (the SFT baseline after the real runs)."""
+    chosen = []
+    for arm in ARMS:
+        if arm in args.arms:
+            chosen += [(arm, s) for s in range(args.seeds)] if arm == "real" else [(arm, 0)]
+    return chosen
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=SCENARIOS, action="append", help="run only these (repeatable)")
+    parser.add_argument("--arms", type=lambda text: text.split(","), default=list(ARMS),
+                        help=f"comma-separated, of {', '.join(ARMS)}")  # fmt: skip
+    parser.add_argument("--seeds", type=int, default=3, help="real runs (seeds 0..N-1)")
+    parser.add_argument("--rerun", action="store_true", help="run parts the results file already holds again")
+    parser.add_argument("--report-only", action="store_true", help="run nothing: the summary of the results file")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--groups-per-step", type=int, default=4)
     parser.add_argument("--train", type=int, default=2000, help="training tasks (each step takes the next groups)")
     parser.add_argument("--heldout", type=int, default=200)
-    parser.add_argument("--val-every", type=int, default=5)
+    parser.add_argument("--unseen", type=int, default=200, help="problems of the unseen-shapes split")
+    parser.add_argument("--val-every", type=int, default=0, help="validate every N steps too (0: before and after)")
     parser.add_argument("--max-tokens", type=int, default=0, help="per LLM call; 0: the agent's default")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--kl-coef", type=float, default=0.0)
@@ -217,48 +327,44 @@ def main() -> int:
     parser.add_argument("--warmup-steps", type=int, default=8)
     parser.add_argument("--warmup-tasks", type=int, default=32)
     parser.add_argument("--warmup-lr", type=float, default=1e-4)
+    parser.add_argument("--sft-tasks", type=int, default=512, help="training tasks the SFT baseline learns from")
     parser.add_argument("--concurrency", type=int, default=32, help="rollouts a runner runs at once (a step's "
                         "episodes in one wave)")  # fmt: skip
-    parser.add_argument("--llm-context", type=int, default=2048, help="llamacpp: KV tokens per slot")
+    parser.add_argument("--llm-context", type=int, default=1024, help="llamacpp: KV tokens per slot")
     parser.add_argument("--rollout-timeout-s", type=float, default=900.0)
     parser.add_argument("--engine", default="llamacpp", help="the LLM gateway's backend (transformers, llamacpp)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-control", action="store_true")
-    parser.add_argument("--control-only", action="store_true")
-    parser.add_argument("--real-from", type=Path, help="with --control-only: the real run's figures from an earlier "
-                        "run of this bench (its output), so the report and the plot hold both")  # fmt: skip
     parser.add_argument("--home", type=Path, default=Path.home() / ".cache" / "fulmen" / "bench-scenarios")
+    parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "scenarios_heldout.png")
     args = parser.parse_args()
-    if args.real_from and not args.control_only:
-        parser.error("--real-from goes with --control-only")
-    earlier = last_json(args.real_from, args.only or list(SCENARIOS)) if args.real_from else {}
-    started = time.perf_counter()
-    matmul = matmul_rate()
-    print(f"float32 2048^3 matmul: {matmul} GFLOP/s", file=sys.stderr, flush=True)
-    results: dict[str, Any] = {}
+    unknown = sorted(set(args.arms) - set(ARMS))
+    if unknown:
+        parser.error(f"--arms: unknown {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+    results = load_results(args.results)
+    matmul = matmul_rate() if not args.report_only else None
     for name in args.only or SCENARIOS:
-        result: dict[str, Any] = {k: v for k, v in (earlier.get(name) or {}).items() if k != "control"}
-        if not args.control_only:
-            print(f"--- {name}", file=sys.stderr, flush=True)
-            result = figures(run_example(name, args), matmul)
-        if not args.no_control:
-            print(f"--- {name} with shuffled rewards (control)", file=sys.stderr, flush=True)
-            control = figures(run_example(name, args, "--shuffle-rewards"), matmul)
-            result["control"] = control
-            result["control_delta"] = control.get("heldout_delta")
-            result["control_ci95"] = control.get("heldout_ci95")
-        results[name] = result
+        runs = results.setdefault(name, {}).setdefault("runs", {})
+        for arm, seed in [] if args.report_only else parts(args):
+            key = f"{arm}/{seed}"
+            if key in runs and "error" not in runs[key] and not args.rerun:
+                continue
+            budget = tokens_of_real_runs(runs) if arm == "sft" else None
+            if arm == "sft" and not budget:
+                print(f"--- {name} sft: no real run to match the compute of yet; skipped", file=sys.stderr)
+                continue
+            runs[key] = run_part(name, arm, seed, args, matmul or 0.0, budget)
+            runs[key]["settings"] = {
+                k: (str(v) if isinstance(v, Path) else v)
+                for k, v in vars(args).items()
+                if k not in ("only", "arms", "rerun", "report_only")
+            } | {"matmul_gflops": matmul, "loadavg": os.getloadavg(), "finished": time.strftime("%Y-%m-%d %H:%M")}
+            results[name]["summary"] = summary(name, runs)
+            save_results(args.results, results)
+        results[name]["summary"] = summary(name, runs)
+    save_results(args.results, results)
     plot(results, args.plot)
-    results["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()} | {
-        "matmul_gflops": matmul, "wall_s": round(time.perf_counter() - started, 1), "loadavg": os.getloadavg(),
-        "peak_rss_mb_bench": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
-    }  # fmt: skip
-    for name in args.only or SCENARIOS:
-        results[name].setdefault("matmul_gflops", matmul)
-    if earlier:
-        results["settings"]["real_from"] = earlier.get("settings")
-    print(json.dumps(results))
+    printed = {name: results[name]["summary"] for name in args.only or SCENARIOS} | {"results": str(args.results)}
+    print(json.dumps(printed))
     return 0
 
 

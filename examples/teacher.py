@@ -26,6 +26,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -63,13 +64,22 @@ class Demonstration:
 @dataclass(frozen=True)
 class WarmupPlan:
     """``steps`` supervised updates of ``batch`` samples each (drawn in turn from every demonstrated call), at
-    learning rate ``lr``, micro-batches of ``micro_batch_size``."""
+    learning rate ``lr``, micro-batches of ``micro_batch_size``; with ``token_budget`` instead as many updates as
+    it takes to train on that many tokens (prompt and reply: what the decoder computes), the last one included
+    (an equal-compute baseline to an RL run that trained on that many)."""
 
     steps: int = 40
     batch: int = 16
     lr: float = 2e-5
     micro_batch_size: int = 4
     seed: int = 0
+    token_budget: int = 0
+
+    def updates(self, batch_tokens: float) -> int:
+        """The number of updates: ``steps``, or what ``token_budget`` buys at ``batch_tokens`` tokens a batch."""
+        if self.token_budget <= 0:
+            return self.steps
+        return max(1, math.ceil(self.token_budget / max(batch_tokens, 1.0)))
 
 
 def demonstrations(example: Example, tasks: Sequence[dict[str, Any]], concurrency: int = 8) -> list[Demonstration]:
@@ -220,15 +230,17 @@ def warm_up(example: Example, model: Path, tasks: Sequence[dict[str, Any]], out:
     samples = samples_of(shown, trainer.tokenizer, end_token_ids(trainer.model, trainer.tokenizer))
     if not samples:
         raise RuntimeError(f"the {example.name} teacher demonstrated nothing: no episode reached a full reward")
-    log.info("%s: %d demonstrated episodes, %d calls; warming up %d steps", example.name, len(shown), len(samples),
-             plan.steps)  # fmt: skip
+    log.info("%s: %d demonstrated episodes, %d calls; warming up", example.name, len(shown), len(samples))
     order = list(range(len(samples)))
     random.Random(plan.seed).shuffle(order)
-    loss = float("nan")
-    for step in range(plan.steps):
+    per_sample = sum(len(x.prompt_token_ids) + len(x.response_token_ids) for x in samples) / len(samples)
+    steps = plan.updates(per_sample * min(plan.batch, len(order)))
+    loss, tokens = float("nan"), 0
+    for step in range(steps):
         picked = [samples[order[(step * plan.batch + i) % len(order)]] for i in range(min(plan.batch, len(order)))]
         loss = trainer.sft_step(picked).loss
-        on_step(step + 1, plan.steps, loss)
+        tokens += sum(len(x.prompt_token_ids) + len(x.response_token_ids) for x in picked)
+        on_step(step + 1, steps, loss)
     trainer.save(target)
     (target / MARKER).write_text(
         json.dumps(
@@ -238,10 +250,12 @@ def warm_up(example: Example, model: Path, tasks: Sequence[dict[str, Any]], out:
                 "episodes": len(shown),
                 "calls": len(samples),
                 "plan": plan.__dict__,
+                "updates": steps,
+                "tokens_trained": tokens,
                 "last_loss": loss,
             }
         )
         + "\n"
     )
-    log.info("%s: warmed up in %d steps (last loss %.4f): %s", example.name, plan.steps, loss, target)
+    log.info("%s: warmed up in %d steps, %d tokens (last loss %.4f): %s", example.name, steps, tokens, loss, target)
     return target

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from examples.outcomes import outcomes_by_split, validation_episodes
 from examples.spec import Example
 from fulmen.algorithm.dispatcher import DatasetTask
 from fulmen.algorithm.local import LocalPlan, LocalRun, run_locally
@@ -78,6 +79,10 @@ class ExampleOptions:
     micro_batch_tokens: int = 0  # prefix-tree micro-batches of at most this many tokens (0: 8 rows by length)
     engine: str = "transformers"  # the LLM gateway's backend (FULMEN_LLM_BACKEND): transformers or llamacpp
     llm_context: int = 2048  # llamacpp: tokens of KV per slot (one slot per concurrent rollout)
+    unseen: int = 0  # problems of the example's unseen-shapes split, validated with the held-out ones
+    sft_tokens: int = 0  # the equal-compute SFT baseline: after the warm-up, this many more supervised tokens (at
+    # warmup_lr)
+    sft_tasks: int = 512  # ... on the teacher's demonstrations of these training tasks (after the warm-up's)
     extra_train: dict[str, Any] = field(default_factory=dict)
 
 
@@ -128,18 +133,43 @@ def warmed_up(example: Example, options: ExampleOptions, model: Path, llm_env: d
     shown = demonstrations(example, tasks)
     if options.model == "tiny":  # its tokenizer's merges learnt from these conversations
         model = tiny_model_for(example, shown, cache)
-    return warm_up(example, model, tasks, cache, plan=plan, shown=shown,
-                   chat_template=chat_template_override(template) if template else None)  # fmt: skip
+    chat_template = chat_template_override(template) if template else None
+    model = warm_up(example, model, tasks, cache, plan=plan, shown=shown, chat_template=chat_template)
+    if options.sft_tokens <= 0:
+        return model
+    more = example.train_tasks(options.warmup_tasks + options.sft_tasks)[options.warmup_tasks :]
+    # the supervised recipe's own learning rate (the warm-up's), which is what SFT is known to learn with here
+    sft = WarmupPlan(steps=0, lr=options.warmup_lr, seed=options.seed, token_budget=options.sft_tokens)
+    on_phase(f"the SFT baseline: {options.sft_tokens} more supervised tokens on the teacher's demonstrations of "
+             f"{len(more)} other training tasks at lr {sft.lr:g}")  # fmt: skip
+    return warm_up(example, model, more, cache, plan=sft, chat_template=chat_template)
 
 
-def dataset(example: Example, options: ExampleOptions) -> tuple[list[DatasetTask], list[DatasetTask]]:
-    """The training and held-out tasks (``max_tokens`` added to each input when set)."""
+@dataclass(frozen=True)
+class Splits:
+    """The training tasks and the validated ones: the held-out split, then the unseen-shapes split (when asked)."""
+
+    train: list[DatasetTask]
+    heldout: list[DatasetTask]
+    unseen: list[DatasetTask]
+
+    @property
+    def validated(self) -> list[DatasetTask]:
+        return self.heldout + self.unseen
+
+
+def dataset(example: Example, options: ExampleOptions) -> Splits:
+    """The training and validated tasks (``max_tokens`` added to each input when set)."""
     extra = {"max_tokens": options.max_tokens} if options.max_tokens else {}
 
     def tasks(inputs: list[dict[str, Any]]) -> list[DatasetTask]:
         return [DatasetTask(stable_task_id(item | extra), item | extra) for item in inputs]
 
-    return tasks(example.train_tasks(options.train)), tasks(example.heldout_tasks(options.heldout))
+    if options.unseen and example.unseen_tasks is None:
+        raise SystemExit(f"--unseen: the {example.name} example has no unseen-shapes split")
+    unseen = example.unseen_tasks(options.unseen) if options.unseen and example.unseen_tasks else []
+    return Splits(tasks(example.train_tasks(options.train)), tasks(example.heldout_tasks(options.heldout)),
+                  tasks(unseen))  # fmt: skip
 
 
 def train_fields(example: Example, options: ExampleOptions) -> dict[str, Any]:
@@ -265,6 +295,7 @@ def report(example: Example, options: ExampleOptions, run: LocalRun, figures: di
         "trained_agents": list(example.trained_agents), "shuffle_rewards": options.shuffle_rewards,
         "run_id": run.run_id, "run_dir": str(run.run_dir), "wall_s": round(run.wall_s, 1),
         "final_model": str(run.final_model) if run.final_model else None,
+        "outcomes": figures.get("outcomes"), "seed": options.seed, "sft_tokens": options.sft_tokens,
     }  # fmt: skip
 
 
@@ -309,15 +340,16 @@ def train_example(name: str, options: ExampleOptions, settings: FulmenSettings |
     plan = LocalPlan(example.agent, model, runners=options.runners, concurrency=options.concurrency,
                      agent_pattern=example.agent_pattern, llm_env=llm_env,
                      run_prefix=name.replace("_", "-"))  # fmt: skip
-    tasks, heldout = dataset(example, options)
+    splits = dataset(example, options)
     figures: dict[str, Any] = {}
 
     def then(run: LocalRun) -> None:
         figures.update(store_figures(run, settings.clickhouse.database))
+        figures.update(outcomes_by_split(example, splits, validation_episodes(run, settings.clickhouse.database)))
         after(run)
 
-    run = run_locally(settings, plan, train_fields(example, options), tasks, heldout, on_phase=on_phase,
-                      on_step=on_step, after=then)  # fmt: skip
+    run = run_locally(settings, plan, train_fields(example, options), splits.train if options.steps else [],
+                      splits.validated, on_phase=on_phase, on_step=on_step, after=then)  # fmt: skip
     return report(example, options, run, figures)
 
 
@@ -328,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=defaults.model, help="tiny, smollm2, or a model directory")
     for name in ("steps", "train", "heldout", "group_size", "groups_per_step", "epochs_per_batch", "runners",
                  "concurrency", "seed", "warmup_steps", "warmup_tasks", "val_every", "lora_r",
-                 "micro_batch_tokens", "llm_context"):  # fmt: skip
+                 "micro_batch_tokens", "llm_context", "unseen", "sft_tokens", "sft_tasks"):  # fmt: skip
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     parser.add_argument("--max-tokens", type=int, default=None, help="per LLM call (default: the agent's)")
     parser.add_argument("--lr", type=float, default=defaults.lr)

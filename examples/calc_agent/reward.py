@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["last_number", "reward"]
+__all__ = ["last_number", "numbers", "reward"]
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 TOLERANCE = 1e-6
+
+
+def numbers(text: str) -> list[float]:
+    """Every number written in ``text``, in order (``1,234`` and ``12.0`` read as numbers)."""
+    found = []
+    for match in _NUMBER.findall(text or ""):
+        try:
+            found.append(float(match.replace(",", "")))
+        except ValueError:  # "1,2,3," style runs that are not one number
+            continue
+    return found
 
 
 def last_number(text: str) -> float | None:

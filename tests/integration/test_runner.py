@@ -109,7 +109,9 @@ async def test_rollouts_run_with_their_lifecycle_rewards_and_stamped_spans(setti
     exporter = InMemorySpanExporter()
     provider = global_provider_with(exporter)
     rollouts = {f"r{i}": i / 10 for i in range(6)}
-    await submit(settings, [request(r, {"reward": reward, "sleep": 0.2}) for r, reward in rollouts.items()])
+    seeds = {"r5": 5}  # a seeded rollout's calls reach the gateway under /seed/<its seed>
+    await submit(settings, [request(r, {"reward": reward, "sleep": 0.2}, seed=seeds.get(r))
+                            for r, reward in rollouts.items()])  # fmt: skip
     async with runner_running(settings, "tests.agents.simple:echo_reward", provider, concurrency=3) as runner:
         events = await wait_terminal(settings, set(rollouts))
     for rollout, reward in rollouts.items():
@@ -122,7 +124,8 @@ async def test_rollouts_run_with_their_lifecycle_rewards_and_stamped_spans(setti
     assert len(roots) == 6 and len(thinks) == 6
     for think in thinks:
         rollout = think.attributes[semconv.ROLLOUT_ID]
-        assert think.attributes["base_url"].endswith(f"/rollout/{rollout}/attempt/1/v1")
+        seed = f"/seed/{seeds[rollout]}" if rollout in seeds else ""
+        assert think.attributes["base_url"].endswith(f"/rollout/{rollout}/attempt/1{seed}/v1")
         parent = next(r for r in roots if r.context.span_id == think.parent.span_id)
         assert (
             parent.attributes[semconv.ROLLOUT_ID] == rollout

@@ -1,0 +1,105 @@
+"""The learning protocol's parts that need no model: the calc splits (unseen shapes), the failure kinds, outcomes
+filed by split and version, and the arithmetic of bench/scenario_stats.py."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from bench.scenario_stats import before_after, by_template, failure_counts, pooled_gain, seed_interval
+from examples.calc_agent import data
+from examples.calc_agent.failures import failure_kind
+from examples.outcomes import Episode, outcomes_by_split
+from examples.train import ExampleOptions, dataset, load_example
+
+pytestmark = pytest.mark.scenarios
+
+
+def test_calc_warm_up_tasks_cover_every_template_and_unseen_shapes_are_never_trained_on() -> None:
+    warm_up = Counter(t["template"] for t in data.train_tasks(32))
+    assert set(warm_up) == set(data.TEMPLATES) and min(warm_up.values()) >= 4
+    unseen = data.unseen_tasks(200)
+    assert unseen == data.unseen_tasks(200) and len({t["question"] for t in unseen}) == 200
+    assert all(t["greedy"] for t in unseen)
+    train = data.train_tasks(10_000)
+    assert {t["template"] for t in train} == set(data.TEMPLATES)  # training never draws an unseen family
+    assert not {t["question"] for t in train} & {t["question"] for t in unseen}
+    families = Counter(t["template"] for t in unseen)
+    assert set(data.UNSEEN_TEMPLATES) <= set(families) and len(data.UNSEEN_TEMPLATES) >= 3
+    large = [t for t in unseen if t["template"].endswith("-large")]
+    assert large and max(t["answer"] for t in large) > max(t["answer"] for t in train)
+    heldout = data.heldout_tasks(200)
+    assert Counter(t["template"] for t in heldout).keys() == set(data.TEMPLATES)
+
+
+def test_every_calc_problem_is_whole_and_its_expression_gives_the_answer() -> None:
+    from examples.calc_agent.calculator import calculate
+
+    for task in data.unseen_tasks(300) + data.train_tasks(300):
+        assert calculate(task["expression"]) == task["answer"] >= 0
+
+
+def _episode(outputs: list[dict], status: str = "succeeded", reward: float = 0.0) -> Episode:
+    return Episode("t", "0", status, reward, outputs)
+
+
+def _call(expression: str) -> dict:
+    arguments = json.dumps({"expression": expression})
+    return {"role": "assistant", "tool_calls": [{"function": {"name": "calculator", "arguments": arguments}}]}
+
+
+@pytest.mark.parametrize(
+    ("outputs", "status", "reward", "kind"),
+    [
+        ([_call("3*4"), {"content": "12"}], "succeeded", 1.0, "correct"),
+        ([], "timed_out", 0.0, "timed_out"),
+        ([{"content": "It is 13."}], "succeeded", 0.0, "no_tool_call"),
+        ([_call("three times four")], "succeeded", 0.0, "bad_expression"),
+        ([_call("3+4"), {"content": "7"}], "succeeded", 0.0, "wrong_expression"),
+        ([_call("3*4"), _call("3*4")], "succeeded", 0.0, "no_answer"),
+        ([_call("3*4"), {"content": "12 pens for 3 friends"}], "succeeded", 0.0, "extra_numbers"),
+        ([_call("3*4"), {"content": "The answer is 7"}], "succeeded", 0.0, "wrong_final_answer"),
+    ],
+)
+def test_calc_failure_kinds(outputs: list[dict], status: str, reward: float, kind: str) -> None:
+    assert failure_kind({"answer": 12}, _episode(outputs, status, reward)) == kind
+
+
+def test_outcomes_are_filed_by_split_and_version_with_missing_episodes_unsolved() -> None:
+    example = load_example("calc_agent")
+    splits = dataset(example, ExampleOptions(train=4, heldout=3, unseen=2))
+    first, second = splits.heldout[0].task_id, splits.unseen[1].task_id
+    episodes = [Episode(first, "0", "succeeded", 0.0, [{"content": "no idea"}]),
+                Episode(first, "2", "succeeded", 1.0), Episode(second, "2", "timed_out", 0.0)]  # fmt: skip
+    outcomes = outcomes_by_split(example, splits, episodes)["outcomes"]
+    assert outcomes["heldout"]["by_version"]["0"] == {"solved": [False] * 3,
+                                                      "failures": ["no_tool_call", "missing", "missing"]}  # fmt: skip
+    assert outcomes["heldout"]["by_version"]["2"]["solved"] == [True, False, False]
+    assert outcomes["unseen"]["by_version"]["2"]["failures"] == ["missing", "timed_out"]
+    assert outcomes["unseen"]["templates"] == [t.input["template"] for t in splits.unseen]
+
+
+def test_pooled_gain_averages_seeds_per_task_and_stays_inside_what_a_share_can_be() -> None:
+    same = pooled_gain([([False] * 10, [True] * 10)] * 3)
+    assert same == {"gain": 1.0, "ci95": [1.0, 1.0], "n": 10}
+    mixed = pooled_gain([([False, False, True, True], [True, False, True, False]),
+                         ([False, False, True, True], [True, True, True, True])])  # fmt: skip
+    assert mixed["gain"] == pytest.approx(0.25) and mixed["ci95"][0] < 0.25 < mixed["ci95"][1]
+    assert mixed["ci95"][0] >= -1.0 and mixed["ci95"][1] <= 1.0
+    with pytest.raises(ValueError):
+        pooled_gain([([True], [True]), ([True, False], [True, False])])
+    assert seed_interval([0.1]) is None
+    low, high = seed_interval([0.1, 0.2, 0.3])
+    assert low < 0.2 < high
+
+
+def test_breakdowns_by_template_and_failure_kind() -> None:
+    runs = [([False, True, False], [True, True, False])]
+    table = by_template(["a", "b", "a"], runs)
+    assert table == {"a": {"n": 2, "before": 0.0, "after": 0.5}, "b": {"n": 1, "before": 1.0, "after": 1.0}}
+    assert failure_counts([["correct", "wrong"], ["wrong", "wrong"]]) == {"wrong": 1.5, "correct": 0.5}
+    split = {"by_version": {"10": {"solved": [True]}, "0": {"solved": [False]}, "5": {"solved": [False]}}}
+    assert before_after(split) == ([False], [True])  # versions in number order, not text order
+    assert before_after({"by_version": {"0": {"solved": [True]}}}) is None

@@ -1,128 +1,139 @@
-"""Questions about the shop database with gold SQL, from templates of rising difficulty, fixed seeds.
+"""The SQL example's three splits: training, in-distribution held-out, and held-out on databases never trained on.
 
-Levels: ``filter`` (one table, a WHERE), ``join`` (two or three tables), ``group`` (GROUP BY with an aggregate),
-``nested`` (a subquery). Parameters are drawn from the data (cities, categories, products, thresholds), and a
-question whose gold result is empty is redrawn. The training and held-out splits use different seeds and share no
-question. A task input: ``{"question", "gold_sql", "level"}``, plus ``"greedy": true`` on held-out tasks; the
-database is :func:`examples.sql_agent.database.database_path` (built on first use).
+Questions come from the templates of :mod:`examples.sql_agent.questions` (``filter``, ``order``, ``join``,
+``group``, ``nested``) on the generated databases of :mod:`examples.sql_agent.database`, with fixed seeds:
 
-    python -m examples.sql_agent.data OUT_DIR [--train 256] [--val 64]
+* ``train_tasks(n)``: questions on the training domains' databases (``TRAIN_DATABASES``);
+* ``heldout_tasks(n)``: in distribution: other questions on the same databases (``HELDOUT_SIZE`` of them);
+* ``unseen_tasks(n)``: questions on the unseen domains' databases only (``UNSEEN_DATABASES``: schemas, tables
+  and column names no training question touches; ``UNSEEN_SIZE`` of them), as Spider's dev set holds out whole
+  databases.
+
+Each split visits the templates in turn and the databases in an order that pairs every template with every
+domain (the first 32 training tasks, the supervised warm-up's, cover each template 6 or 7 times). A question is
+redrawn when its gold result is empty (no rows, or a single count of 0), when a top-k question ties at the cut,
+when a filter keeps every row, or when its text was drawn before: no question text occurs twice in all three
+splits, so none of a held-out split is in training. Both held-out splits are greedy (``"greedy": true``).
+
+A task input: ``{"question", "gold_sql", "db", "template"}``; the agent runs on ``db`` (a task input without
+``"db"`` runs on the original shop database).
+
+    python -m examples.sql_agent.data OUT_DIR [--train 256] [--val 64] [--unseen 64]   # train/val[/unseen].jsonl
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import random
-from collections.abc import Callable
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from examples.spec import write_splits_command
-from examples.sql_agent.database import CITIES, PRODUCTS, database_path, run_query
+from examples.sql_agent.database import TRAIN_DATABASES, UNSEEN_DATABASES, database_path, run_query
+from examples.sql_agent.questions import Draft
+from examples.sql_agent.templates import TEMPLATES, draft
 
-__all__ = ["LEVELS", "heldout_tasks", "train_tasks"]
+__all__ = ["HELDOUT_SIZE", "TEMPLATES", "UNSEEN_SIZE", "heldout_tasks", "train_tasks", "unseen_tasks"]
 
 TRAIN_SEED = 11
 HELDOUT_SEED = 4242
-HELDOUT_SIZE = 24
-CATEGORIES = sorted({category for _, category in PRODUCTS})
-NAMES = [name for name, _ in PRODUCTS]
-
-Template = Callable[[random.Random], tuple[str, str]]
-
-
-def _filter(r: random.Random) -> tuple[str, str]:
-    match r.randrange(3):
-        case 0:
-            city = r.choice(CITIES)
-            return f"What are the names of the customers who live in {city}?", \
-                f"SELECT name FROM customers WHERE city = '{city}'"  # fmt: skip
-        case 1:
-            price = r.randint(10, 90)
-            return f"Which products cost more than {price}?", f"SELECT name FROM products WHERE price > {price}"
-        case _:
-            category = r.choice(CATEGORIES)
-            return f"List the names of the products in the {category} category.", \
-                f"SELECT name FROM products WHERE category = '{category}'"  # fmt: skip
+UNSEEN_SEED = 777
+HELDOUT_SIZE = 600
+UNSEEN_SIZE = 600
+ATTEMPTS = 25  # drafts per slot before the slot is skipped
 
 
-def _join(r: random.Random) -> tuple[str, str]:
-    match r.randrange(2):
-        case 0:
-            city = r.choice(CITIES)
-            return f"How many orders were placed by customers from {city}?", \
-                ("SELECT COUNT(*) FROM orders JOIN customers ON customers.id = orders.customer_id "
-                 f"WHERE customers.city = '{city}'")  # fmt: skip
-        case _:
-            name = r.choice(NAMES)
-            return f"How many units of {name} were sold in all?", \
-                ("SELECT SUM(order_items.quantity) FROM order_items JOIN products ON products.id = "
-                 f"order_items.product_id WHERE products.name = '{name}'")  # fmt: skip
+def _domains(dbs: Sequence[str]) -> list[list[str]]:
+    """The databases grouped by domain (``library_1``, ``library_2``, ... together), in order."""
+    groups: dict[str, list[str]] = {}
+    for db in dbs:
+        groups.setdefault(db.rpartition("_")[0], []).append(db)
+    return list(groups.values())
 
 
-def _group(r: random.Random) -> tuple[str, str]:
-    match r.randrange(2):
-        case 0:
-            return "How many customers live in each city?", "SELECT city, COUNT(*) FROM customers GROUP BY city"
-        case _:
-            status = r.choice(("paid", "refunded"))
-            return f"For each customer id, how many {status} orders are there?", \
-                f"SELECT customer_id, COUNT(*) FROM orders WHERE status = '{status}' GROUP BY customer_id"  # fmt: skip
+def _slot(i: int, templates: int, domains: int) -> tuple[int, int]:
+    """The template and the domain of the ``i``-th slot: templates in turn, and over ``templates * domains``
+    slots every (template, domain) pair once, even when the two counts share a factor."""
+    return i % templates, (i + i // math.lcm(templates, domains)) % domains
 
 
-def _nested(r: random.Random) -> tuple[str, str]:
-    match r.randrange(2):
-        case 0:
-            return "Which products cost more than the average product price?", \
-                "SELECT name FROM products WHERE price > (SELECT AVG(price) FROM products)"  # fmt: skip
-        case _:
-            category = r.choice(CATEGORIES)
-            return f"What are the names of the customers who bought a product in the {category} category?", \
-                ("SELECT DISTINCT name FROM customers WHERE id IN (SELECT orders.customer_id FROM orders JOIN "
-                 "order_items ON order_items.order_id = orders.id JOIN products ON products.id = "
-                 f"order_items.product_id WHERE products.category = '{category}')")  # fmt: skip
+def _acceptable(db: str, found: Draft) -> bool:
+    path = database_path(db)
+    rows = run_query(path, found.gold).rows
+    if not rows or all(v in (None, 0) for row in rows for v in row):
+        return False
+    if found.probe is not None:
+        keys = run_query(path, found.probe).rows or []
+        if len(rows) < found.k or (len(keys) > found.k and keys[found.k - 1] == keys[found.k]):
+            return False
+    if found.baseline is not None:
+        baseline = run_query(path, found.baseline).rows or []
+        if sorted(map(repr, baseline)) == sorted(map(repr, rows)):
+            return False
+    return True
 
 
-LEVELS: dict[str, Template] = {"filter": _filter, "join": _join, "group": _group, "nested": _nested}
-
-
-def _draw(seed: int, count: int, exclude: set[str]) -> list[dict[str, Any]]:
-    """Up to ``count`` distinct questions with a non-empty gold result, the levels in turn (fewer when the
-    templates run out: they make about a hundred distinct questions)."""
-    r, tasks, seen, path = random.Random(seed), [], set(exclude), database_path()
-    levels = list(LEVELS)
-    for attempt in range(200 * count):
-        if len(tasks) == count:
-            break
-        level = levels[attempt % len(levels)]
-        question, gold = LEVELS[level](r)
-        if question in seen or not run_query(path, gold).rows:
-            continue
-        seen.add(question)
-        tasks.append({"question": question, "gold_sql": gold, "level": level})
+def _draw(seed: int, dbs: Sequence[str], count: int, exclude: Collection[str] = ()) -> list[dict[str, Any]]:
+    """Up to ``count`` questions, slot by slot (module docstring); fewer only if the templates run dry."""
+    r, tasks, seen = random.Random(seed), [], set(exclude)
+    domains, templates = _domains(dbs), list(TEMPLATES)
+    i = misses = 0
+    while len(tasks) < count and misses < 2 * len(templates) * len(domains):
+        t, d = _slot(i, len(templates), len(domains))
+        i += 1
+        db = r.choice(domains[d])
+        for _ in range(ATTEMPTS):
+            found = draft(templates[t], r, db)
+            if found is not None and found.question not in seen and _acceptable(db, found):
+                seen.add(found.question)
+                tasks.append({"question": found.question, "gold_sql": found.gold, "db": db,
+                              "template": templates[t]})  # fmt: skip
+                misses = 0
+                break
+        else:
+            misses += 1
     return tasks
 
 
 @functools.cache
 def _heldout_pool() -> tuple[dict[str, Any], ...]:
-    return tuple(_draw(HELDOUT_SEED, HELDOUT_SIZE, set()))
+    return tuple(_draw(HELDOUT_SEED, TRAIN_DATABASES, HELDOUT_SIZE))
+
+
+@functools.cache
+def _unseen_pool() -> tuple[dict[str, Any], ...]:
+    return tuple(_draw(UNSEEN_SEED, UNSEEN_DATABASES, UNSEEN_SIZE))
+
+
+def _greedy(pool: Sequence[dict[str, Any]], count: int, name: str) -> list[dict[str, Any]]:
+    if count > len(pool):
+        raise ValueError(f"the SQL example has {len(pool)} {name} questions, not {count}")
+    return [t | {"greedy": True} for t in pool[:count]]
 
 
 def heldout_tasks(count: int) -> list[dict[str, Any]]:
-    """The first ``count`` (at most ``HELDOUT_SIZE``) held-out questions, greedy."""
-    if count > HELDOUT_SIZE:
-        raise ValueError(f"the SQL example has {HELDOUT_SIZE} held-out questions, not {count}")
-    return [t | {"greedy": True} for t in _heldout_pool()[:count]]
+    """The first ``count`` (at most ``HELDOUT_SIZE``) in-distribution held-out questions, greedy."""
+    return _greedy(_heldout_pool(), count, "held-out")
+
+
+def unseen_tasks(count: int) -> list[dict[str, Any]]:
+    """The first ``count`` (at most ``UNSEEN_SIZE``) questions on the unseen domains' databases, greedy."""
+    return _greedy(_unseen_pool(), count, "unseen")
 
 
 def train_tasks(count: int) -> list[dict[str, Any]]:
-    """``count`` training tasks: the distinct training questions (none held out), repeated in turn when ``count``
-    exceeds them (each is then seen again, as in a further epoch)."""
-    pool = _draw(TRAIN_SEED, count, {t["question"] for t in _heldout_pool()})
+    """``count`` training tasks: distinct questions (none in a held-out split), repeated in turn when ``count``
+    exceeds what the templates make (each is then seen again, as in a further epoch)."""
+    held = {t["question"] for t in (*_heldout_pool(), *_unseen_pool())}
+    pool = _draw(TRAIN_SEED, TRAIN_DATABASES, count, held)
+    if not pool:
+        raise ValueError("the SQL example's templates made no training question")
     return [pool[i % len(pool)] for i in range(count)]
 
 
 def main(argv: list[str] | None = None) -> None:
-    write_splits_command("sql", train_tasks, heldout_tasks, argv)
+    write_splits_command("sql", train_tasks, heldout_tasks, argv, unseen_tasks)
 
 
 if __name__ == "__main__":

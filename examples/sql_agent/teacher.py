@@ -3,7 +3,8 @@
 ``write`` answers with the gold query, except on every third question (by a hash of its text), where it writes
 the gold query against a table that does not exist, so that the demonstrations show the whole graph: ``check``
 sees the error and says what is wrong, ``rewrite`` answers with the gold query, ``check`` says ``OK``. The node
-is told apart by its system prompt (the agent's ``WRITE`` / ``CHECK`` / ``REWRITE``).
+is told apart by its system prompt (the agent's ``WRITE`` / ``CHECK`` / ``REWRITE``: the same text on every
+database, the schema being in the user message); the gold query is the task's, on the task's database.
 """
 
 from __future__ import annotations

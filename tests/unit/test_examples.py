@@ -41,6 +41,22 @@ def test_data_is_deterministic_and_held_out_questions_are_never_trained_on(name:
     assert len(load_task_file(tmp_path / "val.jsonl")) == 3
 
 
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_both_held_out_splits_have_200_problems_never_trained_on_each_naming_its_template(name: str) -> None:
+    example = load_example(name)
+    assert example.unseen_tasks is not None
+    train, heldout, unseen = example.train_tasks(2000), example.heldout_tasks(200), example.unseen_tasks(200)
+    for split in (heldout, unseen):
+        assert len({t["question"] for t in split}) == 200 and all(t.get("greedy") for t in split)
+        assert not {t["question"] for t in train} & {t["question"] for t in split}
+    assert all(t.get("template") for t in train[:200] + heldout + unseen)
+
+    def shape(task: dict[str, Any]) -> tuple[str, str]:  # the question family, and the schema's domain (SQL)
+        return task["template"], str(task.get("db", "")).rsplit("_", 1)[0]
+
+    assert not {shape(t) for t in unseen} & {shape(t) for t in train}  # shapes training never drew
+
+
 def test_calculator_is_exact_and_refuses_what_is_not_arithmetic() -> None:
     assert calculate("12*8-30") == 66 and calculate("7/2*2") == 7 and calculate("(1+2)**3 % 5") == 2
     assert calculate("1/3") == Fraction(1, 3) and calculate("2^3") == 8

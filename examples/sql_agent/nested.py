@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-from examples.sql_agent.questions import COMPARE, Draft, Variant, an, links, pick, tables, value
+from examples.sql_agent.questions import COMPARE, Draft, Variant, an, child_threshold, links, pick, tables, value
 
 __all__ = ["NESTED"]
 
@@ -80,12 +80,10 @@ def nested_more_than(r: random.Random, db: str) -> Draft | None:
 
 
 def nested_none_beyond(r: random.Random, db: str) -> Draft | None:
-    link = pick(r, links(db, child=("num",), parent=("label",)))
-    if link is None:
+    drawn = child_threshold(r, db)
+    if drawn is None:
         return None
-    child, fk, parent = link
-    n, word = r.choice(child.of("num")), r.choice(("above", "below"))
-    x = value(r, db, child, n)
+    child, fk, parent, n, word, x = drawn
     return Draft(f"List the {parent.label.phrase}s of the {parent.name} that have no {child.singular} with "
                  f"{an(n.phrase)} {word} {x}.", f"SELECT {parent.label.name} FROM {parent.name} WHERE id NOT IN "
                  f"(SELECT {fk.name} FROM {child.name} WHERE {n.name} {COMPARE[word]} {x})",

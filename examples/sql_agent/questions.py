@@ -21,8 +21,8 @@ from examples.sql_agent.database import domain_of, rows_of
 from examples.sql_agent.domains import Column, Table
 
 __all__ = [
-    "COMPARE", "FILTER", "GROUP", "JOIN", "ORDER", "Draft", "Variant", "an", "join_on", "links", "pick", "tables",
-    "value",
+    "COMPARE", "FILTER", "GROUP", "JOIN", "ORDER", "Draft", "Variant", "an", "child_threshold", "join_on", "links",
+    "pick", "tables", "value",
 ]  # fmt: skip
 
 
@@ -61,6 +61,18 @@ def tables(db: str, *kinds: str) -> list[Table]:
 def links(db: str, child: tuple[str, ...] = (), parent: tuple[str, ...] = ()) -> list[tuple[Table, Column, Table]]:
     return [(c, fk, p) for c, fk, p in domain_of(db).links()
             if all(c.of(k) for k in child) and all(p.of(k) for k in parent)]  # fmt: skip
+
+
+def child_threshold(r: random.Random, db: str) -> tuple[Table, Column, Table, Column, str, Any] | None:
+    """A link from a child table with a number to a parent with a label, and a threshold on the child's number:
+    ``(child, foreign key, parent, number column, "above" or "below", a value from its rows)``; None where the
+    schema has no such link."""
+    link = pick(r, links(db, child=("num",), parent=("label",)))
+    if link is None:
+        return None
+    child, fk, parent = link
+    n, word = r.choice(child.of("num")), r.choice(("above", "below"))
+    return child, fk, parent, n, word, value(r, db, child, n)
 
 
 def which(k: int, t: Table) -> str:
@@ -215,12 +227,10 @@ def join_total(r: random.Random, db: str) -> Draft | None:
 
 
 def join_parents(r: random.Random, db: str) -> Draft | None:
-    link = pick(r, links(db, child=("num",), parent=("label",)))
-    if link is None:
+    drawn = child_threshold(r, db)
+    if drawn is None:
         return None
-    child, fk, parent = link
-    n, word = r.choice(child.of("num")), r.choice(("above", "below"))
-    x = value(r, db, child, n)
+    child, fk, parent, n, word, x = drawn
     return Draft(f"Which {parent.name} have {an(child.singular)} with {an(n.phrase)} {word} {x}? Give their "
                  f"{parent.label.phrase}s.", f"SELECT DISTINCT {parent.name}.{parent.label.name} FROM "
                  f"{join_on(child, fk, parent)} WHERE {child.name}.{n.name} {COMPARE[word]} {x}",
@@ -313,12 +323,10 @@ def group_having_average(r: random.Random, db: str) -> Draft | None:
 
 
 def group_per_parent_filtered(r: random.Random, db: str) -> Draft | None:
-    link = pick(r, links(db, child=("num",), parent=("label",)))
-    if link is None:
+    drawn = child_threshold(r, db)
+    if drawn is None:
         return None
-    child, fk, parent = link
-    n, word = r.choice(child.of("num")), r.choice(("above", "below"))
-    x = value(r, db, child, n)
+    child, fk, parent, n, word, x = drawn
     return Draft(f"How many {child.name} with {an(n.phrase)} {word} {x} does each {fk.phrase} have (those with at "
                  f"least one)? Give the {fk.phrase}'s {parent.label.phrase} and the count.",
                  f"SELECT {parent.name}.{parent.label.name}, COUNT(*) FROM {join_on(child, fk, parent)} "

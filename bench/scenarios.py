@@ -203,13 +203,13 @@ def summary(name: str, runs: dict[str, Any]) -> dict[str, Any]:
         templates = expand(real[0]["outcomes"])[split]["templates"]
         out.setdefault("by_template", {})[split] = by_template(templates, pairs)
     out["gain_by_seed"] = out.pop("heldout_gain_by_seed", None)
-    for when, index in (("before", 0), ("after", -1)):
-        kinds = []
+    for when, index in (("before", 0), ("after", -1)):  # per split: the mean count per run of each kind
+        by_split: dict[str, Any] = {}
         for run in real:
-            for data in expand(run["outcomes"]).values():
+            for split, data in expand(run["outcomes"]).items():
                 versions = sorted(data["by_version"], key=int)
-                kinds.append(data["by_version"][versions[index]]["failures"])
-        out[f"failures_{when}"] = failure_counts(kinds) if kinds else None
+                by_split.setdefault(split, []).append(data["by_version"][versions[index]]["failures"])
+        out[f"failures_{when}"] = {split: failure_counts(kinds) for split, kinds in by_split.items()} or None
     control = runs.get("control/0")
     control_pairs = _pairs([control], "heldout") if control and "outcomes" in control else []
     out["control_delta"] = pooled_gain(control_pairs)["gain"] if control_pairs else None
@@ -223,6 +223,9 @@ def summary(name: str, runs: dict[str, Any]) -> dict[str, Any]:
     out["s_per_step"] = round(sum(steps) / len(steps), 2) if steps else None
     out["wall_s"] = round(sum(r.get("process_wall_s") or 0 for r in runs.values()), 1)
     out["wall_s_by_part"] = {k: r.get("process_wall_s") for k, r in sorted(runs.items())}
+    # before the stack starts: the model made ready, the warm-up (or the SFT baseline's training) unless cached
+    out["setup_s_by_part"] = {k: round(r["process_wall_s"] - r["wall_s"], 1) for k, r in sorted(runs.items())
+                              if r.get("process_wall_s") and r.get("wall_s")}  # fmt: skip
     out["engine"] = next((r.get("engine") for r in real), None)
     out["profile"] = {k: (r.get("profile") or {}).get("step") for k, r in sorted(runs.items())}
     return out
@@ -358,8 +361,7 @@ def main() -> int:
                 for k, v in vars(args).items()
                 if k not in ("only", "arms", "rerun", "report_only")
             } | {"matmul_gflops": matmul, "loadavg": os.getloadavg(), "finished": time.strftime("%Y-%m-%d %H:%M")}
-            results[name]["summary"] = summary(name, runs)
-            save_results(args.results, results)
+            save_results(args.results, results)  # the part is kept before anything else can fail
         results[name]["summary"] = summary(name, runs)
     save_results(args.results, results)
     plot(results, args.plot)

@@ -103,3 +103,32 @@ def test_breakdowns_by_template_and_failure_kind() -> None:
     split = {"by_version": {"10": {"solved": [True]}, "0": {"solved": [False]}, "5": {"solved": [False]}}}
     assert before_after(split) == ([False], [True])  # versions in number order, not text order
     assert before_after({"by_version": {"0": {"solved": [True]}}}) is None
+
+
+def test_the_scenarios_summary_pools_seeds_and_reads_the_baselines_from_their_parts() -> None:
+    from bench.scenarios import compact, summary, tokens_of_real_runs
+
+    def part(before: list[bool], after: list[bool] | None, **figures: object) -> dict:
+        versions = {"0": before} | ({"20": after} if after is not None else {})
+        outcomes = {split: {"tasks": ["a", "b"], "templates": ["buy", "area"], "by_version": {
+            v: {"solved": s, "failures": ["correct" if x else "no_tool_call" for x in s]} for v, s in versions.items()}}
+            for split in ("heldout", "unseen")}  # fmt: skip
+        return {"outcomes": compact({"outcomes": outcomes}), **figures}
+
+    runs = {
+        "real/0": part([False, True], [True, True], steps=20, tokens_trained_per_step=600, s_per_step=25.0),
+        "real/1": part([False, True], [False, True], steps=20, tokens_trained_per_step=700, s_per_step=27.0),
+        "control/0": part([True, True], [False, True]),
+        "sft/0": part([True, False], None, sft_tokens=13_000),
+        "zero_shot/0": part([False, False], None),
+    }
+    assert tokens_of_real_runs(runs) == 13_000
+    figures = summary("calc_agent", runs)
+    assert figures["seeds"] == 2 and figures["gain_by_seed"] == [0.5, 0.0]
+    assert figures["heldout_before"] == 0.5 and figures["heldout_after"] == 0.75 and figures["heldout_n"] == 2
+    assert figures["control_delta"] == -0.5 and figures["sft_baseline_after"] == 0.5 and figures["zero_shot"] == 0.0
+    assert figures["by_template"]["unseen"]["buy"] == {"n": 1, "before": 0.0, "after": 0.5}
+    assert figures["failures_before"]["heldout"] == {"no_tool_call": 1.0, "correct": 1.0}
+    assert (
+        figures["failures_after"]["unseen"] == {"correct": 1.5, "no_tool_call": 0.5} and figures["s_per_step"] == 26.0
+    )

@@ -12,7 +12,14 @@ the runs by its first call's seed. Read back from each run's store (the gateway'
   llama.cpp batches concurrent requests, and a different batch can change the float sums behind a logit);
 * ``same_reward_share``: rollouts with the same reward; and the step's mean reward in each run.
 
+Only rollouts served by model version 0 are compared (after the first update the two runs' models may differ,
+by the same float sums). ``--compare RUN_DIR [RUN_DIR]`` compares with runs already made instead (say the scenarios
+bench's seed-0 run and its control, which share seed 0 up to their first update); with one, a fresh run of the
+same seed is the other (its settings must be the bench's: they are, apart from ``--steps`` and ``--heldout``,
+which change nothing before the first update).
+
     .venv/bin/python bench/reproducible.py [--steps 1] [--seed 0]
+    .venv/bin/python bench/reproducible.py --compare ~/.cache/fulmen/bench-scenarios/runs/{RUN_A,RUN_B}
 
 Prints one JSON object on its last line; writes it to ``bench/results/reproducible.json``.
 """
@@ -59,7 +66,7 @@ def dump(store: Path) -> dict[str, Any]:
         "arrayMap(x -> x.2, arraySort(groupArray((t.Timestamp, t.ResponseTokenIds)))), any(r.Reward) "
         "FROM fulmen.otel_traces AS t INNER JOIN (SELECT RolloutId, argMax(Reward, StatusRank) AS Reward "
         "FROM fulmen.rollouts WHERE Mode = 'train' GROUP BY RolloutId) AS r ON r.RolloutId = t.RolloutId "
-        "WHERE t.ServiceName = 'fulmen-llm-gateway' GROUP BY t.RolloutId",
+        "WHERE t.ServiceName = 'fulmen-llm-gateway' AND t.ModelVersion = 0 GROUP BY t.RolloutId",
         parameters={"seed": SEED_ATTRIBUTE},
     ).result_rows
     return {seeds[0]: {"reward": reward, "calls": [list(ids) for ids in responses]}
@@ -97,16 +104,21 @@ def main() -> int:
     parser.add_argument("--heldout", type=int, default=8, help="held-out problems validated (kept small)")
     parser.add_argument("--home", type=Path, default=Path.home() / ".cache" / "fulmen" / "bench-scenarios")
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--compare", type=Path, nargs="+", metavar="RUN_DIR", help="one or two runs already made")
     parser.add_argument("--dump", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.dump:
         print(json.dumps(dump(args.dump)))
         return 0
     started = time.perf_counter()
-    reports = [one_run(args) for _ in range(2)]
+    if args.compare and len(args.compare) > 2:
+        parser.error("--compare takes one or two run directories")
+    made = [{"run_dir": str(d)} for d in args.compare or []]
+    reports = made + [one_run(args) for _ in range(2 - len(made))]
     stores = [read_store(Path(report["run_dir"]) / "chdb") for report in reports]
     result = compare(*stores) | {
-        "seed": args.seed, "steps": args.steps, "engine": "llamacpp", "model": "SmolLM2-135M-Instruct",
+        "runs": [report["run_dir"] for report in reports], "engine": "llamacpp", "model": "SmolLM2-135M-Instruct",
+        "seed": args.seed, "steps": None if len(made) == 2 else args.steps,
         "reward_by_run": [report.get("reward_curve") for report in reports],
         "wall_s": round(time.perf_counter() - started, 1), "finished": time.strftime("%Y-%m-%d %H:%M"),
     }  # fmt: skip

@@ -283,6 +283,37 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.1f}%"
+
+
+def _points(interval: list[float] | None) -> str:
+    return "-" if not interval else f"[{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]"
+
+
+def markdown(name: str, summed: dict[str, Any]) -> str:
+    """The docs' table for one scenario, from its summary (what ``--markdown`` prints)."""
+    seeds = ", ".join(f"{100 * g:+.1f}" for g in summed.get("gain_by_seed") or [])
+    rows = [
+        "| split | before | after | mean gain (points) | pooled 95% interval | per seed |",
+        "|---|---|---|---|---|---|",
+        f"| held-out, in distribution (n={summed.get('heldout_n')}) | {_pct(summed.get('heldout_before'))} | "
+        f"{_pct(summed.get('heldout_after'))} | {100 * (summed.get('heldout_gain') or 0):+.1f} | "
+        f"{_points(summed.get('heldout_ci95'))} | {seeds} |",
+        f"| unseen shapes (n={summed.get('unseen_n')}) | {_pct(summed.get('unseen_before'))} | "
+        f"{_pct(summed.get('unseen_after'))} | {100 * (summed.get('unseen_gain') or 0):+.1f} | "
+        f"{_points(summed.get('unseen_ci95'))} | "
+        + ", ".join(f"{100 * g:+.1f}" for g in summed.get("unseen_gain_by_seed") or []) + " |",
+    ]  # fmt: skip
+    control = (f"{100 * summed['control_delta']:+.1f} points {_points(summed.get('control_ci95'))}"
+               if summed.get("control_delta") is not None else "not run yet")  # fmt: skip
+    baselines = (f"Held-out / unseen: zero-shot (no warm-up) {_pct(summed.get('zero_shot'))} / "
+                 f"{_pct(summed.get('zero_shot_unseen'))}; equal-compute SFT ({summed.get('sft_tokens')} tokens) "
+                 f"{_pct(summed.get('sft_baseline_after'))} / {_pct(summed.get('sft_baseline_unseen'))}; "
+                 f"shuffled-reward control on held-out: {control}.")  # fmt: skip
+    return f"**{name}** ({summed.get('seeds')} seed(s))\n\n" + "\n".join(rows) + "\n\n" + baselines + "\n"
+
+
 def load_results(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
@@ -316,6 +347,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=3, help="real runs (seeds 0..N-1)")
     parser.add_argument("--rerun", action="store_true", help="run parts the results file already holds again")
     parser.add_argument("--report-only", action="store_true", help="run nothing: the summary of the results file")
+    parser.add_argument("--markdown", action="store_true", help="also print the docs' table of each scenario")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--groups-per-step", type=int, default=4)
@@ -367,6 +399,9 @@ def main() -> int:
         results[name]["summary"] = summary(name, runs)
     save_results(args.results, results)
     plot(results, args.plot)
+    if args.markdown:
+        for name in args.only or SCENARIOS:
+            print(markdown(name, results[name]["summary"]), file=sys.stderr)
     printed = {name: results[name]["summary"] for name in args.only or SCENARIOS} | {"results": str(args.results)}
     print(json.dumps(printed))
     return 0

@@ -185,6 +185,19 @@ def test_a_set_stop_ends_the_run_before_a_step(tmp_path: Path) -> None:
     assert run(loop, stop) == [] and backend.batches == [] and publisher.events[TopicKey.MODELS] == []
 
 
+def test_zero_steps_validate_the_served_model_once_and_train_nothing(tmp_path: Path) -> None:
+    val = [DatasetTask(f"v{i}", {"n": i}) for i in range(2)]
+    loop, publisher, backend, _ = build(tmp_path, val=val, steps=0)
+    assert run(loop) == [] and backend.batches == [] and publisher.events[TopicKey.MODELS] == []
+    requests: list[RolloutRequest] = publisher.events[TopicKey.TASKS]
+    assert sorted(r.task_id for r in requests) == ["v0", "v1"] and {r.mode for r in requests} == {RolloutMode.VAL}
+    with pytest.raises(ValueError, match="steps=0"):  # with steps to take, something must be trained on
+        TrainingLoop(LoopPlan(TrainSection(steps=1, run_id="r1"), tmp_path, "base", 0), backend, publisher,  # type: ignore[arg-type]
+                     loop.collector, None, None)  # fmt: skip
+    TrainingLoop(LoopPlan(TrainSection(steps=0, run_id="r1"), tmp_path, "base", 0), backend, publisher,  # type: ignore[arg-type]
+                 loop.collector, None, None)  # fmt: skip
+
+
 def test_a_task_file_is_dispatched_with_the_runs_own_request_settings(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

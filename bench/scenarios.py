@@ -311,7 +311,23 @@ def markdown(name: str, summed: dict[str, Any]) -> str:
                  f"{_pct(summed.get('zero_shot_unseen'))}; equal-compute SFT ({summed.get('sft_tokens')} tokens) "
                  f"{_pct(summed.get('sft_baseline_after'))} / {_pct(summed.get('sft_baseline_unseen'))}; "
                  f"shuffled-reward control on held-out: {control}.")  # fmt: skip
-    return f"**{name}** ({summed.get('seeds')} seed(s))\n\n" + "\n".join(rows) + "\n\n" + baselines + "\n"
+    return (f"**{name}** ({summed.get('seeds')} seed(s))\n\n" + "\n".join(rows) + "\n\n" + baselines + "\n\n"
+            + _breakdowns(summed))  # fmt: skip
+
+
+def _breakdowns(summed: dict[str, Any]) -> str:
+    """Per template and per failure kind, before -> after (means over the seeds)."""
+    lines = ["| split | template | n | before | after |", "|---|---|---|---|---|"]
+    for split, table in (summed.get("by_template") or {}).items():
+        lines += [f"| {split} | `{name}` | {row['n']} | {_pct(row['before'])} | {_pct(row['after'])} |"
+                  for name, row in table.items()]  # fmt: skip
+    lines += ["", "| split | outcome | before | after |", "|---|---|---|---|"]
+    before, after = summed.get("failures_before") or {}, summed.get("failures_after") or {}
+    for split in before:
+        kinds = sorted(set(before[split]) | set(after.get(split, {})))
+        lines += [f"| {split} | `{kind}` | {before[split].get(kind, 0):g} | {after.get(split, {}).get(kind, 0):g} |"
+                  for kind in kinds]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def load_results(path: Path) -> dict[str, Any]:

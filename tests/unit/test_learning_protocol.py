@@ -106,7 +106,7 @@ def test_breakdowns_by_template_and_failure_kind() -> None:
 
 
 def test_the_scenarios_summary_pools_seeds_and_reads_the_baselines_from_their_parts() -> None:
-    from bench.scenarios import compact, summary, tokens_of_real_runs
+    from bench.scenarios import compact, markdown, summary, tokens_of_real_runs
 
     def part(before: list[bool], after: list[bool] | None, **figures: object) -> dict:
         versions = {"0": before} | ({"20": after} if after is not None else {})
@@ -132,3 +132,9 @@ def test_the_scenarios_summary_pools_seeds_and_reads_the_baselines_from_their_pa
     assert (
         figures["failures_after"]["unseen"] == {"correct": 1.5, "no_tool_call": 0.5} and figures["s_per_step"] == 26.0
     )
+    table = markdown("calc_agent", figures)
+    assert (
+        "| held-out, in distribution (n=2) | 50.0% | 75.0% | +25.0 |" in table
+        and "zero-shot (no warm-up) 0.0%" in table
+    )
+    assert "| unseen | `buy` | 1 | 0.0% | 50.0% |" in table

@@ -42,11 +42,43 @@ SEED_ATTRIBUTE = "gen_ai.request.seed"
 
 def one_run(args: argparse.Namespace) -> dict[str, Any]:
     """One ``examples.train`` run; its JSON report."""
-    command = [sys.executable, "-m", "examples.train", "calc_agent", "--model", "smollm2", "--engine", "llamacpp",
-               "--json", "--seed", str(args.seed), "--steps", str(args.steps), "--heldout", str(args.heldout),
-               "--warmup-steps", "8", "--warmup-tasks", "32", "--warmup-lr", "1e-4", "--train", "2000",
-               "--group-size", "8", "--groups-per-step", "4", "--concurrency", "32", "--llm-context", "1024",
-               "--micro-batch-tokens", "2048", "--rollout-timeout-s", "900"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "examples.train",
+        "calc_agent",
+        "--model",
+        "smollm2",
+        "--engine",
+        "llamacpp",
+        "--json",
+        "--seed",
+        str(args.seed),
+        "--steps",
+        str(args.steps),
+        "--heldout",
+        str(args.heldout),
+        "--warmup-steps",
+        "8",
+        "--warmup-tasks",
+        "32",
+        "--warmup-lr",
+        "1e-4",
+        "--train",
+        "2000",
+        "--group-size",
+        "8",
+        "--groups-per-step",
+        "4",
+        "--concurrency",
+        "32",
+        "--llm-context",
+        "1024",
+        "--micro-batch-tokens",
+        "2048",
+        "--rollout-timeout-s",
+        "900",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {"FULMEN_HOME": str(args.home)}
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -69,13 +101,15 @@ def dump(store: Path) -> dict[str, Any]:
         "WHERE t.ServiceName = 'fulmen-llm-gateway' AND t.ModelVersion = 0 GROUP BY t.RolloutId",
         parameters={"seed": SEED_ATTRIBUTE},
     ).result_rows
-    return {seeds[0]: {"reward": reward, "calls": [list(ids) for ids in responses]}
-            for _, seeds, responses, reward in rows if seeds and seeds[0]}  # fmt: skip
+    return {
+        seeds[0]: {"reward": reward, "calls": [list(ids) for ids in responses]}
+        for _, seeds, responses, reward in rows
+        if seeds and seeds[0]
+    }
 
 
 def read_store(store: Path) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, __file__, "--dump", str(store)], capture_output=True, text=True,
-                          check=False)  # fmt: skip
+    done = subprocess.run([sys.executable, __file__, "--dump", str(store)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"could not read {store}: {done.stderr[-2000:]}")
     return json.loads(done.stdout.splitlines()[-1])
@@ -90,11 +124,12 @@ def compare(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
         return round(sum(1 for key in both if test(first[key], second[key])) / len(both), 4)
 
     return {
-        "rollouts_compared": len(both), "rollouts_only_in_one": len(set(first) ^ set(second)),
+        "rollouts_compared": len(both),
+        "rollouts_only_in_one": len(set(first) ^ set(second)),
         "identical_rollouts_share": share(lambda a, b: a["calls"] == b["calls"]),
         "identical_first_calls_share": share(lambda a, b: a["calls"][:1] == b["calls"][:1]),
         "same_reward_share": share(lambda a, b: a["reward"] == b["reward"]),
-    }  # fmt: skip
+    }
 
 
 def main() -> int:
@@ -117,11 +152,15 @@ def main() -> int:
     reports = made + [one_run(args) for _ in range(2 - len(made))]
     stores = [read_store(Path(report["run_dir"]) / "chdb") for report in reports]
     result = compare(*stores) | {
-        "runs": [report["run_dir"] for report in reports], "engine": "llamacpp", "model": "SmolLM2-135M-Instruct",
-        "seed": args.seed, "steps": None if len(made) == 2 else args.steps,
+        "runs": [report["run_dir"] for report in reports],
+        "engine": "llamacpp",
+        "model": "SmolLM2-135M-Instruct",
+        "seed": args.seed,
+        "steps": None if len(made) == 2 else args.steps,
         "reward_by_run": [report.get("reward_curve") for report in reports],
-        "wall_s": round(time.perf_counter() - started, 1), "finished": time.strftime("%Y-%m-%d %H:%M"),
-    }  # fmt: skip
+        "wall_s": round(time.perf_counter() - started, 1),
+        "finished": time.strftime("%Y-%m-%d %H:%M"),
+    }
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))

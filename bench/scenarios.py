@@ -57,13 +57,28 @@ RESULTS = ROOT / "bench" / "results" / "scenarios.json"
 
 def run_example(name: str, args: argparse.Namespace, *extra: str) -> dict[str, Any]:
     """One ``examples.train`` run in its own process; its JSON report (or the error)."""
-    settings = (("steps", args.steps), ("group-size", args.group_size), ("groups-per-step", args.groups_per_step),
-                ("heldout", args.heldout), ("train", args.train), ("lr", args.lr), ("kl-coef", args.kl_coef),
-                ("epochs-per-batch", args.epochs), ("warmup-steps", args.warmup_steps),
-                ("warmup-tasks", args.warmup_tasks), ("warmup-lr", args.warmup_lr), ("concurrency", args.concurrency),
-                ("rollout-timeout-s", args.rollout_timeout_s), ("val-every", args.val_every),
-                ("lora-r", args.lora_r), ("micro-batch-tokens", args.micro_batch_tokens), ("engine", args.engine),
-                ("llm-context", args.llm_context), ("unseen", args.unseen), ("sft-tasks", args.sft_tasks))  # fmt: skip
+    settings = (
+        ("steps", args.steps),
+        ("group-size", args.group_size),
+        ("groups-per-step", args.groups_per_step),
+        ("heldout", args.heldout),
+        ("train", args.train),
+        ("lr", args.lr),
+        ("kl-coef", args.kl_coef),
+        ("epochs-per-batch", args.epochs),
+        ("warmup-steps", args.warmup_steps),
+        ("warmup-tasks", args.warmup_tasks),
+        ("warmup-lr", args.warmup_lr),
+        ("concurrency", args.concurrency),
+        ("rollout-timeout-s", args.rollout_timeout_s),
+        ("val-every", args.val_every),
+        ("lora-r", args.lora_r),
+        ("micro-batch-tokens", args.micro_batch_tokens),
+        ("engine", args.engine),
+        ("llm-context", args.llm_context),
+        ("unseen", args.unseen),
+        ("sft-tasks", args.sft_tasks),
+    )
     command = [sys.executable, "-m", "examples.train", name, "--model", "smollm2", "--json"]
     for flag, value in settings:
         command += [f"--{flag}", str(value)]
@@ -87,8 +102,10 @@ def tool_calls(report: dict[str, Any]) -> dict[str, float | None]:
     if not validity:
         return {"tool_call_valid_before": None, "tool_call_valid_after": None}
     versions = sorted(validity, key=int)
-    return {"tool_call_valid_before": round(validity[versions[0]]["rate"], 4),
-            "tool_call_valid_after": round(validity[versions[-1]]["rate"], 4)}  # fmt: skip
+    return {
+        "tool_call_valid_before": round(validity[versions[0]]["rate"], 4),
+        "tool_call_valid_after": round(validity[versions[-1]]["rate"], 4),
+    }
 
 
 def figures(report: dict[str, Any], matmul_gflops: float) -> dict[str, Any]:
@@ -102,16 +119,24 @@ def figures(report: dict[str, Any], matmul_gflops: float) -> dict[str, Any]:
     return {
         **tool_calls(report),
         "s_per_step": round(sum(x for x in (gen, update, publish) if x is not None), 2) if gen is not None else None,
-        "gen_s_per_step": gen, "update_s_per_step": update, "publish_s_per_step": publish, "update_gflops": gflops,
+        "gen_s_per_step": gen,
+        "update_s_per_step": update,
+        "publish_s_per_step": publish,
+        "update_gflops": gflops,
         "update_gflops_of_matmul": round(gflops / matmul_gflops, 3) if gflops else None,
-        "tokens_trained_per_step": steps.get("computed_tokens"), "input_tokens_per_step": steps.get("input_tokens"),
-        "response_tokens_per_step": steps.get("response_tokens"), "steps": report.get("steps"),
-        "wall_s": report.get("wall_s"), "process_wall_s": report.get("process_wall_s"), "model": MODEL,
+        "tokens_trained_per_step": steps.get("computed_tokens"),
+        "input_tokens_per_step": steps.get("input_tokens"),
+        "response_tokens_per_step": steps.get("response_tokens"),
+        "steps": report.get("steps"),
+        "wall_s": report.get("wall_s"),
+        "process_wall_s": report.get("process_wall_s"),
+        "model": MODEL,
         "engine": report.get("engine"),
         "reward_curve": report.get("reward_curve"),
         "profile": {"step": steps, "episode": report.get("episode_profile")},
-        "calls_per_episode": report.get("calls_per_episode"), "run_dir": report.get("run_dir"),
-    }  # fmt: skip
+        "calls_per_episode": report.get("calls_per_episode"),
+        "run_dir": report.get("run_dir"),
+    }
 
 
 def matmul_rate(size: int = 2048, repeats: int = 5) -> float:
@@ -133,22 +158,34 @@ def compact(report: dict[str, Any]) -> dict[str, Any]:
     0/1 and the failure kinds; the task ids and templates once per split."""
     kept: dict[str, Any] = {}
     for split, data in (report.get("outcomes") or {}).items():
-        kept[split] = {"tasks": data["tasks"], "templates": data["templates"], "by_version": {
-            version: {"solved": "".join("1" if s else "0" for s in v["solved"]), "failures": v["failures"]}
-            for version, v in data["by_version"].items()}}  # fmt: skip
+        kept[split] = {
+            "tasks": data["tasks"],
+            "templates": data["templates"],
+            "by_version": {
+                version: {"solved": "".join("1" if s else "0" for s in v["solved"]), "failures": v["failures"]}
+                for version, v in data["by_version"].items()
+            },
+        }
     return kept
 
 
 def expand(outcomes: dict[str, Any]) -> dict[str, Any]:
     """The inverse of :func:`compact` for the flags."""
-    return {split: data | {"by_version": {version: {"solved": [c == "1" for c in v["solved"]],
-                                                    "failures": v["failures"]}
-                                          for version, v in data["by_version"].items()}}
-            for split, data in outcomes.items()}  # fmt: skip
+    return {
+        split: data
+        | {
+            "by_version": {
+                version: {"solved": [c == "1" for c in v["solved"]], "failures": v["failures"]}
+                for version, v in data["by_version"].items()
+            }
+        }
+        for split, data in outcomes.items()
+    }
 
 
-def run_part(name: str, arm: str, seed: int, args: argparse.Namespace, matmul: float,
-             sft_tokens: int | None) -> dict[str, Any]:  # fmt: skip
+def run_part(
+    name: str, arm: str, seed: int, args: argparse.Namespace, matmul: float, sft_tokens: int | None
+) -> dict[str, Any]:
     """One part of the protocol (module docstring); its figures and compacted outcomes."""
     extra = ["--seed", str(seed)]
     if arm == "control":
@@ -161,14 +198,21 @@ def run_part(name: str, arm: str, seed: int, args: argparse.Namespace, matmul: f
     report = run_example(name, args, *extra)
     if "error" in report:
         return report
-    return figures(report, matmul) | {"outcomes": compact(report), "seed": seed, "arm": arm,
-                                      "sft_tokens": report.get("sft_tokens")}  # fmt: skip
+    return figures(report, matmul) | {
+        "outcomes": compact(report),
+        "seed": seed,
+        "arm": arm,
+        "sft_tokens": report.get("sft_tokens"),
+    }
 
 
 def tokens_of_real_runs(runs: dict[str, Any]) -> int | None:
     """Tokens the real runs trained on, on average (tokens a step x steps): the SFT baseline's budget."""
-    trained = [r["tokens_trained_per_step"] * r["steps"] for key, r in runs.items()
-               if key.startswith("real/") and r.get("tokens_trained_per_step") and r.get("steps")]  # fmt: skip
+    trained = [
+        r["tokens_trained_per_step"] * r["steps"]
+        for key, r in runs.items()
+        if key.startswith("real/") and r.get("tokens_trained_per_step") and r.get("steps")
+    ]
     return round(sum(trained) / len(trained)) if trained else None
 
 
@@ -197,10 +241,12 @@ def summary(name: str, runs: dict[str, Any]) -> dict[str, Any]:
         out |= {
             f"{split}_before": round(sum(accuracy(b) for b, _ in pairs) / len(pairs), 4),
             f"{split}_after": round(sum(accuracy(a) for _, a in pairs) / len(pairs), 4),
-            f"{split}_gain": pooled["gain"], f"{split}_ci95": pooled["ci95"], f"{split}_n": pooled["n"],
+            f"{split}_gain": pooled["gain"],
+            f"{split}_ci95": pooled["ci95"],
+            f"{split}_n": pooled["n"],
             f"{split}_gain_by_seed": [round(accuracy(a) - accuracy(b), 4) for b, a in pairs],
             f"{split}_seed_ci95": seed_interval([accuracy(a) - accuracy(b) for b, a in pairs]),
-        }  # fmt: skip
+        }
         templates = expand(real[0]["outcomes"])[split]["templates"]
         out.setdefault("by_template", {})[split] = by_template(templates, pairs)
     out["gain_by_seed"] = out.pop("heldout_gain_by_seed", None)
@@ -226,8 +272,11 @@ def summary(name: str, runs: dict[str, Any]) -> dict[str, Any]:
     out["wall_s_by_part"] = {k: r.get("process_wall_s") or r.get("wall_s") for k, r in sorted(runs.items())}
     out["wall_s"] = round(sum(w or 0 for w in out["wall_s_by_part"].values()), 1)
     # before the stack starts: the model made ready, the warm-up (or the SFT baseline's training) unless cached
-    out["setup_s_by_part"] = {k: round(r["process_wall_s"] - r["wall_s"], 1) for k, r in sorted(runs.items())
-                              if r.get("process_wall_s") and r.get("wall_s")}  # fmt: skip
+    out["setup_s_by_part"] = {
+        k: round(r["process_wall_s"] - r["wall_s"], 1)
+        for k, r in sorted(runs.items())
+        if r.get("process_wall_s") and r.get("wall_s")
+    }
     out["engine"] = next((r.get("engine") for r in real), None)
     out["profile"] = {k: (r.get("profile") or {}).get("step") for k, r in sorted(runs.items())}
     return out
@@ -261,8 +310,13 @@ def plot(results: dict[str, Any], path: Path) -> None:
                 points = curve(runs[key], split)
                 if arm in ("real", "control") and points:
                     label = f"{'GRPO' if arm == 'real' else 'control'} seed {key.split('/')[1]} ({split})"
-                    ax.plot([s for s, _ in points], [100 * a for _, a in points],
-                            style if arm == "real" else "--s", alpha=0.8, label=label)  # fmt: skip
+                    ax.plot(
+                        [s for s, _ in points],
+                        [100 * a for _, a in points],
+                        style if arm == "real" else "--s",
+                        alpha=0.8,
+                        label=label,
+                    )
         for label, key, style in (("SFT baseline", "sft_baseline_after", "g-."), ("zero-shot", "zero_shot", "k:")):
             if summed.get(key) is not None:
                 ax.axhline(100 * summed[key], linestyle=style[1:], color=style[0], label=f"{label} (held-out)")
@@ -270,8 +324,15 @@ def plot(results: dict[str, Any], path: Path) -> None:
         if ci and before is not None:
             last = max(s for key in runs if key.startswith("real/") for s, _ in curve(runs[key], "heldout") or [(0, 0)])
             low, high = (max(0.0, min(1.0, before + x)) for x in ci)
-            ax.errorbar([last], [100 * (low + high) / 2], yerr=[[100 * (high - low) / 2]], fmt="none", capsize=4,
-                        color="black", label="pooled 95% interval of the gain")  # fmt: skip
+            ax.errorbar(
+                [last],
+                [100 * (low + high) / 2],
+                yerr=[[100 * (high - low) / 2]],
+                fmt="none",
+                capsize=4,
+                color="black",
+                label="pooled 95% interval of the gain",
+            )
         ax.set_ylim(0, 100)
         ax.set_title(f"{name} (held-out n={summed.get('heldout_n')}, unseen n={summed.get('unseen_n')})")
         ax.set_xlabel("GRPO step")
@@ -303,30 +364,46 @@ def markdown(name: str, summed: dict[str, Any]) -> str:
         f"| unseen shapes (n={summed.get('unseen_n')}) | {_pct(summed.get('unseen_before'))} | "
         f"{_pct(summed.get('unseen_after'))} | {100 * (summed.get('unseen_gain') or 0):+.1f} | "
         f"{_points(summed.get('unseen_ci95'))} | "
-        + ", ".join(f"{100 * g:+.1f}" for g in summed.get("unseen_gain_by_seed") or []) + " |",
-    ]  # fmt: skip
-    control = (f"{100 * summed['control_delta']:+.1f} points {_points(summed.get('control_ci95'))}"
-               if summed.get("control_delta") is not None else "not run yet")  # fmt: skip
-    baselines = (f"Held-out / unseen: zero-shot (no warm-up) {_pct(summed.get('zero_shot'))} / "
-                 f"{_pct(summed.get('zero_shot_unseen'))}; equal-compute SFT ({summed.get('sft_tokens')} tokens) "
-                 f"{_pct(summed.get('sft_baseline_after'))} / {_pct(summed.get('sft_baseline_unseen'))}; "
-                 f"shuffled-reward control on held-out: {control}.")  # fmt: skip
-    return (f"**{name}** ({summed.get('seeds')} seed(s))\n\n" + "\n".join(rows) + "\n\n" + baselines + "\n\n"
-            + _breakdowns(summed))  # fmt: skip
+        + ", ".join(f"{100 * g:+.1f}" for g in summed.get("unseen_gain_by_seed") or [])
+        + " |",
+    ]
+    control = (
+        f"{100 * summed['control_delta']:+.1f} points {_points(summed.get('control_ci95'))}"
+        if summed.get("control_delta") is not None
+        else "not run yet"
+    )
+    baselines = (
+        f"Held-out / unseen: zero-shot (no warm-up) {_pct(summed.get('zero_shot'))} / "
+        f"{_pct(summed.get('zero_shot_unseen'))}; equal-compute SFT ({summed.get('sft_tokens')} tokens) "
+        f"{_pct(summed.get('sft_baseline_after'))} / {_pct(summed.get('sft_baseline_unseen'))}; "
+        f"shuffled-reward control on held-out: {control}."
+    )
+    return (
+        f"**{name}** ({summed.get('seeds')} seed(s))\n\n"
+        + "\n".join(rows)
+        + "\n\n"
+        + baselines
+        + "\n\n"
+        + _breakdowns(summed)
+    )
 
 
 def _breakdowns(summed: dict[str, Any]) -> str:
     """Per template and per failure kind, before -> after (means over the seeds)."""
     lines = ["| split | template | n | before | after |", "|---|---|---|---|---|"]
     for split, table in (summed.get("by_template") or {}).items():
-        lines += [f"| {split} | `{name}` | {row['n']} | {_pct(row['before'])} | {_pct(row['after'])} |"
-                  for name, row in table.items()]  # fmt: skip
+        lines += [
+            f"| {split} | `{name}` | {row['n']} | {_pct(row['before'])} | {_pct(row['after'])} |"
+            for name, row in table.items()
+        ]
     lines += ["", "| split | outcome | before | after |", "|---|---|---|---|"]
     before, after = summed.get("failures_before") or {}, summed.get("failures_after") or {}
     for split in before:
         kinds = sorted(set(before[split]) | set(after.get(split, {})))
-        lines += [f"| {split} | `{kind}` | {before[split].get(kind, 0):g} | {after.get(split, {}).get(kind, 0):g} |"
-                  for kind in kinds]  # fmt: skip
+        lines += [
+            f"| {split} | `{kind}` | {before[split].get(kind, 0):g} | {after.get(split, {}).get(kind, 0):g} |"
+            for kind in kinds
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -358,8 +435,9 @@ def parts(args: argparse.Namespace) -> list[tuple[str, int]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=SCENARIOS, action="append", help="run only these (repeatable)")
-    parser.add_argument("--arms", type=lambda text: text.split(","), default=list(ARMS),
-                        help=f"comma-separated, of {', '.join(ARMS)}")  # fmt: skip
+    parser.add_argument(
+        "--arms", type=lambda text: text.split(","), default=list(ARMS), help=f"comma-separated, of {', '.join(ARMS)}"
+    )
     parser.add_argument("--seeds", type=int, default=3, help="real runs (seeds 0..N-1)")
     parser.add_argument("--rerun", action="store_true", help="run parts the results file already holds again")
     parser.add_argument("--report-only", action="store_true", help="run nothing: the summary of the results file")
@@ -381,8 +459,9 @@ def main() -> int:
     parser.add_argument("--warmup-tasks", type=int, default=32)
     parser.add_argument("--warmup-lr", type=float, default=1e-4)
     parser.add_argument("--sft-tasks", type=int, default=512, help="training tasks the SFT baseline learns from")
-    parser.add_argument("--concurrency", type=int, default=32, help="rollouts a runner runs at once (a step's "
-                        "episodes in one wave)")  # fmt: skip
+    parser.add_argument(
+        "--concurrency", type=int, default=32, help="rollouts a runner runs at once (a step's episodes in one wave)"
+    )
     parser.add_argument("--llm-context", type=int, default=1024, help="llamacpp: KV tokens per slot")
     parser.add_argument("--rollout-timeout-s", type=float, default=900.0)
     parser.add_argument("--engine", default="llamacpp", help="the LLM gateway's backend (transformers, llamacpp)")

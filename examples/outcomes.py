@@ -48,24 +48,34 @@ def generic_failure_kind(task: dict[str, Any], episode: Episode) -> str:
     return episode.status if episode.status in ("timed_out", "failed") else "wrong"
 
 
-def validation_episodes(run: Any, db: str, sql: Callable[[Any, str], list[dict[str, Any]]] | None = None) -> list[
-    Episode
-]:  # fmt: skip
+def validation_episodes(
+    run: Any, db: str, sql: Callable[[Any, str], list[dict[str, Any]]] | None = None
+) -> list[Episode]:
     """The latest attempt of every validation episode of the run, with the output of each of its LLM calls."""
     if sql is None:
         from examples.train import sql
     val = RolloutMode.VAL.value
-    rows = sql(run, f"SELECT RolloutId AS rollout, toString(ModelVersion) AS version, TaskId AS task, "
-                    f"argMax(Status, Attempt) AS status, argMax(ifNull(Reward, 0.), Attempt) AS reward, "
-                    f"max(Attempt) AS attempt FROM {db}.rollouts FINAL WHERE Mode = '{val}' "
-                    f"AND Status IN ('succeeded', 'failed', 'timed_out') GROUP BY rollout, version, task")  # fmt: skip
-    calls = sql(run, f"SELECT RolloutId AS rollout, Attempt AS attempt, arrayMap(x -> x.2, arraySort(x -> x.1, "
-                     f"groupArray((Timestamp, SpanAttributes['gen_ai.output.messages'])))) AS outputs "
-                     f"FROM {db}.otel_traces WHERE ServiceName = 'fulmen-llm-gateway' AND RolloutId IN (SELECT "
-                     f"RolloutId FROM {db}.rollouts WHERE Mode = '{val}') GROUP BY rollout, attempt")  # fmt: skip
+    rows = sql(
+        run,
+        f"SELECT RolloutId AS rollout, toString(ModelVersion) AS version, TaskId AS task, "
+        f"argMax(Status, Attempt) AS status, argMax(ifNull(Reward, 0.), Attempt) AS reward, "
+        f"max(Attempt) AS attempt FROM {db}.rollouts FINAL WHERE Mode = '{val}' "
+        f"AND Status IN ('succeeded', 'failed', 'timed_out') GROUP BY rollout, version, task",
+    )
+    calls = sql(
+        run,
+        f"SELECT RolloutId AS rollout, Attempt AS attempt, arrayMap(x -> x.2, arraySort(x -> x.1, "
+        f"groupArray((Timestamp, SpanAttributes['gen_ai.output.messages'])))) AS outputs "
+        f"FROM {db}.otel_traces WHERE ServiceName = 'fulmen-llm-gateway' AND RolloutId IN (SELECT "
+        f"RolloutId FROM {db}.rollouts WHERE Mode = '{val}') GROUP BY rollout, attempt",
+    )
     written = {(c["rollout"], int(c["attempt"])): _messages(c["outputs"]) for c in calls}
-    return [Episode(r["task"], r["version"], r["status"], float(r["reward"]),
-                    written.get((r["rollout"], int(r["attempt"])), [])) for r in rows]  # fmt: skip
+    return [
+        Episode(
+            r["task"], r["version"], r["status"], float(r["reward"]), written.get((r["rollout"], int(r["attempt"])), [])
+        )
+        for r in rows
+    ]
 
 
 def _messages(outputs: list[str]) -> list[dict[str, Any]]:

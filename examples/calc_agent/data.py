@@ -75,72 +75,101 @@ def _boxes_sold(r: random.Random, n: str, i: str) -> tuple[str, str]:
 
 def _share(r: random.Random, n: str, i: str) -> tuple[str, str]:
     k, each, kept = r.randint(2, 6), r.randint(2, 9), r.randint(1, 20)
-    return (f"{n} has {k * each + kept} {i}, keeps {kept} and shares the rest equally among {k} friends. "
-            f"How many {i} does each friend get?", f"({k * each + kept}-{kept})/{k}")  # fmt: skip
+    return (
+        f"{n} has {k * each + kept} {i}, keeps {kept} and shares the rest equally among {k} friends. "
+        f"How many {i} does each friend get?",
+        f"({k * each + kept}-{kept})/{k}",
+    )
 
 
 def _weekly(r: random.Random, n: str, i: str) -> tuple[str, str]:
     a, days, lost = r.randint(2, 9), r.randint(3, 7), r.randint(1, 5)
-    return (f"{n} collects {a} {i} a day for {days} days, loses {lost}, then doubles the rest. "
-            f"How many {i} does {n} have?", f"({a}*{days}-{lost})*2")  # fmt: skip
+    return (
+        f"{n} collects {a} {i} a day for {days} days, loses {lost}, then doubles the rest. How many {i} does {n} have?",
+        f"({a}*{days}-{lost})*2",
+    )
 
 
 def _three_steps(r: random.Random, n: str, i: str) -> tuple[str, str]:
     a, b, c, d = r.randint(2, 9), r.randint(2, 9), r.randint(1, 20), r.randint(1, 4)
-    return (f"{n} has {a} bags of {b} {i}, finds {c} more and gives {d} to a friend. How many {i} does {n} "
-            f"have now?", f"{a}*{b}+{c}-{d}")  # fmt: skip
+    return (
+        f"{n} has {a} bags of {b} {i}, finds {c} more and gives {d} to a friend. How many {i} does {n} have now?",
+        f"{a}*{b}+{c}-{d}",
+    )
 
 
 # --- shapes the training split never uses (the unseen split) ---------------------------------------------------
 def _change(r: random.Random, n: str, i: str) -> tuple[str, str]:
     price, count = r.randint(2, 9), r.randint(2, 8)
     note = r.choice([note for note in (20, 50, 100) if note > price * count])
-    return (f"One of the {i} costs {price} dollars. {n} buys {count} of them and pays with a {note}-dollar note. "
-            f"How many dollars of change does {n} get back?", f"{note}-{count}*{price}")  # fmt: skip
+    return (
+        f"One of the {i} costs {price} dollars. {n} buys {count} of them and pays with a {note}-dollar note. "
+        f"How many dollars of change does {n} get back?",
+        f"{note}-{count}*{price}",
+    )
 
 
 def _area(r: random.Random, n: str, i: str) -> tuple[str, str]:
     length, width = r.randint(4, 30), r.randint(3, 20)
-    return (f"{n}'s garden is a rectangle {length} metres long and {width} metres wide. "
-            f"What is its area in square metres?", f"{length}*{width}")  # fmt: skip
+    return (
+        f"{n}'s garden is a rectangle {length} metres long and {width} metres wide. What is its area in square metres?",
+        f"{length}*{width}",
+    )
 
 
 def _earnings(r: random.Random, n: str, i: str) -> tuple[str, str]:
     a, b = r.randint(10, 60), r.randint(10, 60)
     c = r.randint(10, 60)
     c += (-(a + b + c)) % 3
-    return (f"{n} and two friends earned {a}, {b} and {c} dollars selling {i}. They put the money together and "
-            f"split it equally. How many dollars does each get?", f"({a}+{b}+{c})/3")  # fmt: skip
+    return (
+        f"{n} and two friends earned {a}, {b} and {c} dollars selling {i}. They put the money together and "
+        f"split it equally. How many dollars does each get?",
+        f"({a}+{b}+{c})/3",
+    )
 
 
 def _distance(r: random.Random, n: str, i: str) -> tuple[str, str]:
     speed, hours = r.randint(20, 90), r.randint(2, 9)
-    return (f"A train carrying {i} runs at {speed} kilometres per hour for {hours} hours. "
-            f"How many kilometres does it travel?", f"{speed}*{hours}")  # fmt: skip
+    return (
+        f"A train carrying {i} runs at {speed} kilometres per hour for {hours} hours. "
+        f"How many kilometres does it travel?",
+        f"{speed}*{hours}",
+    )
 
 
 def _ages(r: random.Random, n: str, i: str) -> tuple[str, str]:
     younger, gap, years = r.randint(8, 40), r.randint(2, 15), r.randint(2, 10)
-    return (f"{n} is {gap} years older than a cousin who is {younger}. How old will {n} be in {years} years?",
-            f"{younger}+{gap}+{years}")  # fmt: skip
+    return (
+        f"{n} is {gap} years older than a cousin who is {younger}. How old will {n} be in {years} years?",
+        f"{younger}+{gap}+{years}",
+    )
 
 
 def _discount(r: random.Random, n: str, i: str) -> tuple[str, str]:
     percent = r.choice((10, 20, 25, 50))
     price = r.randint(2, 20) * (100 // math.gcd(100, percent))
-    return (f"A set of {i} costs {price} dollars and is sold at {percent}% off. How many dollars does {n} pay "
-            f"for it?", f"{price}-{price}*{percent}/100")  # fmt: skip
+    return (
+        f"A set of {i} costs {price} dollars and is sold at {percent}% off. How many dollars does {n} pay for it?",
+        f"{price}-{price}*{percent}/100",
+    )
 
 
-LEVELS: dict[int, tuple[Template, ...]] = {1: (_buy, _give, _boxes), 2: (_boxes_sold, _share),
-                                           3: (_weekly, _three_steps)}  # fmt: skip
+LEVELS: dict[int, tuple[Template, ...]] = {
+    1: (_buy, _give, _boxes),
+    2: (_boxes_sold, _share),
+    3: (_weekly, _three_steps),
+}
 TEMPLATES: dict[str, tuple[Template, int]] = {
     template.__name__.lstrip("_"): (template, level) for level, templates in LEVELS.items() for template in templates
 }
 UNSEEN_TEMPLATES: dict[str, tuple[Template, int]] = {
-    "change": (_change, 2), "area": (_area, 1), "earnings": (_earnings, 2), "distance": (_distance, 1),
-    "ages": (_ages, 2), "discount": (_discount, 2),
-}  # fmt: skip
+    "change": (_change, 2),
+    "area": (_area, 1),
+    "earnings": (_earnings, 2),
+    "distance": (_distance, 1),
+    "ages": (_ages, 2),
+    "discount": (_discount, 2),
+}
 
 
 def problem(r: random.Random, name: str, *, large: bool = False) -> dict[str, Any]:

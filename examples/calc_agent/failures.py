@@ -18,8 +18,17 @@ from examples.outcomes import Episode
 
 __all__ = ["KINDS", "failure_kind"]
 
-KINDS = ("correct", "timed_out", "failed", "no_tool_call", "bad_expression", "wrong_expression", "no_answer",
-         "extra_numbers", "wrong_final_answer")  # fmt: skip
+KINDS = (
+    "correct",
+    "timed_out",
+    "failed",
+    "no_tool_call",
+    "bad_expression",
+    "wrong_expression",
+    "no_answer",
+    "extra_numbers",
+    "wrong_final_answer",
+)
 
 
 def failure_kind(task: dict[str, Any], episode: Episode) -> str:

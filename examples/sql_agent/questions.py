@@ -21,9 +21,21 @@ from examples.sql_agent.database import domain_of, rows_of
 from examples.sql_agent.domains import Column, Table
 
 __all__ = [
-    "COMPARE", "FILTER", "GROUP", "JOIN", "ORDER", "Draft", "Variant", "an", "child_threshold", "join_on", "links",
-    "pick", "tables", "value",
-]  # fmt: skip
+    "COMPARE",
+    "FILTER",
+    "GROUP",
+    "JOIN",
+    "ORDER",
+    "Draft",
+    "Variant",
+    "an",
+    "child_threshold",
+    "join_on",
+    "links",
+    "pick",
+    "tables",
+    "value",
+]
 
 
 @dataclass(frozen=True)
@@ -59,8 +71,9 @@ def tables(db: str, *kinds: str) -> list[Table]:
 
 
 def links(db: str, child: tuple[str, ...] = (), parent: tuple[str, ...] = ()) -> list[tuple[Table, Column, Table]]:
-    return [(c, fk, p) for c, fk, p in domain_of(db).links()
-            if all(c.of(k) for k in child) and all(p.of(k) for k in parent)]  # fmt: skip
+    return [
+        (c, fk, p) for c, fk, p in domain_of(db).links() if all(c.of(k) for k in child) and all(p.of(k) for k in parent)
+    ]
 
 
 def child_threshold(r: random.Random, db: str) -> tuple[Table, Column, Table, Column, str, Any] | None:
@@ -92,9 +105,11 @@ def filter_category(r: random.Random, db: str) -> Draft | None:
         return None
     c = r.choice(t.of("cat"))
     v = value(r, db, t, c)
-    return Draft(f"List the {t.label.phrase}s of the {t.name} whose {c.phrase} is {v}.",
-                 f"SELECT {t.label.name} FROM {t.name} WHERE {c.name} = '{v}'",
-                 baseline=f"SELECT {t.label.name} FROM {t.name}")  # fmt: skip
+    return Draft(
+        f"List the {t.label.phrase}s of the {t.name} whose {c.phrase} is {v}.",
+        f"SELECT {t.label.name} FROM {t.name} WHERE {c.name} = '{v}'",
+        baseline=f"SELECT {t.label.name} FROM {t.name}",
+    )
 
 
 def filter_number(r: random.Random, db: str) -> Draft | None:
@@ -103,9 +118,11 @@ def filter_number(r: random.Random, db: str) -> Draft | None:
         return None
     n, word = r.choice(t.of("num")), r.choice(list(COMPARE))
     v = value(r, db, t, n)
-    return Draft(f"Which {t.name} have {an(n.phrase)} {word} {v}? Give their {t.label.phrase}s.",
-                 f"SELECT {t.label.name} FROM {t.name} WHERE {n.name} {COMPARE[word]} {v}",
-                 baseline=f"SELECT {t.label.name} FROM {t.name}")  # fmt: skip
+    return Draft(
+        f"Which {t.name} have {an(n.phrase)} {word} {v}? Give their {t.label.phrase}s.",
+        f"SELECT {t.label.name} FROM {t.name} WHERE {n.name} {COMPARE[word]} {v}",
+        baseline=f"SELECT {t.label.name} FROM {t.name}",
+    )
 
 
 def filter_count(r: random.Random, db: str) -> Draft | None:
@@ -114,9 +131,11 @@ def filter_count(r: random.Random, db: str) -> Draft | None:
         return None
     c, n, word = r.choice(t.of("cat")), r.choice(t.of("num")), r.choice(list(COMPARE))
     v, x = value(r, db, t, c), value(r, db, t, n)
-    return Draft(f"How many {t.name} have {c.phrase} {v} and {an(n.phrase)} {word} {x}?",
-                 f"SELECT COUNT(*) FROM {t.name} WHERE {c.name} = '{v}' AND {n.name} {COMPARE[word]} {x}",
-                 baseline=f"SELECT COUNT(*) FROM {t.name} WHERE {c.name} = '{v}'")  # fmt: skip
+    return Draft(
+        f"How many {t.name} have {c.phrase} {v} and {an(n.phrase)} {word} {x}?",
+        f"SELECT COUNT(*) FROM {t.name} WHERE {c.name} = '{v}' AND {n.name} {COMPARE[word]} {x}",
+        baseline=f"SELECT COUNT(*) FROM {t.name} WHERE {c.name} = '{v}'",
+    )
 
 
 def filter_between(r: random.Random, db: str) -> Draft | None:
@@ -125,9 +144,11 @@ def filter_between(r: random.Random, db: str) -> Draft | None:
         return None
     n = r.choice(t.of("num"))
     low, high = sorted((value(r, db, t, n), value(r, db, t, n)))
-    return Draft(f"List the {t.label.phrase}s of the {t.name} with {an(n.phrase)} between {low} and {high}.",
-                 f"SELECT {t.label.name} FROM {t.name} WHERE {n.name} BETWEEN {low} AND {high}",
-                 baseline=f"SELECT {t.label.name} FROM {t.name}")  # fmt: skip
+    return Draft(
+        f"List the {t.label.phrase}s of the {t.name} with {an(n.phrase)} between {low} and {high}.",
+        f"SELECT {t.label.name} FROM {t.name} WHERE {n.name} BETWEEN {low} AND {high}",
+        baseline=f"SELECT {t.label.name} FROM {t.name}",
+    )
 
 
 # --- order -----------------------------------------------------------------------------------------------------
@@ -135,8 +156,10 @@ def filter_between(r: random.Random, db: str) -> Draft | None:
 
 def top(t: Table, n: Column, k: int, most: bool, where: str = "") -> tuple[str, str]:
     order = f"ORDER BY {n.name} {'DESC' if most else 'ASC'}"
-    return (f"SELECT {t.label.name} FROM {t.name}{where} {order} LIMIT {k}",
-            f"SELECT {n.name} FROM {t.name}{where} {order} LIMIT {k + 1}")  # fmt: skip
+    return (
+        f"SELECT {t.label.name} FROM {t.name}{where} {order} LIMIT {k}",
+        f"SELECT {n.name} FROM {t.name}{where} {order} LIMIT {k + 1}",
+    )
 
 
 def order_top(r: random.Random, db: str) -> Draft | None:
@@ -145,8 +168,13 @@ def order_top(r: random.Random, db: str) -> Draft | None:
         return None
     n, k, most = r.choice(t.of("num")), r.randint(1, 5), r.random() < 0.5
     gold, probe = top(t, n, k, most)
-    return Draft(f"{which(k, t)} the {'highest' if most else 'lowest'} {n.phrase}? Give the {t.label.phrase}"
-                 f"{'s' if k > 1 else ''}.", gold, probe, k)  # fmt: skip
+    return Draft(
+        f"{which(k, t)} the {'highest' if most else 'lowest'} {n.phrase}? Give the {t.label.phrase}"
+        f"{'s' if k > 1 else ''}.",
+        gold,
+        probe,
+        k,
+    )
 
 
 def order_one(r: random.Random, db: str) -> Draft | None:
@@ -155,8 +183,12 @@ def order_one(r: random.Random, db: str) -> Draft | None:
         return None
     n, most = r.choice(t.of("num")), r.random() < 0.5
     gold, probe = top(t, n, 1, most)
-    return Draft(f"What is the {t.label.phrase} of the {t.singular} with the {'highest' if most else 'lowest'} "
-                 f"{n.phrase}?", gold, probe, 1)  # fmt: skip
+    return Draft(
+        f"What is the {t.label.phrase} of the {t.singular} with the {'highest' if most else 'lowest'} {n.phrase}?",
+        gold,
+        probe,
+        1,
+    )
 
 
 def order_within(r: random.Random, db: str) -> Draft | None:
@@ -166,9 +198,13 @@ def order_within(r: random.Random, db: str) -> Draft | None:
     n, c, k, most = r.choice(t.of("num")), r.choice(t.of("cat")), r.randint(1, 3), r.random() < 0.5
     v = value(r, db, t, c)
     gold, probe = top(t, n, k, most, f" WHERE {c.name} = '{v}'")
-    return Draft(f"Among the {t.name} whose {c.phrase} is {v}, {which(k, t).lower()} the "
-                 f"{'highest' if most else 'lowest'} {n.phrase}? Give the {t.label.phrase}{'s' if k > 1 else ''}.",
-                 gold, probe, k)  # fmt: skip
+    return Draft(
+        f"Among the {t.name} whose {c.phrase} is {v}, {which(k, t).lower()} the "
+        f"{'highest' if most else 'lowest'} {n.phrase}? Give the {t.label.phrase}{'s' if k > 1 else ''}.",
+        gold,
+        probe,
+        k,
+    )
 
 
 def order_most_children(r: random.Random, db: str) -> Draft | None:
@@ -178,9 +214,12 @@ def order_most_children(r: random.Random, db: str) -> Draft | None:
     child, fk, parent = link
     k = r.randint(1, 3)
     ranked = f"FROM {join_on(child, fk, parent)} GROUP BY {parent.name}.id ORDER BY COUNT(*) DESC"
-    return Draft(f"{which(k, parent)} the most {child.name}? Give the {parent.label.phrase}{'s' if k > 1 else ''}.",
-                 f"SELECT {parent.name}.{parent.label.name} {ranked} LIMIT {k}", f"SELECT COUNT(*) {ranked} "
-                 f"LIMIT {k + 1}", k)  # fmt: skip
+    return Draft(
+        f"{which(k, parent)} the most {child.name}? Give the {parent.label.phrase}{'s' if k > 1 else ''}.",
+        f"SELECT {parent.name}.{parent.label.name} {ranked} LIMIT {k}",
+        f"SELECT COUNT(*) {ranked} LIMIT {k + 1}",
+        k,
+    )
 
 
 # --- join ------------------------------------------------------------------------------------------------------
@@ -221,9 +260,11 @@ def join_total(r: random.Random, db: str) -> Draft | None:
     child, fk, parent = link
     n = r.choice([n for n in child.of("num") if n.additive])
     x = value(r, db, parent, parent.label)
-    return Draft(f"What is the total {n.phrase} of the {child.name} for the {fk.phrase} {x}?",
-                 f"SELECT SUM({child.name}.{n.name}) FROM {join_on(child, fk, parent)} "
-                 f"WHERE {parent.name}.{parent.label.name} = '{x}'")  # fmt: skip
+    return Draft(
+        f"What is the total {n.phrase} of the {child.name} for the {fk.phrase} {x}?",
+        f"SELECT SUM({child.name}.{n.name}) FROM {join_on(child, fk, parent)} "
+        f"WHERE {parent.name}.{parent.label.name} = '{x}'",
+    )
 
 
 def join_parents(r: random.Random, db: str) -> Draft | None:
@@ -231,10 +272,13 @@ def join_parents(r: random.Random, db: str) -> Draft | None:
     if drawn is None:
         return None
     child, fk, parent, n, word, x = drawn
-    return Draft(f"Which {parent.name} have {an(child.singular)} with {an(n.phrase)} {word} {x}? Give their "
-                 f"{parent.label.phrase}s.", f"SELECT DISTINCT {parent.name}.{parent.label.name} FROM "
-                 f"{join_on(child, fk, parent)} WHERE {child.name}.{n.name} {COMPARE[word]} {x}",
-                 baseline=f"SELECT {parent.label.name} FROM {parent.name}")  # fmt: skip
+    return Draft(
+        f"Which {parent.name} have {an(child.singular)} with {an(n.phrase)} {word} {x}? Give their "
+        f"{parent.label.phrase}s.",
+        f"SELECT DISTINCT {parent.name}.{parent.label.name} FROM "
+        f"{join_on(child, fk, parent)} WHERE {child.name}.{n.name} {COMPARE[word]} {x}",
+        baseline=f"SELECT {parent.label.name} FROM {parent.name}",
+    )
 
 
 # --- group -----------------------------------------------------------------------------------------------------
@@ -269,10 +313,12 @@ def group_per_parent(r: random.Random, db: str) -> Draft | None:
     if link is None:
         return None
     child, fk, parent = link
-    return Draft(f"How many {child.name} does each {fk.phrase} have (those with at least one)? Give the "
-                 f"{fk.phrase}'s {parent.label.phrase} and the count.",
-                 f"SELECT {parent.name}.{parent.label.name}, COUNT(*) FROM {join_on(child, fk, parent)} "
-                 f"GROUP BY {parent.name}.id")  # fmt: skip
+    return Draft(
+        f"How many {child.name} does each {fk.phrase} have (those with at least one)? Give the "
+        f"{fk.phrase}'s {parent.label.phrase} and the count.",
+        f"SELECT {parent.name}.{parent.label.name}, COUNT(*) FROM {join_on(child, fk, parent)} "
+        f"GROUP BY {parent.name}.id",
+    )
 
 
 def group_having(r: random.Random, db: str) -> Draft | None:
@@ -294,9 +340,12 @@ def group_by_parent_category(r: random.Random, db: str) -> Draft | None:
         return None
     child, fk, parent = link
     c, n = r.choice(parent.of("cat")), r.choice(child.of("num"))
-    return Draft(f"What is the average {n.phrase} of the {child.name} for each {fk.phrase} {c.phrase}? Give each "
-                 f"{c.phrase} and the average.", f"SELECT {parent.name}.{c.name}, AVG({child.name}.{n.name}) FROM "
-                 f"{join_on(child, fk, parent)} GROUP BY {parent.name}.{c.name}")  # fmt: skip
+    return Draft(
+        f"What is the average {n.phrase} of the {child.name} for each {fk.phrase} {c.phrase}? Give each "
+        f"{c.phrase} and the average.",
+        f"SELECT {parent.name}.{c.name}, AVG({child.name}.{n.name}) FROM "
+        f"{join_on(child, fk, parent)} GROUP BY {parent.name}.{c.name}",
+    )
 
 
 def group_filtered(r: random.Random, db: str) -> Draft | None:
@@ -305,10 +354,12 @@ def group_filtered(r: random.Random, db: str) -> Draft | None:
         return None
     c, n, word = r.choice(t.of("cat")), r.choice(t.of("num")), r.choice(("above", "below"))
     x = value(r, db, t, n)
-    return Draft(f"How many {t.name} with {an(n.phrase)} {word} {x} are there for each {c.phrase}? Give each "
-                 f"{c.phrase} and its count.", f"SELECT {c.name}, COUNT(*) FROM {t.name} WHERE {n.name} "
-                 f"{COMPARE[word]} {x} GROUP BY {c.name}",
-                 baseline=f"SELECT {c.name}, COUNT(*) FROM {t.name} GROUP BY {c.name}")  # fmt: skip
+    return Draft(
+        f"How many {t.name} with {an(n.phrase)} {word} {x} are there for each {c.phrase}? Give each "
+        f"{c.phrase} and its count.",
+        f"SELECT {c.name}, COUNT(*) FROM {t.name} WHERE {n.name} {COMPARE[word]} {x} GROUP BY {c.name}",
+        baseline=f"SELECT {c.name}, COUNT(*) FROM {t.name} GROUP BY {c.name}",
+    )
 
 
 def group_having_average(r: random.Random, db: str) -> Draft | None:
@@ -317,9 +368,11 @@ def group_having_average(r: random.Random, db: str) -> Draft | None:
         return None
     c, n, word = r.choice(t.of("cat")), r.choice(t.of("num")), r.choice(("above", "below"))
     x = value(r, db, t, n)
-    return Draft(f"Which {c.phrase} values have an average {n.phrase} {word} {x} among their {t.name}?",
-                 f"SELECT {c.name} FROM {t.name} GROUP BY {c.name} HAVING AVG({n.name}) {COMPARE[word]} {x}",
-                 baseline=f"SELECT DISTINCT {c.name} FROM {t.name}")  # fmt: skip
+    return Draft(
+        f"Which {c.phrase} values have an average {n.phrase} {word} {x} among their {t.name}?",
+        f"SELECT {c.name} FROM {t.name} GROUP BY {c.name} HAVING AVG({n.name}) {COMPARE[word]} {x}",
+        baseline=f"SELECT DISTINCT {c.name} FROM {t.name}",
+    )
 
 
 def group_per_parent_filtered(r: random.Random, db: str) -> Draft | None:
@@ -327,14 +380,24 @@ def group_per_parent_filtered(r: random.Random, db: str) -> Draft | None:
     if drawn is None:
         return None
     child, fk, parent, n, word, x = drawn
-    return Draft(f"How many {child.name} with {an(n.phrase)} {word} {x} does each {fk.phrase} have (those with at "
-                 f"least one)? Give the {fk.phrase}'s {parent.label.phrase} and the count.",
-                 f"SELECT {parent.name}.{parent.label.name}, COUNT(*) FROM {join_on(child, fk, parent)} "
-                 f"WHERE {child.name}.{n.name} {COMPARE[word]} {x} GROUP BY {parent.name}.id")  # fmt: skip
+    return Draft(
+        f"How many {child.name} with {an(n.phrase)} {word} {x} does each {fk.phrase} have (those with at "
+        f"least one)? Give the {fk.phrase}'s {parent.label.phrase} and the count.",
+        f"SELECT {parent.name}.{parent.label.name}, COUNT(*) FROM {join_on(child, fk, parent)} "
+        f"WHERE {child.name}.{n.name} {COMPARE[word]} {x} GROUP BY {parent.name}.id",
+    )
 
 
 FILTER: tuple[Variant, ...] = (filter_category, filter_number, filter_count, filter_between)
 ORDER: tuple[Variant, ...] = (order_top, order_one, order_within, order_most_children)
 JOIN: tuple[Variant, ...] = (join_count, join_list, join_total, join_parents)
-GROUP: tuple[Variant, ...] = (group_count, group_aggregate, group_per_parent, group_having, group_by_parent_category,
-                              group_filtered, group_having_average, group_per_parent_filtered)  # fmt: skip
+GROUP: tuple[Variant, ...] = (
+    group_count,
+    group_aggregate,
+    group_per_parent,
+    group_having,
+    group_by_parent_category,
+    group_filtered,
+    group_having_average,
+    group_per_parent_filtered,
+)

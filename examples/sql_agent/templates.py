@@ -14,8 +14,12 @@ from examples.sql_agent.questions import FILTER, GROUP, JOIN, ORDER, Draft, Vari
 __all__ = ["TEMPLATES", "draft"]
 
 TEMPLATES: dict[str, tuple[Variant, ...]] = {
-    "filter": FILTER, "order": ORDER, "join": JOIN, "group": GROUP, "nested": NESTED,
-}  # fmt: skip
+    "filter": FILTER,
+    "order": ORDER,
+    "join": JOIN,
+    "group": GROUP,
+    "nested": NESTED,
+}
 
 
 def draft(template: str, r: random.Random, db: str) -> Draft | None:

@@ -71,11 +71,16 @@ def test_outcomes_are_filed_by_split_and_version_with_missing_episodes_unsolved(
     example = load_example("calc_agent")
     splits = dataset(example, ExampleOptions(train=4, heldout=3, unseen=2))
     first, second = splits.heldout[0].task_id, splits.unseen[1].task_id
-    episodes = [Episode(first, "0", "succeeded", 0.0, [{"content": "no idea"}]),
-                Episode(first, "2", "succeeded", 1.0), Episode(second, "2", "timed_out", 0.0)]  # fmt: skip
+    episodes = [
+        Episode(first, "0", "succeeded", 0.0, [{"content": "no idea"}]),
+        Episode(first, "2", "succeeded", 1.0),
+        Episode(second, "2", "timed_out", 0.0),
+    ]
     outcomes = outcomes_by_split(example, splits, episodes)["outcomes"]
-    assert outcomes["heldout"]["by_version"]["0"] == {"solved": [False] * 3,
-                                                      "failures": ["no_tool_call", "missing", "missing"]}  # fmt: skip
+    assert outcomes["heldout"]["by_version"]["0"] == {
+        "solved": [False] * 3,
+        "failures": ["no_tool_call", "missing", "missing"],
+    }
     assert outcomes["heldout"]["by_version"]["2"]["solved"] == [True, False, False]
     assert outcomes["unseen"]["by_version"]["2"]["failures"] == ["missing", "timed_out"]
     assert outcomes["unseen"]["templates"] == [t.input["template"] for t in splits.unseen]
@@ -84,8 +89,12 @@ def test_outcomes_are_filed_by_split_and_version_with_missing_episodes_unsolved(
 def test_pooled_gain_averages_seeds_per_task_and_stays_inside_what_a_share_can_be() -> None:
     same = pooled_gain([([False] * 10, [True] * 10)] * 3)
     assert same == {"gain": 1.0, "ci95": [1.0, 1.0], "n": 10}
-    mixed = pooled_gain([([False, False, True, True], [True, False, True, False]),
-                         ([False, False, True, True], [True, True, True, True])])  # fmt: skip
+    mixed = pooled_gain(
+        [
+            ([False, False, True, True], [True, False, True, False]),
+            ([False, False, True, True], [True, True, True, True]),
+        ]
+    )
     assert mixed["gain"] == pytest.approx(0.25) and mixed["ci95"][0] < 0.25 < mixed["ci95"][1]
     assert mixed["ci95"][0] >= -1.0 and mixed["ci95"][1] <= 1.0
     with pytest.raises(ValueError):
@@ -110,9 +119,17 @@ def test_the_scenarios_summary_pools_seeds_and_reads_the_baselines_from_their_pa
 
     def part(before: list[bool], after: list[bool] | None, **figures: object) -> dict:
         versions = {"0": before} | ({"20": after} if after is not None else {})
-        outcomes = {split: {"tasks": ["a", "b"], "templates": ["buy", "area"], "by_version": {
-            v: {"solved": s, "failures": ["correct" if x else "no_tool_call" for x in s]} for v, s in versions.items()}}
-            for split in ("heldout", "unseen")}  # fmt: skip
+        outcomes = {
+            split: {
+                "tasks": ["a", "b"],
+                "templates": ["buy", "area"],
+                "by_version": {
+                    v: {"solved": s, "failures": ["correct" if x else "no_tool_call" for x in s]}
+                    for v, s in versions.items()
+                },
+            }
+            for split in ("heldout", "unseen")
+        }
         return {"outcomes": compact({"outcomes": outcomes}), **figures}
 
     runs = {

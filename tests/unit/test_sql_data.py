@@ -38,8 +38,11 @@ TRAIN = 2000  # what the benches draw at most
 
 @functools.cache
 def splits() -> dict[str, list[dict[str, Any]]]:
-    return {"train": data.train_tasks(TRAIN), "heldout": data.heldout_tasks(data.HELDOUT_SIZE),
-            "unseen": data.unseen_tasks(data.UNSEEN_SIZE)}  # fmt: skip
+    return {
+        "train": data.train_tasks(TRAIN),
+        "heldout": data.heldout_tasks(data.HELDOUT_SIZE),
+        "unseen": data.unseen_tasks(data.UNSEEN_SIZE),
+    }
 
 
 def domain(task: dict[str, Any]) -> str:
@@ -150,8 +153,13 @@ def test_unknown_databases_fail_clearly() -> None:
 
 def test_the_same_guard_runs_on_every_database() -> None:
     path = database_path(UNSEEN_DATABASES[0])
-    for bad in ("DELETE FROM ports", "DROP TABLE ports", "ATTACH DATABASE 'x.db' AS x", "PRAGMA writable_schema = 1",
-                "SELECT 1; SELECT 2"):  # fmt: skip
+    for bad in (
+        "DELETE FROM ports",
+        "DROP TABLE ports",
+        "ATTACH DATABASE 'x.db' AS x",
+        "PRAGMA writable_schema = 1",
+        "SELECT 1; SELECT 2",
+    ):
         assert run_query(path, bad).rows is None, bad
     slow = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT COUNT(*) FROM n"
     assert run_query(path, slow, time_limit_s=0.2).error == "query took too long"
@@ -183,8 +191,9 @@ def episode(db: str | None, answers: dict[str, str], question: str = "q?") -> li
 def test_the_prompts_show_the_schema_of_the_tasks_database(split: str) -> None:
     task = splits()[split][7]
     others = {schema_text(db) for db in (*TRAIN_DATABASES, *UNSEEN_DATABASES)} - {schema_text(task["db"])}
-    calls = episode(task["db"], {WRITE: "SELECT * FROM nowhere", CHECK: "wrong", REWRITE: task["gold_sql"]},
-                    task["question"])  # fmt: skip
+    calls = episode(
+        task["db"], {WRITE: "SELECT * FROM nowhere", CHECK: "wrong", REWRITE: task["gold_sql"]}, task["question"]
+    )
     (_, write), *_ = calls
     rewrites = [user for system, user in calls if system == REWRITE]
     assert rewrites and all(schema_text(task["db"]) in user for user in (write, *rewrites))

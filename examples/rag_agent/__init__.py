@@ -5,8 +5,7 @@ from examples.spec import Example
 
 EXAMPLE = Example(
     name="rag_agent", framework="OpenAI Agents SDK", agent="examples.rag_agent.agent:run",
-    train_tasks=data.train_tasks, heldout_tasks=data.heldout_tasks, unseen_tasks=data.unseen_tasks,
-    trained_agents=("researcher",), max_calls=4,
+    train_tasks=data.train_tasks, heldout_tasks=data.heldout_tasks, trained_agents=("researcher",), max_calls=4,
     agent_pattern="researcher", credit="intermediate", gamma=1.0,
     teacher=teacher.teach,
 )  # fmt: skip

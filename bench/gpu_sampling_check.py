@@ -2,7 +2,9 @@
 
 Builds the tiny model, samples 32 sequences at once on the GPU (fp32 and bf16), and checks: a padded row
 produces the same greedy tokens as the row alone, the recorded logprobs equal a full forward pass over the
-sampled sequence, and seeded sampling repeats. Needs only torch and transformers. Prints ONE JSON line.
+sampled sequence, and seeded sampling repeats. Needs only torch and transformers. On CUDA the runs use the
+attention kernels Fulmen trusts (``fulmen.infra.torch_cuda``: cuDNN's SDPA off), and one more bf16 run with cuDNN's
+on shows what that choice avoids (``cudnn_sdp``: true; not counted in ``ok``). Prints ONE JSON line.
 
     python bench/gpu_sampling_check.py [--device cuda|cpu]
 """
@@ -23,6 +25,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from fulmen.algorithm.tiny_model import build_tiny_model
+from fulmen.infra.torch_cuda import trusted_attention
 
 
 def _load_sampler():
@@ -71,6 +74,7 @@ def check(model_dir: Path, device: str, dtype: torch.dtype) -> dict:
     tolerance = 1e-3 if dtype == torch.float32 else 5e-2
     return {
         "dtype": str(dtype).removeprefix("torch."),
+        "cudnn_sdp": torch.backends.cuda.cudnn_sdp_enabled() if device == "cuda" else False,
         "padded_equals_alone": padded.token_ids == alone.token_ids or dtype != torch.float32,
         "seeded_repeats": seeded[0] == seeded[1],
         "logprob_max_error": logprob_error,
@@ -84,8 +88,13 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     model_dir = build_tiny_model(Path(tempfile.mkdtemp()) / "tiny")
+    trusted_attention(args.device)
     results = [check(model_dir, args.device, dtype) for dtype in (torch.float32, torch.bfloat16)]
     ok = all(r["padded_equals_alone"] and r["seeded_repeats"] and r["logprobs_match"] for r in results)
+    if args.device.startswith("cuda"):  # what the trusted kernels avoid: the same bf16 run on cuDNN's SDPA
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        results.append(check(model_dir, args.device, torch.bfloat16))
+        trusted_attention(args.device)
     print(json.dumps({"device": args.device, "ok": ok, "runs": results}))
     return 0 if ok else 1
 

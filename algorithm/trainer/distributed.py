@@ -55,6 +55,7 @@ from fulmen.algorithm.errors import ConfigurationError, FulmenError
 from fulmen.algorithm.trainer.base import StepMetrics, atomic_directory
 from fulmen.algorithm.trainer.logprobs import token_logprobs
 from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig, _no_progress_bars
+from fulmen.infra.torch_cuda import trusted_attention
 
 __all__ = [
     "COMMAND_TIMEOUT",
@@ -136,6 +137,7 @@ def join(device: str, timeout_s: float) -> World:
                                  "--nproc N` or under torchrun")  # fmt: skip
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     resolved = rank_device(device, local_rank)
+    trusted_attention(resolved)
     if not dist.is_initialized():
         backend = "cpu:gloo,cuda:nccl" if resolved.type == "cuda" else "gloo"
         if resolved.type == "cuda":

@@ -54,6 +54,7 @@ from fulmen.algorithm.losses import (
 )
 from fulmen.algorithm.trainer.base import StepMetrics, atomic_directory
 from fulmen.algorithm.trainer.logprobs import Work, token_logprobs
+from fulmen.infra.torch_cuda import trusted_attention
 
 __all__ = ["LoraSettings", "TorchTrainer", "TorchTrainerConfig"]
 
@@ -152,6 +153,7 @@ class TorchTrainer:
     def __init__(self, config: TorchTrainerConfig) -> None:
         self.config = config
         self.device = _resolve_device(config.device)
+        trusted_attention(self.device)
         self.compute_dtype = _resolve_dtype(config.dtype, self.device)
         torch.manual_seed(config.seed)
         self.tokenizer = _load_tokenizer(config.model_path)

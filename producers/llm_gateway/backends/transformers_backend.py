@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fulmen.infra.torch_cuda import trusted_attention
 from fulmen.producers.llm_gateway.backends.base import CallResult, Choice, VersionRefusedError
 from fulmen.producers.llm_gateway.backends.sampling import Row, RowOutput, generate
 from fulmen.producers.llm_gateway.backends.tokenizing import (
@@ -211,6 +212,7 @@ class TransformersBackend:
         device = self.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        trusted_attention(device)
         dtype = "auto" if self.options.dtype == "auto" else getattr(torch, self.options.dtype)
         started = time.perf_counter()
         with _LOADING, no_progress_bars():

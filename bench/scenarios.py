@@ -28,7 +28,8 @@ ends, and a part already there is skipped unless ``--rerun``; ``--arms`` and ``-
 
 Prints one JSON object on its last line keyed by scenario with the issue's keys (``seeds``, ``heldout_before``,
 ``heldout_after``, ``gain_by_seed``, ``heldout_ci95``, ``heldout_n``, ``unseen_before``, ``unseen_after``,
-``unseen_ci95``, ``unseen_n``, ``sft_baseline_after``, ``zero_shot``, ``control_delta``, ``by_template``,
+``unseen_ci95``, ``unseen_n``, ``sft_baseline_after``, ``zero_shot``, ``control_delta`` (and
+``control_unseen_delta``), ``by_template``,
 ``failures_before``, ``failures_after``, ``wall_s``, ``s_per_step``, ``engine``, ``model``) and ``results``, the
 path of the JSON file; the figure (every seed, the control, the baselines) goes to ``--plot``.
 """
@@ -258,9 +259,10 @@ def summary(name: str, runs: dict[str, Any]) -> dict[str, Any]:
                 by_split.setdefault(split, []).append(data["by_version"][versions[index]]["failures"])
         out[f"failures_{when}"] = {split: failure_counts(kinds) for split, kinds in by_split.items()} or None
     control = runs.get("control/0")
-    control_pairs = _pairs([control], "heldout") if control and "outcomes" in control else []
-    out["control_delta"] = pooled_gain(control_pairs)["gain"] if control_pairs else None
-    out["control_ci95"] = pooled_gain(control_pairs)["ci95"] if control_pairs else None
+    for split, key in (("heldout", "control"), ("unseen", "control_unseen")):  # the unseen split too: a skeptic
+        pairs = _pairs([control], split) if control and "outcomes" in control else []  # asks what noise alone does
+        out[f"{key}_delta"] = pooled_gain(pairs)["gain"] if pairs else None
+        out[f"{key}_ci95"] = pooled_gain(pairs)["ci95"] if pairs else None
     out["sft_baseline_after"] = _only_version(runs.get("sft/0"), "heldout")
     out["sft_baseline_unseen"] = _only_version(runs.get("sft/0"), "unseen")
     out["sft_tokens"] = (runs.get("sft/0") or {}).get("sft_tokens")
@@ -368,7 +370,8 @@ def markdown(name: str, summed: dict[str, Any]) -> str:
         + " |",
     ]
     control = (
-        f"{100 * summed['control_delta']:+.1f} points {_points(summed.get('control_ci95'))}"
+        f"{100 * summed['control_delta']:+.1f} points {_points(summed.get('control_ci95'))} (unseen shapes: "
+        f"{100 * (summed.get('control_unseen_delta') or 0):+.1f} {_points(summed.get('control_unseen_ci95'))})"
         if summed.get("control_delta") is not None
         else "not run yet"
     )

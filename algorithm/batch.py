@@ -152,8 +152,9 @@ class TrainBatch:
         lengths = self.attention_mask.sum(dim=-1).tolist()
         rows = [row[:length] for row, length in zip(self.input_ids.tolist(), lengths, strict=True)]
         order = torch.tensor(sorted(range(self.size), key=rows.__getitem__), dtype=torch.long)
-        return TrainBatch(**{f.name: getattr(self, f.name)[order.to(self.input_ids.device)]
-                             for f in dataclasses.fields(self)})  # fmt: skip
+        return TrainBatch(
+            **{f.name: getattr(self, f.name)[order.to(self.input_ids.device)] for f in dataclasses.fields(self)}
+        )
 
     def split_by_tree(self, max_nodes: int) -> list[TrainBatch]:
         """Consecutive micro-batches whose rows' prefix tree holds at most ``max_nodes`` tokens (a longer row is a

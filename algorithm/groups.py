@@ -149,8 +149,14 @@ class GroupBook:
             group = self.open.pop(group_id)
             kept = self.keep(len(group.rollouts), self.min_group_size)
             closed.append(group.close(partial=True, kept=kept))
-            log.warning("group %s timed out with %d of %d rollouts: %s (policy %s)", group_id, len(group.rollouts),
-                        group.spec.size, "kept" if kept else "dropped", self.policy)  # fmt: skip
+            log.warning(
+                "group %s timed out with %d of %d rollouts: %s (policy %s)",
+                group_id,
+                len(group.rollouts),
+                group.spec.size,
+                "kept" if kept else "dropped",
+                self.policy,
+            )
         return closed
 
     def next_deadline(self) -> float | None:

@@ -120,16 +120,20 @@ def rollout_return(batch: TransitionBatch, missing_reward: float = 0.0) -> float
 def _episode_scope(groups: Sequence[ClosedGroup], missing: float) -> list[Unit]:
     return [
         Unit(g.group_id, rollout_return(r, missing), tuple(r.transitions))
-        for g in groups for r in g.rollouts if r.transitions
-    ]  # fmt: skip
+        for g in groups
+        for r in g.rollouts
+        if r.transitions
+    ]
 
 
 @ADVANTAGE_SCOPES.register(AdvantageScope.TRANSITION)
 def _transition_scope(groups: Sequence[ClosedGroup], missing: float) -> list[Unit]:
     return [
         Unit(g.group_id, missing if t.reward is None else float(t.reward), (t,))
-        for g in groups for r in g.rollouts for t in r.transitions
-    ]  # fmt: skip
+        for g in groups
+        for r in g.rollouts
+        for t in r.transitions
+    ]
 
 
 def scope_rewards(
@@ -172,17 +176,24 @@ def build_samples(
     if not units:
         return StepSamples([], returns, [])
     advantages = compute_advantages(estimator, rewards, encode_group_ids(u.group_id for u in units))
-    per_call = [(unit.group_id, t, advantage) for unit, advantage in zip(units, advantages.tolist(), strict=True)
-                for t in unit.transitions]  # fmt: skip
+    per_call = [
+        (unit.group_id, t, advantage)
+        for unit, advantage in zip(units, advantages.tolist(), strict=True)
+        for t in unit.transitions
+    ]
     if step_weight is not None:
         per_call = _with_step_advantages(groups, per_call, estimator, missing_reward, step_weight)
     samples = [
         Sample(
-            prompt_token_ids=t.prompt_token_ids, response_token_ids=t.response_token_ids, advantage=advantage,
-            old_logprobs=t.response_logprobs, group_id=group_id, model_version=t.model_version,
+            prompt_token_ids=t.prompt_token_ids,
+            response_token_ids=t.response_token_ids,
+            advantage=advantage,
+            old_logprobs=t.response_logprobs,
+            group_id=group_id,
+            model_version=t.model_version,
         )
         for group_id, t, advantage in per_call
-    ]  # fmt: skip
+    ]
     penalized = int((penalties < 0).sum()) if overlong is not None else 0
     return StepSamples(samples, returns, [s.advantage for s in samples], penalized)
 

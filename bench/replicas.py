@@ -92,11 +92,20 @@ async def phase(settings: FulmenSettings, servers: list[VllmStandIn], args: argp
     prefix = f"b{secrets.token_hex(4)}."
     run = FulmenSettings(home=settings.home, kafka=settings.kafka.model_copy(update={"topic_prefix": prefix}))
     await ensure_topics(run)
-    gateway = LlmGateway(LlmGatewaySettings(
-        home=run.home, kafka=run.kafka.model_dump(),
-        llm={"backend": "vllm", "model": BASE_MODEL, "upstream_url": ",".join(s.url for s in servers),
-             "model_version": 0, "port": free_port(), "replica_retry_s": 0.5},
-    ))  # fmt: skip
+    gateway = LlmGateway(
+        LlmGatewaySettings(
+            home=run.home,
+            kafka=run.kafka.model_dump(),
+            llm={
+                "backend": "vllm",
+                "model": BASE_MODEL,
+                "upstream_url": ",".join(s.url for s in servers),
+                "model_version": 0,
+                "port": free_port(),
+                "replica_retry_s": 0.5,
+            },
+        )
+    )
     await gateway.start()
     try:
         load = asyncio.create_task(agents(gateway.port, args.clients, args.calls_per_rollout, args.seconds))
@@ -127,8 +136,12 @@ async def measure(args: argparse.Namespace, home: Path, bootstrap: str) -> dict[
     settings = FulmenSettings(home=home, kafka={"bootstrap": bootstrap})
     checkpoint = home / "v1"
     checkpoint.mkdir()
-    options = {"delay_s": args.generation_ms / 1000, "load_delay_s": args.load_ms / 1000,
-               "max_num_seqs": args.max_num_seqs, "root": str(home)}  # fmt: skip
+    options = {
+        "delay_s": args.generation_ms / 1000,
+        "load_delay_s": args.load_ms / 1000,
+        "max_num_seqs": args.max_num_seqs,
+        "root": str(home),
+    }
     servers = [VllmStandIn(**options) for _ in range(3)]
     for server in servers:
         await server.start()
@@ -147,8 +160,9 @@ async def measure(args: argparse.Namespace, home: Path, bootstrap: str) -> dict[
         async def publish(gateway: LlmGateway, run: FulmenSettings) -> dict:
             started = time.monotonic()
             async with event_publisher(run) as publisher:
-                await publisher.publish(TopicKey.MODELS, ModelVersion(model_name="fulmen", version=1,
-                                                                      uri=str(checkpoint)))  # fmt: skip
+                await publisher.publish(
+                    TopicKey.MODELS, ModelVersion(model_name="fulmen", version=1, uri=str(checkpoint))
+                )
             while gateway.backend.model_version != 1:
                 await asyncio.sleep(0.01)
             return {"roll_s": round(time.monotonic() - started, 2)}

@@ -48,8 +48,9 @@ class WorkerSink(Protocol):
     name: str
     topic: TopicKey
 
-    def worker(self, settings: FulmenSettings, kafka_consumer: Any, store: Store, dead_letters: DeadLetters,
-               group_prefix: str) -> Any: ...  # fmt: skip
+    def worker(
+        self, settings: FulmenSettings, kafka_consumer: Any, store: Store, dead_letters: DeadLetters, group_prefix: str
+    ) -> Any: ...
 
 
 def consume_sinks(settings: FulmenSettings) -> list[Sink | WorkerSink]:
@@ -120,10 +121,14 @@ class ConsumersApp:
                     worker = sink.worker(self.settings, kafka_consumer, self.store, dead_letters, group_prefix)
                 else:
                     worker = BatchConsumer(
-                        sink, kafka_consumer, self.store, dead_letters,
-                        max_records=self.options.max_records, max_bytes=self.options.max_bytes,
+                        sink,
+                        kafka_consumer,
+                        self.store,
+                        dead_letters,
+                        max_records=self.options.max_records,
+                        max_bytes=self.options.max_bytes,
                         max_wait_s=self.options.max_wait_s,
-                    )  # fmt: skip
+                    )
                 # Start before subscribing: start() then only connects (bounded by the connect timeout),
                 # and the group join, which may wait out a crashed member's session, happens while polling.
                 await start_or_raise(kafka_consumer, self.settings, f"consumer {group}")
@@ -145,8 +150,13 @@ class ConsumersApp:
     def _subscribe(self, broker: Any, sink: EventSink, group: str, dead_letters: DeadLetters) -> SinkHandler:
         """Declare ``sink``'s faststream subscriber on ``broker``, handled by a new :class:`SinkHandler`."""
         handler = SinkHandler(sink, self.store, dead_letters)
-        subscriber = subscribe(broker, sink, consumer_group(self.settings, group),
-                               max_records=self.options.max_records, max_wait_s=self.options.max_wait_s)  # fmt: skip
+        subscriber = subscribe(
+            broker,
+            sink,
+            consumer_group(self.settings, group),
+            max_records=self.options.max_records,
+            max_wait_s=self.options.max_wait_s,
+        )
         subscriber(handler.handler())
         return handler
 

@@ -182,14 +182,21 @@ class BatchConsumer:
         self.stats.last_batch_at = time.time()
         log.info(
             "%s: batch of %d records (%d rows) into %s committed %s",
-            self.sink.name, len(records), rows, self.sink.table, describe_offsets(offsets),
-        )  # fmt: skip
+            self.sink.name,
+            len(records),
+            rows,
+            self.sink.table,
+            describe_offsets(offsets),
+        )
 
     async def _insert(self, batch: pa.Table | EncodedRows) -> int:
         return await retrying(  # no stop event: retried until the store takes it, never skipped
             lambda: asyncio.to_thread(self.store.insert_batch, self.sink.table, batch),
-            what=f"{self.sink.name}: insert", retry_on=(RetryableError,), base_s=self.retry_backoff_s, logger=log,
-        )  # fmt: skip
+            what=f"{self.sink.name}: insert",
+            retry_on=(RetryableError,),
+            base_s=self.retry_backoff_s,
+            logger=log,
+        )
 
     async def _to_batch(self, units: list[Any], records: list[ConsumerRecord]) -> pa.Table | EncodedRows:
         try:

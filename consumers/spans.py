@@ -38,10 +38,17 @@ def native_flattener() -> Any | None:
     except ImportError:
         return None
     return Flattener(
-        semconv.SERVICE_NAME, semconv.ROLLOUT_ID, semconv.ROLLOUT_ATTEMPT, semconv.MODEL_VERSION,
-        semconv.PROMPT_TOKEN_IDS, semconv.RESPONSE_TOKEN_IDS, semconv.RESPONSE_LOGPROBS, semconv.TOKEN_ARRAY_INVALID,
-        list(semconv.AGENT_NAME_KEYS), list(semconv.REWARD_KEYS),
-    )  # fmt: skip
+        semconv.SERVICE_NAME,
+        semconv.ROLLOUT_ID,
+        semconv.ROLLOUT_ATTEMPT,
+        semconv.MODEL_VERSION,
+        semconv.PROMPT_TOKEN_IDS,
+        semconv.RESPONSE_TOKEN_IDS,
+        semconv.RESPONSE_LOGPROBS,
+        semconv.TOKEN_ARRAY_INVALID,
+        list(semconv.AGENT_NAME_KEYS),
+        list(semconv.REWARD_KEYS),
+    )
 
 
 class SpanSink:

@@ -224,8 +224,9 @@ class Gateway(abc.ABC):
             return
         _, pending = await asyncio.wait(tasks, timeout=_TASK_GRACE_S)
         for task in pending:
-            log.warning("%s: %s did not end within %.0fs of stopping; cancelled", self.name, task.get_name(),
-                        _TASK_GRACE_S)  # fmt: skip
+            log.warning(
+                "%s: %s did not end within %.0fs of stopping; cancelled", self.name, task.get_name(), _TASK_GRACE_S
+            )
             task.cancel()
         if pending:
             await asyncio.wait(pending)

@@ -71,9 +71,18 @@ class SystemEvaluator:
     (e.g. ``Services.check``: a service that died stops the wait with its error). ``evidence`` reads the failing
     rollouts from the store (None: episodes carry no evidence)."""
 
-    def __init__(self, dispatch: EventPublisher, bundles: EventPublisher, collector: Collector,
-                 tasks: Sequence[DatasetTask], loop: asyncio.AbstractEventLoop, options: EvaluatorOptions, *,
-                 evidence: Evidence | None = None, check: Callable[[], None] = lambda: None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        dispatch: EventPublisher,
+        bundles: EventPublisher,
+        collector: Collector,
+        tasks: Sequence[DatasetTask],
+        loop: asyncio.AbstractEventLoop,
+        options: EvaluatorOptions,
+        *,
+        evidence: Evidence | None = None,
+        check: Callable[[], None] = lambda: None,
+    ) -> None:
         ids = [task.task_id for task in tasks]
         if len(set(ids)) != len(ids):
             raise ConfigurationError("the evaluator's tasks must have distinct task ids (train, val and test together)")
@@ -87,8 +96,7 @@ class SystemEvaluator:
     def bundle(self, slots: Mapping[str, str]) -> PromptBundle:
         """The bundle these slots make (its id is the candidate's id)."""
         o = self.options
-        return PromptBundle.create(slots, templates=o.templates, agent=o.bundle_agent, source=o.source,
-                                   run_id=o.run_id)  # fmt: skip
+        return PromptBundle.create(slots, templates=o.templates, agent=o.bundle_agent, source=o.source, run_id=o.run_id)
 
     def run(self, slots: Mapping[str, str], task_ids: Sequence[str]) -> list[Episode]:
         """One episode per task id, in order; called from a thread other than the event loop's."""
@@ -114,11 +122,17 @@ class SystemEvaluator:
             self.published[bundle.bundle_id] = bundle
         o = self.options
         dispatcher = Dispatcher(
-            self.dispatch, [self.tasks[t] for t in task_ids], group_size=1, max_in_flight=len(task_ids),
-            mode=RolloutMode.VAL, cycle=False, rollout_timeout_s=o.rollout_timeout_s, max_attempts=o.max_attempts,
+            self.dispatch,
+            [self.tasks[t] for t in task_ids],
+            group_size=1,
+            max_in_flight=len(task_ids),
+            mode=RolloutMode.VAL,
+            cycle=False,
+            rollout_timeout_s=o.rollout_timeout_s,
+            max_attempts=o.max_attempts,
             metadata={"agent": o.agent} if o.agent else None,
             prompt_bundle=bundle.bundle_id if bundle is not None else None,
-        )  # fmt: skip
+        )
         groups = await dispatcher.fill(o.model_version)
         self.rollout_ids += [r for g in groups for r in g.rollout_ids]
         self.collector.expect(groups)
@@ -140,8 +154,12 @@ class SystemEvaluator:
                     log.warning("a group this evaluation did not dispatch closed: %s", group.group_id)
         self.collector.done(closed)
         await self.collector.commit()
-        log.info("%d rollout(s) of %s back in %.1f s", len(groups), groups[0].rollout_ids[0] if groups else "-",
-                 time.monotonic() - started)  # fmt: skip
+        log.info(
+            "%d rollout(s) of %s back in %.1f s",
+            len(groups),
+            groups[0].rollout_ids[0] if groups else "-",
+            time.monotonic() - started,
+        )
         return closed
 
     async def _with_evidence(self, episodes: list[Episode]) -> list[Episode]:
@@ -150,10 +168,11 @@ class SystemEvaluator:
             return episodes
         found = await asyncio.to_thread(self.evidence, failing)
         return [
-            e if e.reward >= self.options.success
+            e
+            if e.reward >= self.options.success
             else Episode(e.task_id, e.reward, e.rollout_id, found.get(e.rollout_id) or "(no LLM call was recorded)")
             for e in episodes
-        ]  # fmt: skip
+        ]
 
 
 def _episode(spec: DispatchedGroup, group: ClosedGroup) -> Episode:

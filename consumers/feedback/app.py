@@ -62,8 +62,10 @@ class FeedbackSink:
         group_prefix: str,
     ) -> FeedbackWorker:
         prefix = settings.kafka.topic_prefix
-        barrier = StoreBarrier([
-            OffsetBarrier(settings, topic_name(key, prefix), f"{group_prefix}.{key.value}", user="feedback")
-            for key in (TopicKey.SPANS, TopicKey.ROLLOUTS)
-        ])  # fmt: skip
+        barrier = StoreBarrier(
+            [
+                OffsetBarrier(settings, topic_name(key, prefix), f"{group_prefix}.{key.value}", user="feedback")
+                for key in (TopicKey.SPANS, TopicKey.ROLLOUTS)
+            ]
+        )
         return FeedbackWorker(self, kafka_consumer, store, dead_letters, barrier, self.section)

@@ -72,21 +72,43 @@ class UnknownTargetError(PoisonInputError):
 
 
 _TS6 = pa.timestamp("us", tz="UTC")
-FEEDBACK_SCHEMA = pa.schema([
-    ("FeedbackId", pa.string()), ("Target", pa.string()), ("TargetId", pa.string()), ("RolloutId", pa.string()),
-    ("Attempt", pa.uint32()), ("TraceId", pa.string()), ("SpanId", pa.string()), ("Name", pa.string()),
-    ("Value", pa.float64()), ("Comment", pa.string()), ("Source", pa.string()), ("Timestamp", _TS6),
-])  # fmt: skip
+FEEDBACK_SCHEMA = pa.schema(
+    [
+        ("FeedbackId", pa.string()),
+        ("Target", pa.string()),
+        ("TargetId", pa.string()),
+        ("RolloutId", pa.string()),
+        ("Attempt", pa.uint32()),
+        ("TraceId", pa.string()),
+        ("SpanId", pa.string()),
+        ("Name", pa.string()),
+        ("Value", pa.float64()),
+        ("Comment", pa.string()),
+        ("Source", pa.string()),
+        ("Timestamp", _TS6),
+    ]
+)
 
 
 def feedback_rows(feedback: Feedback, resolved: Sequence[Resolved]) -> list[dict[str, Any]]:
     """One row per call or episode the feedback scores."""
-    return [{
-        "FeedbackId": feedback.feedback_id, "Target": feedback.target.value, "TargetId": feedback.target_id,
-        "RolloutId": r.rollout_id, "Attempt": r.attempt, "TraceId": r.trace_id, "SpanId": r.span_id,
-        "Name": feedback.name, "Value": feedback.value, "Comment": feedback.comment, "Source": feedback.source,
-        "Timestamp": feedback.timestamp,
-    } for r in resolved]  # fmt: skip
+    return [
+        {
+            "FeedbackId": feedback.feedback_id,
+            "Target": feedback.target.value,
+            "TargetId": feedback.target_id,
+            "RolloutId": r.rollout_id,
+            "Attempt": r.attempt,
+            "TraceId": r.trace_id,
+            "SpanId": r.span_id,
+            "Name": feedback.name,
+            "Value": feedback.value,
+            "Comment": feedback.comment,
+            "Source": feedback.source,
+            "Timestamp": feedback.timestamp,
+        }
+        for r in resolved
+    ]
 
 
 def not_found(feedback: Feedback, grace_s: float) -> str:
@@ -96,9 +118,11 @@ def not_found(feedback: Feedback, grace_s: float) -> str:
         FeedbackTarget.ROLLOUT: f"no rollout {feedback.target_id}",
         FeedbackTarget.TRACE: f"no span of trace {feedback.target_id}",
     }[feedback.target]
-    return (f"{what} in the store (feedback {feedback.feedback_id}, {feedback.name}={feedback.value:g}; looked until "
-            f"{grace_s:g}s after it was sent, and until the spans and rollouts consumers had stored what was "
-            "published by then)")  # fmt: skip
+    return (
+        f"{what} in the store (feedback {feedback.feedback_id}, {feedback.name}={feedback.value:g}; looked until "
+        f"{grace_s:g}s after it was sent, and until the spans and rollouts consumers had stored what was "
+        "published by then)"
+    )
 
 
 class Barrier(Protocol):
@@ -217,8 +241,9 @@ class FeedbackWorker:
         self.offsets.read(tp, record.offset)
         self.stats.records += 1
         try:
-            feedback = decode(Feedback, record.value, topic=record.topic, partition=record.partition,
-                              offset=record.offset)  # fmt: skip
+            feedback = decode(
+                Feedback, record.value, topic=record.topic, partition=record.partition, offset=record.offset
+            )
         except PoisonInputError as exc:
             await self._dead_letter(tp, record, exc)
             return
@@ -267,8 +292,7 @@ class FeedbackWorker:
         expecting = [waiting for waiting in due if waiting.snapshot is not None and not waiting.cleared]
         if not expecting:
             return True
-        committed = await self._retrying(self.barrier.committed, "reading the spans and rollouts groups' offsets",
-                                         stop)  # fmt: skip
+        committed = await self._retrying(self.barrier.committed, "reading the spans and rollouts groups' offsets", stop)
         if committed is STOPPED:
             return False
         now, lagging, still = self.clock(), {}, 0
@@ -282,8 +306,12 @@ class FeedbackWorker:
         if lagging and now - self._warned_at >= _BARRIER_WARN_S:
             self._warned_at = now
             shown = ", ".join(f"{tp.topic}[{tp.partition}] by {gap}" for tp, gap in sorted(lagging.items()))
-            log.warning("feedback: %d feedback(s) not found past their grace wait for the spans and rollouts "
-                        "consumers to store what was published before; behind on %s", still, shown)  # fmt: skip
+            log.warning(
+                "feedback: %d feedback(s) not found past their grace wait for the spans and rollouts "
+                "consumers to store what was published before; behind on %s",
+                still,
+                shown,
+            )
         return True
 
     async def _store(self, stored: list[tuple[Waiting, list[Resolved]]], stop: asyncio.Event) -> bool:
@@ -316,8 +344,9 @@ class FeedbackWorker:
     async def commit(self, partitions: list[TopicPartition] | None = None) -> None:
         """Commit, per partition, up to the lowest feedback not done (of ``partitions``, or all owned)."""
         await self.dead_letters.flush()  # a dead-lettered record counts as done only once its send is acknowledged
-        committed = await commit_finished(self.consumer, self.offsets, what="feedback", partitions=partitions,
-                                          logger=log)  # fmt: skip
+        committed = await commit_finished(
+            self.consumer, self.offsets, what="feedback", partitions=partitions, logger=log
+        )
         self.stats.committed.update(committed)
 
     async def revoked(self, partitions: list[TopicPartition]) -> None:
@@ -336,6 +365,10 @@ class FeedbackWorker:
 
     async def _retrying(self, fn: Callable[[], Awaitable[T]], what: str, stop: asyncio.Event) -> T | Stopped:
         return await retrying(
-            fn, what=f"feedback: {what}", retry_on=(RetryableError, KafkaError, *_STORE_ERRORS),
-            base_s=self.retry_backoff_s, stop=stop, logger=log,
-        )  # fmt: skip
+            fn,
+            what=f"feedback: {what}",
+            retry_on=(RetryableError, KafkaError, *_STORE_ERRORS),
+            base_s=self.retry_backoff_s,
+            stop=stop,
+            logger=log,
+        )

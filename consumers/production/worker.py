@@ -61,9 +61,14 @@ def production_end(trace_id: str) -> RolloutEvent:
     the trace's reward spans give it one)."""
     rollout_id = production_rollout_id(trace_id)
     return RolloutEvent(
-        rollout_id=rollout_id, attempt=1, status=RolloutStatus.SUCCEEDED, task_id=rollout_id, group_id="",
-        mode=RolloutMode.PRODUCTION, runner_id=RUNNER_ID,
-    )  # fmt: skip
+        rollout_id=rollout_id,
+        attempt=1,
+        status=RolloutStatus.SUCCEEDED,
+        task_id=rollout_id,
+        group_id="",
+        mode=RolloutMode.PRODUCTION,
+        runner_id=RUNNER_ID,
+    )
 
 
 @dataclass
@@ -152,23 +157,33 @@ class ProductionWorker:
         """Publish the ends of ``idle`` (acknowledged), then close them: their records are done."""
         events = [production_end(episode.trace_id) for episode in idle]
         sent = await retrying(
-            lambda: self.publisher.publish_many(TopicKey.ROLLOUTS, events), what="production: publishing episode ends",
-            retry_on=(RetryableError, KafkaError), base_s=self.retry_backoff_s, stop=stop, logger=log,
-        )  # fmt: skip
+            lambda: self.publisher.publish_many(TopicKey.ROLLOUTS, events),
+            what="production: publishing episode ends",
+            retry_on=(RetryableError, KafkaError),
+            base_s=self.retry_backoff_s,
+            stop=stop,
+            logger=log,
+        )
         if sent is STOPPED:
             return  # nothing closed: the records stay uncommitted, read again after a restart
         for tp, offset in self.episodes.close(episode.trace_id for episode in idle):
             self.offsets.done(tp, offset)
         self.stats.ended += len(idle)
         shown = ", ".join(event.rollout_id for event in events[:3]) + (", ..." if len(events) > 3 else "")
-        log.info("production: %d episode(s) idle for %gs ended (%s); %d open", len(idle), self.section.idle_s, shown,
-                 len(self.episodes))  # fmt: skip
+        log.info(
+            "production: %d episode(s) idle for %gs ended (%s); %d open",
+            len(idle),
+            self.section.idle_s,
+            shown,
+            len(self.episodes),
+        )
 
     # --- committing -----------------------------------------------------------------------------------------
     async def commit(self, partitions: list[TopicPartition] | None = None) -> None:
         """Commit, per partition, up to the lowest record not done (of ``partitions``, or all owned)."""
-        committed = await commit_finished(self.consumer, self.offsets, what="production", partitions=partitions,
-                                          logger=log)  # fmt: skip
+        committed = await commit_finished(
+            self.consumer, self.offsets, what="production", partitions=partitions, logger=log
+        )
         self.stats.committed.update(committed)
 
     async def revoked(self, partitions: list[TopicPartition]) -> None:

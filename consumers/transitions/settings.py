@@ -26,9 +26,11 @@ class TransitionsSection(BaseModel):
         default=30.0, gt=0, description="warn when the spans consumer has not caught up by then (then keep waiting)"
     )
     late_window_s: float = Field(
-        default=60.0, ge=0, le=24 * 3600,
+        default=60.0,
+        ge=0,
+        le=24 * 3600,
         description="how long after its build a rollout is watched for late spans (rebuilt if any); 0 = never",
-    )  # fmt: skip
+    )
     late_check_interval_s: float = Field(default=2.0, gt=0, description="how often to look for late spans")
     spans_group: str | None = Field(default=None, description="the spans consumer's group; unset = <prefix>.spans")
     max_batch: int = Field(default=500, ge=1, le=100_000, description="rollout events handled together")
@@ -47,11 +49,16 @@ class TransitionsSection(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _credit_moved(cls, data: Any) -> Any:
-        moved = [f"FULMEN_TRANSITIONS_{name.upper()}" for name in ("credit", "gamma") if isinstance(data, dict)
-                 and name in data]  # fmt: skip
+        moved = [
+            f"FULMEN_TRANSITIONS_{name.upper()}"
+            for name in ("credit", "gamma")
+            if isinstance(data, dict) and name in data
+        ]
         if moved:
-            raise ValueError(f"{' and '.join(moved)}: credit assignment is chosen by the run that trains now; set "
-                             "FULMEN_TRAIN_CREDIT / FULMEN_TRAIN_GAMMA for `fulmen train` instead")  # fmt: skip
+            raise ValueError(
+                f"{' and '.join(moved)}: credit assignment is chosen by the run that trains now; set "
+                "FULMEN_TRAIN_CREDIT / FULMEN_TRAIN_GAMMA for `fulmen train` instead"
+            )
         return data
 
 

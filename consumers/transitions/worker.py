@@ -266,9 +266,15 @@ class TransitionWorker:
         self.stats.skipped_calls += len(result.skipped)
         log.debug(
             "rollout %s attempt %d %s: %d spans, %d calls made, %d selected, %d grafted, %d rewards unmatched",
-            event.rollout_id, event.attempt, event.status.value, result.span_count, result.calls_made,
-            len(result.batch.transitions), result.grafted, result.unmatched_rewards,
-        )  # fmt: skip
+            event.rollout_id,
+            event.attempt,
+            event.status.value,
+            result.span_count,
+            result.calls_made,
+            len(result.batch.transitions),
+            result.grafted,
+            result.unmatched_rewards,
+        )
         return result
 
     def _check_size(self, result: BuildResult) -> None:
@@ -293,8 +299,9 @@ class TransitionWorker:
             table = pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA)
             inserted = await self._retrying(
                 lambda: asyncio.to_thread(self.store.insert_arrow, TABLES["transitions"], table),
-                "inserting transitions", stop,
-            )  # fmt: skip
+                "inserting transitions",
+                stop,
+            )
             if inserted is STOPPED:
                 return False
         batches = [result.batch for result in results]
@@ -329,8 +336,11 @@ class TransitionWorker:
             log.warning(
                 "rollout %s attempt %d: %d span(s) arrived after its transitions were built; rebuilt with %d "
                 "transition(s) and published again",
-                key[0], key[1], late[key] - before[key], len(result.batch.transitions),
-            )  # fmt: skip
+                key[0],
+                key[1],
+                late[key] - before[key],
+                len(result.batch.transitions),
+            )
             self.window.built(Built(event, result.span_count, result.batch.created_at, tp, record), ready_at)
         self.stats.late_rebuilds += len(published)
 
@@ -359,6 +369,10 @@ class TransitionWorker:
 
     async def _retrying(self, fn: Callable[[], Awaitable[T]], what: str, stop: asyncio.Event) -> T | Stopped:
         return await retrying(
-            fn, what=f"transitions: {what}", retry_on=(RetryableError, KafkaError, *_STORE_ERRORS),
-            base_s=self.retry_backoff_s, stop=stop, logger=log,
-        )  # fmt: skip
+            fn,
+            what=f"transitions: {what}",
+            retry_on=(RetryableError, KafkaError, *_STORE_ERRORS),
+            base_s=self.retry_backoff_s,
+            stop=stop,
+            logger=log,
+        )

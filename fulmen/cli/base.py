@@ -22,8 +22,12 @@ console = Console()
 err = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 # The options of every command that prints a table (fulmen/cli/render.py; FULMEN_CLI_* set their defaults).
-WideOption = Annotated[bool, typer.Option("--wide", help="print every value whole: full ids, times to the microsecond "
-                                          "(FULMEN_CLI_WIDE=true: always)")]  # fmt: skip
+WideOption = Annotated[
+    bool,
+    typer.Option(
+        "--wide", help="print every value whole: full ids, times to the microsecond (FULMEN_CLI_WIDE=true: always)"
+    ),
+]
 UtcOption = Annotated[bool, typer.Option("--utc", help="times in UTC (otherwise FULMEN_CLI_TIMEZONE, default local)")]
 
 

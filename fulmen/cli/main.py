@@ -122,8 +122,10 @@ def kafka_status(
         for size, nodes in others.items():
             what = "a single-node local Kafka" if size == 1 else f"a cluster of {size} nodes"
             pids = ", ".join(str(n.pid) for n in nodes)
-            console.print(f"[yellow]also running from {settings.broker_data_dir}:[/] {what} (pid {pids}): "
-                          f"`fulmen kafka status --brokers {size}`")  # fmt: skip
+            console.print(
+                f"[yellow]also running from {settings.broker_data_dir}:[/] {what} (pid {pids}): "
+                f"`fulmen kafka status --brokers {size}`"
+            )
         if not status.any_running:
             raise typer.Exit(3)
         if len(status.nodes) > 1:
@@ -177,9 +179,10 @@ def store_migrate() -> None:
 
     store = Store.open(_settings())
     applied = store.migrate()
-    console.print(f"store {store.location} database {store.database}: " + (
-        ", ".join(f"{m.version} {m.name}" for m in applied) + " applied" if applied else "up to date"
-    ))  # fmt: skip
+    console.print(
+        f"store {store.location} database {store.database}: "
+        + (", ".join(f"{m.version} {m.name}" for m in applied) + " applied" if applied else "up to date")
+    )
 
 
 @app.command("sql")
@@ -401,8 +404,14 @@ def feedback(
     The latest feedback of a name wins; one whose target never reaches the store is dead-lettered, saying why."""
     from fulmen.cli.feedback import send_feedback
 
-    request = {"response_id": response_id, "rollout_id": rollout_id, "trace_id": trace_id, "value": value,
-               "name": name, "comment": comment}  # fmt: skip
+    request = {
+        "response_id": response_id,
+        "rollout_id": rollout_id,
+        "trace_id": trace_id,
+        "value": value,
+        "name": name,
+        "comment": comment,
+    }
     console.print(send_feedback(_settings(), request).feedback_id)
 
 
@@ -435,8 +444,9 @@ def up(
     llm, otlp = _settings(LlmGatewaySettings, service=True).llm, _settings(OtlpGatewaySettings, service=True).otlp
     if backend is not None and backend not in ("transformers", "llamacpp", "vllm", "openai"):
         raise FulmenError("--backend must be transformers, llamacpp, vllm or openai")
-    options = StackOptions(model=model or llm.model or "tiny", backend=backend, max_restarts=max_restarts,
-                           window_s=window)  # fmt: skip
+    options = StackOptions(
+        model=model or llm.model or "tiny", backend=backend, max_restarts=max_restarts, window_s=window
+    )
 
     def say(line: str) -> None:
         print(line, flush=True)  # plain lines: the daemon's log and a test read them as they are
@@ -485,8 +495,13 @@ def status(wide: WideOption = False, utc: UtcOption = False) -> None:
         console.print(f"no stack runs ({stack_dir(settings)} has no up.pid): start one with `fulmen up`")
         raise typer.Exit(code)
     result = QueryResult(["service", "pid", "state", "url", "uptime"], [list(row) for row in rows])
-    render(result, "table", console, table_style(settings.cli, wide=wide, utc=utc),
-           cell_styles={"state": lambda state: None if state == "up" else "red"})  # fmt: skip
+    render(
+        result,
+        "table",
+        console,
+        table_style(settings.cli, wide=wide, utc=utc),
+        cell_styles={"state": lambda state: None if state == "up" else "red"},
+    )
     console.print(f"stack directory: {stack_dir(settings)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
@@ -511,8 +526,15 @@ def config_show() -> None:
     from fulmen.producers.runner.settings import RunnerSettings
 
     shown: dict[str, Any] = {}
-    for cls in (RunnerSettings, OtlpGatewaySettings, LlmGatewaySettings, ConsumersSettings, TrainSettings,
-                DashboardProcessSettings, CliProcessSettings):  # fmt: skip
+    for cls in (
+        RunnerSettings,
+        OtlpGatewaySettings,
+        LlmGatewaySettings,
+        ConsumersSettings,
+        TrainSettings,
+        DashboardProcessSettings,
+        CliProcessSettings,
+    ):
         shown.update(_settings(cls).masked())  # each has the shared sections too
     console.print_json(json.dumps(shown))
 
@@ -555,8 +577,15 @@ def demo(
     accuracy before and after, the curves and the SQL to explore the stored data; stop everything it started."""
     from fulmen.cli.demo import run_demo_command
 
-    run_demo_command(_settings(), console, steps=steps, shuffle_rewards=shuffle_rewards, as_json=as_json,
-                     algorithm=algorithm, mode=mode)  # fmt: skip
+    run_demo_command(
+        _settings(),
+        console,
+        steps=steps,
+        shuffle_rewards=shuffle_rewards,
+        as_json=as_json,
+        algorithm=algorithm,
+        mode=mode,
+    )
 
 
 @app.command("smoke")

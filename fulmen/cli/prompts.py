@@ -75,9 +75,17 @@ def prompts_list() -> None:
     for row in rows:
         score = "-" if row.mean is None else f"{row.mean:.3f}"
         where = serving.get(row.bundle_id)
-        table.add_row("*" if where else "", row.bundle_id, ", ".join(row.parents) or "-", row.source,
-                      row.run_id or "-", row.agent or "any", str(len(row.slots)), score,
-                      str(len(row.scores)))  # fmt: skip
+        table.add_row(
+            "*" if where else "",
+            row.bundle_id,
+            ", ".join(row.parents) or "-",
+            row.source,
+            row.run_id or "-",
+            row.agent or "any",
+            str(len(row.slots)),
+            score,
+            str(len(row.scores)),
+        )
     console.print(table)
     for bundle, scopes in serving.items():
         console.print(f"serving {bundle or 'the agents own prompts'} for {', '.join(scopes)}")
@@ -97,8 +105,10 @@ def prompts_show(bundle_id: Annotated[str, typer.Argument(help="the bundle (pb-.
         raise ConfigurationError(f"no stored bundle {bundle_id} (`fulmen prompts list` shows them)")
     row = rows[-1]
     parents = ", ".join(row.parents) or "-"
-    console.print(f"[bold]{row.bundle_id}[/bold]  source {row.source}  run {row.run_id or '-'}  agent "
-                  f"{row.agent or 'any'}  parents {parents}  created {row.created_at}")  # fmt: skip
+    console.print(
+        f"[bold]{row.bundle_id}[/bold]  source {row.source}  run {row.run_id or '-'}  agent "
+        f"{row.agent or 'any'}  parents {parents}  created {row.created_at}"
+    )
     for slot, text in sorted(row.slots.items()):
         console.print(f"\n[bold]{slot}[/bold]", highlight=False)
         if slot.startswith("tpl:"):

@@ -100,17 +100,28 @@ def train_command(
     from fulmen.algorithm.trainer import distributed
 
     settings = load_settings(TrainSettings, service=True)
-    overrides = {"model_path": model, "agent": agent, "steps": steps, "nproc": nproc, "replay_sql": replay,
-                 "replay_fraction": replay_fraction, "source_store": source_store, "tasks_sql": tasks_sql,
-                 "max_staleness": max_staleness, "promote_if_better": promote_if_better or None,
-                 "promote_tolerance": promote_tolerance, "prompt_bundle": prompt_bundle}  # fmt: skip
+    overrides = {
+        "model_path": model,
+        "agent": agent,
+        "steps": steps,
+        "nproc": nproc,
+        "replay_sql": replay,
+        "replay_fraction": replay_fraction,
+        "source_store": source_store,
+        "tasks_sql": tasks_sql,
+        "max_staleness": max_staleness,
+        "promote_if_better": promote_if_better or None,
+        "promote_tolerance": promote_tolerance,
+        "prompt_bundle": prompt_bundle,
+    }
     for name, value in overrides.items():
         if value is not None:
             setattr(settings.train, name, value)
     settings = TrainSettings.model_validate(settings.model_dump())  # re-check what the options changed
     if dataset is None and not settings.train.replay_sql and not settings.train.tasks_sql:
-        raise FulmenError("what to train on? pass --dataset FILE or --tasks-sql SQL (tasks to run), or --replay SQL "
-                          "(stored rollouts)")  # fmt: skip
+        raise FulmenError(
+            "what to train on? pass --dataset FILE or --tasks-sql SQL (tasks to run), or --replay SQL (stored rollouts)"
+        )
     if local:
         _train_locally(settings, dataset, val, runners, concurrency)
         return
@@ -118,10 +129,20 @@ def train_command(
         distributed.serve(distributed.join(settings.train.device, settings.train.dist_timeout_s))
         return
     if not distributed.launched() and settings.train.nproc > 1:
-        options = {"--dataset": dataset, "--model": model, "--agent": agent, "--val": val, "--steps": steps,
-                   "--replay": replay, "--replay-fraction": replay_fraction, "--source-store": source_store,
-                   "--tasks-sql": tasks_sql, "--max-staleness": max_staleness,
-                   "--promote-tolerance": promote_tolerance, "--prompt-bundle": prompt_bundle}  # fmt: skip
+        options = {
+            "--dataset": dataset,
+            "--model": model,
+            "--agent": agent,
+            "--val": val,
+            "--steps": steps,
+            "--replay": replay,
+            "--replay-fraction": replay_fraction,
+            "--source-store": source_store,
+            "--tasks-sql": tasks_sql,
+            "--max-staleness": max_staleness,
+            "--promote-tolerance": promote_tolerance,
+            "--prompt-bundle": prompt_bundle,
+        }
         args = [str(part) for name, value in options.items() if value is not None for part in (name, value)]
         args += ["--promote-if-better"] if promote_if_better else []
         command = distributed.relaunch_command(settings.train.nproc, ["-m", "fulmen.cli.main", "train", *args])
@@ -145,9 +166,17 @@ def _train_locally(settings: Any, dataset: Path | None, val: Path | None, runner
         shown = f", held-out accuracy {held_out:.3f}" if held_out is not None else ""
         console.print(f"step {event.step}: reward {event.reward_mean:.3f}, loss {event.loss:.4f}{shown}")
 
-    report = train_here(settings.train.agent, dataset, settings.train.model_path or "tiny", val=val,
-                        runners=runners, concurrency=concurrency, settings=settings, on_step=on_step,
-                        on_phase=lambda text: console.print(f"[green]•[/] {text}"))  # fmt: skip
+    report = train_here(
+        settings.train.agent,
+        dataset,
+        settings.train.model_path or "tiny",
+        val=val,
+        runners=runners,
+        concurrency=concurrency,
+        settings=settings,
+        on_step=on_step,
+        on_phase=lambda text: console.print(f"[green]•[/] {text}"),
+    )
     _print_train_report(report)
 
 
@@ -160,8 +189,11 @@ def _print_train_report(report: Any) -> None:
         table.add_row(str(step), f"{reward:.3f}", f"{loss:.4f}", f"{accuracy[step]:.3f}" if step in accuracy else "-")
     console.print(table)
     # soft_wrap: the terminal wraps a long path, Rich would break it with a newline (copied back, it is two halves)
-    console.print(f"run {report.run_id}: {report.steps} step(s) in {report.wall_s:.0f}s; run dir {report.run_dir}",
-                  soft_wrap=True, highlight=False)  # fmt: skip
+    console.print(
+        f"run {report.run_id}: {report.steps} step(s) in {report.wall_s:.0f}s; run dir {report.run_dir}",
+        soft_wrap=True,
+        highlight=False,
+    )
     console.print(f"final model: {report.final_model or '- (no step trained)'}", soft_wrap=True, highlight=False)
 
 
@@ -199,6 +231,8 @@ def _check_bundle(settings: Any, bundle_id: str) -> None:
     from fulmen.infra.kafka.prompts import read_bundles
 
     if bundle_id not in asyncio.run(read_bundles(settings)):
-        raise FulmenError(f"--prompt-bundle {bundle_id}: not on this deployment's prompts topic (`fulmen prompts "
-                          "list`); publish it first (`fulmen prompts create`), or train with --local and "
-                          "--source-store <the store that holds it>")  # fmt: skip
+        raise FulmenError(
+            f"--prompt-bundle {bundle_id}: not on this deployment's prompts topic (`fulmen prompts "
+            "list`); publish it first (`fulmen prompts create`), or train with --local and "
+            "--source-store <the store that holds it>"
+        )

@@ -191,8 +191,10 @@ async def _reconcile(admin: AIOKafkaAdminClient, t: Topic, state: TopicState) ->
     if state.partitions < t.partitions:
         log.warning(
             "topic %s has %d partitions, adding up to %d: keys may map to other partitions from now on",
-            state.name, state.partitions, t.partitions,
-        )  # fmt: skip
+            state.name,
+            state.partitions,
+            t.partitions,
+        )
         response = (await admin.create_partitions({state.name: NewPartitions(t.partitions)})).to_object()
         for error in response["topic_errors"]:
             if error["error_code"] != 0:

@@ -217,8 +217,10 @@ async def commit_offsets(
     except REBALANCE_ERRORS as exc:
         logger.warning(
             "%s: commit of %s refused after a rebalance; the new owner reads from the last committed offset: %s",
-            what, describe_offsets(mine), exc,
-        )  # fmt: skip
+            what,
+            describe_offsets(mine),
+            exc,
+        )
         return {}
     except KafkaError as exc:
         raise RetryableError(f"{what}: committing {describe_offsets(mine)} failed: {exc}") from exc

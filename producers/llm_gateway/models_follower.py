@@ -196,8 +196,9 @@ class ModelsFollower(TopicFollower):
                 await self.load(event)
             except Exception:
                 what = f"agent {event.adapter}'s adapter" if event.adapter else "model"
-                log.exception("could not load %s version %d from %s; still serving %s", what, event.version, event.uri,
-                              current)  # fmt: skip
+                log.exception(
+                    "could not load %s version %d from %s; still serving %s", what, event.version, event.uri, current
+                )
 
 
 class PromotionsFollower(ModelsFollower):
@@ -238,8 +239,13 @@ class PromotionsFollower(ModelsFollower):
             try:
                 await self.load(event)
             except Exception:
-                log.exception("could not load the promoted version %d (run %s) from %s; still serving %s",
-                              event.version, event.run_id, event.uri, self._applied.get(event.adapter))  # fmt: skip
+                log.exception(
+                    "could not load the promoted version %d (run %s) from %s; still serving %s",
+                    event.version,
+                    event.run_id,
+                    event.uri,
+                    self._applied.get(event.adapter),
+                )
                 return
             self._applied[event.adapter] = key
             log.info("serving the promoted version %d of %s (run %s)", event.version, event.model_name, event.run_id)

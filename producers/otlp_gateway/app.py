@@ -175,8 +175,10 @@ class OtlpGateway(Gateway):
         callback per record in a single turn of the event loop (10,000 of those held it ~300 ms).
         """
         records = [(self.topic, key, value) for key, value in zip(prepared.keys, prepared.values, strict=True)]
-        records += [(self.feedback_topic, key, value)  # what the spans' evaluation events rate (evaluations.py)
-                    for key, value in zip(prepared.feedback_keys, prepared.feedback_values, strict=True)]  # fmt: skip
+        records += [
+            (self.feedback_topic, key, value)  # what the spans' evaluation events rate (evaluations.py)
+            for key, value in zip(prepared.feedback_keys, prepared.feedback_values, strict=True)
+        ]
         sizes = [len(value) for _, _, value in records]
         self.stats.inflight_bytes += sum(sizes)
         handed: list[asyncio.Future] = []

@@ -63,10 +63,21 @@ values = st.recursive(
     ),
     max_leaves=6,
 )
-keys = st.sampled_from([
-    "k1", "k2", "ünï", semconv.ROLLOUT_ID, semconv.ROLLOUT_ATTEMPT, semconv.MODEL_VERSION, semconv.GEN_AI_AGENT_NAME,
-    semconv.AGENT_NAME, semconv.REWARD_VALUE, semconv.GEN_AI_EVALUATION_SCORE_VALUE, semconv.SERVICE_NAME,
-])  # fmt: skip
+keys = st.sampled_from(
+    [
+        "k1",
+        "k2",
+        "ünï",
+        semconv.ROLLOUT_ID,
+        semconv.ROLLOUT_ATTEMPT,
+        semconv.MODEL_VERSION,
+        semconv.GEN_AI_AGENT_NAME,
+        semconv.AGENT_NAME,
+        semconv.REWARD_VALUE,
+        semconv.GEN_AI_EVALUATION_SCORE_VALUE,
+        semconv.SERVICE_NAME,
+    ]
+)
 token_arrays = st.one_of(
     st.lists(st.integers(0, 2**32 - 1), max_size=6).map(lambda ids: _array([AnyValue(int_value=i) for i in ids])),
     st.lists(st.integers(-5, 2**33), min_size=1, max_size=3).map(

@@ -101,16 +101,34 @@ def test_warmup_samples_match_the_rendered_conversation() -> None:
     wrong = conversation_samples(problem, tokenizer, other)[1]
     answer = tokenizer.decode(wrong.response_token_ids, skip_special_tokens=True)
     assert answer == str(apply(problem.a, other, problem.b)) != str(problem.answer)
-    assert '"name": "calc"' in tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tools=TOOLS,
-                                                             tokenize=False)  # fmt: skip
+    assert '"name": "calc"' in tokenizer.apply_chat_template(
+        [{"role": "user", "content": "x"}], tools=TOOLS, tokenize=False
+    )
 
 
 def _batch(rollout: str, reward: float, calls: int) -> TransitionBatch:
-    transitions = [Transition(rollout_id=rollout, attempt=1, index=i, trace_id="a" * 32, span_id=f"{i:016x}",
-                              prompt_token_ids=[1], response_token_ids=[2], intermediate_reward=reward)
-                   for i in range(calls)]  # fmt: skip
-    return TransitionBatch(rollout_id=rollout, attempt=1, task_id="t", group_id="g", status=RolloutStatus.SUCCEEDED,
-                           episode_reward=reward, transitions=transitions)  # fmt: skip
+    transitions = [
+        Transition(
+            rollout_id=rollout,
+            attempt=1,
+            index=i,
+            trace_id="a" * 32,
+            span_id=f"{i:016x}",
+            prompt_token_ids=[1],
+            response_token_ids=[2],
+            intermediate_reward=reward,
+        )
+        for i in range(calls)
+    ]
+    return TransitionBatch(
+        rollout_id=rollout,
+        attempt=1,
+        task_id="t",
+        group_id="g",
+        status=RolloutStatus.SUCCEEDED,
+        episode_reward=reward,
+        transitions=transitions,
+    )
 
 
 def test_shuffle_rewards_permutes_whole_reward_records_across_the_step() -> None:

@@ -19,9 +19,13 @@ LLM = LLMEndpoint(base_url="http://gw/rollout/r/attempt/1/v1", model="m")
 
 @pytest.mark.parametrize(
     ("path", "words"),
-    [("nocolon", "package.module:function"), ("no_such_module_xyz:f", "cannot import"),
-     ("tests.agents.simple:missing", "has no 'missing'"), ("tests.agents.simple:tracer", "not a function")],
-)  # fmt: skip
+    [
+        ("nocolon", "package.module:function"),
+        ("no_such_module_xyz:f", "cannot import"),
+        ("tests.agents.simple:missing", "has no 'missing'"),
+        ("tests.agents.simple:tracer", "not a function"),
+    ],
+)
 def test_bad_agent_paths_say_what_is_wrong(path: str, words: str) -> None:
     with pytest.raises(ConfigurationError, match=words):
         load_agent(path)

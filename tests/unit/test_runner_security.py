@@ -109,12 +109,20 @@ def test_oauthbearer_is_a_configuration_error_saying_what_to_set() -> None:
 
 def test_oauthbearer_from_the_cli_is_one_message_not_a_traceback(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")}
-    env.update(FULMEN_KAFKA_BOOTSTRAP="127.0.0.1:1", FULMEN_KAFKA_SECURITY_PROTOCOL="SASL_PLAINTEXT",
-               FULMEN_KAFKA_SASL_MECHANISM="OAUTHBEARER", FULMEN_HOME=str(tmp_path))  # fmt: skip
+    env.update(
+        FULMEN_KAFKA_BOOTSTRAP="127.0.0.1:1",
+        FULMEN_KAFKA_SECURITY_PROTOCOL="SASL_PLAINTEXT",
+        FULMEN_KAFKA_SASL_MECHANISM="OAUTHBEARER",
+        FULMEN_HOME=str(tmp_path),
+    )
     done = subprocess.run(
         [sys.executable, "-m", "fulmen.cli.main", "kafka", "topics"],
-        cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr and "FULMEN_KAFKA_SASL_MECHANISM" in done.stderr
 

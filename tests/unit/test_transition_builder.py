@@ -20,9 +20,16 @@ def ended(
 ) -> RolloutEvent:
     error = None if status is RolloutStatus.SUCCEEDED else "boom"
     return RolloutEvent(
-        rollout_id="r1", attempt=fields.pop("attempt", 1), status=status, task_id="t1", group_id="g1",
-        reward=reward if status is RolloutStatus.SUCCEEDED else None, error=error, model_version=3, **fields,
-    )  # fmt: skip
+        rollout_id="r1",
+        attempt=fields.pop("attempt", 1),
+        status=status,
+        task_id="t1",
+        group_id="g1",
+        reward=reward if status is RolloutStatus.SUCCEEDED else None,
+        error=error,
+        model_version=3,
+        **fields,
+    )
 
 
 def three_calls_with_a_reward() -> list:

@@ -70,8 +70,9 @@ def test_kl_to_the_reference_matches_after_a_step(model_dir: Path) -> None:
 
 def test_verl_sft_step_loss_and_checkpoint(model_dir: Path, tmp_path: Path) -> None:
     trainer = VerlTrainer(config(model_dir))
-    assert trainer.sft_step(make_samples(9)).loss == pytest.approx(TorchTrainer(config(model_dir)).sft_step(
-        make_samples(9)).loss, rel=1e-5)  # fmt: skip
+    assert trainer.sft_step(make_samples(9)).loss == pytest.approx(
+        TorchTrainer(config(model_dir)).sft_step(make_samples(9)).loss, rel=1e-5
+    )
     first = trainer.step(make_samples(1))
     second = trainer.step([replace(s, advantage=-s.advantage) for s in make_samples(1)])
     assert second.step == 3 and second.loss != first.loss  # the SFT step counts too, as in TorchTrainer

@@ -67,6 +67,7 @@ from fulmen.consumers.feedback import FeedbackSink
 from fulmen.consumers.transitions.barrier import OffsetBarrier, behind
 from fulmen.infra.kafka.admin import ensure_topics
 from fulmen.infra.kafka.cluster import LocalCluster
+from fulmen.infra.processes import free_port
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
 from fulmen.infra.store import RemoteReader
 from fulmen.schemas import ModelVersion, RolloutEvent, RolloutRequest, TopicKey, TrainStep, TransitionBatch, topic_name
@@ -107,14 +108,6 @@ class Ports:
     otlp: int
     llm: int
     read: int
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Chaos:

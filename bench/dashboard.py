@@ -32,7 +32,7 @@ from bench.dashboard_data import fill_store
 from fulmen.dashboard import Dashboard, DashboardQueries
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import RemoteReader, Store
-from tests.serving import Served, ServedEndpoint
+from fulmen.testing.served import Served, ServedEndpoint
 
 CALLS = 3
 SPANS_PER_ROLLOUT = 3 + 2 * CALLS

@@ -328,8 +328,8 @@ async def through_gateway(model: Path, args: argparse.Namespace, home: Path, boo
     from fulmen.producers.llm_gateway.backends import ReplicaRouter
     from fulmen.producers.llm_gateway.backends.llamacpp import LlamaCppBackend
     from fulmen.schemas import ModelVersion, TopicKey, semconv
-    from tests.integration.llm_pipeline import RecordingTransport, published_spans
-    from tests.publishing import event_publisher
+    from fulmen.testing.llm_pipeline import RecordingTransport, published_spans
+    from fulmen.testing.publishing import event_publisher
 
     settings = FulmenSettings(home=home, kafka={"bootstrap": bootstrap})
     await ensure_topics(settings)

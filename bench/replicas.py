@@ -1,7 +1,7 @@
 """The LLM gateway over several vLLM replicas: throughput with 1 and 3, a replica killed under load, a version
 rolled over the replicas under load.
 
-Starts a Kafka broker and, in this process, three vLLM stand-ins (``tests/vllm_standin.py``: vLLM 0.33's routes
+Starts a Kafka broker and, in this process, three vLLM stand-ins (``fulmen/testing/vllm_standin.py``: vLLM 0.33's routes
 and shapes; each generation takes ``--generation-ms``, at most ``--max-num-seqs`` at once, as a server whose batch
 is full) and the gateway (``vllm`` backend) in front of them. ``--clients`` agents call in a closed loop, each its
 own rollout of ``--calls-per-rollout`` calls. Phases of ``--seconds`` each:
@@ -40,9 +40,9 @@ from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
 from fulmen.producers.llm_gateway import LlmGateway, LlmGatewaySettings
 from fulmen.schemas import ModelVersion, TopicKey, semconv
-from tests.integration.llm_pipeline import all_published_spans
-from tests.publishing import event_publisher
-from tests.vllm_standin import BASE_MODEL, VllmStandIn
+from fulmen.testing.llm_pipeline import all_published_spans
+from fulmen.testing.publishing import event_publisher
+from fulmen.testing.vllm_standin import BASE_MODEL, VllmStandIn
 
 
 async def agents(port: int, clients: int, calls_per_rollout: int, seconds: float) -> dict[str, Any]:

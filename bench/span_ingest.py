@@ -34,7 +34,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,7 @@ from bench.harness import MemorySampler, ProcessCounters, load_average, summaris
 from bench.otlp_payloads import make_request
 from fulmen.infra.kafka.admin import ensure_topics
 from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.processes import free_port
 from fulmen.infra.settings import BrokerSettings, FulmenSettings, KafkaSettings
 from fulmen.infra.store import RemoteReader
 from fulmen.schemas import TopicKey, topic_name
@@ -78,12 +78,6 @@ def encode_batches(
             span.attributes[marker_index].value.string_value = marker
         batches.append((marker, template.SerializeToString()))
     return batches
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def peak_rss_mb(pid: int) -> float:

@@ -42,8 +42,9 @@ def default_sinks() -> list[Sink]:
 
 @runtime_checkable
 class WorkerSink(Protocol):
-    """An entry that brings its own worker instead of a :class:`BatchConsumer` (the transition builder). The
-    worker has ``sink``, ``stats``, ``listener()`` and ``run(stop)`` like a BatchConsumer."""
+    """An entry that brings its own worker instead of a :class:`BatchConsumer` (the transition builder, the feedback
+    consumer, the production episode detector). The worker has ``sink``, ``stats``, ``listener()`` and
+    ``run(stop)`` like a BatchConsumer."""
 
     name: str
     topic: TopicKey

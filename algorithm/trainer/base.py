@@ -1,4 +1,5 @@
-"""The interface every trainer backend implements (today only the torch backend does), and one step's metrics.
+"""The interface every trainer backend implements (torch in one process, torch sharded over ranks with FSDP2,
+verl), and one step's metrics.
 
 Lifecycle of a backend: build it from its config (loads the model, optimizer and, with ``kl_coef > 0``, the
 reference policy); optionally warm it up with :meth:`TrainerBackend.sft_step`; then for each batch of samples

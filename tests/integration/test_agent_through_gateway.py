@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.schemas import RolloutStatus
-from tests.integration.llm_pipeline import llm_gateway_running
+from fulmen.testing.llm_pipeline import llm_gateway_running
 from tests.integration.span_pipeline import span_pipeline
 from tests.integration.test_runner import request, submit, wait_terminal
 

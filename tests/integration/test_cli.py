@@ -80,7 +80,7 @@ def test_kafka_topics_against_an_existing_cluster(env: dict[str, str]) -> None:
 
 
 def test_unreachable_cluster_is_a_clear_error(tmp_path: Path) -> None:
-    from tests.conftest import free_port
+    from fulmen.infra.processes import free_port
 
     result = run(
         ["kafka", "status"],
@@ -99,7 +99,7 @@ def test_sql_reaches_the_store_through_the_consumers_process(env: dict[str, str]
 
     import httpx
 
-    from tests.conftest import free_port
+    from fulmen.infra.processes import free_port
 
     port = free_port()
     env = env | {"FULMEN_CLICKHOUSE_READ_PORT": str(port)}
@@ -143,7 +143,7 @@ def test_submit_then_rollouts_shows_them_queued(env: dict[str, str], tmp_path: P
     import signal
     import time
 
-    from tests.conftest import free_port
+    from fulmen.infra.processes import free_port
 
     port = free_port()
     env = env | {"FULMEN_CLICKHOUSE_READ_PORT": str(port)}
@@ -199,7 +199,7 @@ def test_consume_stops_on_sigint_while_a_long_read_runs(env: dict[str, str]) -> 
     import socket
     import time
 
-    from tests.conftest import free_port
+    from fulmen.infra.processes import free_port
 
     port = free_port()
     env = env | {"FULMEN_CLICKHOUSE_READ_PORT": str(port), "FULMEN_CLICKHOUSE_READ_MAX_EXECUTION_S": "120"}

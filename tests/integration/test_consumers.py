@@ -16,8 +16,8 @@ from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.schemas import DeadLetterHeaders, RolloutEvent, RolloutStatus, TopicKey, topic_name
 from fulmen.schemas.codec import encode
+from fulmen.testing.publishing import event_publisher
 from tests.polling import count_reaches
-from tests.publishing import event_publisher
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import pytest
 from bench.dashboard_data import Filled, fill_store
 from fulmen.dashboard import Dashboard, DashboardQueries
 from fulmen.infra.store import RemoteReader, Store
-from tests.serving import Served, ServedEndpoint
+from fulmen.testing.served import Served, ServedEndpoint
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from fulmen.consumers.transitions import TransitionsSection
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.schemas import Feedback, TopicKey
-from tests.integration.llm_pipeline import llm_gateway_running
+from fulmen.testing.llm_pipeline import llm_gateway_running
 from tests.integration.span_pipeline import gateway_running
 from tests.integration.test_runner import request, submit
 from tests.integration.test_train_loop import read_topic

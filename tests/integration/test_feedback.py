@@ -30,11 +30,11 @@ from fulmen.producers.feedback import SENDER
 from fulmen.producers.llm_gateway import LlmGateway
 from fulmen.schemas import DeadLetterHeaders, Feedback, RolloutStatus, TopicKey, semconv, topic, topic_name
 from fulmen.schemas.codec import decode
-from tests.integration.llm_pipeline import base_url, llm_gateway_running, llm_settings
+from fulmen.testing.llm_pipeline import base_url, llm_gateway_running, llm_settings
+from fulmen.testing.publishing import event_publisher
 from tests.integration.test_llm_gateway import _DeadProducer
 from tests.integration.transition_pipeline import ended, llm_call, produce_spans
 from tests.polling import count_reaches
-from tests.publishing import event_publisher
 
 pytestmark = [pytest.mark.integration, pytest.mark.continuous]
 

@@ -23,7 +23,7 @@ from fulmen.consumers.transitions import TransitionsSection
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.schemas import semconv
-from tests.integration.llm_pipeline import llm_gateway_running, published_spans
+from fulmen.testing.llm_pipeline import llm_gateway_running, published_spans
 from tests.integration.span_pipeline import gateway_running
 from tests.integration.test_runner import request, submit
 from tests.integration.transition_pipeline import BatchReader, consumers_running

@@ -14,6 +14,7 @@ from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.clients import admin_client, close_quietly, consumer, producer, start_or_raise
 from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.kafka.publish import EventPublisher, Sender
+from fulmen.infra.processes import free_port
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
 from fulmen.schemas import (
     TOPICS,
@@ -29,8 +30,7 @@ from fulmen.schemas import (
     topic,
     topic_name,
 )
-from tests.conftest import free_port
-from tests.publishing import event_publisher
+from fulmen.testing.publishing import event_publisher
 
 pytestmark = pytest.mark.integration
 

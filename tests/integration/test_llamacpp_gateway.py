@@ -2,7 +2,7 @@
 model (and SmolLM2-135M when its directory is there). What the spans record is what llama-server sampled, and its
 logprobs are the trainer's.
 
-The tiny model's server is started once for the module (on a thread's event loop, as :class:`tests.serving.Served`
+The tiny model's server is started once for the module (on a thread's event loop, as :class:`fulmen.testing.served.Served`
 runs services) and each test runs its own gateway over it; the tests that swap versions or kill the child start
 their own."""
 
@@ -28,15 +28,15 @@ from fulmen.producers.llm_gateway.backends.llamacpp_build import find_server
 from fulmen.producers.llm_gateway.settings import LlmSection
 from fulmen.schemas import ModelVersion, TopicKey, semconv
 from fulmen.schemas.errors import ConfigurationError
-from tests.integration.llm_pipeline import (
+from fulmen.testing.llm_pipeline import (
     RecordingTransport,
     base_url,
     llm_gateway_running,
     llm_settings,
     published_spans,
 )
-from tests.publishing import event_publisher
-from tests.serving import Served
+from fulmen.testing.publishing import event_publisher
+from fulmen.testing.served import Served
 
 pytestmark = [pytest.mark.integration, pytest.mark.llamacpp]
 

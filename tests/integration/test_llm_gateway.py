@@ -16,9 +16,9 @@ from transformers import AutoTokenizer
 from fulmen.infra.settings import FulmenSettings
 from fulmen.producers.llm_gateway import LlmGateway
 from fulmen.schemas import ModelVersion, TopicKey, semconv
-from tests.integration.llm_pipeline import base_url, llm_gateway_running, llm_settings, published_spans
+from fulmen.testing.llm_pipeline import base_url, llm_gateway_running, llm_settings, published_spans
+from fulmen.testing.publishing import event_publisher
 from tests.models import WEATHER_ANSWER, WEATHER_TOOL
-from tests.publishing import event_publisher
 
 pytestmark = pytest.mark.integration
 

@@ -14,10 +14,10 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
+from fulmen.infra.processes import free_port
 from fulmen.infra.settings import FulmenSettings
 from fulmen.producers.llm_gateway.backends import transformers_backend
-from tests.conftest import free_port
-from tests.integration.llm_pipeline import base_url, llm_gateway_running
+from fulmen.testing.llm_pipeline import base_url, llm_gateway_running
 from tests.raw_http import send_raw
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]

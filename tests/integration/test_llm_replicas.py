@@ -23,9 +23,9 @@ from openai import AsyncOpenAI
 from fulmen.infra.settings import FulmenSettings
 from fulmen.producers.llm_gateway import LlmGateway
 from fulmen.schemas import ModelVersion, TopicKey, semconv
-from tests.integration.llm_pipeline import all_published_spans, base_url, llm_gateway_running
-from tests.publishing import event_publisher
-from tests.vllm_standin import BASE_MODEL, VllmStandIn
+from fulmen.testing.llm_pipeline import all_published_spans, base_url, llm_gateway_running
+from fulmen.testing.publishing import event_publisher
+from fulmen.testing.vllm_standin import BASE_MODEL, VllmStandIn
 
 pytestmark = [pytest.mark.integration, pytest.mark.scale]
 

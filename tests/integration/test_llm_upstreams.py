@@ -21,7 +21,7 @@ from openai import AsyncOpenAI
 
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas import semconv
-from tests.integration.llm_pipeline import base_url, llm_gateway_running, published_spans
+from fulmen.testing.llm_pipeline import base_url, llm_gateway_running, published_spans
 
 pytestmark = pytest.mark.integration
 

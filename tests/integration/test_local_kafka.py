@@ -6,8 +6,8 @@ import pytest
 
 from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.processes import free_port
 from fulmen.infra.settings import BrokerSettings
-from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,7 @@ from fulmen.infra.kafka.clients import close_quietly, producer, start_or_raise
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.schemas import RolloutMode, semconv
-from tests.integration.llm_pipeline import base_url, llm_gateway_running
+from fulmen.testing.llm_pipeline import base_url, llm_gateway_running
 from tests.integration.transition_pipeline import FakeSpan, llm_call, produce_spans
 from tests.polling import count_reaches
 

@@ -16,9 +16,9 @@ from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.producers.llm_gateway.models_follower import PromotionsFollower
 from fulmen.schemas import ModelPromotion, ModelVersion, PromotionAction, TopicKey, TrainStep
+from fulmen.testing.publishing import event_publisher
 from tests.integration.test_models_follower import Backend, until
 from tests.integration.test_train_loop import FULMEN, read_topic
-from tests.publishing import event_publisher
 
 pytestmark = [pytest.mark.integration, pytest.mark.continuous]
 

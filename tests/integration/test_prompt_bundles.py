@@ -23,7 +23,7 @@ from fulmen.producers.runner import Runner, RunnerSettings, load_agent
 from fulmen.prompt_queries import bundle_rows, scan_prompts, serving_by_scope
 from fulmen.schemas import PromotionAction, RolloutStatus, semconv
 from fulmen.schemas.prompts import PromptBundle, fingerprint
-from tests.integration.llm_pipeline import base_url, llm_gateway_running, published_spans
+from fulmen.testing.llm_pipeline import base_url, llm_gateway_running, published_spans
 from tests.integration.span_pipeline import span_pipeline
 from tests.integration.test_feedback import consumers_running, rows
 from tests.integration.test_models_follower import until

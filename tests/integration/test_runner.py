@@ -25,7 +25,7 @@ from fulmen.infra.settings import FulmenSettings
 from fulmen.producers.runner import Runner, RunnerSettings, load_agent
 from fulmen.producers.runner.tracing import RolloutStamper
 from fulmen.schemas import RolloutEvent, RolloutRequest, RolloutStatus, TopicKey, decode, semconv, topic, topic_name
-from tests.publishing import event_publisher
+from fulmen.testing.publishing import event_publisher
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ from fulmen.infra.kafka.admin import partition_count
 from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas import TopicKey, semconv, topic_name
-from tests.integration.llm_pipeline import attribute_value
+from fulmen.testing.llm_pipeline import attribute_value
 from tests.integration.span_pipeline import gateway_running
 from tests.integration.test_runner import request, submit, wait_terminal
 

@@ -24,10 +24,10 @@ from bench.otlp_payloads import make_request
 from fulmen.infra.kafka.admin import ensure_topics
 from fulmen.infra.kafka.clients import consumer, producer, start_or_raise
 from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.processes import free_port
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
 from fulmen.infra.store import RemoteReader, Store
 from fulmen.schemas import DeadLetterHeaders, TopicKey, topic, topic_name
-from tests.conftest import free_port
 from tests.integration.span_pipeline import gateway_running, span_pipeline
 from tests.polling import count_reaches
 

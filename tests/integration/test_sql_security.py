@@ -18,8 +18,8 @@ import pytest
 
 from fulmen.infra.errors import ConfigurationError, PoisonInputError
 from fulmen.infra.store import ReadEndpoint, ReadOnlyError, RemoteReader, Store
+from fulmen.testing.served import ServedEndpoint
 from tests.conftest import make_settings
-from tests.serving import ServedEndpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
 

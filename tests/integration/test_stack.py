@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from fulmen.infra.kafka.local import LocalKafka, process_alive
-from tests.conftest import free_port
+from fulmen.infra.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -31,7 +31,7 @@ from fulmen.schemas import (
     topic,
     topic_name,
 )
-from tests.publishing import event_publisher
+from fulmen.testing.publishing import event_publisher
 
 pytestmark = pytest.mark.integration
 

@@ -15,6 +15,7 @@ from fulmen.infra.store import Store
 from fulmen.schemas import semconv
 from fulmen.schemas.events import RolloutStatus, TransitionBatch
 from fulmen.schemas.topics import TopicKey, topic_name
+from fulmen.testing.publishing import event_publisher
 from tests.integration.transition_pipeline import (
     BASE_NS,
     BatchReader,
@@ -26,7 +27,6 @@ from tests.integration.transition_pipeline import (
     produce_spans,
 )
 from tests.polling import count_reaches
-from tests.publishing import event_publisher
 
 pytestmark = pytest.mark.integration
 

@@ -209,8 +209,8 @@ def test_a_taken_broker_port_fails_the_demo_before_its_warm_up(tmp_path: Path) -
 
     from fulmen.algorithm.demo.run import DemoOptions, run_demo
     from fulmen.infra.errors import ConfigurationError
+    from fulmen.infra.processes import free_port
     from fulmen.infra.settings import BrokerSettings, FulmenSettings
-    from tests.conftest import free_port
 
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

@@ -14,7 +14,7 @@ from fulmen.producers.llm_gateway.backends.vllm import VllmBackend
 from fulmen.producers.llm_gateway.protocol import parse_chat, parse_completion
 from fulmen.producers.llm_gateway.settings import LlmSection
 from fulmen.schemas import ModelVersion
-from tests.vllm_standin import BASE_MODEL, VllmStandIn
+from fulmen.testing.vllm_standin import BASE_MODEL, VllmStandIn
 
 pytestmark = pytest.mark.scale
 

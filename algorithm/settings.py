@@ -76,7 +76,11 @@ def _names(value: str) -> list[str]:
 class TrainSection(BaseModel):
     """``FULMEN_TRAIN_*``: the dataset, the policy update, the group and staleness policies, the outputs."""
 
-    run_id: str = Field(default_factory=lambda: f"run-{new_id()[:12]}", pattern=IDENTIFIER_PATTERN.pattern)
+    run_id: str = Field(
+        default_factory=lambda: f"run-{new_id()[:12]}",
+        pattern=IDENTIFIER_PATTERN.pattern,
+        description="this run's id, on its versions and rollouts; the same id resumes a run (default: a new one)",
+    )
     run_dir: Path | None = Field(
         default=None, description="checkpoints go to <run_dir>/checkpoints/v<N>; default $FULMEN_HOME/runs/<run_id>"
     )
@@ -112,7 +116,11 @@ class TrainSection(BaseModel):
         ge=0,
         description="from dispatch to giving up on the rest; 0 = every attempt's timeout plus a minute",
     )
-    incomplete_policy: IncompletePolicy = IncompletePolicy.TRAIN_PARTIAL
+    incomplete_policy: IncompletePolicy = Field(
+        default=IncompletePolicy.TRAIN_PARTIAL,
+        description="a group still missing rollouts at its timeout: train_partial (on what arrived, if at least "
+        "min_group_size) or drop",
+    )
     max_staleness: int = Field(default=1, ge=0, description="train on transitions of versions >= current - this")
     mode: TrainMode = Field(
         default=TrainMode.SYNC,
@@ -127,7 +135,11 @@ class TrainSection(BaseModel):
         "dynamic_sampling and overlong_shaping (each may still be set)",
     )
     estimator: str = Field(default="grpo", description="advantage estimator: grpo, dr_grpo, rloo")
-    advantage_scope: AdvantageScope = AdvantageScope.EPISODE
+    advantage_scope: AdvantageScope = Field(
+        default=AdvantageScope.EPISODE,
+        description="what GRPO compares within a group: episode (the rollouts' returns) or transition (each "
+        "call's credited reward)",
+    )
     credit: str = Field(
         default="broadcast",
         description="credit assignment from the episode and per-call rewards "
@@ -144,17 +156,17 @@ class TrainSection(BaseModel):
     rollout_timeout_s: float = Field(default=600.0, gt=0, le=7 * 24 * 3600, description="timeout_s of each request")
     max_attempts: int = Field(default=3, ge=1, le=100, description="max_attempts of each RolloutRequest")
     shuffle: bool = Field(default=True, description="shuffle the dataset each pass (seeded)")
-    seed: int = 0
+    seed: int = Field(default=0, description="the run's seed: task order, rollout sampling, initialisation")
     val_every: int = Field(
         default=0,
         ge=0,
         description="validate every N steps (0 = only before step 1 and "
         "after the last, when a validation set is given)",
     )
-    val_group_size: int = Field(default=1, ge=1, le=1024)
+    val_group_size: int = Field(default=1, ge=1, le=1024, description="rollouts per validation task")
     consumer_group: str = Field(default="fulmen.trainer", description="the collector's consumer group")
-    lr: float = Field(default=1e-5, gt=0)
-    micro_batch_size: int = Field(default=8, ge=1)
+    lr: float = Field(default=1e-5, gt=0, description="learning rate (AdamW)")
+    micro_batch_size: int = Field(default=8, ge=1, description="rows per forward/backward pass")
     micro_batch_tokens: int = Field(
         default=0,
         ge=0,
@@ -163,7 +175,7 @@ class TrainSection(BaseModel):
         "prompt and an episode's repeated turns computed once); 0 = micro_batch_size "
         "rows by length",
     )
-    epochs_per_batch: int = Field(default=1, ge=1)
+    epochs_per_batch: int = Field(default=1, ge=1, description="passes over each step's samples (PPO epochs)")
     policy_loss: str = Field(default="ppo_clip", description="ppo_clip, dapo, gspo, cispo (fulmen.algorithm.losses)")
     loss_aggregation: str = Field(
         default="token_mean",
@@ -216,8 +228,10 @@ class TrainSection(BaseModel):
     correction_high: float = Field(
         default=2.0, gt=0, description="tis: weights truncated to it; mis: weights of ratios above it set to 0"
     )
-    kl_coef: float = Field(default=0.0, ge=0)
-    max_len: int | None = Field(default=None, ge=2)
+    kl_coef: float = Field(default=0.0, ge=0, description="weight of the KL penalty to the initial model; 0 = none")
+    max_len: int | None = Field(
+        default=None, ge=2, description="longest prompt + response a sample may have (tokens); unset = no limit"
+    )
     lora_r: int = Field(
         default=0, ge=0, description="LoRA rank; 0 trains every weight (per_agent adapters: 0 = rank 16)"
     )
@@ -234,8 +248,8 @@ class TrainSection(BaseModel):
         "(comma-separated names, as the transitions name them); their calls must "
         "name them too (.../agent/{name}/v1), or they get the base model",
     )
-    device: str = "auto"
-    dtype: str = "auto"
+    device: str = Field(default="auto", description="auto, cpu, cuda or cuda:N")
+    dtype: str = Field(default="auto", description="auto (bf16 on a GPU that has it, else float32), bfloat16, float32")
     backend: str = Field(
         default="torch",
         description="trainer backend: torch (one process, or FSDP2 over the "

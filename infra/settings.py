@@ -28,7 +28,6 @@ __all__ = [
     "KafkaSettings",
     "LogSettings",
     "default_home",
-    "settings_help",
 ]
 
 
@@ -280,20 +279,6 @@ def _mask_keeping_user(url: str) -> str:
         return masked
     scheme, _, rest = masked.partition("://")
     return f"{scheme}://{user}{':***' if parts.password is not None else ''}@{rest}"
-
-
-def settings_help(section: type[BaseModel], env_prefix: str) -> list[str]:
-    """One line per field of ``section``: its variable (``env_prefix`` + field name), default and meaning.
-
-    Generated from the model, so command help never drifts from the settings (``fulmen runner --help``).
-    """
-    lines = []
-    for name, field in section.model_fields.items():
-        default = field.get_default(call_default_factory=True)
-        shown = "unset" if default is None else repr(default) if default == "" else str(default)
-        meaning = f": {field.description}" if field.description else ""
-        lines.append(f"{env_prefix}{name.upper()} (default {shown}){meaning}")
-    return lines
 
 
 class DashboardProcessSettings(FulmenSettings):

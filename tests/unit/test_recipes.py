@@ -3,6 +3,7 @@ show`` prints the pieces in force, and the trainer refuses names its registries 
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -144,6 +145,9 @@ def test_complete_settings_pass_the_check() -> None:
 
 
 def test_build_backend_hands_every_piece_to_the_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
+    # build_backend may import the sharded trainer, whose class subclasses TorchTrainer: import it before the
+    # stand-in replaces TorchTrainer (alone, this test failed with "function() argument 'code' must be code").
+    importlib.import_module("fulmen.algorithm.trainer.distributed")
     monkeypatch.setattr("fulmen.algorithm.trainer.torch_backend.TorchTrainer", lambda config: config)
     assert train_module.build_backend is build_backend
     options = TrainSection(

@@ -133,7 +133,8 @@ def test_runner_help_lists_every_runner_setting() -> None:
     assert result.exit_code == 0
     for name in RunnerSection.model_fields:
         assert f"FULMEN_RUNNER_{name.upper()}" in result.output
-    assert "FULMEN_RUNNER_LLM_BASE_URL (default http://127.0.0.1:8000)" in result.output
+    assert "FULMEN_RUNNER_LLM_BASE_URL; default http://127.0.0.1:8000" in result.output
+    assert "--llm-base-url" in result.output and "--concurrency" in result.output
 
 
 # --- sync agents ----------------------------------------------------------------------------------------------

@@ -63,8 +63,8 @@ from bench.chaos_count import DEFINITIONS, Phases, count_all
 from bench.chaos_load import FeedbackLoad, LlmLoad, SpanLoad, TopicTail, first_after, read_topic
 from bench.chaos_procs import Broker, Fleet, Proc, fulmen_command
 from fulmen.consumers.app import ConsumerOptions
+from fulmen.consumers.barrier import OffsetBarrier, behind
 from fulmen.consumers.feedback import FeedbackSink
-from fulmen.consumers.transitions.barrier import OffsetBarrier, behind
 from fulmen.infra.kafka.admin import ensure_topics
 from fulmen.infra.kafka.cluster import LocalCluster
 from fulmen.infra.processes import free_port

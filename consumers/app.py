@@ -21,8 +21,10 @@ from fulmen.consumers.dead_letters import DeadLetterSink
 from fulmen.consumers.event_sinks import EVENT_SINKS, EventSink, SinkHandler, subscribe
 from fulmen.consumers.feedback import FeedbackSection, FeedbackSink
 from fulmen.consumers.production import ProductionEpisodesSink, ProductionSection
+from fulmen.consumers.settings import ConsumersSettings
 from fulmen.consumers.spans import SpanSink
-from fulmen.consumers.transitions import ConsumersSettings, TransitionBuilderSink, TransitionsSection
+from fulmen.consumers.tracked import Worker, WorkerContext
+from fulmen.consumers.transitions import TransitionBuilderSink, TransitionsSection
 from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.clients import close_quietly, consumer, consumer_group, producer, start_or_raise
 from fulmen.infra.kafka.dlq import DeadLetters
@@ -43,15 +45,13 @@ def default_sinks() -> list[Sink]:
 @runtime_checkable
 class WorkerSink(Protocol):
     """An entry that brings its own worker instead of a :class:`BatchConsumer` (the transition builder, the feedback
-    consumer, the production episode detector). The worker has ``sink``, ``stats``, ``listener()`` and
-    ``run(stop)`` like a BatchConsumer."""
+    consumer, the production episode detector): a :class:`~fulmen.consumers.tracked.Worker`, made from what the
+    app offers (:class:`~fulmen.consumers.tracked.WorkerContext`)."""
 
     name: str
     topic: TopicKey
 
-    def worker(
-        self, settings: FulmenSettings, kafka_consumer: Any, store: Store, dead_letters: DeadLetters, group_prefix: str
-    ) -> Any: ...
+    def worker(self, context: WorkerContext) -> Worker: ...
 
 
 def consume_sinks(settings: FulmenSettings) -> list[Sink | WorkerSink]:
@@ -93,7 +93,7 @@ class ConsumersApp:
         self.store = store
         self.sinks = list(sinks)
         self.options = options or ConsumerOptions()
-        self.workers: list[Any] = []  # SinkHandler, BatchConsumer, or what a WorkerSink makes
+        self.workers: list[Worker | SinkHandler] = []  # a BatchConsumer, what a WorkerSink makes, or a SinkHandler
         self.read_endpoint: ReadEndpoint | None = None
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
@@ -117,9 +117,12 @@ class ConsumersApp:
                     continue
                 kafka_consumer = consumer(self.settings, group)
                 clients.insert(0, kafka_consumer)
+                worker: Worker
                 if isinstance(sink, WorkerSink):
-                    group_prefix = self.options.group_prefix
-                    worker = sink.worker(self.settings, kafka_consumer, self.store, dead_letters, group_prefix)
+                    context = WorkerContext(
+                        self.settings, kafka_consumer, self.store, dead_letters, self.options.group_prefix
+                    )
+                    worker = sink.worker(context)
                 else:
                     worker = BatchConsumer(
                         sink,

@@ -1,4 +1,4 @@
-"""Settings of the transitions consumer (``FULMEN_TRANSITIONS_*``) and of the consumers process that runs it."""
+"""Settings of the transitions consumer (``FULMEN_TRANSITIONS_*``)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from fulmen.consumers.feedback.settings import FeedbackSection
-from fulmen.consumers.production.settings import ProductionSection
-from fulmen.infra.settings import FulmenSettings
-
-__all__ = ["ConsumersSettings", "TransitionsSection"]
+__all__ = ["TransitionsSection"]
 
 
 class TransitionsSection(BaseModel):
@@ -60,12 +56,3 @@ class TransitionsSection(BaseModel):
                 "FULMEN_TRAIN_CREDIT / FULMEN_TRAIN_GAMMA for `fulmen train` instead"
             )
         return data
-
-
-class ConsumersSettings(FulmenSettings):
-    """The consumers process (``fulmen consume``): the shared sections plus ``transitions``, ``feedback`` and
-    ``production``."""
-
-    transitions: TransitionsSection = Field(default_factory=TransitionsSection)
-    feedback: FeedbackSection = Field(default_factory=FeedbackSection)
-    production: ProductionSection = Field(default_factory=ProductionSection)

@@ -222,7 +222,7 @@ def consume(
 ) -> None:
     """Materialise Kafka topics into the store until interrupted (SIGINT/SIGTERM flush and exit)."""
     from fulmen.consumers import ConsumersApp, consume_sinks
-    from fulmen.consumers.transitions import ConsumersSettings
+    from fulmen.consumers.settings import ConsumersSettings
     from fulmen.infra.services import ensure_kafka, ensure_store
 
     settings = _settings(ConsumersSettings, service=True)
@@ -480,7 +480,7 @@ def config_show() -> None:
     """Print the settings in force, secrets masked: the shared sections (home, kafka, broker, clickhouse, log) and
     every process's own (runner, otlp, llm, transitions, feedback, production, train, dashboard, cli)."""
     from fulmen.algorithm.settings import TrainSettings
-    from fulmen.consumers.transitions.settings import ConsumersSettings
+    from fulmen.consumers.settings import ConsumersSettings
     from fulmen.infra.settings import DashboardProcessSettings
     from fulmen.producers.llm_gateway.settings import LlmGatewaySettings
     from fulmen.producers.otlp_gateway.settings import OtlpGatewaySettings

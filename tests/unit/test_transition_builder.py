@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from fulmen.consumers.transitions.barrier import WaitingRounds, behind
+from fulmen.consumers.barrier import WaitingRounds, behind
+from fulmen.consumers.settings import ConsumersSettings
 from fulmen.consumers.transitions.builder import BuildOptions, build_batch
 from fulmen.consumers.transitions.late import SLACK_MS, LateSpanCheck
-from fulmen.consumers.transitions.settings import ConsumersSettings
 from fulmen.consumers.transitions.window import AttemptTracker, BuildWindow, Built
 from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import RolloutEvent, RolloutStatus

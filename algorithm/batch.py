@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fulmen.algorithm.errors import PoisonInputError
+from fulmen.schemas.errors import PoisonInputError
 
 __all__ = ["Sample", "TrainBatch", "collate"]
 

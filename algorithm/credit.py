@@ -31,8 +31,8 @@ from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Protocol
 
-from fulmen.algorithm.errors import ConfigurationError
 from fulmen.algorithm.registry import Registry
+from fulmen.schemas.errors import ConfigurationError
 
 __all__ = [
     "CREDIT_STRATEGIES",

@@ -26,9 +26,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.infra.seeds import derive_seed
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import RolloutEvent, RolloutMode, RolloutRequest, RolloutStatus
 from fulmen.schemas.task_file import TaskSpec
 from fulmen.schemas.topics import TopicKey

@@ -99,8 +99,8 @@ from fulmen.algorithm.samples import StepSamples, build_agent_samples, build_sam
 from fulmen.algorithm.settings import TrainMode, TrainSection
 from fulmen.algorithm.shaping import OverlongShaping
 from fulmen.algorithm.trainer.base import StepMetrics, TrainerBackend
-from fulmen.infra.errors import ConfigurationError, RetryableError
 from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.schemas.errors import ConfigurationError, RetryableError
 from fulmen.schemas.events import Event, ModelVersion, PromotionAction, RolloutMode, TrainStep
 from fulmen.schemas.topics import TopicKey
 

@@ -23,8 +23,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.kafka.publish import Sender
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import ModelPromotion, ModelVersion, PromotionAction
 from fulmen.schemas.topics import TopicKey
 

@@ -47,9 +47,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fulmen.algorithm.groups import ClosedGroup
-from fulmen.infra.errors import ConfigurationError, PoisonInputError
 from fulmen.schemas import semconv
 from fulmen.schemas.ddl import TABLES
+from fulmen.schemas.errors import ConfigurationError, PoisonInputError
 from fulmen.schemas.events import IDENTIFIER_PATTERN, RolloutMode, RolloutStatus, Transition, TransitionBatch
 
 __all__ = ["REFUSAL_REASONS", "ReplayBuffer", "ReplayRows", "StoreReader", "build_buffer", "load_replay"]

@@ -14,8 +14,8 @@ import json
 import logging
 
 from fulmen.algorithm.replay import StoreReader
-from fulmen.infra.errors import ConfigurationError
 from fulmen.schemas.ddl import TABLES
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.task_file import TaskSpec
 
 __all__ = ["load_stored_tasks"]

@@ -34,12 +34,12 @@ from fulmen.algorithm.promotion import PromotionGate, Serving, in_force
 from fulmen.algorithm.registry import Registry
 from fulmen.algorithm.settings import TrainSection, TrainSettings
 from fulmen.algorithm.trainer.base import ADAPTERS_FILE, TEMPORARY_MARK, TrainerBackend
-from fulmen.infra.errors import BrokerUnavailableError, ConfigurationError, RetryableError
 from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
 from fulmen.infra.kafka.publish import EventPublisher, Sender
 from fulmen.infra.kafka.read_all import read_to_end
 from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.errors import BrokerUnavailableError, ConfigurationError, RetryableError
 from fulmen.schemas.events import ModelPromotion, ModelVersion, RolloutMode, TrainStep
 from fulmen.schemas.topics import TopicKey, topic_name
 

@@ -22,10 +22,11 @@ import pyarrow as pa
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from fulmen.infra.errors import PoisonInputError, RetryableError
 from fulmen.infra.kafka.dlq import DeadLetters
-from fulmen.infra.kafka.offsets import RebalanceListener, commit_offsets, describe_offsets, retrying
+from fulmen.infra.kafka.offsets import RebalanceListener, commit_offsets, describe_offsets
+from fulmen.infra.retry import retrying
 from fulmen.infra.store import EncodedRows, Store
+from fulmen.schemas.errors import PoisonInputError, RetryableError
 from fulmen.schemas.topics import TopicKey
 
 __all__ = ["BatchConsumer", "BatchStats", "Sink"]

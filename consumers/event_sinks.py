@@ -36,13 +36,14 @@ from faststream.kafka.annotations import KafkaMessage
 from faststream.middlewares import AckPolicy
 
 from fulmen.consumers.batch import BatchStats
-from fulmen.infra.errors import PoisonInputError, RetryableError
 from fulmen.infra.kafka.broker import endpoint_title, provisioned, subscriber_options
 from fulmen.infra.kafka.dlq import DeadLetters
-from fulmen.infra.kafka.offsets import backoff_s, commit_offsets, describe_offsets, retrying
+from fulmen.infra.kafka.offsets import commit_offsets, describe_offsets
+from fulmen.infra.retry import backoff_s, retrying
 from fulmen.infra.store import Store
 from fulmen.schemas.codec import decode
 from fulmen.schemas.ddl import TABLES
+from fulmen.schemas.errors import PoisonInputError, RetryableError
 from fulmen.schemas.events import (
     Event,
     ModelPromotion,

@@ -36,11 +36,12 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
-from fulmen.infra.errors import PoisonInputError, RetryableError
 from fulmen.infra.kafka.dlq import DeadLetters
-from fulmen.infra.kafka.offsets import RebalanceListener, Stopped, commit_finished, retrying
+from fulmen.infra.kafka.offsets import RebalanceListener, commit_finished
+from fulmen.infra.retry import Stopped, retrying
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
+from fulmen.schemas.errors import PoisonInputError, RetryableError
 
 __all__ = ["STORE_ERRORS", "TrackedWorker", "Worker", "WorkerContext"]
 

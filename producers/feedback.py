@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fulmen.infra.errors import PoisonInputError
 from fulmen.infra.kafka.publish import EventPublisher, Sender
 from fulmen.schemas.codec import decode_obj
+from fulmen.schemas.errors import PoisonInputError
 from fulmen.schemas.events import Feedback, FeedbackTarget
 from fulmen.schemas.topics import TopicKey
 

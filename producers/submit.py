@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.kafka.publish import EventPublisher, Sender
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import RolloutEvent, RolloutMode, RolloutRequest, RolloutStatus
 from fulmen.schemas.task_file import TaskSpec
 from fulmen.schemas.topics import TopicKey

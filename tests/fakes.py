@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 
-from fulmen.infra.errors import RetryableError
+from fulmen.schemas.errors import RetryableError
 
 
 def record(topic: str, partition: int, offset: int, value: bytes | None, key: bytes | None = None) -> ConsumerRecord:

@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
-from fulmen.algorithm.errors import ConfigurationError, FulmenError
 from fulmen.algorithm.prompts.base import Episode, OptimizerExhausted, Proposal, ProposalRequest
+from fulmen.schemas.errors import ConfigurationError, FulmenError
 
 __all__ = ["API_KEY_ENV", "ReflectiveProposer", "parse_proposal", "reflection_prompt"]
 

@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fulmen.algorithm.errors import ConfigurationError
 from fulmen.algorithm.prompts.base import (
     Candidate,
     Episode,
@@ -25,6 +24,7 @@ from fulmen.algorithm.prompts.base import (
     SearchStopped,
     candidate_id,
 )
+from fulmen.schemas.errors import ConfigurationError
 
 __all__ = ["SEARCHES", "SearchConfig", "SearchResult", "beam", "frontier", "gepa", "get_search", "optimize"]
 

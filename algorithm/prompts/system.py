@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 
 from fulmen.algorithm.collector import Collector
 from fulmen.algorithm.dispatcher import DatasetTask, DispatchedGroup, Dispatcher
-from fulmen.algorithm.errors import ConfigurationError
 from fulmen.algorithm.groups import ClosedGroup
 from fulmen.algorithm.prompts.base import Episode
 from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import RolloutMode
 from fulmen.schemas.prompts import PromptBundle
 from fulmen.schemas.topics import TopicKey

@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 
 from fulmen.algorithm.batch import Sample, TrainBatch
-from fulmen.algorithm.errors import ConfigurationError, PoisonInputError
 from fulmen.algorithm.trainer.base import ADAPTERS_FILE, StepMetrics, atomic_directory
 from fulmen.algorithm.trainer.torch_backend import LoraSettings, TorchTrainer, TorchTrainerConfig
+from fulmen.schemas.errors import ConfigurationError, PoisonInputError
 
 __all__ = ["DEFAULT_RANK", "PerAgentTrainer", "combine_metrics", "is_adapter_checkpoint"]
 

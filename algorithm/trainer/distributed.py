@@ -51,11 +51,11 @@ from torch import Tensor
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from fulmen.algorithm.batch import Sample, TrainBatch, collate
-from fulmen.algorithm.errors import ConfigurationError, FulmenError
 from fulmen.algorithm.trainer.base import StepMetrics, atomic_directory
 from fulmen.algorithm.trainer.logprobs import token_logprobs
 from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig, _no_progress_bars
 from fulmen.infra.torch_cuda import trusted_attention
+from fulmen.schemas.errors import ConfigurationError, FulmenError
 
 __all__ = [
     "COMMAND_TIMEOUT",

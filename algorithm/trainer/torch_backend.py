@@ -42,7 +42,6 @@ from torch import Tensor
 
 from fulmen.algorithm.batch import Sample, TrainBatch, collate
 from fulmen.algorithm.corrections import CorrectionLevel, ImportanceStats, get_correction_fn, get_level
-from fulmen.algorithm.errors import ConfigurationError
 from fulmen.algorithm.losses import (
     LossAggregation,
     PolicyLoss,
@@ -55,6 +54,7 @@ from fulmen.algorithm.losses import (
 from fulmen.algorithm.trainer.base import StepMetrics, atomic_directory
 from fulmen.algorithm.trainer.logprobs import Work, token_logprobs
 from fulmen.infra.torch_cuda import trusted_attention
+from fulmen.schemas.errors import ConfigurationError
 
 __all__ = ["LoraSettings", "TorchTrainer", "TorchTrainerConfig"]
 

@@ -40,7 +40,6 @@ import torch
 import torch.distributed as dist
 
 from fulmen.algorithm.batch import Sample, TrainBatch, collate
-from fulmen.algorithm.errors import ConfigurationError
 from fulmen.algorithm.losses import LossAggregation, PolicyLoss
 from fulmen.algorithm.trainer.base import StepMetrics, atomic_directory
 from fulmen.algorithm.trainer.distributed import plain_model
@@ -52,6 +51,7 @@ from fulmen.algorithm.trainer.torch_backend import (
     _resolve_device,
     _resolve_dtype,
 )
+from fulmen.schemas.errors import ConfigurationError
 
 __all__ = ["VerlTrainer", "micro_rows", "register_cpu", "verl_batch"]
 

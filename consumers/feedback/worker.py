@@ -40,12 +40,13 @@ from fulmen.consumers.barrier import Snapshot, behind
 from fulmen.consumers.feedback.resolver import Resolved, Target, TargetResolver
 from fulmen.consumers.feedback.settings import FeedbackSection
 from fulmen.consumers.tracked import Fetched, TrackedWorker
-from fulmen.infra.errors import PoisonInputError
 from fulmen.infra.kafka.dlq import DeadLetters
-from fulmen.infra.kafka.offsets import STOPPED, OffsetTracker, backoff_s
+from fulmen.infra.kafka.offsets import OffsetTracker
+from fulmen.infra.retry import STOPPED, backoff_s
 from fulmen.infra.store import Store
 from fulmen.schemas.codec import decode
 from fulmen.schemas.ddl import TABLES
+from fulmen.schemas.errors import PoisonInputError
 from fulmen.schemas.events import Feedback, FeedbackTarget
 
 __all__ = ["FEEDBACK_SCHEMA", "Barrier", "FeedbackStats", "FeedbackWorker", "UnknownTargetError", "feedback_rows"]

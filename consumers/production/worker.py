@@ -41,11 +41,12 @@ from fulmen.consumers.production.episodes import Episode, OpenEpisodes
 from fulmen.consumers.production.scan import scan_record
 from fulmen.consumers.production.settings import ProductionSection
 from fulmen.consumers.tracked import Fetched, TrackedWorker
-from fulmen.infra.errors import RetryableError
 from fulmen.infra.kafka.clients import close_quietly, start_or_raise
-from fulmen.infra.kafka.offsets import STOPPED, OffsetTracker
+from fulmen.infra.kafka.offsets import OffsetTracker
 from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.retry import STOPPED
 from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.errors import RetryableError
 from fulmen.schemas.events import RolloutEvent, RolloutMode, RolloutStatus, production_rollout_id
 from fulmen.schemas.topics import TopicKey
 

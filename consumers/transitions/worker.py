@@ -52,15 +52,15 @@ from fulmen.consumers.transitions.late import LateSpanCheck
 from fulmen.consumers.transitions.reader import RolloutKey, SpanReader
 from fulmen.consumers.transitions.settings import TransitionsSection
 from fulmen.consumers.transitions.window import AttemptTracker, BuildWindow, Built
-from fulmen.infra.errors import PoisonInputError
 from fulmen.infra.kafka.clients import close_quietly, start_or_raise
 from fulmen.infra.kafka.dlq import DeadLetters
-from fulmen.infra.kafka.offsets import STOPPED
 from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.retry import STOPPED
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.schemas.codec import decode, encode
 from fulmen.schemas.ddl import TABLES
+from fulmen.schemas.errors import PoisonInputError
 from fulmen.schemas.events import RolloutEvent
 from fulmen.schemas.topics import TopicKey, topic
 

@@ -12,9 +12,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from fulmen.infra.errors import FulmenError
 from fulmen.infra.logging import setup_logging
 from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.errors import FulmenError
 
 __all__ = ["UtcOption", "WideOption", "console", "err", "friendly", "load_settings", "read_query"]
 

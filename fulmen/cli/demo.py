@@ -8,8 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fulmen.infra.errors import FulmenError
 from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.errors import FulmenError
 
 __all__ = ["run_demo_command"]
 

@@ -26,11 +26,11 @@ from fulmen.cli.prompts import prompts_app
 from fulmen.cli.rollouts import rollouts_command
 from fulmen.cli.settings_options import SectionOptions, with_options
 from fulmen.cli.train import train_command
-from fulmen.infra.errors import FulmenError
 from fulmen.infra.settings import CliProcessSettings, DashboardSettings, FulmenSettings
 from fulmen.producers.llm_gateway.settings import LlmSection
 from fulmen.producers.otlp_gateway.settings import OtlpSection
 from fulmen.producers.runner.settings import RunnerSection
+from fulmen.schemas.errors import FulmenError
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="Fulmen: reinforcement learning for agents you already run."

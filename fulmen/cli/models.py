@@ -69,7 +69,7 @@ def decide_by_hand(
 
 
 def _the_version(known: list[ModelVersion], model_name: str, version: int, run_id: str | None) -> ModelVersion:
-    from fulmen.infra.errors import ConfigurationError
+    from fulmen.schemas.errors import ConfigurationError
 
     found = {
         (m.run_id, m.version): m

@@ -95,9 +95,9 @@ def prompts_list() -> None:
 @friendly
 def prompts_show(bundle_id: Annotated[str, typer.Argument(help="the bundle (pb-...)")]) -> None:
     """One stored bundle in full: its slots' texts, templates, lineage and scores."""
-    from fulmen.infra.errors import ConfigurationError
     from fulmen.infra.store import open_reader
     from fulmen.prompt_queries import bundle_rows
+    from fulmen.schemas.errors import ConfigurationError
 
     settings = load_settings()
     rows = bundle_rows(open_reader(settings), settings.clickhouse.database, bundle_id)
@@ -119,7 +119,7 @@ def prompts_show(bundle_id: Annotated[str, typer.Argument(help="the bundle (pb-.
 
 
 def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
-    from fulmen.infra.errors import ConfigurationError
+    from fulmen.schemas.errors import ConfigurationError
 
     found = {}
     for value in values or []:
@@ -140,9 +140,9 @@ def prompts_create(
     agent: Annotated[str | None, _AGENT] = None,
 ) -> None:
     """Publish a bundle written by hand; prints its id (the same texts always give the same id)."""
-    from fulmen.infra.errors import ConfigurationError
     from fulmen.infra.kafka.prompts import publish_bundles
     from fulmen.infra.services import ensure_kafka
+    from fulmen.schemas.errors import ConfigurationError
     from fulmen.schemas.prompts import PromptBundle
 
     slots, templates = _pairs(slot, "--slot"), _pairs(template, "--template")

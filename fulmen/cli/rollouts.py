@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from fulmen.cli.base import UtcOption, WideOption, console, friendly, load_settings, read_query
-from fulmen.infra.errors import FulmenError
 from fulmen.infra.settings import CliProcessSettings
+from fulmen.schemas.errors import FulmenError
 from fulmen.versions import rollout_versions, version_label
 
 if TYPE_CHECKING:

@@ -32,11 +32,11 @@ from typing import Any
 
 import httpx
 
-from fulmen.infra.errors import FulmenError
 from fulmen.infra.kafka.local import process_alive
 from fulmen.infra.processes import FULMEN, RestartPolicy, Services, ServiceSpec
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.stack import StackPorts, core_services, dashboard_available, dashboard_spec
+from fulmen.schemas.errors import FulmenError
 
 __all__ = ["StackOptions", "detach", "down", "ready_lines", "status_rows", "supervise"]
 

@@ -16,7 +16,7 @@ from rich.table import Table
 from fulmen.algorithm.settings import TrainSection, TrainSettings
 from fulmen.cli.base import console, err, friendly, load_settings
 from fulmen.cli.settings_options import SectionOptions, with_options
-from fulmen.infra.errors import FulmenError
+from fulmen.schemas.errors import FulmenError
 
 __all__ = ["train_command"]
 

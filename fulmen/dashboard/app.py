@@ -26,10 +26,10 @@ from typing import Any
 from aiohttp import web
 
 from fulmen.dashboard.queries import DashboardQueries, FilterError, Reader, jsonable
-from fulmen.infra.errors import ConfigurationError, FulmenError, RetryableError
 from fulmen.infra.http import is_loopback, server_options
 from fulmen.infra.settings import DashboardProcessSettings
 from fulmen.infra.store import ReadOnlyError, RemoteReader, Store
+from fulmen.schemas.errors import ConfigurationError, FulmenError, RetryableError
 
 __all__ = ["Dashboard", "dashboard_reader"]
 

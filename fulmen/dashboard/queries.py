@@ -23,9 +23,9 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from fulmen.algorithm.credit import CREDIT_STRATEGIES, assign_credit
-from fulmen.infra.errors import FulmenError
 from fulmen.prompt_queries import bundle_rewards, bundle_rows, serving_by_scope
 from fulmen.schemas import semconv
+from fulmen.schemas.errors import FulmenError
 from fulmen.schemas.events import RolloutMode, RolloutStatus
 from fulmen.versions import model_names, rollout_versions, version_label, version_rows
 

@@ -33,9 +33,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fulmen.infra.errors import BrokerUnavailableError, ConfigurationError
 from fulmen.infra.kafka.local import BrokerStatus, ClusterRole, LocalKafka, Voter, base64_uuid, process_alive
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
+from fulmen.schemas.errors import BrokerUnavailableError, ConfigurationError
 
 __all__ = ["ClusterStatus", "LocalCluster", "running_layouts", "stop_all"]
 

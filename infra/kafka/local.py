@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from fulmen.infra.errors import BrokerUnavailableError, ConfigurationError
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
+from fulmen.schemas.errors import BrokerUnavailableError, ConfigurationError
 from fulmen.schemas.topics import min_insync_replicas
 
 __all__ = ["BrokerStatus", "ClusterRole", "LocalKafka", "Voter", "port_is_free", "process_alive"]

@@ -14,11 +14,11 @@ from typing import TypeVar
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
-from fulmen.infra.errors import BrokerUnavailableError, DecodeError
 from fulmen.infra.kafka.admin import partition_count
 from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas.codec import decode
+from fulmen.schemas.errors import BrokerUnavailableError, DecodeError
 from fulmen.schemas.events import Event
 from fulmen.schemas.topics import TopicKey, topic_name
 

@@ -29,7 +29,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from fulmen.infra.errors import PoisonInputError
+from fulmen.schemas.errors import PoisonInputError
 
 __all__ = [
     "FORBIDDEN_FUNCTIONS",

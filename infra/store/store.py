@@ -25,12 +25,12 @@ import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
-from fulmen.infra.errors import ConfigurationError, RetryableError
 from fulmen.infra.settings import ClickHouseSettings, FulmenSettings
 from fulmen.infra.store.params import bind_fast
 from fulmen.infra.store.reads import QueryResult, SqlReader, connect_embedded, connect_server, read_limits
 from fulmen.infra.store.sql_guard import ReadOnlyError
 from fulmen.schemas.ddl import MIGRATIONS, MIGRATIONS_TABLE, TABLES, Migration
+from fulmen.schemas.errors import ConfigurationError, RetryableError
 
 __all__ = ["EncodedRows", "QueryResult", "ReadOnlyError", "Store"]
 

@@ -49,7 +49,6 @@ from aiohttp import web
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from fulmen.infra.errors import BrokerUnavailableError
 from fulmen.infra.http import read_body
 from fulmen.infra.kafka.clients import producer
 from fulmen.infra.seeds import SEED_LIMIT
@@ -79,6 +78,7 @@ from fulmen.producers.llm_gateway.settings import LlmGatewaySettings, LlmSection
 from fulmen.producers.llm_gateway.spans import CallContext, build_record, parse_traceparent
 from fulmen.schemas import ModelVersion, TopicKey, semconv, topic_name
 from fulmen.schemas.codec import encode
+from fulmen.schemas.errors import BrokerUnavailableError
 from fulmen.schemas.events import IDENTIFIER_PATTERN
 from fulmen.schemas.prompts import apply as apply_bundle
 

@@ -95,7 +95,7 @@ class TopicFollower:
         """Start following; return once every record up to the end offsets found now was handled (then
         :meth:`_on_caught_up` ran).
 
-        Raises :class:`~fulmen.infra.errors.BrokerUnavailableError` when the broker does not answer in time.
+        Raises :class:`~fulmen.schemas.errors.BrokerUnavailableError` when the broker does not answer in time.
         """
         partitions = [TopicPartition(self.topic, p) for p in range(await partition_count(self.settings, self.topic))]
         self._started = True

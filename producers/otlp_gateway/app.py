@@ -35,13 +35,13 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from google.rpc import status_pb2
 
-from fulmen.infra.errors import PoisonInputError
 from fulmen.infra.http import read_body
 from fulmen.infra.kafka.clients import producer
 from fulmen.producers.gateway import Gateway, GatewayStats
 from fulmen.producers.otlp_gateway.decoding import BodyDecoder, DecoderCrashedError
 from fulmen.producers.otlp_gateway.otlp import Prepared, encode_response
 from fulmen.producers.otlp_gateway.settings import OtlpGatewaySettings, OtlpSection
+from fulmen.schemas.errors import PoisonInputError
 from fulmen.schemas.topics import TopicKey, topic_name
 
 __all__ = ["OtlpGateway", "OtlpGatewayStats"]

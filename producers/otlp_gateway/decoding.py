@@ -26,8 +26,8 @@ import signal
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from fulmen.infra.errors import FulmenError
 from fulmen.producers.otlp_gateway.otlp import Prepared, prepare
+from fulmen.schemas.errors import FulmenError
 
 __all__ = ["BodyDecoder", "DecoderCrashedError"]
 

@@ -52,7 +52,6 @@ from aiokafka.structs import ConsumerRecord
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Status, StatusCode
 
-from fulmen.infra.errors import DecodeError
 from fulmen.infra.kafka.admin import partition_count
 from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.clients import admin_client, close_quietly, consumer, consumer_group, producer, start_or_raise
@@ -67,6 +66,7 @@ from fulmen.producers.runner.sync import sync_caller
 from fulmen.producers.runner.tracing import CURRENT_ROLLOUT, CoalescedFlush, build_tracer_provider
 from fulmen.schemas import semconv
 from fulmen.schemas.codec import decode
+from fulmen.schemas.errors import DecodeError
 from fulmen.schemas.events import RolloutEvent, RolloutRequest, RolloutStatus, utc_now
 from fulmen.schemas.topics import TopicKey, topic_name
 

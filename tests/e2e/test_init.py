@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from fulmen.cli.init import FILES, scaffold
-from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.kafka.local import LocalKafka
+from fulmen.schemas.errors import ConfigurationError
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 

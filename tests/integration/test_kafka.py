@@ -8,7 +8,6 @@ import time
 import pytest
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from fulmen.infra.errors import BrokerUnavailableError
 from fulmen.infra.kafka.admin import describe_topics, ensure_topics
 from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.clients import admin_client, close_quietly, consumer, producer, start_or_raise
@@ -30,6 +29,7 @@ from fulmen.schemas import (
     topic,
     topic_name,
 )
+from fulmen.schemas.errors import BrokerUnavailableError
 from fulmen.testing.publishing import event_publisher
 
 pytestmark = pytest.mark.integration

@@ -20,13 +20,13 @@ import pytest
 from bench.chaos_count import Phases, rollout_counts, rollout_facts, span_counts
 from bench.chaos_load import SpanLoad
 from fulmen.consumers import EVENT_SINKS, SpanSink
-from fulmen.infra.errors import BrokerUnavailableError
 from fulmen.infra.kafka.admin import cluster_info, describe_topics, ensure_topics
 from fulmen.infra.kafka.cluster import LocalCluster
 from fulmen.infra.kafka.local import port_is_free
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.schemas import TOPICS, RolloutRequest
+from fulmen.schemas.errors import BrokerUnavailableError
 from tests.conftest import make_settings
 from tests.integration.span_pipeline import span_pipeline
 from tests.integration.test_cli import run

@@ -14,9 +14,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from bench.otlp_payloads import make_request
 from fulmen.consumers.otlp_rows import SPAN_SCHEMA
 from fulmen.consumers.spans import SpanSink, native_flattener
-from fulmen.infra.errors import DecodeError
 from fulmen.infra.store import Store
 from fulmen.schemas import semconv
+from fulmen.schemas.errors import DecodeError
 
 pytestmark = [
     pytest.mark.integration,

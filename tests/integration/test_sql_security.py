@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fulmen.infra.errors import ConfigurationError, PoisonInputError
 from fulmen.infra.store import ReadEndpoint, ReadOnlyError, RemoteReader, Store
+from fulmen.schemas.errors import ConfigurationError, PoisonInputError
 from fulmen.testing.served import ServedEndpoint
 from tests.conftest import make_settings
 

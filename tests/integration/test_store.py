@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from fulmen.consumers.event_sinks import EVENT_SINKS
-from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import ReadOnlyError, Store
 from fulmen.schemas import (
@@ -22,6 +21,7 @@ from fulmen.schemas import (
     TransitionBatch,
 )
 from fulmen.schemas.ddl import MIGRATIONS, TABLES
+from fulmen.schemas.errors import ConfigurationError
 
 pytestmark = pytest.mark.integration
 
@@ -175,7 +175,7 @@ def test_a_second_process_gets_a_clear_error(store: Store, store_path: Path) -> 
     code = (
         "from fulmen.infra.settings import FulmenSettings\n"
         "from fulmen.infra.store import ReadOnlyError, Store\n"
-        "from fulmen.infra.errors import ConfigurationError\n"
+        "from fulmen.schemas.errors import ConfigurationError\n"
         f"try:\n    Store.open(FulmenSettings(clickhouse={{'path': {str(store_path)!r}}}))\n"
         "except ConfigurationError as e:\n    print('CONFIG:', e)\n"
     )

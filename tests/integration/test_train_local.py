@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import fulmen
-from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.store import Store
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import TrainStep
 from fulmen.schemas.prompts import PromptBundle, fingerprint
 

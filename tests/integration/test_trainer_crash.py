@@ -22,11 +22,11 @@ from fulmen.algorithm.loop import TrainingLoop
 from fulmen.algorithm.settings import TrainSettings
 from fulmen.algorithm.train import train
 from fulmen.algorithm.trainer.base import StepMetrics
-from fulmen.infra.errors import BrokerUnavailableError
 from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas import ModelVersion, TopicKey, TrainStep
+from fulmen.schemas.errors import BrokerUnavailableError
 from tests.integration.test_train_loop import read_topic, simulated_runners
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]

@@ -15,7 +15,7 @@ from fulmen.algorithm.advantages import (
     get_advantage_fn,
     register_advantage,
 )
-from fulmen.algorithm.errors import ConfigurationError
+from fulmen.schemas.errors import ConfigurationError
 
 EPS = 1e-6
 

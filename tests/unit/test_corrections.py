@@ -15,7 +15,7 @@ from fulmen.algorithm.corrections import (
     get_correction_fn,
     register_correction,
 )
-from fulmen.algorithm.errors import ConfigurationError
+from fulmen.schemas.errors import ConfigurationError
 from tests.unit.test_losses import random_inputs
 
 

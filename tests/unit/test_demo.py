@@ -208,9 +208,9 @@ def test_a_taken_broker_port_fails_the_demo_before_its_warm_up(tmp_path: Path) -
     import socket
 
     from fulmen.algorithm.demo.run import DemoOptions, run_demo
-    from fulmen.infra.errors import ConfigurationError
     from fulmen.infra.processes import free_port
     from fulmen.infra.settings import BrokerSettings, FulmenSettings
+    from fulmen.schemas.errors import ConfigurationError
 
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.kafka.admin import TopicState, _durability_drift
 from fulmen.infra.kafka.clients import connection_kwargs
 from fulmen.infra.kafka.cluster import LocalCluster, running_layouts, stop_all
 from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.topics import min_insync_replicas
 
 pytestmark = pytest.mark.scale

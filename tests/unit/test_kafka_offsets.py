@@ -18,16 +18,9 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
-from fulmen.infra.errors import RetryableError
-from fulmen.infra.kafka.offsets import (
-    STOPPED,
-    OffsetTracker,
-    RebalanceListener,
-    backoff_s,
-    commit_finished,
-    commit_offsets,
-    retrying,
-)
+from fulmen.infra.kafka.offsets import OffsetTracker, RebalanceListener, commit_finished, commit_offsets
+from fulmen.infra.retry import STOPPED, backoff_s, retrying
+from fulmen.schemas.errors import RetryableError
 
 TP0, TP1, TP2 = (TopicPartition("fulmen.tasks", p) for p in range(3))
 

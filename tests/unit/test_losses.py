@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 
-from fulmen.algorithm.errors import ConfigurationError
 from fulmen.algorithm.losses import (
     Aggregation,
     LossAggregation,
@@ -19,6 +18,7 @@ from fulmen.algorithm.losses import (
     ppo_clip,
     register_aggregation,
 )
+from fulmen.schemas.errors import ConfigurationError
 
 
 def random_inputs(seed: int, rows: int = 6, width: int = 9) -> dict[str, torch.Tensor]:

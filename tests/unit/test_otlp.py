@@ -11,7 +11,6 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from bench.otlp_payloads import make_request
 from fulmen.consumers.otlp_rows import SpanColumns, any_value_text
-from fulmen.infra.errors import PoisonInputError
 from fulmen.producers.otlp_gateway.decoding import BodyDecoder, DecoderCrashedError
 from fulmen.producers.otlp_gateway.otlp import (
     decode_json,
@@ -22,6 +21,7 @@ from fulmen.producers.otlp_gateway.otlp import (
     validate,
 )
 from fulmen.schemas import semconv
+from fulmen.schemas.errors import PoisonInputError
 
 
 def _otlp_json(request: ExportTraceServiceRequest) -> bytes:

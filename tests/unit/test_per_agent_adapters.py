@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from fulmen.algorithm.batch import Sample
-from fulmen.algorithm.errors import PoisonInputError
 from fulmen.algorithm.groups import ClosedGroup
 from fulmen.algorithm.samples import build_agent_samples
 from fulmen.algorithm.settings import TrainSection
@@ -27,7 +26,7 @@ from fulmen.producers.llm_gateway.backends.transformers_backend import Transform
 from fulmen.producers.llm_gateway.protocol import parse_chat
 from fulmen.producers.llm_gateway.settings import LlmSection
 from fulmen.schemas import ModelVersion
-from fulmen.schemas.errors import ConfigurationError
+from fulmen.schemas.errors import ConfigurationError, PoisonInputError
 from fulmen.schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
 
 pytestmark = pytest.mark.multiagent

@@ -16,12 +16,12 @@ from fulmen.consumers.production import (
     ProductionWorker,
     scan_record,
 )
-from fulmen.infra.errors import RetryableError
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.producers.llm_gateway.backends.base import CallResult, Choice
 from fulmen.producers.llm_gateway.spans import CallContext, TraceParent, build_record
 from fulmen.schemas import RolloutEvent, RolloutMode, RolloutStatus, semconv
 from fulmen.schemas.codec import decode
+from fulmen.schemas.errors import RetryableError
 from tests.fakes import FakeBroker, FakeProducer, PausingConsumer
 
 pytestmark = pytest.mark.continuous

@@ -14,7 +14,7 @@ from fulmen.algorithm.groups import GroupBook
 from fulmen.algorithm.loop import LoopPlan, TrainingLoop
 from fulmen.algorithm.promotion import PromotionGate, Serving, in_force, manual, previous_promoted
 from fulmen.algorithm.settings import TrainSection
-from fulmen.infra.errors import ConfigurationError
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import ModelPromotion, ModelVersion, PromotionAction, RolloutMode, RolloutRequest
 from fulmen.schemas.topics import TopicKey
 from tests.fakes import FakeConsumer

@@ -18,8 +18,8 @@ from fulmen.algorithm.loop import LoopPlan, TrainingLoop
 from fulmen.algorithm.replay import ReplayRows, build_buffer, load_replay
 from fulmen.algorithm.samples import build_samples
 from fulmen.algorithm.settings import TrainSection
-from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.store.reads import QueryResult
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.topics import TopicKey
 from tests.fakes import FakeConsumer
 from tests.unit.test_train_loop import FakeBackend, FakePublisher, reply

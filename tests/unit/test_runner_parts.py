@@ -9,10 +9,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from fulmen.infra.errors import ConfigurationError
 from fulmen.producers.runner.agent import AgentError, LLMEndpoint, call_agent, load_agent
 from fulmen.producers.runner.tracing import CURRENT_ROLLOUT, RolloutStamper
 from fulmen.schemas import RolloutRequest, semconv
+from fulmen.schemas.errors import ConfigurationError
 
 LLM = LLMEndpoint(base_url="http://gw/rollout/r/attempt/1/v1", model="m")
 

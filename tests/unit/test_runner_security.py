@@ -19,7 +19,6 @@ import pytest
 from typer.testing import CliRunner
 
 from fulmen.cli.main import app
-from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.kafka.clients import connection_kwargs, consumer, consumer_group
 from fulmen.infra.kafka.dlq import DeadLetters
 from fulmen.infra.settings import FulmenSettings
@@ -35,6 +34,7 @@ from fulmen.producers.runner.backoff import (
 from fulmen.producers.runner.settings import RunnerSection
 from fulmen.producers.runner.sync import ProcessAgent, ThreadAgent
 from fulmen.schemas import RolloutRequest
+from fulmen.schemas.errors import ConfigurationError
 
 pytestmark = pytest.mark.security
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from fulmen.cli.stack import StackOptions, _claim, down, ready_lines, stack_dir, status_rows
-from fulmen.infra.errors import FulmenError
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.stack import StackPorts
+from fulmen.schemas.errors import FulmenError
 
 
 def dead_pid() -> int:

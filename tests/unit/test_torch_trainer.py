@@ -15,12 +15,12 @@ from transformers import AutoModelForCausalLM
 
 from fulmen.algorithm.advantages import compute_advantages, encode_group_ids
 from fulmen.algorithm.batch import Sample, collate
-from fulmen.algorithm.errors import ConfigurationError, PoisonInputError
 from fulmen.algorithm.tiny_model import TinyModelConfig, build_tiny_model
 from fulmen.algorithm.trainer import TrainerBackend, token_logprobs
 from fulmen.algorithm.trainer import logprobs as logprobs_module
 from fulmen.algorithm.trainer.logprobs import gather_logprobs
 from fulmen.algorithm.trainer.torch_backend import LoraSettings, TorchTrainer, TorchTrainerConfig
+from fulmen.schemas.errors import ConfigurationError, PoisonInputError
 
 TINY = TinyModelConfig(
     hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128
@@ -313,8 +313,8 @@ def test_trainer_side_runs_without_pydantic() -> None:
         "for name in ('pydantic', 'pydantic_core', 'pydantic_settings'):\n"
         "    sys.modules[name] = None  # import of these now fails\n"
         "import fulmen.algorithm.advantages, fulmen.algorithm.losses, fulmen.algorithm.batch, fulmen.algorithm.trainer.torch_backend\n"
-        "from fulmen.algorithm.errors import ConfigurationError, PoisonInputError\n"
-        "assert ConfigurationError.__module__ == 'fulmen.algorithm.errors', ConfigurationError.__module__\n"
+        "from fulmen.schemas.errors import ConfigurationError, PoisonInputError\n"
+        "assert ConfigurationError.__module__ == 'fulmen.schemas.errors', ConfigurationError.__module__\n"
         "assert issubclass(PoisonInputError, Exception)\n"
     )
     root = Path(__file__).resolve().parents[2]

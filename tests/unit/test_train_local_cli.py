@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import fulmen.training
 from fulmen.algorithm.local import TrainReport
 from fulmen.cli.main import app
-from fulmen.infra.errors import ConfigurationError
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import TrainStep
 
 

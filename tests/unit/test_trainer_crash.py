@@ -18,8 +18,8 @@ from aiokafka.structs import RecordMetadata, TopicPartition
 from fulmen.algorithm.loop import STOP_GRACE_S
 from fulmen.algorithm.tiny_model import TinyModelConfig, build_tiny_model
 from fulmen.algorithm.train import latest_checkpoint
-from fulmen.infra.errors import BrokerUnavailableError
 from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.schemas.errors import BrokerUnavailableError
 from fulmen.schemas.events import ModelVersion
 from fulmen.schemas.topics import TopicKey
 from tests.fakes import FakeBroker

@@ -9,11 +9,11 @@ import pyarrow as pa
 from aiokafka.structs import TopicPartition
 
 from fulmen.consumers.transitions import TransitionBuilderSink, TransitionsSection, TransitionWorker
-from fulmen.infra.errors import RetryableError
 from fulmen.infra.kafka.dlq import DeadLetters
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.schemas import RolloutEvent, RolloutStatus, TransitionBatch, encode
 from fulmen.schemas.codec import decode
+from fulmen.schemas.errors import RetryableError
 from tests.fakes import FakeBroker, FakeProducer, PausingConsumer
 from tests.unit.transition_spans import call, span
 

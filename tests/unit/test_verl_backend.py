@@ -21,10 +21,10 @@ except ImportError:
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from fulmen.algorithm.errors import ConfigurationError
 from fulmen.algorithm.tiny_model import build_tiny_model
 from fulmen.algorithm.trainer.torch_backend import LoraSettings, TorchTrainer, TorchTrainerConfig
 from fulmen.algorithm.trainer.verl_backend import VerlTrainer
+from fulmen.schemas.errors import ConfigurationError
 from tests.unit.sharded_steps import samples_of
 from tests.unit.test_torch_trainer import TINY, make_samples
 

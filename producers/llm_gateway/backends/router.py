@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from fulmen.infra.kafka.offsets import backoff_s
+from fulmen.infra.retry import backoff_s
 from fulmen.producers.llm_gateway.backends.base import (
     REPLICA_FAILURE_KINDS,
     CallResult,

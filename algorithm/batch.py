@@ -22,7 +22,7 @@ zeros and ``has_old_logprobs=False``; the trainer computes them with the current
 BEFORE its first update on the batch (:meth:`TrainBatch.with_old_logprobs`), so the first epoch starts at
 ratio 1 for those rows.
 
-Behaviour and proximal logprobs (see ``fulmen.algorithm.corrections``): with an off-policy correction (or
+Behaviour and proximal logprobs (see ``fulmen.algorithm.rl.corrections``): with an off-policy correction (or
 ``recompute_old_logprobs``) the trainer overwrites EVERY row's ``old_logprobs`` with the proximal policy's (the
 weights at the start of the step), and the correction weighs each token by ``pi_prox / mu`` from
 ``old_logprobs`` and ``behaviour_logprobs``. Without one, ``old_logprobs`` stay the behaviour logprobs (the

@@ -8,7 +8,7 @@ store ``<run dir>/chdb``, so runs never mix, even on a shared broker, and then:
    when the plan selects agents), ``fulmen otlp-gateway``, ``fulmen llm-gateway`` on the plan's model as version
    0 (it follows ``fulmen.models``), and ``runners`` ``fulmen runner --agent <plan.agent>`` processes, each the
    real command in its own process, configured as ``fulmen up`` configures them (:mod:`fulmen.infra.stack`);
-3. the trainer in this process (:func:`train_in_stack`: :func:`fulmen.algorithm.train.train` with the given
+3. the trainer in this process (:func:`train_in_stack`: :func:`fulmen.algorithm.service.run.run_trainer` with the given
    ``FULMEN_TRAIN_*`` fields, after publishing the prompt bundles its rollouts name on the run's prompts topic);
    its validation pass runs the held-out tasks through the same runners, gateway, spans and transitions before
    step 1, every ``val_every`` steps and after the last step (``initial_val_accuracy`` / ``val_accuracy`` in
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fulmen.algorithm.dispatcher import DatasetTask
+from fulmen.algorithm.service.dispatcher import DatasetTask
 from fulmen.algorithm.settings import TrainSettings
 from fulmen.infra.processes import Services
 from fulmen.infra.settings import FulmenSettings
@@ -285,7 +285,7 @@ async def _train(
     on_step: Callable[[TrainStep], None],
 ) -> list[TrainStep]:
     from fulmen.algorithm.demo.progress import watch_metrics
-    from fulmen.algorithm.train import train
+    from fulmen.algorithm.service.run import run_trainer
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -294,7 +294,7 @@ async def _train(
     watcher = asyncio.create_task(watch_metrics(settings, on_step, stop))
     guard = asyncio.create_task(_guard(services, stop))
     try:
-        return await train(settings, tasks, val_tasks or None, stop)
+        return await run_trainer(settings, tasks, val_tasks or None, stop)
     finally:
         stop.set()
         for task in (watcher, guard):

@@ -5,11 +5,11 @@ A variable is ``FULMEN_TRAIN_<FIELD>``: ``FULMEN_TRAIN_GROUP_SIZE=8``, ``FULMEN_
 ``FULMEN_TRAIN_INCOMPLETE_POLICY=train_partial``, ``FULMEN_TRAIN_ESTIMATOR=grpo``, ``FULMEN_TRAIN_MODEL_PATH=...``,
 ``FULMEN_TRAIN_RUN_DIR=...``, ``FULMEN_TRAIN_STEPS=100``.
 
-The algorithm (``FULMEN_TRAIN_ALGORITHM``: grpo, dr_grpo, rloo, dapo, gspo, cispo; ``fulmen.algorithm.recipes``)
+The algorithm (``FULMEN_TRAIN_ALGORITHM``: grpo, dr_grpo, rloo, dapo, gspo, cispo; ``fulmen.algorithm.rl.recipes``)
 fills the defaults of the pieces it prescribes (estimator, policy_loss, loss_aggregation, clip_eps,
 clip_eps_high, dynamic_sampling, overlong_shaping) that are not set explicitly; ``fulmen config show`` prints the
 result. Names that live in the torch registries (estimators, losses, corrections) are checked when the trainer
-starts (``fulmen.algorithm.train.check_training_settings``), so that this module imports no torch.
+starts (``fulmen.algorithm.service.run.check_training_settings``), so that this module imports no torch.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from fulmen.algorithm.credit import CreditStrategy, credit_strategy
-from fulmen.algorithm.recipes import ALGORITHMS, Algorithm
+from fulmen.algorithm.rl.credit import CreditStrategy, credit_strategy
+from fulmen.algorithm.rl.recipes import ALGORITHMS, Algorithm
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import IDENTIFIER_PATTERN, new_id
@@ -42,14 +42,15 @@ weights between the policy that sampled (recorded) and the weights at the start 
 
 
 class IncompletePolicy(StrEnum):
-    """What to do with a group still missing rollouts when its timeout passes (see ``fulmen.algorithm.groups``)."""
+    """What to do with a group still missing rollouts when its timeout passes (see
+    ``fulmen.algorithm.service.groups``)."""
 
     TRAIN_PARTIAL = "train_partial"  # train on the rollouts that arrived (at least min_group_size of them)
     DROP = "drop"  # drop the whole group
 
 
 class TrainMode(StrEnum):
-    """How generation and training overlap (see ``fulmen.algorithm.loop``)."""
+    """How generation and training overlap (see ``fulmen.algorithm.service.loop``)."""
 
     SYNC = "sync"  # dispatching and collecting pause while a step trains, saves, publishes and validates
     ASYNC = "async"  # they never pause: samples up to max_staleness versions old, importance-corrected
@@ -63,7 +64,7 @@ class AdapterMode(StrEnum):
 
 
 class AdvantageScope(StrEnum):
-    """Which rewards the advantage estimator compares within a group (see ``fulmen.algorithm.samples``)."""
+    """Which rewards the advantage estimator compares within a group (see ``fulmen.algorithm.service.samples``)."""
 
     EPISODE = "episode"  # the rollouts' returns, broadcast to each rollout's transitions
     TRANSITION = "transition"  # every transition's credited reward against all transitions of the group
@@ -144,7 +145,7 @@ class TrainSection(BaseModel):
         default="broadcast",
         description="credit assignment from the episode and per-call rewards "
         "to each call: broadcast, discounted, intermediate, anchor (calls with the same prompt "
-        "in a group compared with each other: fulmen.algorithm.anchor)",
+        "in a group compared with each other: fulmen.algorithm.rl.anchor)",
     )
     gamma: float = Field(default=1.0, gt=0, le=1, description="discount of the discounted/intermediate/anchor credit")
     anchor_weight: float = Field(
@@ -176,7 +177,7 @@ class TrainSection(BaseModel):
         "rows by length",
     )
     epochs_per_batch: int = Field(default=1, ge=1, description="passes over each step's samples (PPO epochs)")
-    policy_loss: str = Field(default="ppo_clip", description="ppo_clip, dapo, gspo, cispo (fulmen.algorithm.losses)")
+    policy_loss: str = Field(default="ppo_clip", description="ppo_clip, dapo, gspo, cispo (fulmen.algorithm.rl.losses)")
     loss_aggregation: str = Field(
         default="token_mean",
         description="token_mean (over the batch's tokens) or "
@@ -283,7 +284,7 @@ class TrainSection(BaseModel):
         default="",
         description="replay: train on the stored transitions of the rollouts this "
         "read-only SELECT returns (one column of rollout ids), with no new rollouts of them "
-        "(fulmen.algorithm.replay); always corrected: tis unless correction says mis or "
+        "(fulmen.algorithm.service.replay); always corrected: tis unless correction says mis or "
         "decoupled",
     )
     replay_fraction: float = Field(
@@ -297,7 +298,7 @@ class TrainSection(BaseModel):
         default=False,
         description="validate every version and promote it (it serves "
         "gateways that follow promotions) only when its held-out accuracy is at least "
-        "the serving version's minus promote_tolerance (fulmen.algorithm.promotion); "
+        "the serving version's minus promote_tolerance (fulmen.algorithm.service.promotion); "
         "needs a validation set",
     )
     promote_tolerance: float = Field(
@@ -310,7 +311,7 @@ class TrainSection(BaseModel):
     tasks_sql: str = Field(
         default="",
         description="the tasks to dispatch: a read-only SELECT of task ids, "
-        "their stored payloads (the tasks table) (fulmen.algorithm.stored_tasks)",
+        "their stored payloads (the tasks table) (fulmen.algorithm.service.stored_tasks)",
     )
     source_store: str = Field(
         default="",
@@ -414,7 +415,7 @@ class TrainSection(BaseModel):
     @property
     def step_advantage_weight(self) -> float | None:
         """The anchor credit's ``anchor_weight`` when ``credit`` is ``anchor`` (the samples then get step
-        advantages, ``fulmen.algorithm.anchor``), else None."""
+        advantages, ``fulmen.algorithm.rl.anchor``), else None."""
         return self.anchor_weight if self.credit == CreditStrategy.ANCHOR else None
 
     @property

@@ -61,8 +61,8 @@ from fulmen.algorithm.demo.agent import ANSWER_TOKENS, CALL_TOKENS  # noqa: E402
 from fulmen.algorithm.demo.run import DemoOptions  # noqa: E402
 from fulmen.algorithm.demo.tasks import Problem, apply, heldout_tasks, train_tasks  # noqa: E402
 from fulmen.algorithm.demo.warmup import conversation_samples, warm_up  # noqa: E402
-from fulmen.algorithm.groups import ClosedGroup, credit_groups  # noqa: E402
-from fulmen.algorithm.samples import build_samples  # noqa: E402
+from fulmen.algorithm.service.groups import ClosedGroup, credit_groups  # noqa: E402
+from fulmen.algorithm.service.samples import build_samples  # noqa: E402
 from fulmen.algorithm.settings import TrainSection  # noqa: E402
 from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig  # noqa: E402
 from fulmen.schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch  # noqa: E402

@@ -34,13 +34,13 @@ from typing import Any
 
 import torch
 
-from fulmen.algorithm.advantages import compute_advantages
 from fulmen.algorithm.batch import Sample
 from fulmen.algorithm.demo.agent import TOOLS
 from fulmen.algorithm.demo.run import DemoOptions
 from fulmen.algorithm.demo.tasks import Problem, heldout_tasks, train_tasks
 from fulmen.algorithm.demo.warmup import warm_up
-from fulmen.algorithm.dispatcher import DatasetTask
+from fulmen.algorithm.rl.advantages import compute_advantages
+from fulmen.algorithm.service.dispatcher import DatasetTask
 from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig
 
 EXPR = re.compile(r'"expr": "([^"]*)"')

@@ -46,8 +46,8 @@ import time  # noqa: E402
 
 import torch  # noqa: E402
 
-from fulmen.algorithm.advantages import compute_advantages, encode_group_ids  # noqa: E402
 from fulmen.algorithm.batch import Sample, collate  # noqa: E402
+from fulmen.algorithm.rl.advantages import compute_advantages, encode_group_ids  # noqa: E402
 from fulmen.algorithm.trainer import distributed  # noqa: E402
 from fulmen.algorithm.trainer.torch_backend import LoraSettings, TorchTrainerConfig  # noqa: E402
 

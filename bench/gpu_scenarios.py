@@ -7,7 +7,7 @@ to each other directly. It uses Fulmen's own code where that code runs on torch 
   recording each sampled token's logprob) and its tool-call parser (``tool_calls.py``), loaded by file (their
   package imports the Kafka side);
 * the chat template the gateway serves SmolLM2 with (``chatml-tools``, ``schemas/chat_template.py``);
-* the credit strategies (``fulmen.algorithm.credit``), the advantage estimators (``fulmen.algorithm.advantages``)
+* the credit strategies (``fulmen.algorithm.rl.credit``), the advantage estimators (``fulmen.algorithm.rl.advantages``)
   and the trainer (``fulmen.algorithm.trainer.torch_backend.TorchTrainer``: PPO-clip, token mean);
 * the calc example's data, calculator, reward and teacher (``examples/calc_agent``).
 
@@ -63,9 +63,9 @@ TEMPLATE = _by_file("fulmen_chat_template", ROOT / "schemas" / "chat_template.py
 from examples.calc_agent.calculator import CalcError, calculate, format_number  # noqa: E402
 from examples.calc_agent.data import heldout_tasks, train_tasks  # noqa: E402
 from examples.calc_agent.reward import reward as calc_reward  # noqa: E402
-from fulmen.algorithm.advantages import compute_advantages, encode_group_ids  # noqa: E402
 from fulmen.algorithm.batch import Sample  # noqa: E402
-from fulmen.algorithm.credit import assign_credit  # noqa: E402
+from fulmen.algorithm.rl.advantages import compute_advantages, encode_group_ids  # noqa: E402
+from fulmen.algorithm.rl.credit import assign_credit  # noqa: E402
 from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig  # noqa: E402
 
 # The calc agent's request as AutoGen AgentChat 0.7 sends it (examples/calc_agent/agent.py: SYSTEM, the tool).

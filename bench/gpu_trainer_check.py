@@ -28,8 +28,8 @@ import time
 
 import torch
 
-from fulmen.algorithm.advantages import compute_advantages, encode_group_ids
 from fulmen.algorithm.batch import Sample, collate
+from fulmen.algorithm.rl.advantages import compute_advantages, encode_group_ids
 from fulmen.algorithm.tiny_model import TinyModelConfig, build_tiny_model
 from fulmen.algorithm.trainer.torch_backend import LoraSettings, TorchTrainer, TorchTrainerConfig
 

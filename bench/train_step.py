@@ -67,8 +67,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from bench.smollm2 import ensure_smollm2
-from fulmen.algorithm.advantages import compute_advantages, encode_group_ids
 from fulmen.algorithm.batch import Sample, TrainBatch, collate
+from fulmen.algorithm.rl.advantages import compute_advantages, encode_group_ids
 
 logger = logging.getLogger("bench.train_step")
 

@@ -37,8 +37,8 @@ from typing import Any
 
 from examples.outcomes import outcomes_by_split, validation_episodes
 from examples.spec import Example
-from fulmen.algorithm.dispatcher import DatasetTask
 from fulmen.algorithm.local import LocalPlan, LocalRun, run_locally
+from fulmen.algorithm.service.dispatcher import DatasetTask
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas.events import RolloutMode, TrainStep
 from fulmen.schemas.task_file import stable_task_id

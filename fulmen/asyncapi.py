@@ -151,8 +151,8 @@ NOT_ON_FASTSTREAM: tuple[Endpoint, ...] = (
 
 def senders() -> list[Sender]:
     """The :class:`Sender` of every component that publishes events (imported here: the trainer's pulls in torch)."""
-    from fulmen.algorithm.promotion import MODELS_SENDER as MODELS
-    from fulmen.algorithm.train import SENDER as ALGORITHM
+    from fulmen.algorithm.service.promotion import MODELS_SENDER as MODELS
+    from fulmen.algorithm.service.run import SENDER as ALGORITHM
     from fulmen.consumers.production.app import SENDER as PRODUCTION
     from fulmen.consumers.transitions.app import SENDER as TRANSITIONS
     from fulmen.infra.kafka.prompts import PROMPTS_SENDER as PROMPTS

@@ -304,12 +304,12 @@ class _SearchArgs:
 async def _run(
     where: _Where, agent: str, splits: dict[str, list], args: _SearchArgs, phase: Callable[[str], None]
 ) -> PromptReport:
-    from fulmen.algorithm.collector import Collector
-    from fulmen.algorithm.groups import GroupBook
     from fulmen.algorithm.prompts.evidence import episode_evidence
     from fulmen.algorithm.prompts.system import EvaluatorOptions, SystemEvaluator
+    from fulmen.algorithm.service.collector import Collector
+    from fulmen.algorithm.service.groups import GroupBook
+    from fulmen.algorithm.service.run import SENDER
     from fulmen.algorithm.settings import IncompletePolicy
-    from fulmen.algorithm.train import SENDER
     from fulmen.infra.kafka.broker import kafka_broker
     from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
     from fulmen.infra.kafka.prompts import PROMPTS_SENDER

@@ -58,7 +58,7 @@ def train(
     """Train ``agent`` (``"module:function"``, or a function defined in an importable module) on ``dataset`` (a
     task file, or task inputs) from ``model`` (a Hugging Face directory or ``"tiny"``), validating on ``val``;
     see the module docstring. ``replay``: a SELECT of stored rollout ids to train on as well (or instead, with
-    ``dataset=None``; :mod:`fulmen.algorithm.replay`); ``tasks_sql=`` (a setting) a SELECT of stored task ids to
+    ``dataset=None``; :mod:`fulmen.algorithm.service.replay`); ``tasks_sql=`` (a setting) a SELECT of stored task ids to
     dispatch; both read ``source_store`` (an embedded store's directory, e.g. an earlier run's ``<run dir>/chdb``,
     or a ClickHouse URL; default: the store the ``FULMEN_CLICKHOUSE_*`` settings in force name: a local run's own
     store is a new one).
@@ -135,7 +135,7 @@ def _bundles(settings: TrainSettings, fields: dict[str, Any], bundle: str | Prom
         fields["prompt_bundle"] = bundle
     if not fields.get("prompt_bundle"):
         return []
-    from fulmen.algorithm.train import source_store_settings
+    from fulmen.algorithm.service.run import source_store_settings
     from fulmen.infra.store import open_reader
     from fulmen.prompt_queries import stored_bundle
 

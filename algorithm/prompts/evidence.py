@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from fulmen.algorithm.replay import StoreReader
+from fulmen.algorithm.service.replay import StoreReader
 from fulmen.schemas import semconv
 from fulmen.schemas.ddl import TABLES
 

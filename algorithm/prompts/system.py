@@ -5,10 +5,10 @@ For each :meth:`SystemEvaluator.run` (one candidate, some task ids):
 1. the candidate becomes a :class:`~fulmen.schemas.prompts.PromptBundle` (content-hashed id, so the same slots are
    the same bundle) and is published on the prompts topic, acknowledged, once per bundle;
 2. one ``RolloutRequest`` per task, each naming that bundle (``prompt_bundle``), goes out through a one-pass
-   :class:`~fulmen.algorithm.dispatcher.Dispatcher` (group size 1, mode ``val``): the runners run the agent
+   :class:`~fulmen.algorithm.service.dispatcher.Dispatcher` (group size 1, mode ``val``): the runners run the agent
    unchanged, the runner hands it ``/rollout/{id}/attempt/{n}/bundle/{bundle}/v1``, and the gateway applies the
    bundle to every call of that rollout;
-3. the rewards come back as ``TransitionBatch`` es through the trainer's :class:`~fulmen.algorithm.collector.
+3. the rewards come back as ``TransitionBatch`` es through the trainer's :class:`~fulmen.algorithm.service.collector.
    Collector` (its group book closes a group when its rollout ended, or drops it at the deadline: reward 0);
 4. the failing episodes (reward below ``success``) get their evidence, what the model saw and answered, read from
    the store by rollout id (:func:`fulmen.algorithm.prompts.evidence.episode_evidence`).
@@ -27,10 +27,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.dispatcher import DatasetTask, DispatchedGroup, Dispatcher
-from fulmen.algorithm.groups import ClosedGroup
 from fulmen.algorithm.prompts.base import Episode
+from fulmen.algorithm.service.collector import Collector
+from fulmen.algorithm.service.dispatcher import DatasetTask, DispatchedGroup, Dispatcher
+from fulmen.algorithm.service.groups import ClosedGroup
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import RolloutMode

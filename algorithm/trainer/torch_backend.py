@@ -8,7 +8,7 @@
    an off-policy ``correction``: then they are the proximal policy's, the weights at the start of the step)
    from the current model, without gradient, before any update; with ``kl_coef > 0`` compute the reference
    logprobs the same way (a frozen copy of the initial model; with LoRA the same model, adapter disabled);
-   with a ``correction`` (``tis``, ``mis``, ``decoupled``: ``fulmen.algorithm.corrections``) compute each
+   with a ``correction`` (``tis``, ``mis``, ``decoupled``: ``fulmen.algorithm.rl.corrections``) compute each
    token's importance weight from the proximal and the recorded behaviour logprobs, once;
 3. ``epochs_per_batch`` times: zero the gradients, run every micro-batch forward and backward with the loss
    (``policy_loss``: ``ppo_clip``, ``dapo``, ``gspo``, ``cispo``; the weights multiplying its per-token term)
@@ -41,8 +41,8 @@ import torch
 from torch import Tensor
 
 from fulmen.algorithm.batch import Sample, TrainBatch, collate
-from fulmen.algorithm.corrections import CorrectionLevel, ImportanceStats, get_correction_fn, get_level
-from fulmen.algorithm.losses import (
+from fulmen.algorithm.rl.corrections import CorrectionLevel, ImportanceStats, get_correction_fn, get_level
+from fulmen.algorithm.rl.losses import (
     LossAggregation,
     PolicyLoss,
     PolicyLossMetrics,

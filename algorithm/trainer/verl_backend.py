@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from fulmen.algorithm.batch import Sample, TrainBatch, collate
-from fulmen.algorithm.losses import LossAggregation, PolicyLoss
+from fulmen.algorithm.rl.losses import LossAggregation, PolicyLoss
 from fulmen.algorithm.trainer.base import StepMetrics, atomic_directory
 from fulmen.algorithm.trainer.distributed import plain_model
 from fulmen.algorithm.trainer.torch_backend import (

@@ -1,6 +1,6 @@
 """The transitions consumer: finished rollouts → per-call transitions with the rewards observed (LightningRL).
 
-Credit is not assigned here: the run that trains chooses it (``FULMEN_TRAIN_CREDIT``, ``fulmen.algorithm.credit``)
+Credit is not assigned here: the run that trains chooses it (``FULMEN_TRAIN_CREDIT``, ``fulmen.algorithm.rl.credit``)
 from the episode reward and the per-call intermediate rewards each batch carries.
 
 ``tree`` (trace tree, repaired), ``selection`` (LLM calls, agents), ``rewards`` (intermediate rewards matched

@@ -6,7 +6,7 @@ Steps: build the trace tree (``tree``), select the calls (``selection``), match 
 * What was observed, not what it is worth: ``intermediate_reward`` is the sum of the rewards matched to the
   call, ``TransitionBatch.episode_reward`` the rollout event's reward (only a succeeded rollout has one).
   ``Transition.reward`` stays None: the run that trains credits each call from these
-  (``fulmen.algorithm.groups.credit_groups``, its ``FULMEN_TRAIN_CREDIT``), so two runs with different
+  (``fulmen.algorithm.service.groups.credit_groups``, its ``FULMEN_TRAIN_CREDIT``), so two runs with different
   strategies can share one consumer.
 * A failed or timed-out attempt still yields its batch (status, its calls, their intermediate rewards): the
   calls happened and the trainer may use them (as reward 0, or not at all).

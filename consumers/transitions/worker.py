@@ -23,8 +23,8 @@ attempt N's end, :class:`~fulmen.consumers.transitions.window.AttemptTracker` al
 only acknowledged (``stats.superseded``): no rows in the transitions table, no batch on the topic, however long
 the retry waits for a runner slot. An attempt N+1 that begins while N's event waits at the barrier supersedes
 it too (checked again before building). Last line: the trainer's collector keeps only the latest attempt per
-rollout (``fulmen.algorithm.groups``), for batches built before a later attempt was known (events from before this
-rule, or a tracker that forgot the rollout).
+rollout (``fulmen.algorithm.service.groups``), for batches built before a later attempt was known (events from before
+this rule, or a tracker that forgot the rollout).
 
 Store or broker failures are retried with backoff until they succeed or ``stop`` is set; nothing is committed
 past an event whose batch is not out. All of this runs in one task, so a rebalance (which runs inside the poll)

@@ -1,9 +1,9 @@
 """``fulmen models list | promote VERSION | rollback``: which version serves, each version's score (the store,
 :mod:`fulmen.versions`), and deciding by hand.
 
-``promote`` and ``rollback`` publish a ``ModelPromotion`` on the promotions topic (:mod:`fulmen.algorithm.promotion`),
-read first to its end: that topic, not the store, says what serves; the gateways that follow promotions
-(``FULMEN_LLM_FOLLOW=promoted``) load the version in force without failing a call.
+``promote`` and ``rollback`` publish a ``ModelPromotion`` on the promotions topic
+(:mod:`fulmen.algorithm.service.promotion`), read first to its end: that topic, not the store, says what serves; the
+gateways that follow promotions (``FULMEN_LLM_FOLLOW=promoted``) load the version in force without failing a call.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def decide_by_hand(
 ) -> ModelPromotion:
     """Publish a promote (``version``, of run ``run_id`` when two runs have it) or a rollback (to the version that
     served before the one in force); the event, once Kafka acknowledged it."""
-    from fulmen.algorithm.promotion import MODELS_SENDER, in_force, manual, previous_promoted
+    from fulmen.algorithm.service.promotion import MODELS_SENDER, in_force, manual, previous_promoted
     from fulmen.infra.kafka.broker import kafka_broker
     from fulmen.infra.kafka.clients import close_quietly, start_or_raise
     from fulmen.infra.kafka.publish import EventPublisher

@@ -124,7 +124,7 @@ def _print_train_report(report: Any) -> None:
 
 def _train_here(settings: Any, dataset: Path | None, val: Path | None) -> None:
     """``fulmen train`` in this process: one process, or rank 0 of a torchrun job."""
-    from fulmen.algorithm.train import train as run_training
+    from fulmen.algorithm.service.run import run_trainer
     from fulmen.infra.services import ensure_kafka
     from fulmen.schemas.task_file import load_task_file
 
@@ -139,7 +139,7 @@ def _train_here(settings: Any, dataset: Path | None, val: Path | None) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         try:
-            return await run_training(settings, tasks, val_tasks, stop)
+            return await run_trainer(settings, tasks, val_tasks, stop)
         finally:
             # the run is over: closing the loop would put SIGTERM back to its default action, and torchrun's SIGTERM
             # (it stops every rank once one died) would then kill this process before it says why the run ended

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from fulmen.algorithm.credit import CREDIT_STRATEGIES, assign_credit
+from fulmen.algorithm.rl.credit import CREDIT_STRATEGIES, assign_credit
 from fulmen.prompt_queries import bundle_rewards, bundle_rows, serving_by_scope
 from fulmen.schemas import semconv
 from fulmen.schemas.errors import FulmenError

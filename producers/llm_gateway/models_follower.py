@@ -15,7 +15,7 @@ that fails to load is logged and skipped: the gateway keeps serving the one it h
 and skipped (the gateway has no dead-letter topic of its own; the ``model_versions`` sink dead-letters it).
 
 :class:`PromotionsFollower` (``FULMEN_LLM_FOLLOW=promoted``: a gateway for agents in production) follows the
-compacted promotions topic instead (:mod:`fulmen.algorithm.promotion`): the version in force is the LATEST
+compacted promotions topic instead (:mod:`fulmen.algorithm.service.promotion`): the version in force is the LATEST
 ``promote`` or ``rollback`` of the model, older or newer than the one served (a rollback goes back), and it is
 loaded when it is not the one the gateway serves (compared by run and version: two runs both have a version 3).
 Rejections are skipped.

@@ -38,7 +38,7 @@ class LlmSection(BaseModel):
         description="newest: serve each new version "
         "(training); promoted: serve the version in force on "
         "fulmen.promotions, rollbacks included (agents in production; "
-        "fulmen.algorithm.promotion)",
+        "fulmen.algorithm.service.promotion)",
     )
     device: str = Field(
         default="auto",

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from fulmen.algorithm.dispatcher import DatasetTask
 from fulmen.algorithm.local import LocalPlan, LocalRun, run_locally
+from fulmen.algorithm.service.dispatcher import DatasetTask
 from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.processes import Services, ServiceSpec, free_port
 from fulmen.infra.settings import FulmenSettings

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fulmen.algorithm.groups import ClosedGroup, credit_groups
+from fulmen.algorithm.service.groups import ClosedGroup, credit_groups
 from fulmen.consumers.transitions import TransitionsSection
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store

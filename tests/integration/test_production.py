@@ -15,7 +15,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from openai import AsyncOpenAI
 
-from fulmen.algorithm.replay import load_replay
+from fulmen.algorithm.service.replay import load_replay
 from fulmen.consumers import ConsumerOptions, ConsumersApp, default_sinks
 from fulmen.consumers.feedback import FeedbackSection, FeedbackSink
 from fulmen.consumers.production import ProductionEpisodesSink, ProductionSection, ProductionWorker

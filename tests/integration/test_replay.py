@@ -1,5 +1,5 @@
 """Replay against the real store and broker: rollouts stored as ``fulmen consume`` stores them are selected with SQL
-and trained on by ``train()`` (no rollout dispatched), the refusals counted; the selection goes through the
+and trained on by ``run_trainer()`` (no rollout dispatched), the refusals counted; the selection goes through the
 read-only guard; and ``fulmen train --replay`` tells what is wrong with a bad selection."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from fulmen.algorithm.service.run import run_trainer
 from fulmen.algorithm.settings import TrainSettings
-from fulmen.algorithm.train import train
 from fulmen.consumers.event_sinks import TRANSITION_SCHEMA, transition_rows
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
@@ -87,7 +87,7 @@ def test_train_replays_the_selected_stored_rollouts_and_counts_what_it_refused(
     fill(linked_store)
     db = linked_store.database
     sql = f"SELECT DISTINCT RolloutId FROM {db}.transitions WHERE RolloutId != 'nothing' UNION ALL SELECT 'gone'"
-    steps: list[TrainStep] = asyncio.run(train(replay_settings(settings, tmp_path, sql), [], None))
+    steps: list[TrainStep] = asyncio.run(run_trainer(replay_settings(settings, tmp_path, sql), [], None))
     assert [s.step for s in steps] == [1, 2] and all(s.num_groups == 1 and s.num_transitions == 4 for s in steps)
     assert steps[0].extra["replayed_groups"] == 1.0 and steps[1].extra["replay_passes"] == 1.0  # g0 then g1
     refused = {k: v for k, v in steps[0].extra.items() if k.startswith("replay_refused_")}
@@ -108,10 +108,12 @@ def test_the_selection_is_read_only_and_must_name_rollouts(
 ) -> None:
     fill(linked_store)
     with pytest.raises(ReadOnlyError):
-        asyncio.run(train(replay_settings(settings, tmp_path, f"DROP TABLE {linked_store.database}.transitions"), []))
+        asyncio.run(
+            run_trainer(replay_settings(settings, tmp_path, f"DROP TABLE {linked_store.database}.transitions"), [])
+        )
     empty = f"SELECT RolloutId FROM {linked_store.database}.transitions WHERE 0"
     with pytest.raises(Exception, match="nothing to replay: 0 rollout"):
-        asyncio.run(train(replay_settings(settings, tmp_path, empty), []))
+        asyncio.run(run_trainer(replay_settings(settings, tmp_path, empty), []))
 
 
 def test_fulmen_train_without_a_dataset_or_a_replay_says_what_to_pass(tmp_path: Path) -> None:
@@ -154,7 +156,7 @@ def test_tasks_sql_dispatches_the_stored_tasks_a_selection_names(
         stop = asyncio.Event()
         runners = asyncio.create_task(simulated_runners(settings, stop))
         try:
-            return await train(options, [])
+            return await run_trainer(options, [])
         finally:
             stop.set()
             await asyncio.wait_for(runners, 60)
@@ -171,4 +173,4 @@ def test_tasks_sql_without_stored_payloads_says_so(
 ) -> None:
     unknown = "SELECT arrayJoin(['never-dispatched', 'nor-this'])"
     with pytest.raises(Exception, match="none of the 2 selected task id"):
-        asyncio.run(train(replay_settings(settings, tmp_path, "", tasks_sql=unknown), []))
+        asyncio.run(run_trainer(replay_settings(settings, tmp_path, "", tasks_sql=unknown), []))

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.dispatcher import DispatchedGroup
-from fulmen.algorithm.groups import ClosedGroup, GroupBook
+from fulmen.algorithm.service.collector import Collector
+from fulmen.algorithm.service.dispatcher import DispatchedGroup
+from fulmen.algorithm.service.groups import ClosedGroup, GroupBook
 from fulmen.consumers.transitions import TransitionsSection
 from fulmen.infra.kafka.clients import consumer, start_or_raise
 from fulmen.infra.settings import FulmenSettings

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from aiokafka import TopicPartition
 
-from fulmen.algorithm.dispatcher import DatasetTask
+from fulmen.algorithm.service.dispatcher import DatasetTask
+from fulmen.algorithm.service.run import run_trainer
 from fulmen.algorithm.settings import TrainSettings
-from fulmen.algorithm.train import train
 from fulmen.infra.kafka.clients import consumer, start_or_raise
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas import (
@@ -140,7 +140,7 @@ async def test_two_steps_publish_two_loadable_versions_and_two_train_steps(
     stop = asyncio.Event()
     runners = asyncio.create_task(simulated_runners(settings, stop))
     try:
-        returned = await asyncio.wait_for(train(options, tasks, val), 300)
+        returned = await asyncio.wait_for(run_trainer(options, tasks, val), 300)
     finally:
         stop.set()
         answered = await asyncio.wait_for(runners, 60)

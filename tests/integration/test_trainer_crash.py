@@ -2,7 +2,7 @@
 acknowledged is retried and lands exactly once, also when the broker is stopped as it is sent and its record is
 still in the producer's buffer when the retry begins; a run stopped during the outage publishes its saved checkpoint
 when it restarts, once; a restart whose version is already on the models topic sends nothing again; a Kafka
-failure ends ``train()`` with a readable FulmenError."""
+failure ends ``run_trainer()`` with a readable FulmenError."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
 
-import fulmen.algorithm.train as train_module
-from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.dispatcher import DatasetTask
-from fulmen.algorithm.loop import TrainingLoop
+import fulmen.algorithm.service.run as train_module
+from fulmen.algorithm.service.collector import Collector
+from fulmen.algorithm.service.dispatcher import DatasetTask
+from fulmen.algorithm.service.loop import TrainingLoop
+from fulmen.algorithm.service.run import run_trainer
 from fulmen.algorithm.settings import TrainSettings
-from fulmen.algorithm.train import train
 from fulmen.algorithm.trainer.base import StepMetrics
 from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.kafka.publish import EventPublisher
@@ -101,7 +101,7 @@ async def train_with_runners(
     runners = asyncio.create_task(simulated_runners(settings, done))
     try:
         return await asyncio.wait_for(
-            train(options(settings, run_dir, steps), TASKS, None, stop, backend=RecordingBackend()), 180
+            run_trainer(options(settings, run_dir, steps), TASKS, None, stop, backend=RecordingBackend()), 180
         )
     finally:
         done.set()
@@ -174,7 +174,7 @@ async def test_a_version_sent_as_the_broker_stops_and_restarts_lands_exactly_onc
     try:
         assert (
             await asyncio.wait_for(
-                train(options(settings, run_dir, steps=1), TASKS, None, backend=RecordingBackend()), 180
+                run_trainer(options(settings, run_dir, steps=1), TASKS, None, backend=RecordingBackend()), 180
             )
             == []
         )

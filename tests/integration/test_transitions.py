@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from fulmen.algorithm.groups import ClosedGroup, credit_groups
+from fulmen.algorithm.service.groups import ClosedGroup, credit_groups
 from fulmen.algorithm.settings import TrainSettings
 from fulmen.consumers.transitions import TransitionsSection
 from fulmen.infra.kafka.clients import producer, start_or_raise

@@ -8,7 +8,7 @@ import statistics
 import pytest
 import torch
 
-from fulmen.algorithm.advantages import (
+from fulmen.algorithm.rl.advantages import (
     AdvantageEstimator,
     compute_advantages,
     encode_group_ids,

@@ -16,12 +16,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from fulmen.algorithm.anchor import anchor_advantages, episode_length_weights, prompt_key, step_group_ids
 from fulmen.algorithm.batch import collate
-from fulmen.algorithm.credit import CreditStrategy, assign_credit
-from fulmen.algorithm.groups import ClosedGroup, credit_groups
-from fulmen.algorithm.losses import ppo_clip
-from fulmen.algorithm.samples import build_samples
+from fulmen.algorithm.rl.anchor import anchor_advantages, episode_length_weights, prompt_key, step_group_ids
+from fulmen.algorithm.rl.credit import CreditStrategy, assign_credit
+from fulmen.algorithm.rl.losses import ppo_clip
+from fulmen.algorithm.service.groups import ClosedGroup, credit_groups
+from fulmen.algorithm.service.samples import build_samples
 from fulmen.algorithm.settings import TrainSettings
 from fulmen.cli.main import app
 from fulmen.schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch

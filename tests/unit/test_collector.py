@@ -8,10 +8,10 @@ from datetime import timedelta
 import pytest
 from aiokafka.structs import TopicPartition
 
-from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.dispatcher import DispatchedGroup
-from fulmen.algorithm.groups import GroupBook, drop_stale
-from fulmen.algorithm.samples import build_samples
+from fulmen.algorithm.service.collector import Collector
+from fulmen.algorithm.service.dispatcher import DispatchedGroup
+from fulmen.algorithm.service.groups import GroupBook, drop_stale
+from fulmen.algorithm.service.samples import build_samples
 from fulmen.algorithm.settings import AdvantageScope, IncompletePolicy
 from fulmen.schemas.codec import encode
 from fulmen.schemas.errors import ConfigurationError

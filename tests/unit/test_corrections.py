@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from fulmen.algorithm.corrections import (
+from fulmen.algorithm.rl.corrections import (
     Correction,
     CorrectionLevel,
     ImportanceStats,

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from fulmen.algorithm.credit import CREDIT_STRATEGIES, CreditStrategy, assign_credit, credit_strategy, register_credit
-from fulmen.algorithm.groups import ClosedGroup, credit_groups, shuffle_rewards
+from fulmen.algorithm.rl.credit import (
+    CREDIT_STRATEGIES,
+    CreditStrategy,
+    assign_credit,
+    credit_strategy,
+    register_credit,
+)
+from fulmen.algorithm.service.groups import ClosedGroup, credit_groups, shuffle_rewards
 from fulmen.algorithm.settings import TrainSettings
 from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch

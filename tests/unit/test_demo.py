@@ -21,7 +21,7 @@ from fulmen.algorithm.demo.tasks import (
     train_tasks,
     warmup_problems,
 )
-from fulmen.algorithm.groups import ClosedGroup, shuffle_rewards
+from fulmen.algorithm.service.groups import ClosedGroup, shuffle_rewards
 from fulmen.schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
 
 
@@ -191,9 +191,9 @@ def test_demo_options_select_the_algorithm_and_the_mode(algorithm: str, mode: st
     demo agent's call limit, so the recipe is complete)."""
     from fulmen.algorithm.demo.agent import CALL_TOKENS
     from fulmen.algorithm.demo.run import DemoOptions, train_fields
-    from fulmen.algorithm.recipes import ALGORITHMS
+    from fulmen.algorithm.rl.recipes import ALGORITHMS
+    from fulmen.algorithm.service.run import check_training_settings
     from fulmen.algorithm.settings import TrainSection
-    from fulmen.algorithm.train import check_training_settings
 
     section = TrainSection(**train_fields(DemoOptions(algorithm=algorithm, mode=mode, max_staleness=2)))
     check_training_settings(section)  # every piece resolves (overlong shaping has its limit)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from fulmen.algorithm.losses import (
+from fulmen.algorithm.rl.losses import (
     Aggregation,
     LossAggregation,
     aggregate,

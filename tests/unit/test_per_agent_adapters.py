@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from fulmen.algorithm.batch import Sample
-from fulmen.algorithm.groups import ClosedGroup
-from fulmen.algorithm.samples import build_agent_samples
+from fulmen.algorithm.service.groups import ClosedGroup
+from fulmen.algorithm.service.samples import build_agent_samples
 from fulmen.algorithm.settings import TrainSection
 from fulmen.algorithm.tiny_model import TinyModelConfig, build_tiny_model
 from fulmen.algorithm.trainer.adapters import PerAgentTrainer, is_adapter_checkpoint
@@ -273,7 +273,7 @@ async def test_the_models_follower_loads_the_newest_version_of_each_adapter_apar
 
 
 def test_a_per_agent_run_cannot_resume_a_whole_model_checkpoint(tmp_path: Path) -> None:
-    from fulmen.algorithm.train import _per_agent_backend
+    from fulmen.algorithm.service.run import _per_agent_backend
 
     (tmp_path / "v3").mkdir()
     (tmp_path / "v3" / "config.json").write_text("{}")

@@ -1,4 +1,4 @@
-"""Gated promotion (``fulmen.algorithm.promotion``): the gate's rule, what is in force, what a rollback goes back to,
+"""Gated promotion (``fulmen.algorithm.service.promotion``): the gate's rule, what is in force, what a rollback goes back to,
 and the training loop judging every version on the held-out set and publishing each decision before its metrics."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.dispatcher import DatasetTask, Dispatcher
-from fulmen.algorithm.groups import GroupBook
-from fulmen.algorithm.loop import LoopPlan, TrainingLoop
-from fulmen.algorithm.promotion import PromotionGate, Serving, in_force, manual, previous_promoted
+from fulmen.algorithm.service.collector import Collector
+from fulmen.algorithm.service.dispatcher import DatasetTask, Dispatcher
+from fulmen.algorithm.service.groups import GroupBook
+from fulmen.algorithm.service.loop import LoopPlan, TrainingLoop
+from fulmen.algorithm.service.promotion import PromotionGate, Serving, in_force, manual, previous_promoted
 from fulmen.algorithm.settings import TrainSection
 from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import ModelPromotion, ModelVersion, PromotionAction, RolloutMode, RolloutRequest

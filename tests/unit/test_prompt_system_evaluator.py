@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
-from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.groups import GroupBook
 from fulmen.algorithm.prompts import Proposal, SearchConfig, optimize
 from fulmen.algorithm.prompts.system import EvaluatorOptions, SystemEvaluator
+from fulmen.algorithm.service.collector import Collector
+from fulmen.algorithm.service.groups import GroupBook
 from fulmen.algorithm.settings import IncompletePolicy
 from fulmen.schemas.codec import encode
 from fulmen.schemas.events import RolloutMode, RolloutRequest, RolloutStatus, TransitionBatch

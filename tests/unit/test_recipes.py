@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from fulmen.algorithm import train as train_module
-from fulmen.algorithm.advantages import get_advantage_fn
-from fulmen.algorithm.losses import get_aggregation, get_policy_loss_fn
-from fulmen.algorithm.recipes import ALGORITHMS, Algorithm
+from fulmen.algorithm.rl.advantages import get_advantage_fn
+from fulmen.algorithm.rl.losses import get_aggregation, get_policy_loss_fn
+from fulmen.algorithm.rl.recipes import ALGORITHMS, Algorithm
+from fulmen.algorithm.service import run as train_module
+from fulmen.algorithm.service.run import build_backend, check_training_settings
 from fulmen.algorithm.settings import TrainSection, TrainSettings
-from fulmen.algorithm.train import build_backend, check_training_settings
 from fulmen.cli.main import app
 from fulmen.schemas.errors import ConfigurationError
 

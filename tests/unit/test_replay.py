@@ -1,4 +1,4 @@
-"""Replay from stored rows (``fulmen.algorithm.replay``): groups, the batch baseline for rollouts without a group,
+"""Replay from stored rows (``fulmen.algorithm.service.replay``): groups, the batch baseline for rollouts without a group,
 late feedback (latest wins, call vs episode), refusals by reason, and the training loop taking replayed groups
 (alone, or mixed with dispatched ones by ``replay_fraction``)."""
 
@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.dispatcher import DatasetTask, Dispatcher
-from fulmen.algorithm.groups import GroupBook, credit_groups
-from fulmen.algorithm.loop import LoopPlan, TrainingLoop
-from fulmen.algorithm.replay import ReplayRows, build_buffer, load_replay
-from fulmen.algorithm.samples import build_samples
+from fulmen.algorithm.service.collector import Collector
+from fulmen.algorithm.service.dispatcher import DatasetTask, Dispatcher
+from fulmen.algorithm.service.groups import GroupBook, credit_groups
+from fulmen.algorithm.service.loop import LoopPlan, TrainingLoop
+from fulmen.algorithm.service.replay import ReplayRows, build_buffer, load_replay
+from fulmen.algorithm.service.samples import build_samples
 from fulmen.algorithm.settings import TrainSection
 from fulmen.infra.store.reads import QueryResult
 from fulmen.schemas.errors import ConfigurationError

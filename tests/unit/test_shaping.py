@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fulmen.algorithm.groups import ClosedGroup
-from fulmen.algorithm.samples import build_samples, has_signal, scope_rewards
+from fulmen.algorithm.rl.shaping import OverlongShaping, overlong_penalty
+from fulmen.algorithm.service.groups import ClosedGroup
+from fulmen.algorithm.service.samples import build_samples, has_signal, scope_rewards
 from fulmen.algorithm.settings import AdvantageScope
-from fulmen.algorithm.shaping import OverlongShaping, overlong_penalty
 from fulmen.schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
 
 

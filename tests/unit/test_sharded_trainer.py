@@ -170,8 +170,8 @@ def test_relaunch_is_standalone_unless_torchrun_variables_name_several_machines(
 
 
 def test_an_unknown_trainer_backend_is_a_configuration_error_listing_the_valid_ones() -> None:
+    from fulmen.algorithm.service.run import build_backend
     from fulmen.algorithm.settings import TrainSection
-    from fulmen.algorithm.train import build_backend
     from fulmen.schemas.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match=r"unknown trainer backend 'deepspeed'; valid: torch, verl"):

@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from fulmen.algorithm.advantages import compute_advantages, encode_group_ids
 from fulmen.algorithm.batch import Sample, collate
+from fulmen.algorithm.rl.advantages import compute_advantages, encode_group_ids
 from fulmen.algorithm.tiny_model import TinyModelConfig, build_tiny_model
 from fulmen.algorithm.trainer import TrainerBackend, token_logprobs
 from fulmen.algorithm.trainer import logprobs as logprobs_module
@@ -312,7 +312,7 @@ def test_trainer_side_runs_without_pydantic() -> None:
         "import sys\n"
         "for name in ('pydantic', 'pydantic_core', 'pydantic_settings'):\n"
         "    sys.modules[name] = None  # import of these now fails\n"
-        "import fulmen.algorithm.advantages, fulmen.algorithm.losses, fulmen.algorithm.batch, fulmen.algorithm.trainer.torch_backend\n"
+        "import fulmen.algorithm.rl.advantages, fulmen.algorithm.rl.losses, fulmen.algorithm.batch, fulmen.algorithm.trainer.torch_backend\n"
         "from fulmen.schemas.errors import ConfigurationError, PoisonInputError\n"
         "assert ConfigurationError.__module__ == 'fulmen.schemas.errors', ConfigurationError.__module__\n"
         "assert issubclass(PoisonInputError, Exception)\n"

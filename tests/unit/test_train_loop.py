@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.dispatcher import DatasetTask, Dispatcher
-from fulmen.algorithm.groups import GroupBook
-from fulmen.algorithm.loop import LoopPlan, TrainingLoop
+from fulmen.algorithm.service.collector import Collector
+from fulmen.algorithm.service.dispatcher import DatasetTask, Dispatcher
+from fulmen.algorithm.service.groups import GroupBook
+from fulmen.algorithm.service.loop import LoopPlan, TrainingLoop
+from fulmen.algorithm.service.run import latest_checkpoint
 from fulmen.algorithm.settings import TrainSection, TrainSettings
-from fulmen.algorithm.train import latest_checkpoint
 from fulmen.algorithm.trainer.base import StepMetrics
 from fulmen.schemas.codec import encode
 from fulmen.schemas.errors import ConfigurationError

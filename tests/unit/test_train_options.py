@@ -9,7 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from fulmen.algorithm.recipes import ALGORITHMS
+from fulmen.algorithm.rl.recipes import ALGORITHMS
 from fulmen.algorithm.settings import TrainSection, TrainSettings
 from fulmen.cli.main import app
 from fulmen.cli.train import TRAIN_OPTIONS, relaunch_environment

@@ -15,9 +15,9 @@ import pytest
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.structs import RecordMetadata, TopicPartition
 
-from fulmen.algorithm.loop import STOP_GRACE_S
+from fulmen.algorithm.service.loop import STOP_GRACE_S
+from fulmen.algorithm.service.run import latest_checkpoint
 from fulmen.algorithm.tiny_model import TinyModelConfig, build_tiny_model
-from fulmen.algorithm.train import latest_checkpoint
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.schemas.errors import BrokerUnavailableError
 from fulmen.schemas.events import ModelVersion

@@ -91,8 +91,8 @@ def test_what_verl_cannot_do_here_is_a_configuration_error(model_dir: Path) -> N
 
 
 def test_fulmen_train_builds_the_verl_backend_by_name(model_dir: Path) -> None:
+    from fulmen.algorithm.service.run import build_backend
     from fulmen.algorithm.settings import TrainSection
-    from fulmen.algorithm.train import build_backend
 
     options = TrainSection(model_path=str(model_dir), backend="verl", device="cpu", dtype="float32")
     assert isinstance(build_backend(options, str(model_dir)), VerlTrainer)

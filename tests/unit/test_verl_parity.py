@@ -35,10 +35,10 @@ from verl.trainer.ppo import core_algos, rollout_corr_helper
 from verl.workers.config import ActorConfig
 from verl.workers.reward_manager.dapo import DAPORewardManager
 
-from fulmen.algorithm.advantages import compute_advantages, encode_group_ids
-from fulmen.algorithm.corrections import get_correction_fn
-from fulmen.algorithm.losses import aggregate, batch_normalizer, get_policy_loss_fn, k3_kl, ppo_clip
-from fulmen.algorithm.shaping import overlong_penalty
+from fulmen.algorithm.rl.advantages import compute_advantages, encode_group_ids
+from fulmen.algorithm.rl.corrections import get_correction_fn
+from fulmen.algorithm.rl.losses import aggregate, batch_normalizer, get_policy_loss_fn, k3_kl, ppo_clip
+from fulmen.algorithm.rl.shaping import overlong_penalty
 
 VERL_AGGREGATION = {"token_mean": "token-mean", "seq_mean": "seq-mean-token-mean"}
 

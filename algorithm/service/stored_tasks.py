@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 
-from fulmen.algorithm.replay import StoreReader
+from fulmen.algorithm.service.replay import StoreReader
 from fulmen.schemas.ddl import TABLES
 from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.task_file import TaskSpec

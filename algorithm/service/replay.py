@@ -6,7 +6,7 @@ selection is any read-only SELECT returning one column of rollout ids, run throu
 response token ids, the behaviour logprobs, the model version that served each call, the rewards), the late
 feedback (the ``feedback`` table), the calls recorded without token ids (spans) and the model versions' base
 models, and builds :class:`ReplayBuffer`, the groups the training loop takes instead of dispatching
-(:class:`~fulmen.algorithm.loop.TrainingLoop`; with a dataset too, ``replay_fraction`` of each step's groups).
+(:class:`~fulmen.algorithm.service.loop.TrainingLoop`; with a dataset too, ``replay_fraction`` of each step's groups).
 
 Rules:
 
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from fulmen.algorithm.groups import ClosedGroup
+from fulmen.algorithm.service.groups import ClosedGroup
 from fulmen.schemas import semconv
 from fulmen.schemas.ddl import TABLES
 from fulmen.schemas.errors import ConfigurationError, PoisonInputError

@@ -2,22 +2,22 @@
 
 One step N (the policy being served is version ``N - 1``; version 0 is the base model):
 
-1. keep ``max_groups_in_flight`` train groups dispatched (:class:`~fulmen.algorithm.dispatcher.Dispatcher`, requests
-   stamped with the served version) and poll the :class:`~fulmen.algorithm.collector.Collector` until
+1. keep ``max_groups_in_flight`` train groups dispatched (:class:`~fulmen.algorithm.service.dispatcher.Dispatcher`,
+   requests stamped with the served version) and poll the :class:`~fulmen.algorithm.service.collector.Collector` until
    ``groups_per_step`` kept train groups are ready (``rollout_wait_s``);
 2. (control runs only, ``shuffle_rewards``: permute the rewards across the step's rollouts,
-   :func:`~fulmen.algorithm.groups.shuffle_rewards`); drop the transitions older than ``max_staleness`` versions
-   (:func:`~fulmen.algorithm.groups.drop_stale`, counted as ``dropped_stale``; a group left empty is replaced by the
-   next), credit each call from its rollout's episode reward and the calls' intermediate rewards with the run's
-   strategy (``credit``, ``gamma``: :func:`~fulmen.algorithm.groups.credit_groups`; the transitions topic carries
-   only what was observed), build one sample per transition with its group advantage
-   (:func:`~fulmen.algorithm.samples.build_samples`, estimator and scope from the settings; with the ``anchor``
+   :func:`~fulmen.algorithm.service.groups.shuffle_rewards`); drop the transitions older than ``max_staleness`` versions
+   (:func:`~fulmen.algorithm.service.groups.drop_stale`, counted as ``dropped_stale``; a group left empty is replaced by
+   the next), credit each call from its rollout's episode reward and the calls' intermediate rewards with the run's
+   strategy (``credit``, ``gamma``: :func:`~fulmen.algorithm.service.groups.credit_groups`; the transitions topic
+   carries only what was observed), build one sample per transition with its group advantage
+   (:func:`~fulmen.algorithm.service.samples.build_samples`, estimator and scope from the settings; with the ``anchor``
    credit, plus each call's advantage within the calls of its group that saw the same prompt; with
    ``overlong_shaping`` each call's length penalty is added to the rewards first);
-   with ``dynamic_sampling`` (DAPO) a group whose rewards are all equal (:func:`~fulmen.algorithm.samples.has_signal`)
-   is done with, not trained on, and the step waits for the next group instead: at most
-   ``dynamic_sampling_bound`` groups a step (counted as ``filtered_groups``); past that bound the step takes
-   groups as they come (``dynamic_sampling_exhausted`` = 1, and a warning);
+   with ``dynamic_sampling`` (DAPO) a group whose rewards are all equal
+   (:func:`~fulmen.algorithm.service.samples.has_signal`) is done with, not trained on, and the step waits for the next
+   group instead: at most ``dynamic_sampling_bound`` groups a step (counted as ``filtered_groups``); past that bound the
+   step takes groups as they come (``dynamic_sampling_exhausted`` = 1, and a warning);
 3. one policy update (``backend.step``, in a worker thread so Kafka heartbeats go on; ``train_s``);
 4. save the checkpoint to ``<run dir>/checkpoints/v<N>`` (atomically: see ``TrainerBackend.save``), publish
    ``ModelVersion(version=N, format="hf")`` and wait for the broker's acknowledgement (``publish_s``); while the
@@ -50,27 +50,27 @@ sampled them (the ``correction``, ``tis`` by default in this mode). Every step r
 Per-agent adapters (``adapters`` = per_agent, ``adapter_agents``): the backend keeps one LoRA adapter per agent
 (:class:`~fulmen.algorithm.trainer.adapters.PerAgentTrainer`). A step keeps only the calls of those agents (the rest
 are counted as ``dropped_other_agents``), builds each agent's samples within its own groups
-(:func:`~fulmen.algorithm.samples.build_agent_samples`) and updates each adapter from its own; every step publishes
-one ``ModelVersion`` per adapter (``adapter`` = the agent, ``format`` = hf_lora_adapter, uri
+(:func:`~fulmen.algorithm.service.samples.build_agent_samples`) and updates each adapter from its own; every step
+publishes one ``ModelVersion`` per adapter (``adapter`` = the agent, ``format`` = hf_lora_adapter, uri
 ``<checkpoint>/<agent>``, all at version N: staleness and validation compare versions as for one model). A run
 that starts from the base publishes each adapter's initial state as version 0 (the base's outputs exactly; after
 the base itself with ``publish_initial_version``); until a gateway has loaded it, the agent's calls are served by
 the base model, which gives the same answers and is labelled version 0 too.
 
-Gated promotion (``promote_if_better``, :mod:`fulmen.algorithm.promotion`): every step validates, and the
-:class:`~fulmen.algorithm.promotion.PromotionGate` promotes or rejects the new version on its held-out accuracy; the
-decision (a ``ModelPromotion``) is published on the promotions topic before the step's metrics, which report
+Gated promotion (``promote_if_better``, :mod:`fulmen.algorithm.service.promotion`): every step validates, and the
+:class:`~fulmen.algorithm.service.promotion.PromotionGate` promotes or rejects the new version on its held-out accuracy;
+the decision (a ``ModelPromotion``) is published on the promotions topic before the step's metrics, which report
 ``promoted`` (1 or 0), ``serving_version`` and ``serving_score``.
 
-Replay (``replay_sql``, :mod:`fulmen.algorithm.replay`): a :class:`~fulmen.algorithm.replay.ReplayBuffer` of groups
-read from the store. Without a dataset every group of a step comes from it; with one, ``replay_fraction`` of
-``groups_per_step`` do (the rest are dispatched as usual). Replayed groups go through the same staleness, length,
-agent and signal checks; ``replayed_groups``, ``replay_passes``, ``replay_rollouts`` and ``replay_refused_<reason>``
-are reported in ``TrainStep.extra``. A buffer none of whose groups is trainable any more ends the run with a
-ConfigurationError rather than spinning.
+Replay (``replay_sql``, :mod:`fulmen.algorithm.service.replay`): a
+:class:`~fulmen.algorithm.service.replay.ReplayBuffer` of groups read from the store. Without a dataset every group of a
+step comes from it; with one, ``replay_fraction`` of ``groups_per_step`` do (the rest are dispatched as usual). Replayed
+groups go through the same staleness, length, agent and signal checks; ``replayed_groups``, ``replay_passes``,
+``replay_rollouts`` and ``replay_refused_<reason>`` are reported in ``TrainStep.extra``. A buffer none of whose groups
+is trainable any more ends the run with a ConfigurationError rather than spinning.
 
 Only the latest attempt of each rollout is trained on: retried attempts are never built (transitions worker)
-and the collector keeps the latest attempt per rollout (see ``fulmen.algorithm.collector``).
+and the collector keeps the latest attempt per rollout (see ``fulmen.algorithm.service.collector``).
 
 With ``publish_initial_version``, a run that starts from the base model (version 0) publishes it first; a resumed
 run does not (its version is a checkpoint: see :meth:`TrainingLoop.publish_resumed`).
@@ -90,14 +90,21 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.dispatcher import Dispatcher
-from fulmen.algorithm.groups import ClosedGroup, credit_groups, drop_stale, drop_too_long, keep_agents, shuffle_rewards
-from fulmen.algorithm.promotion import PromotionGate
-from fulmen.algorithm.replay import ReplayBuffer
-from fulmen.algorithm.samples import StepSamples, build_agent_samples, build_samples, has_signal
+from fulmen.algorithm.rl.shaping import OverlongShaping
+from fulmen.algorithm.service.collector import Collector
+from fulmen.algorithm.service.dispatcher import Dispatcher
+from fulmen.algorithm.service.groups import (
+    ClosedGroup,
+    credit_groups,
+    drop_stale,
+    drop_too_long,
+    keep_agents,
+    shuffle_rewards,
+)
+from fulmen.algorithm.service.promotion import PromotionGate
+from fulmen.algorithm.service.replay import ReplayBuffer
+from fulmen.algorithm.service.samples import StepSamples, build_agent_samples, build_samples, has_signal
 from fulmen.algorithm.settings import TrainMode, TrainSection
-from fulmen.algorithm.shaping import OverlongShaping
 from fulmen.algorithm.trainer.base import StepMetrics, TrainerBackend
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.schemas.errors import ConfigurationError, RetryableError

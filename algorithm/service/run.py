@@ -1,10 +1,11 @@
-"""``fulmen train`` as a function: build the trainer's parts from :class:`TrainSettings` and run the loop.
+"""The trainer service (``fulmen train``) as a function, :func:`run_trainer`: build the trainer's parts from
+:class:`TrainSettings` and run the loop.
 
-:func:`train` resolves the base model (``model_path = "tiny"`` builds the tiny model into
+:func:`run_trainer` resolves the base model (``model_path = "tiny"`` builds the tiny model into
 ``<run dir>/base-model``), loads the torch backend, starts a broker (idempotent producer) and the collector's consumer
-(group ``consumer_group`` on the transitions topic), runs :class:`~fulmen.algorithm.loop.TrainingLoop` and closes the
-clients. A run dir that already holds checkpoints resumes: the backend loads the highest ``v<N>`` and the loop
-continues with step ``N + 1`` up to ``steps`` (the optimizer state is not saved, so it starts afresh). Only
+(group ``consumer_group`` on the transitions topic), runs :class:`~fulmen.algorithm.service.loop.TrainingLoop` and
+closes the clients. A run dir that already holds checkpoints resumes: the backend loads the highest ``v<N>`` and the
+loop continues with step ``N + 1`` up to ``steps`` (the optimizer state is not saved, so it starts afresh). Only
 Kafka is needed: runners, the transitions consumer and the LLM gateway are other processes.
 
 Crash safety: checkpoints are written atomically (``v<N>.tmp-<pid>``, then renamed; :func:`latest_checkpoint`
@@ -26,12 +27,12 @@ from pathlib import Path
 
 from aiokafka.errors import KafkaError
 
-from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.dispatcher import DatasetTask, Dispatcher
-from fulmen.algorithm.groups import GroupBook
-from fulmen.algorithm.loop import LoopPlan, TrainingLoop
-from fulmen.algorithm.promotion import PromotionGate, Serving, in_force
-from fulmen.algorithm.registry import Registry
+from fulmen.algorithm.rl.registry import Registry
+from fulmen.algorithm.service.collector import Collector
+from fulmen.algorithm.service.dispatcher import DatasetTask, Dispatcher
+from fulmen.algorithm.service.groups import GroupBook
+from fulmen.algorithm.service.loop import LoopPlan, TrainingLoop
+from fulmen.algorithm.service.promotion import PromotionGate, Serving, in_force
 from fulmen.algorithm.settings import TrainSection, TrainSettings
 from fulmen.algorithm.trainer.base import ADAPTERS_FILE, TEMPORARY_MARK, TrainerBackend
 from fulmen.infra.kafka.broker import kafka_broker
@@ -50,8 +51,8 @@ __all__ = [
     "latest_checkpoint",
     "model_versions",
     "resolve_model",
+    "run_trainer",
     "torch_config",
-    "train",
     "version_on_topic",
 ]
 
@@ -157,10 +158,10 @@ def check_training_settings(options: TrainSection) -> None:
     registries (estimator, policy loss, aggregation, correction and its level) and overlong shaping without its
     length limit. ``train`` calls it before loading anything; ``fulmen config show`` does not (it imports no
     torch). Raises ConfigurationError."""
-    from fulmen.algorithm.advantages import get_advantage_fn
-    from fulmen.algorithm.corrections import get_correction_fn, get_level
-    from fulmen.algorithm.losses import get_aggregation, get_policy_loss_fn
-    from fulmen.algorithm.recipes import ALGORITHMS
+    from fulmen.algorithm.rl.advantages import get_advantage_fn
+    from fulmen.algorithm.rl.corrections import get_correction_fn, get_level
+    from fulmen.algorithm.rl.losses import get_aggregation, get_policy_loss_fn
+    from fulmen.algorithm.rl.recipes import ALGORITHMS
 
     def named(setting: str, value: str, get) -> None:
         try:
@@ -256,7 +257,7 @@ def _verl_backend(options: TrainSection, model_path: str) -> TrainerBackend:
     return VerlTrainer(torch_config(options, model_path))
 
 
-async def train(
+async def run_trainer(
     settings: TrainSettings,
     tasks: list[DatasetTask],
     val_tasks: list[DatasetTask] | None = None,
@@ -411,7 +412,7 @@ def source_store_settings(settings: FulmenSettings, where: str) -> FulmenSetting
 
 def load_selected_tasks(settings: TrainSettings) -> list[DatasetTask]:
     """The tasks ``tasks_sql`` selects, with their stored payloads, from ``source_store``."""
-    from fulmen.algorithm.stored_tasks import load_stored_tasks
+    from fulmen.algorithm.service.stored_tasks import load_stored_tasks
     from fulmen.infra.store import open_reader
 
     store = source_store_settings(settings, settings.train.source_store)
@@ -425,10 +426,11 @@ def load_selected_tasks(settings: TrainSettings) -> list[DatasetTask]:
 
 
 def load_replay_buffer(settings: TrainSettings, base_model: str):  # -> ReplayBuffer
-    """The run's replay buffer: ``replay_sql`` run against ``source_store`` (see :mod:`fulmen.algorithm.replay`)."""
+    """The run's replay buffer: ``replay_sql`` run against ``source_store`` (see
+    :mod:`fulmen.algorithm.service.replay`)."""
     from transformers import AutoConfig
 
-    from fulmen.algorithm.replay import load_replay
+    from fulmen.algorithm.service.replay import load_replay
     from fulmen.infra.store import open_reader
 
     options = settings.train

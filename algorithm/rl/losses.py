@@ -6,7 +6,7 @@ tokens) and 0 elsewhere; ``advantages`` are ``[B]`` (one per sequence, broadcast
 
 Every loss has the signature of :class:`PolicyLossFn` and the same options: the clip range (``clip_eps`` below 1,
 ``clip_eps_high`` above), the reduction (``aggregation``, ``normalizer``), optional off-policy ``weights [B, T]``
-(detached importance weights from :mod:`fulmen.algorithm.corrections`, multiplying the per-token policy-gradient
+(detached importance weights from :mod:`fulmen.algorithm.rl.corrections`, multiplying the per-token policy-gradient
 term) and an optional k3 KL penalty to a reference (``ref_logprobs``, ``kl_coef``). Each returns
 ``(loss 0-d, PolicyLossMetrics)``.
 
@@ -30,7 +30,7 @@ from typing import Protocol, TypedDict, Unpack
 import torch
 from torch import Tensor
 
-from fulmen.algorithm.registry import Registry
+from fulmen.algorithm.rl.registry import Registry
 
 __all__ = [
     "Aggregation",

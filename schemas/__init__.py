@@ -7,8 +7,9 @@ trainer imports it on a machine with torch and no pydantic.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fulmen.schemas.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fulmen.schemas.codec import decode, decode_obj, encode, encode_key
@@ -111,10 +112,4 @@ __all__ = [
     "utc_now",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _MODULES:
-        value = getattr(importlib.import_module(f"fulmen.schemas.{_MODULES[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(globals(), {name: f"fulmen.schemas.{module}" for name, module in _MODULES.items()})

@@ -1,16 +1,11 @@
 """The OTLP/HTTP gateway: agents' spans in, the spans topic out."""
 
-from typing import Any
-
 from fulmen.producers.otlp_gateway.settings import OtlpGatewaySettings, OtlpSection
+from fulmen.schemas.lazy import lazy_exports
 
 __all__ = ["OtlpGateway", "OtlpGatewaySettings", "OtlpGatewayStats", "OtlpSection"]
 
-
-def __getattr__(name: str) -> Any:
-    """The gateway itself on first use: its settings alone (what ``fulmen --help`` reads) import no server."""
-    if name in ("OtlpGateway", "OtlpGatewayStats"):
-        from fulmen.producers.otlp_gateway import app
-
-        return getattr(app, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The server on first use: its settings alone (what `fulmen --help` reads) import no server.
+__getattr__, __dir__ = lazy_exports(
+    globals(), {name: "fulmen.producers.otlp_gateway.app" for name in ("OtlpGateway", "OtlpGatewayStats")}
+)

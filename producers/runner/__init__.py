@@ -1,20 +1,16 @@
 """The agent runner: a consumer group over the tasks topic that runs the user's agent, rollout by rollout."""
 
-from typing import Any
-
 from fulmen.producers.runner.settings import RunnerSection, RunnerSettings
+from fulmen.schemas.lazy import lazy_exports
 
 __all__ = ["LLMEndpoint", "Runner", "RunnerSection", "RunnerSettings", "load_agent"]
 
-
-def __getattr__(name: str) -> Any:
-    """The runner itself on first use: its settings alone (what ``fulmen --help`` reads) import no agent code."""
-    if name in ("LLMEndpoint", "load_agent"):
-        from fulmen.producers.runner import agent
-
-        return getattr(agent, name)
-    if name == "Runner":
-        from fulmen.producers.runner.app import Runner
-
-        return Runner
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The server on first use: its settings alone (what `fulmen --help` reads) import no server.
+__getattr__, __dir__ = lazy_exports(
+    globals(),
+    {
+        "LLMEndpoint": "fulmen.producers.runner.agent",
+        "load_agent": "fulmen.producers.runner.agent",
+        "Runner": "fulmen.producers.runner.app",
+    },
+)

@@ -42,17 +42,16 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-import fulmen  # noqa: E402  (the repository's fulmen/ without its install: map the subpackages as setuptools does)
+from uninstalled import map_fulmen  # noqa: E402
 
-if str(ROOT) not in fulmen.__path__:
-    fulmen.__path__.append(str(ROOT))
+map_fulmen(ROOT)  # the repository's fulmen/ without its install (the GPU machine has none)
 
 # Runs a script with the same mapping (the GPU machine has no Fulmen install): python -c LAUNCH script args...
 LAUNCH = (
-    "import sys, runpy; root = sys.argv[1]; sys.path.insert(0, root); import fulmen; "
-    "fulmen.__path__.append(root); sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+    "import sys, runpy; root = sys.argv[1]; sys.path.insert(0, root + '/bench'); from uninstalled import map_fulmen; "
+    "map_fulmen(root); sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 )
 CARRY = ROOT / "bench" / "gpu_carry"
 PART_BYTES = 48 * 2**20

@@ -27,12 +27,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-import fulmen  # noqa: E402  (the repository's fulmen/ without its install: map the subpackages as setuptools does)
+from uninstalled import map_fulmen  # noqa: E402
 
-if str(ROOT) not in fulmen.__path__:
-    fulmen.__path__.append(str(ROOT))
+map_fulmen(ROOT)  # the repository's fulmen/ without its install (the GPU machine has none)
 
 import argparse  # noqa: E402
 import json  # noqa: E402

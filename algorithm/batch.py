@@ -22,7 +22,7 @@ zeros and ``has_old_logprobs=False``; the trainer computes them with the current
 BEFORE its first update on the batch (:meth:`TrainBatch.with_old_logprobs`), so the first epoch starts at
 ratio 1 for those rows.
 
-Behaviour and proximal logprobs (see ``fulmen.algorithm.corrections``): with an off-policy correction (or
+Behaviour and proximal logprobs (see ``fulmen.algorithm.rl.corrections``): with an off-policy correction (or
 ``recompute_old_logprobs``) the trainer overwrites EVERY row's ``old_logprobs`` with the proximal policy's (the
 weights at the start of the step), and the correction weighs each token by ``pi_prox / mu`` from
 ``old_logprobs`` and ``behaviour_logprobs``. Without one, ``old_logprobs`` stay the behaviour logprobs (the
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fulmen.algorithm.errors import PoisonInputError
+from fulmen.schemas.errors import PoisonInputError
 
 __all__ = ["Sample", "TrainBatch", "collate"]
 
@@ -152,8 +152,9 @@ class TrainBatch:
         lengths = self.attention_mask.sum(dim=-1).tolist()
         rows = [row[:length] for row, length in zip(self.input_ids.tolist(), lengths, strict=True)]
         order = torch.tensor(sorted(range(self.size), key=rows.__getitem__), dtype=torch.long)
-        return TrainBatch(**{f.name: getattr(self, f.name)[order.to(self.input_ids.device)]
-                             for f in dataclasses.fields(self)})  # fmt: skip
+        return TrainBatch(
+            **{f.name: getattr(self, f.name)[order.to(self.input_ids.device)] for f in dataclasses.fields(self)}
+        )
 
     def split_by_tree(self, max_nodes: int) -> list[TrainBatch]:
         """Consecutive micro-batches whose rows' prefix tree holds at most ``max_nodes`` tokens (a longer row is a

@@ -8,7 +8,7 @@ store ``<run dir>/chdb``, so runs never mix, even on a shared broker, and then:
    when the plan selects agents), ``fulmen otlp-gateway``, ``fulmen llm-gateway`` on the plan's model as version
    0 (it follows ``fulmen.models``), and ``runners`` ``fulmen runner --agent <plan.agent>`` processes, each the
    real command in its own process, configured as ``fulmen up`` configures them (:mod:`fulmen.infra.stack`);
-3. the trainer in this process (:func:`train_in_stack`: :func:`fulmen.algorithm.train.train` with the given
+3. the trainer in this process (:func:`train_in_stack`: :func:`fulmen.algorithm.service.run.run_trainer` with the given
    ``FULMEN_TRAIN_*`` fields, after publishing the prompt bundles its rollouts name on the run's prompts topic);
    its validation pass runs the held-out tasks through the same runners, gateway, spans and transitions before
    step 1, every ``val_every`` steps and after the last step (``initial_val_accuracy`` / ``val_accuracy`` in
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fulmen.algorithm.dispatcher import DatasetTask
+from fulmen.algorithm.service.dispatcher import DatasetTask
 from fulmen.algorithm.settings import TrainSettings
 from fulmen.infra.processes import Services
 from fulmen.infra.settings import FulmenSettings
@@ -82,11 +82,15 @@ class LocalRun:
     def report(self) -> TrainReport:
         """What the run gave, without its events (``fulmen.train``'s answer)."""
         return TrainReport(
-            run_id=self.run_id, run_dir=self.run_dir, steps=len(self.steps), final_model=self.final_model,
+            run_id=self.run_id,
+            run_dir=self.run_dir,
+            steps=len(self.steps),
+            final_model=self.final_model,
             reward_curve=[(s.step, s.reward_mean) for s in self.steps],
-            val_accuracy_curve=self.accuracy_curve(), loss_curve=[(s.step, s.loss) for s in self.steps],
+            val_accuracy_curve=self.accuracy_curve(),
+            loss_curve=[(s.step, s.loss) for s in self.steps],
             wall_s=self.wall_s,
-        )  # fmt: skip
+        )
 
 
 @dataclass(frozen=True)
@@ -109,12 +113,19 @@ class TrainReport:
         return {"reward": self.reward_curve, "val_accuracy": self.val_accuracy_curve, "loss": self.loss_curve}
 
 
-def run_locally(settings: FulmenSettings, plan: LocalPlan, train: dict[str, Any], tasks: Sequence[DatasetTask],
-                val_tasks: Sequence[DatasetTask] | None, *, run_dir: Path | None = None,
-                on_phase: Callable[[str], None] = lambda _: None,
-                on_step: Callable[[TrainStep], None] = lambda _: None,
-                after: Callable[[LocalRun], None] = lambda _: None,
-                bundles: Sequence[PromptBundle] = ()) -> LocalRun:  # fmt: skip
+def run_locally(
+    settings: FulmenSettings,
+    plan: LocalPlan,
+    train: dict[str, Any],
+    tasks: Sequence[DatasetTask],
+    val_tasks: Sequence[DatasetTask] | None,
+    *,
+    run_dir: Path | None = None,
+    on_phase: Callable[[str], None] = lambda _: None,
+    on_step: Callable[[TrainStep], None] = lambda _: None,
+    after: Callable[[LocalRun], None] = lambda _: None,
+    bundles: Sequence[PromptBundle] = (),
+) -> LocalRun:
     """Run the system and train ``plan.agent`` (module docstring). ``train`` holds ``TrainSection`` fields; the
     run's identity, model, agent and consumer group are set here. ``bundles``: published on the run's prompts topic
     before training (the one ``train['prompt_bundle']`` names must be among them or already there)."""
@@ -124,10 +135,17 @@ def run_locally(settings: FulmenSettings, plan: LocalPlan, train: dict[str, Any]
     return stack.run
 
 
-def train_in_stack(stack: LocalStack, plan: LocalPlan, train: dict[str, Any], tasks: Sequence[DatasetTask],
-                   val_tasks: Sequence[DatasetTask] | None, *, on_phase: Callable[[str], None] = lambda _: None,
-                   on_step: Callable[[TrainStep], None] = lambda _: None,
-                   bundles: Sequence[PromptBundle] = ()) -> list[TrainStep]:  # fmt: skip
+def train_in_stack(
+    stack: LocalStack,
+    plan: LocalPlan,
+    train: dict[str, Any],
+    tasks: Sequence[DatasetTask],
+    val_tasks: Sequence[DatasetTask] | None,
+    *,
+    on_phase: Callable[[str], None] = lambda _: None,
+    on_step: Callable[[TrainStep], None] = lambda _: None,
+    bundles: Sequence[PromptBundle] = (),
+) -> list[TrainStep]:
     """Step 3 of the module docstring on a running :func:`local_stack`: publish ``bundles`` (acknowledged before any
     rollout names one), then train; the steps are added to ``stack.run`` (a prompt search's stack trains after its
     search with this too: ``fulmen.optimize_prompt(train_steps=N)``)."""
@@ -137,8 +155,10 @@ def train_in_stack(stack: LocalStack, plan: LocalPlan, train: dict[str, Any], ta
     if bundles:
         on_phase(f"publishing prompt bundle(s) {', '.join(b.bundle_id for b in bundles)} for this run's rollouts")
         asyncio.run(publish_bundles(stack.client_settings(), bundles))
-    on_phase("training" + (f" on rollouts naming prompt bundle {train['prompt_bundle']}"
-                           if train.get("prompt_bundle") else ""))  # fmt: skip
+    on_phase(
+        "training"
+        + (f" on rollouts naming prompt bundle {train['prompt_bundle']}" if train.get("prompt_bundle") else "")
+    )
     train_settings = _train_settings(stack.settings, stack.bootstrap, run, plan, train)
     began = time.perf_counter()
     steps = asyncio.run(_train(train_settings, list(tasks), list(val_tasks or []), stack.services, on_step))
@@ -172,8 +192,13 @@ class LocalStack:
 
 
 @contextlib.contextmanager
-def local_stack(settings: FulmenSettings, plan: LocalPlan, *, run_dir: Path | None = None,
-                on_phase: Callable[[str], None] = lambda _: None) -> Iterator[LocalStack]:  # fmt: skip
+def local_stack(
+    settings: FulmenSettings,
+    plan: LocalPlan,
+    *,
+    run_dir: Path | None = None,
+    on_phase: Callable[[str], None] = lambda _: None,
+) -> Iterator[LocalStack]:
     """Steps 1 and 2 of the module docstring: Kafka, this run's topics, ``fulmen consume``, both gateways and the
     runners of ``plan.agent``, all stopped when the block ends (also on failure). What runs inside the block is the
     caller's: training (:func:`run_locally`) or a prompt search (``fulmen.optimize_prompt``)."""
@@ -201,11 +226,13 @@ def local_stack(settings: FulmenSettings, plan: LocalPlan, *, run_dir: Path | No
 
 def _base_env(settings: FulmenSettings, bootstrap: str, run: LocalRun, ports: StackPorts) -> dict[str, str]:
     run.env = {
-        "FULMEN_KAFKA_BOOTSTRAP": bootstrap, "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
-        "FULMEN_HOME": str(settings.home), "FULMEN_CLICKHOUSE_PATH": str(run.store_path),
+        "FULMEN_KAFKA_BOOTSTRAP": bootstrap,
+        "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "FULMEN_HOME": str(settings.home),
+        "FULMEN_CLICKHOUSE_PATH": str(run.store_path),
         "FULMEN_CLICKHOUSE_DATABASE": settings.clickhouse.database,
         "FULMEN_CLICKHOUSE_READ_PORT": str(ports.read),
-    }  # fmt: skip
+    }
     return run.env | {"FULMEN_LOG_LEVEL": "INFO"}
 
 
@@ -216,35 +243,49 @@ PHASES = {
 }
 
 
-def _start_services(services: Services, run: LocalRun, plan: LocalPlan, ports: StackPorts,
-                    on_phase: Callable[[str], None]) -> None:  # fmt: skip
+def _start_services(
+    services: Services, run: LocalRun, plan: LocalPlan, ports: StackPorts, on_phase: Callable[[str], None]
+) -> None:
     consume_env = {"FULMEN_TRANSITIONS_AGENT_PATTERN": plan.agent_pattern} if plan.agent_pattern else {}
-    llm_env = {"FULMEN_LLM_DEVICE": "cpu", "FULMEN_LLM_MAX_BATCH_ROWS": "64",
-               "FULMEN_LLM_BATCH_WAIT_MS": "20"} | plan.llm_env  # fmt: skip
+    llm_env = {
+        "FULMEN_LLM_DEVICE": "cpu",
+        "FULMEN_LLM_MAX_BATCH_ROWS": "64",
+        "FULMEN_LLM_BATCH_WAIT_MS": "20",
+    } | plan.llm_env
     for spec in core_services(ports, model=str(plan.model), consume_env=consume_env, llm_env=llm_env):
         on_phase(PHASES[spec.name].format(model=plan.model))
         services.start(spec)
     on_phase(f"starting {plan.runners} runner(s) x {plan.concurrency} concurrent rollouts of {plan.agent}")
     for index in range(plan.runners):
-        services.start(runner_spec(index + 1, ports, agent=plan.agent, concurrency=plan.concurrency,
-                                   group=f"{run.run_id}.runners"))  # fmt: skip
+        services.start(
+            runner_spec(index + 1, ports, agent=plan.agent, concurrency=plan.concurrency, group=f"{run.run_id}.runners")
+        )
 
 
-def _train_settings(settings: FulmenSettings, bootstrap: str, run: LocalRun, plan: LocalPlan,
-                    train: dict[str, Any]) -> TrainSettings:  # fmt: skip
+def _train_settings(
+    settings: FulmenSettings, bootstrap: str, run: LocalRun, plan: LocalPlan, train: dict[str, Any]
+) -> TrainSettings:
     data = settings.model_dump()
     data["kafka"]["bootstrap"] = bootstrap
     data["train"] = train | {
-        "run_id": run.run_id, "run_dir": run.run_dir, "model_path": str(plan.model), "agent": plan.agent,
+        "run_id": run.run_id,
+        "run_dir": run.run_dir,
+        "model_path": str(plan.model),
+        "agent": plan.agent,
         "consumer_group": f"{run.run_id}.trainer",
-    }  # fmt: skip
+    }
     return TrainSettings.model_validate(data)
 
 
-async def _train(settings: TrainSettings, tasks: list[DatasetTask], val_tasks: list[DatasetTask],
-                 services: Services, on_step: Callable[[TrainStep], None]) -> list[TrainStep]:  # fmt: skip
+async def _train(
+    settings: TrainSettings,
+    tasks: list[DatasetTask],
+    val_tasks: list[DatasetTask],
+    services: Services,
+    on_step: Callable[[TrainStep], None],
+) -> list[TrainStep]:
     from fulmen.algorithm.demo.progress import watch_metrics
-    from fulmen.algorithm.train import train
+    from fulmen.algorithm.service.run import run_trainer
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -253,7 +294,7 @@ async def _train(settings: TrainSettings, tasks: list[DatasetTask], val_tasks: l
     watcher = asyncio.create_task(watch_metrics(settings, on_step, stop))
     guard = asyncio.create_task(_guard(services, stop))
     try:
-        return await train(settings, tasks, val_tasks or None, stop)
+        return await run_trainer(settings, tasks, val_tasks or None, stop)
     finally:
         stop.set()
         for task in (watcher, guard):

@@ -5,11 +5,11 @@ A variable is ``FULMEN_TRAIN_<FIELD>``: ``FULMEN_TRAIN_GROUP_SIZE=8``, ``FULMEN_
 ``FULMEN_TRAIN_INCOMPLETE_POLICY=train_partial``, ``FULMEN_TRAIN_ESTIMATOR=grpo``, ``FULMEN_TRAIN_MODEL_PATH=...``,
 ``FULMEN_TRAIN_RUN_DIR=...``, ``FULMEN_TRAIN_STEPS=100``.
 
-The algorithm (``FULMEN_TRAIN_ALGORITHM``: grpo, dr_grpo, rloo, dapo, gspo, cispo; ``fulmen.algorithm.recipes``)
+The algorithm (``FULMEN_TRAIN_ALGORITHM``: grpo, dr_grpo, rloo, dapo, gspo, cispo; ``fulmen.algorithm.rl.recipes``)
 fills the defaults of the pieces it prescribes (estimator, policy_loss, loss_aggregation, clip_eps,
 clip_eps_high, dynamic_sampling, overlong_shaping) that are not set explicitly; ``fulmen config show`` prints the
 result. Names that live in the torch registries (estimators, losses, corrections) are checked when the trainer
-starts (``fulmen.algorithm.train.check_training_settings``), so that this module imports no torch.
+starts (``fulmen.algorithm.service.run.check_training_settings``), so that this module imports no torch.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from fulmen.algorithm.credit import CreditStrategy, credit_strategy
-from fulmen.algorithm.recipes import ALGORITHMS, Algorithm
+from fulmen.algorithm.rl.credit import CreditStrategy, credit_strategy
+from fulmen.algorithm.rl.recipes import ALGORITHMS, Algorithm
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import IDENTIFIER_PATTERN, new_id
@@ -42,14 +42,15 @@ weights between the policy that sampled (recorded) and the weights at the start 
 
 
 class IncompletePolicy(StrEnum):
-    """What to do with a group still missing rollouts when its timeout passes (see ``fulmen.algorithm.groups``)."""
+    """What to do with a group still missing rollouts when its timeout passes (see
+    ``fulmen.algorithm.service.groups``)."""
 
     TRAIN_PARTIAL = "train_partial"  # train on the rollouts that arrived (at least min_group_size of them)
     DROP = "drop"  # drop the whole group
 
 
 class TrainMode(StrEnum):
-    """How generation and training overlap (see ``fulmen.algorithm.loop``)."""
+    """How generation and training overlap (see ``fulmen.algorithm.service.loop``)."""
 
     SYNC = "sync"  # dispatching and collecting pause while a step trains, saves, publishes and validates
     ASYNC = "async"  # they never pause: samples up to max_staleness versions old, importance-corrected
@@ -63,7 +64,7 @@ class AdapterMode(StrEnum):
 
 
 class AdvantageScope(StrEnum):
-    """Which rewards the advantage estimator compares within a group (see ``fulmen.algorithm.samples``)."""
+    """Which rewards the advantage estimator compares within a group (see ``fulmen.algorithm.service.samples``)."""
 
     EPISODE = "episode"  # the rollouts' returns, broadcast to each rollout's transitions
     TRANSITION = "transition"  # every transition's credited reward against all transitions of the group
@@ -76,130 +77,248 @@ def _names(value: str) -> list[str]:
 class TrainSection(BaseModel):
     """``FULMEN_TRAIN_*``: the dataset, the policy update, the group and staleness policies, the outputs."""
 
-    run_id: str = Field(default_factory=lambda: f"run-{new_id()[:12]}", pattern=IDENTIFIER_PATTERN.pattern)
-    run_dir: Path | None = Field(default=None, description="checkpoints go to <run_dir>/checkpoints/v<N>; "
-                                 "default $FULMEN_HOME/runs/<run_id>")  # fmt: skip
+    run_id: str = Field(
+        default_factory=lambda: f"run-{new_id()[:12]}",
+        pattern=IDENTIFIER_PATTERN.pattern,
+        description="this run's id, on its versions and rollouts; the same id resumes a run (default: a new one)",
+    )
+    run_dir: Path | None = Field(
+        default=None, description="checkpoints go to <run_dir>/checkpoints/v<N>; default $FULMEN_HOME/runs/<run_id>"
+    )
     model_path: str = Field(default="", description="Hugging Face model directory, or 'tiny' (built offline)")
     model_name: str = Field(default="fulmen", pattern=IDENTIFIER_PATTERN.pattern, description="served name")
-    agent: str = Field(default="", pattern=r"^$|^[\w.]+:[\w.]+$",
-                       description="module:function the runners run (recorded in request metadata)")  # fmt: skip
-    prompt_bundle: str = Field(default="", pattern=r"^$|^pb-[0-9a-f]{12}$", description="every training and "
-                               "validation rollout names this prompt bundle (the LLM gateway applies it; it must be "
-                               "on the prompts topic): GRPO on a chosen bundle's rollouts. '' = none named (the "
-                               "promoted bundle, else the agent's own prompts)")  # fmt: skip
-    steps: int = Field(default=10, ge=0, description="the run's last step (= model version); a resumed run "
-                       "continues up to it; 0 = validate the model once and stop (an evaluation)")  # fmt: skip
+    agent: str = Field(
+        default="",
+        pattern=r"^$|^[\w.]+:[\w.]+$",
+        description="module:function the runners run (recorded in request metadata)",
+    )
+    prompt_bundle: str = Field(
+        default="",
+        pattern=r"^$|^pb-[0-9a-f]{12}$",
+        description="every training and "
+        "validation rollout names this prompt bundle (the LLM gateway applies it; it must be "
+        "on the prompts topic): GRPO on a chosen bundle's rollouts. '' = none named (the "
+        "promoted bundle, else the agent's own prompts)",
+    )
+    steps: int = Field(
+        default=10,
+        ge=0,
+        description="the run's last step (= model version); a resumed run "
+        "continues up to it; 0 = validate the model once and stop (an evaluation)",
+    )
     group_size: int = Field(default=8, ge=1, le=1024, description="rollouts per task (GRPO's G)")
     groups_per_step: int = Field(default=4, ge=1, description="complete groups in one optimisation step")
-    max_groups_in_flight: int = Field(default=0, ge=0, description="dispatched, unfinished groups; "
-                                      "0 = 2 * groups_per_step")  # fmt: skip
+    max_groups_in_flight: int = Field(
+        default=0, ge=0, description="dispatched, unfinished groups; 0 = 2 * groups_per_step"
+    )
     min_group_size: int = Field(default=2, ge=1, description="fewest rollouts a timed-out group trains on")
-    group_timeout_s: float = Field(default=0.0, ge=0, description="from dispatch to giving up on the rest; "
-                                   "0 = every attempt's timeout plus a minute")  # fmt: skip
-    incomplete_policy: IncompletePolicy = IncompletePolicy.TRAIN_PARTIAL
+    group_timeout_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="from dispatch to giving up on the rest; 0 = every attempt's timeout plus a minute",
+    )
+    incomplete_policy: IncompletePolicy = Field(
+        default=IncompletePolicy.TRAIN_PARTIAL,
+        description="a group still missing rollouts at its timeout: train_partial (on what arrived, if at least "
+        "min_group_size) or drop",
+    )
     max_staleness: int = Field(default=1, ge=0, description="train on transitions of versions >= current - this")
-    mode: TrainMode = Field(default=TrainMode.SYNC, description="sync: dispatching pauses while a step trains; "
-                            "async: dispatching, generation and training overlap fully (in flight: "
-                            "(max_staleness + 1) * groups_per_step groups; correction tis unless set)")  # fmt: skip
-    algorithm: str = Field(default=Algorithm.GRPO, description="grpo, dr_grpo, rloo, dapo, gspo, cispo: sets the "
-                           "defaults of estimator, policy_loss, loss_aggregation, clip_eps, clip_eps_high, "
-                           "dynamic_sampling and overlong_shaping (each may still be set)")  # fmt: skip
+    mode: TrainMode = Field(
+        default=TrainMode.SYNC,
+        description="sync: dispatching pauses while a step trains; "
+        "async: dispatching, generation and training overlap fully (in flight: "
+        "(max_staleness + 1) * groups_per_step groups; correction tis unless set)",
+    )
+    algorithm: str = Field(
+        default=Algorithm.GRPO,
+        description="grpo, dr_grpo, rloo, dapo, gspo, cispo: sets the "
+        "defaults of estimator, policy_loss, loss_aggregation, clip_eps, clip_eps_high, "
+        "dynamic_sampling and overlong_shaping (each may still be set)",
+    )
     estimator: str = Field(default="grpo", description="advantage estimator: grpo, dr_grpo, rloo")
-    advantage_scope: AdvantageScope = AdvantageScope.EPISODE
-    credit: str = Field(default="broadcast", description="credit assignment from the episode and per-call rewards "
-                        "to each call: broadcast, discounted, intermediate, anchor (calls with the same prompt "
-                        "in a group compared with each other: fulmen.algorithm.anchor)")  # fmt: skip
-    gamma: float = Field(default=1.0, gt=0, le=1, description="discount of the discounted/intermediate/anchor "
-                         "credit")  # fmt: skip
-    anchor_weight: float = Field(default=1.0, ge=0, description="anchor credit: weight of the step advantage "
-                                 "added to the episode advantage (GiGPO's omega)")  # fmt: skip
+    advantage_scope: AdvantageScope = Field(
+        default=AdvantageScope.EPISODE,
+        description="what GRPO compares within a group: episode (the rollouts' returns) or transition (each "
+        "call's credited reward)",
+    )
+    credit: str = Field(
+        default="broadcast",
+        description="credit assignment from the episode and per-call rewards "
+        "to each call: broadcast, discounted, intermediate, anchor (calls with the same prompt "
+        "in a group compared with each other: fulmen.algorithm.rl.anchor)",
+    )
+    gamma: float = Field(default=1.0, gt=0, le=1, description="discount of the discounted/intermediate/anchor credit")
+    anchor_weight: float = Field(
+        default=1.0,
+        ge=0,
+        description="anchor credit: weight of the step advantage added to the episode advantage (GiGPO's omega)",
+    )
     missing_reward: float = Field(default=0.0, description="reward of a transition/rollout that has none")
     rollout_timeout_s: float = Field(default=600.0, gt=0, le=7 * 24 * 3600, description="timeout_s of each request")
     max_attempts: int = Field(default=3, ge=1, le=100, description="max_attempts of each RolloutRequest")
     shuffle: bool = Field(default=True, description="shuffle the dataset each pass (seeded)")
-    seed: int = 0
-    val_every: int = Field(default=0, ge=0, description="validate every N steps (0 = only before step 1 and "
-                           "after the last, when a validation set is given)")  # fmt: skip
-    val_group_size: int = Field(default=1, ge=1, le=1024)
+    seed: int = Field(default=0, description="the run's seed: task order, rollout sampling, initialisation")
+    val_every: int = Field(
+        default=0,
+        ge=0,
+        description="validate every N steps (0 = only before step 1 and "
+        "after the last, when a validation set is given)",
+    )
+    val_group_size: int = Field(default=1, ge=1, le=1024, description="rollouts per validation task")
     consumer_group: str = Field(default="fulmen.trainer", description="the collector's consumer group")
-    lr: float = Field(default=1e-5, gt=0)
-    micro_batch_size: int = Field(default=8, ge=1)
-    micro_batch_tokens: int = Field(default=0, ge=0, description="torch trainer: micro-batches of rows that share "
-                                    "prefixes, at most this many distinct tokens each (a GRPO group's shared "
-                                    "prompt and an episode's repeated turns computed once); 0 = micro_batch_size "
-                                    "rows by length")  # fmt: skip
-    epochs_per_batch: int = Field(default=1, ge=1)
-    policy_loss: str = Field(default="ppo_clip", description="ppo_clip, dapo, gspo, cispo (fulmen.algorithm.losses)")
-    loss_aggregation: str = Field(default="token_mean", description="token_mean (over the batch's tokens) or "
-                                  "seq_mean (each sequence's token mean, then over sequences)")  # fmt: skip
+    lr: float = Field(default=1e-5, gt=0, description="learning rate (AdamW)")
+    micro_batch_size: int = Field(default=8, ge=1, description="rows per forward/backward pass")
+    micro_batch_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="torch trainer: micro-batches of rows that share "
+        "prefixes, at most this many distinct tokens each (a GRPO group's shared "
+        "prompt and an episode's repeated turns computed once); 0 = micro_batch_size "
+        "rows by length",
+    )
+    epochs_per_batch: int = Field(default=1, ge=1, description="passes over each step's samples (PPO epochs)")
+    policy_loss: str = Field(default="ppo_clip", description="ppo_clip, dapo, gspo, cispo (fulmen.algorithm.rl.losses)")
+    loss_aggregation: str = Field(
+        default="token_mean",
+        description="token_mean (over the batch's tokens) or "
+        "seq_mean (each sequence's token mean, then over sequences)",
+    )
     clip_eps: float = Field(default=0.2, gt=0, le=1, description="clip range below 1: ratio >= 1 - clip_eps")
-    clip_eps_high: float | None = Field(default=None, gt=0, description="clip range above 1: ratio <= 1 + it; "
-                                        "unset = clip_eps (the loss's own default)")  # fmt: skip
-    dynamic_sampling: bool = Field(default=False, description="DAPO: a group whose rewards are all equal is not "
-                                   "trained on; the step waits for further groups instead")  # fmt: skip
-    dynamic_sampling_max_skipped: int = Field(default=0, ge=0, description="groups without signal one step may "
-                                              "skip; past it the step takes groups as they come; "
-                                              "0 = 10 * groups_per_step")  # fmt: skip
-    overlong_shaping: bool = Field(default=False, description="DAPO: penalise responses near the length limit "
-                                   "(needs overlong_max_tokens)")  # fmt: skip
-    overlong_max_tokens: int = Field(default=0, ge=0, description="the response length limit of the agent's calls "
-                                     "(their max_tokens)")  # fmt: skip
-    overlong_buffer_tokens: int = Field(default=0, ge=0, description="the penalty ramps up over this many tokens "
-                                        "before the limit; 0 = overlong_max_tokens / 5")  # fmt: skip
+    clip_eps_high: float | None = Field(
+        default=None, gt=0, description="clip range above 1: ratio <= 1 + it; unset = clip_eps (the loss's own default)"
+    )
+    dynamic_sampling: bool = Field(
+        default=False,
+        description="DAPO: a group whose rewards are all equal is not "
+        "trained on; the step waits for further groups instead",
+    )
+    dynamic_sampling_max_skipped: int = Field(
+        default=0,
+        ge=0,
+        description="groups without signal one step may "
+        "skip; past it the step takes groups as they come; "
+        "0 = 10 * groups_per_step",
+    )
+    overlong_shaping: bool = Field(
+        default=False, description="DAPO: penalise responses near the length limit (needs overlong_max_tokens)"
+    )
+    overlong_max_tokens: int = Field(
+        default=0, ge=0, description="the response length limit of the agent's calls (their max_tokens)"
+    )
+    overlong_buffer_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="the penalty ramps up over this many tokens before the limit; 0 = overlong_max_tokens / 5",
+    )
     overlong_penalty: float = Field(default=1.0, ge=0, description="the penalty at the limit and beyond")
-    recompute_old_logprobs: bool = Field(default=False, description="the old policy's logprobs from the weights "
-                                         "at the start of the step, not the recorded ones (a correction implies "
-                                         "it)")  # fmt: skip
-    correction: str = Field(default="", description="off-policy correction between the recorded (behaviour) and "
-                            "recomputed (proximal) logprobs: '' (none), tis, mis, decoupled")  # fmt: skip
-    correction_level: str = Field(default="token", description="token or sequence (the product of a response's "
-                                  "token ratios)")  # fmt: skip
+    recompute_old_logprobs: bool = Field(
+        default=False,
+        description="the old policy's logprobs from the weights "
+        "at the start of the step, not the recorded ones (a correction implies "
+        "it)",
+    )
+    correction: str = Field(
+        default="",
+        description="off-policy correction between the recorded (behaviour) and "
+        "recomputed (proximal) logprobs: '' (none), tis, mis, decoupled",
+    )
+    correction_level: str = Field(
+        default="token", description="token or sequence (the product of a response's token ratios)"
+    )
     correction_low: float = Field(default=0.0, ge=0, description="mis: weights of ratios below it are set to 0")
-    correction_high: float = Field(default=2.0, gt=0, description="tis: weights truncated to it; mis: weights of "
-                                   "ratios above it set to 0")  # fmt: skip
-    kl_coef: float = Field(default=0.0, ge=0)
-    max_len: int | None = Field(default=None, ge=2)
-    lora_r: int = Field(default=0, ge=0, description="LoRA rank; 0 trains every weight (per_agent adapters: "
-                        "0 = rank 16)")  # fmt: skip
-    adapters: AdapterMode = Field(default=AdapterMode.SHARED, description="shared: one policy for every trained "
-                                  "agent; per_agent: one LoRA adapter per agent of adapter_agents on a frozen base, "
-                                  "each trained on its agent's calls only (its own groups and advantages) and "
-                                  "published as its own versions")  # fmt: skip
-    adapter_agents: str = Field(default="", description="per_agent: the agents that get an adapter "
-                                      "(comma-separated names, as the transitions name them); their calls must "
-                                      "name them too (.../agent/{name}/v1), or they get the base model")  # fmt: skip
-    device: str = "auto"
-    dtype: str = "auto"
-    backend: str = Field(default="torch", description="trainer backend: torch (one process, or FSDP2 over the "
-                         "ranks of a torchrun job) or verl (verl's FSDP engine and PPO loss, one process; needs "
-                         "verl installed)")  # fmt: skip
-    nproc: int = Field(default=1, ge=1, le=1024, description="training ranks on this machine: above 1, `fulmen "
-                       "train` runs itself under torchrun (FSDP2; one rank per GPU, gloo on CPU); torchrun's PET_* "
-                       "variables (PET_NNODES, PET_RDZV_BACKEND, PET_RDZV_ENDPOINT) join several machines")  # fmt: skip
-    dist_timeout_s: float = Field(default=600.0, gt=0, description="how long a rank waits in a training "
-                                  "collective for the others before the step fails")  # fmt: skip
-    shuffle_rewards: bool = Field(default=False, description="CONTROL RUNS ONLY: permute the rewards of each "
-                                  "step's rollouts at random before the advantages, destroying the learning "
-                                  "signal (a run that still improves learns from something else)")  # fmt: skip
-    publish_initial_version: bool = Field(default=False, description="publish the base model as version 0 at "
-                                          "start, so gateways following the models topic serve it")  # fmt: skip
-    replay_sql: str = Field(default="", description="replay: train on the stored transitions of the rollouts this "
-                            "read-only SELECT returns (one column of rollout ids), with no new rollouts of them "
-                            "(fulmen.algorithm.replay); always corrected: tis unless correction says mis or "
-                            "decoupled")  # fmt: skip
-    replay_fraction: float = Field(default=1.0, ge=0, le=1, description="replay with a dataset too: the share of "
-                                   "each step's groups taken from the replayed ones (the rest on-policy)")  # fmt: skip
-    promote_if_better: bool = Field(default=False, description="validate every version and promote it (it serves "
-                                    "gateways that follow promotions) only when its held-out accuracy is at least "
-                                    "the serving version's minus promote_tolerance (fulmen.algorithm.promotion); "
-                                    "needs a validation set")  # fmt: skip
-    promote_tolerance: float = Field(default=0.0, ge=0, le=1, description="--promote-if-better: how much lower "
-                                     "than the serving version's a candidate's held-out accuracy may be")  # fmt: skip
-    tasks_sql: str = Field(default="", description="the tasks to dispatch: a read-only SELECT of task ids, "
-                           "their stored payloads (the tasks table) (fulmen.algorithm.stored_tasks)")  # fmt: skip
-    source_store: str = Field(default="", description="where replay_sql and tasks_sql read: '' = this deployment's "
-                              "store (FULMEN_CLICKHOUSE_*), an embedded store's directory (no process may hold it), "
-                              "or an http(s):// ClickHouse URL")  # fmt: skip
+    correction_high: float = Field(
+        default=2.0, gt=0, description="tis: weights truncated to it; mis: weights of ratios above it set to 0"
+    )
+    kl_coef: float = Field(default=0.0, ge=0, description="weight of the KL penalty to the initial model; 0 = none")
+    max_len: int | None = Field(
+        default=None, ge=2, description="longest prompt + response a sample may have (tokens); unset = no limit"
+    )
+    lora_r: int = Field(
+        default=0, ge=0, description="LoRA rank; 0 trains every weight (per_agent adapters: 0 = rank 16)"
+    )
+    adapters: AdapterMode = Field(
+        default=AdapterMode.SHARED,
+        description="shared: one policy for every trained "
+        "agent; per_agent: one LoRA adapter per agent of adapter_agents on a frozen base, "
+        "each trained on its agent's calls only (its own groups and advantages) and "
+        "published as its own versions",
+    )
+    adapter_agents: str = Field(
+        default="",
+        description="per_agent: the agents that get an adapter "
+        "(comma-separated names, as the transitions name them); their calls must "
+        "name them too (.../agent/{name}/v1), or they get the base model",
+    )
+    device: str = Field(default="auto", description="auto, cpu, cuda or cuda:N")
+    dtype: str = Field(default="auto", description="auto (bf16 on a GPU that has it, else float32), bfloat16, float32")
+    backend: str = Field(
+        default="torch",
+        description="trainer backend: torch (one process, or FSDP2 over the "
+        "ranks of a torchrun job) or verl (verl's FSDP engine and PPO loss, one process; needs "
+        "verl installed)",
+    )
+    nproc: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="training ranks on this machine: above 1, `fulmen "
+        "train` runs itself under torchrun (FSDP2; one rank per GPU, gloo on CPU); torchrun's PET_* "
+        "variables (PET_NNODES, PET_RDZV_BACKEND, PET_RDZV_ENDPOINT) join several machines",
+    )
+    dist_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="how long a rank waits in a training collective for the others before the step fails",
+    )
+    shuffle_rewards: bool = Field(
+        default=False,
+        description="CONTROL RUNS ONLY: permute the rewards of each "
+        "step's rollouts at random before the advantages, destroying the learning "
+        "signal (a run that still improves learns from something else)",
+    )
+    publish_initial_version: bool = Field(
+        default=False,
+        description="publish the base model as version 0 at start, so gateways following the models topic serve it",
+    )
+    replay_sql: str = Field(
+        default="",
+        description="replay: train on the stored transitions of the rollouts this "
+        "read-only SELECT returns (one column of rollout ids), with no new rollouts of them "
+        "(fulmen.algorithm.service.replay); always corrected: tis unless correction says mis or "
+        "decoupled",
+    )
+    replay_fraction: float = Field(
+        default=1.0,
+        ge=0,
+        le=1,
+        description="replay with a dataset too: the share of "
+        "each step's groups taken from the replayed ones (the rest on-policy)",
+    )
+    promote_if_better: bool = Field(
+        default=False,
+        description="validate every version and promote it (it serves "
+        "gateways that follow promotions) only when its held-out accuracy is at least "
+        "the serving version's minus promote_tolerance (fulmen.algorithm.service.promotion); "
+        "needs a validation set",
+    )
+    promote_tolerance: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="--promote-if-better: how much lower "
+        "than the serving version's a candidate's held-out accuracy may be",
+    )
+    tasks_sql: str = Field(
+        default="",
+        description="the tasks to dispatch: a read-only SELECT of task ids, "
+        "their stored payloads (the tasks table) (fulmen.algorithm.service.stored_tasks)",
+    )
+    source_store: str = Field(
+        default="",
+        description="where replay_sql and tasks_sql read: '' = this deployment's "
+        "store (FULMEN_CLICKHOUSE_*), an embedded store's directory (no process may hold it), "
+        "or an http(s):// ClickHouse URL",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -243,8 +362,10 @@ class TrainSection(BaseModel):
         if self.min_group_size > self.group_size:
             raise ValueError(f"min_group_size ({self.min_group_size}) exceeds group_size ({self.group_size})")
         if self.backend == "verl" and self.nproc > 1:
-            raise ValueError("FULMEN_TRAIN_BACKEND=verl trains in one process; for FSDP over several ranks use "
-                             "FULMEN_TRAIN_BACKEND=torch with FULMEN_TRAIN_NPROC")  # fmt: skip
+            raise ValueError(
+                "FULMEN_TRAIN_BACKEND=verl trains in one process; for FSDP over several ranks use "
+                "FULMEN_TRAIN_BACKEND=torch with FULMEN_TRAIN_NPROC"
+            )
         if self.max_groups_in_flight and self.max_groups_in_flight < self.groups_per_step:
             raise ValueError(
                 f"max_groups_in_flight ({self.max_groups_in_flight}) below groups_per_step ({self.groups_per_step})"
@@ -252,16 +373,22 @@ class TrainSection(BaseModel):
             )
         if self.adapters is AdapterMode.PER_AGENT:
             if not self.adapter_agents:
-                raise ValueError("FULMEN_TRAIN_ADAPTERS=per_agent needs the agents to train: set FULMEN_TRAIN_"
-                                 "ADAPTER_AGENTS=name1,name2 (the agent names of their calls)")  # fmt: skip
+                raise ValueError(
+                    "FULMEN_TRAIN_ADAPTERS=per_agent needs the agents to train: set FULMEN_TRAIN_"
+                    "ADAPTER_AGENTS=name1,name2 (the agent names of their calls)"
+                )
             if self.backend != "torch" or self.nproc > 1:
-                raise ValueError("FULMEN_TRAIN_ADAPTERS=per_agent trains with the torch backend in one process "
-                                 "(FULMEN_TRAIN_BACKEND=torch, FULMEN_TRAIN_NPROC=1)")  # fmt: skip
+                raise ValueError(
+                    "FULMEN_TRAIN_ADAPTERS=per_agent trains with the torch backend in one process "
+                    "(FULMEN_TRAIN_BACKEND=torch, FULMEN_TRAIN_NPROC=1)"
+                )
         if self.correction_low > self.correction_high:
             raise ValueError(f"correction_low ({self.correction_low}) exceeds correction_high ({self.correction_high})")
         if self.overlong_max_tokens and self.overlong_buffer_tokens > self.overlong_max_tokens:
-            raise ValueError(f"overlong_buffer_tokens ({self.overlong_buffer_tokens}) exceeds overlong_max_tokens "
-                             f"({self.overlong_max_tokens})")  # fmt: skip
+            raise ValueError(
+                f"overlong_buffer_tokens ({self.overlong_buffer_tokens}) exceeds overlong_max_tokens "
+                f"({self.overlong_max_tokens})"
+            )
         return self
 
     @property
@@ -288,7 +415,7 @@ class TrainSection(BaseModel):
     @property
     def step_advantage_weight(self) -> float | None:
         """The anchor credit's ``anchor_weight`` when ``credit`` is ``anchor`` (the samples then get step
-        advantages, ``fulmen.algorithm.anchor``), else None."""
+        advantages, ``fulmen.algorithm.rl.anchor``), else None."""
         return self.anchor_weight if self.credit == CreditStrategy.ANCHOR else None
 
     @property

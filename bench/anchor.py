@@ -32,8 +32,11 @@ def installed() -> bool:
     """True when the anchor's virtualenv imports agentlightning at the pinned version."""
     if not PYTHON.exists():
         return False
-    probe = subprocess.run([str(PYTHON), "-c", "import agentlightning, sys; print(agentlightning.__version__)"],
-                           capture_output=True, text=True)  # fmt: skip
+    probe = subprocess.run(
+        [str(PYTHON), "-c", "import agentlightning, sys; print(agentlightning.__version__)"],
+        capture_output=True,
+        text=True,
+    )
     return probe.returncode == 0 and probe.stdout.strip() == VERSION
 
 
@@ -44,8 +47,20 @@ def install() -> Path:
     uv = ROOT / ".venv" / "bin" / "uv"
     base = Path(sys.base_prefix) / "bin" / "python3"  # uv would otherwise try to download an interpreter
     subprocess.run([str(uv), "venv", "--allow-existing", "-p", str(base), str(VENV)], check=True)
-    subprocess.run([str(uv), "pip", "install", "-p", str(PYTHON), "--exclude-newer", EXCLUDE_NEWER,
-                    f"agentlightning=={VERSION}", "litellm[proxy]"], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            str(uv),
+            "pip",
+            "install",
+            "-p",
+            str(PYTHON),
+            "--exclude-newer",
+            EXCLUDE_NEWER,
+            f"agentlightning=={VERSION}",
+            "litellm[proxy]",
+        ],
+        check=True,
+    )
     if not installed():
         raise RuntimeError(f"agentlightning {VERSION} did not install into {VENV}")
     return PYTHON
@@ -82,9 +97,21 @@ class AnchorStore(_AnchorProcess):
     def __enter__(self) -> AnchorStore:
         python = install()
         with open(self.log, "ab") as out:
-            self.process = subprocess.Popen([str(python), "-m", "agentlightning.cli.store", "--host", "127.0.0.1",
-                                             "--port", str(self.port), "--log-level", "WARNING"],
-                                            stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+            self.process = subprocess.Popen(
+                [
+                    str(python),
+                    "-m",
+                    "agentlightning.cli.store",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--log-level",
+                    "WARNING",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -105,8 +132,9 @@ class AnchorStore(_AnchorProcess):
             return json.loads(response.read())
 
     def post(self, path: str, body: dict) -> dict:
-        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        request = urllib.request.Request(
+            self.url + path, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.loads(response.read())
 
@@ -134,8 +162,11 @@ class AnchorLLMProxy(_AnchorProcess):
     def __enter__(self) -> AnchorLLMProxy:
         script = Path(__file__).with_name("anchor_llm_proxy.py")
         with open(self.log, "ab") as out:
-            self.process = subprocess.Popen([str(install()), str(script), str(self.port), self.upstream,
-                                             self.store.url], stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+            self.process = subprocess.Popen(
+                [str(install()), str(script), str(self.port), self.upstream, self.store.url],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -55,16 +55,26 @@ class TableEvaluator:
 
     def run(self, slots, task_ids):
         row = self.table.get(slots["system"], {})
-        return [Episode(t, row.get(t, 0.0), f"{t}", f"task {t}: the answer was not in the required form")
-                for t in task_ids]  # fmt: skip
+        return [
+            Episode(t, row.get(t, 0.0), f"{t}", f"task {t}: the answer was not in the required form") for t in task_ids
+        ]
 
 
 def run_search(search: str, max_rollouts: int, seed: int):
     with scripted_optimizer([*DISTRACTORS, GOOD]) as server:
         proposer = ReflectiveProposer(server.url(), model="scripted")
         config = SearchConfig(seed=seed, minibatch=3, width=2, branch=2, rounds=4)
-        return optimize(TableEvaluator(1234), proposer, BASE, train=TRAIN, val=VAL, test=TEST,
-                        max_rollouts=max_rollouts, search=search, config=config)  # fmt: skip
+        return optimize(
+            TableEvaluator(1234),
+            proposer,
+            BASE,
+            train=TRAIN,
+            val=VAL,
+            test=TEST,
+            max_rollouts=max_rollouts,
+            search=search,
+            config=config,
+        )
 
 
 def simulated(max_rollouts: int, seed: int) -> dict:
@@ -75,7 +85,7 @@ def simulated(max_rollouts: int, seed: int) -> dict:
         print(f"{name}: best {result.best.slots['system']!r} at {result.rollouts_to_best} rollouts; {result.report}")
     return {
         "evaluator": "table (simulated) for the gepa/beam comparison; the system (SmolLM2 behind the gateway) for "
-                     "heldout_*, rollouts_used, bundle_mismatches, publish_to_serve_*",
+        "heldout_*, rollouts_used, bundle_mismatches, publish_to_serve_*",
         "simulated_heldout_before": gepa.report["heldout_before"],
         "simulated_heldout_after": gepa.report["heldout_after"],
         "simulated_rollouts_used": max(r.rollouts_used for r in [*gepa_runs, beam]),
@@ -84,21 +94,26 @@ def simulated(max_rollouts: int, seed: int) -> dict:
         "beam_rollouts_to_best": beam.rollouts_to_best,
         "beam_heldout_after": beam.report["heldout_after"],
         "lineage_identical_across_seeds": all(r.lineage() == gepa.lineage() for r in gepa_runs),
-    }  # fmt: skip
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-rollouts", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--system", action=argparse.BooleanOptionalAction, default=True,
-                        help="also run GEPA end to end through the system with SmolLM2 (minutes)")  # fmt: skip
+    parser.add_argument(
+        "--system",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run GEPA end to end through the system with SmolLM2 (minutes)",
+    )
     parser.add_argument("--system-max-rollouts", type=int, default=100)
     parser.add_argument("--reps", type=int, default=10, help="promotions timed for publish_to_serve")
     args = parser.parse_args()
     keys = simulated(args.max_rollouts, args.seed)
-    nulls = dict.fromkeys(("heldout_before", "heldout_after", "rollouts_used", "bundle_mismatches",
-                           "publish_to_serve_p95_s"))  # fmt: skip
+    nulls = dict.fromkeys(
+        ("heldout_before", "heldout_after", "rollouts_used", "bundle_mismatches", "publish_to_serve_p95_s")
+    )
     if args.system:
         from bench.apo_system import run_system
 

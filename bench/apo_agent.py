@@ -22,15 +22,31 @@ SYSTEM = "You are a helpful assistant."
 MAX_TOKENS = 20
 
 QUESTIONS = [
-    "What is the capital of France?", "What color is the sky on a clear day?", "What animal says moo?",
-    "What is the opposite of hot?", "Which planet do we live on?", "What do bees make?",
-    "What is frozen water called?", "What fruit is yellow and long?", "How many legs does a spider have?",
-    "What do cows drink?", "What is the largest ocean?", "What season comes after winter?",
-    "What do you use to write on paper?", "Where do fish live?", "What gas do plants breathe in?",
-    "What is the color of grass?", "Which animal is known as the king of the jungle?", "What do birds have to fly?",
-    "What is the sun?", "How many days are in a week?", "What is the opposite of up?", "What falls from clouds?",
-    "What do we call a baby cat?", "What shape is a ball?",
-]  # fmt: skip
+    "What is the capital of France?",
+    "What color is the sky on a clear day?",
+    "What animal says moo?",
+    "What is the opposite of hot?",
+    "Which planet do we live on?",
+    "What do bees make?",
+    "What is frozen water called?",
+    "What fruit is yellow and long?",
+    "How many legs does a spider have?",
+    "What do cows drink?",
+    "What is the largest ocean?",
+    "What season comes after winter?",
+    "What do you use to write on paper?",
+    "Where do fish live?",
+    "What gas do plants breathe in?",
+    "What is the color of grass?",
+    "Which animal is known as the king of the jungle?",
+    "What do birds have to fly?",
+    "What is the sun?",
+    "How many days are in a week?",
+    "What is the opposite of up?",
+    "What falls from clouds?",
+    "What do we call a baby cat?",
+    "What shape is a ball?",
+]
 
 # Words that are common in French sentences and rare or absent in English ones.
 _FRENCH = re.compile(r"\b(le|la|les|est|une?|des|du|c'est|dans|avec|pour|qui|sont|il|elle|et)\b", re.I)
@@ -47,8 +63,9 @@ async def solve(task: dict[str, Any], llm: Any) -> float:
     """One question, one greedy call; reward 1.0 when the answer is in French, else 0.0."""
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task["question"]}]
     async with AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=2) as client:
-        answer = await client.chat.completions.create(model=llm.model, messages=messages, max_tokens=MAX_TOKENS,
-                                                      temperature=0.0)  # fmt: skip
+        answer = await client.chat.completions.create(
+            model=llm.model, messages=messages, max_tokens=MAX_TOKENS, temperature=0.0
+        )
     return 1.0 if is_french(answer.choices[0].message.content or "") else 0.0
 
 

@@ -55,8 +55,9 @@ def p95(values: list[float]) -> float:
     return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
-async def _served_with(client: httpx.AsyncClient, url: str, bundle_id: str, timeout_s: float
-                       ) -> tuple[float, float, int]:  # fmt: skip
+async def _served_with(
+    client: httpx.AsyncClient, url: str, bundle_id: str, timeout_s: float
+) -> tuple[float, float, int]:
     """Plain calls back to back until one comes back served with ``bundle_id``: seconds from now to that call's
     start (the gateway had the promotion by then: it resolves the bundle when the call arrives) and to its answer,
     and the calls it took. Raises after ``timeout_s``."""
@@ -97,8 +98,12 @@ async def publish_to_serve(stack: LocalStack, reps: int, timeout_s: float = 60.0
             for rep in range(reps):
                 bundle = PromptBundle.create({slot: f"Always reply in French. (promotion {rep})"}, source="bench")
                 await publisher.publish_many(TopicKey.PROMPTS, [bundle])
-                promotion = PromptPromotion(action=PromotionAction.PROMOTE, bundle_id=bundle.bundle_id,
-                                            previous=previous, reason="bench/apo.py publish_to_serve")  # fmt: skip
+                promotion = PromptPromotion(
+                    action=PromotionAction.PROMOTE,
+                    bundle_id=bundle.bundle_id,
+                    previous=previous,
+                    reason="bench/apo.py publish_to_serve",
+                )
                 started = time.perf_counter()
                 await publisher.publish_many(TopicKey.PROMPT_PROMOTIONS, [promotion])
                 acknowledged = time.perf_counter() - started
@@ -122,9 +127,18 @@ def run_system(max_rollouts: int, seed: int, reps: int, texts: list[str]) -> dic
         started = time.perf_counter()
         with scripted_optimizer(texts) as optimizer, local_stack(settings, plan) as stack:
             startup_s = time.perf_counter() - started
-            report = optimize_prompt(AGENT, splits["train"], splits["val"], splits["test"], optimizer.url(),
-                                     max_rollouts, seed=seed, minibatch=3, local=False,
-                                     settings=stack.client_settings())  # fmt: skip
+            report = optimize_prompt(
+                AGENT,
+                splits["train"],
+                splits["val"],
+                splits["test"],
+                optimizer.url(),
+                max_rollouts,
+                seed=seed,
+                minibatch=3,
+                local=False,
+                settings=stack.client_settings(),
+            )
             promotions = asyncio.run(publish_to_serve(stack, reps))
     return {
         "system_model": "SmolLM2-135M-Instruct (transformers backend, CPU)",

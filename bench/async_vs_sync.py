@@ -43,8 +43,14 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     from fulmen.infra.settings import FulmenSettings
 
     settings = FulmenSettings(home=args.home)
-    options = DemoOptions(steps=args.steps, mode=mode, max_staleness=args.staleness if mode == "async" else 1,
-                          agent="straggler_agent:solve", concurrency=args.concurrency, seed=args.seed)  # fmt: skip
+    options = DemoOptions(
+        steps=args.steps,
+        mode=mode,
+        max_staleness=args.staleness if mode == "async" else 1,
+        agent="straggler_agent:solve",
+        concurrency=args.concurrency,
+        seed=args.seed,
+    )
     clock: dict[str, float] = {}
     arrivals: list[tuple[int, float, dict[str, float]]] = []
 
@@ -57,8 +63,12 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         at = time.perf_counter() - clock.get("start", time.perf_counter())
         arrivals.append((event.step, at, dict(event.extra)))
         accuracy = event.extra.get("val_accuracy")
-        print(f"[{mode}] step {event.step} at {at:.1f}s reward {event.reward_mean:.3f}"
-              + (f" held-out {accuracy:.3f}" if accuracy is not None else ""), file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"[{mode}] step {event.step} at {at:.1f}s reward {event.reward_mean:.3f}"
+            + (f" held-out {accuracy:.3f}" if accuracy is not None else ""),
+            file=sys.stderr,
+            flush=True,
+        )
 
     run = run_demo(settings, options, on_phase=on_phase, on_step=on_step)
     return summarise(mode, run, arrivals, args.mark)
@@ -76,10 +86,15 @@ def summarise(mode: str, run: Any, arrivals: list[tuple[int, float, dict[str, fl
                 histogram[key.split("_")[1]] = histogram.get(key.split("_")[1], 0) + int(value)
     n = max(len(steps), 1)
     return {
-        "mode": mode, "steps": len(steps), "wall_to_last_step_s": arrivals[-1][1] if arrivals else None,
+        "mode": mode,
+        "steps": len(steps),
+        "wall_to_last_step_s": arrivals[-1][1] if arrivals else None,
         "steps_per_minute": round(60 * len(arrivals) / arrivals[-1][1], 2) if arrivals else None,
-        "accuracy_before": initial, "accuracy_curve": curve, "final_accuracy": curve[-1][2] if curve else None,
-        "step_to_mark": reached[0] if reached else None, "s_to_mark": reached[1] if reached else None,
+        "accuracy_before": initial,
+        "accuracy_curve": curve,
+        "final_accuracy": curve[-1][2] if curve else None,
+        "step_to_mark": reached[0] if reached else None,
+        "s_to_mark": reached[1] if reached else None,
         "staleness_histogram": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
         "dropped_stale": sum(s.dropped_stale for s in steps),
         "profile_per_step_s": {
@@ -89,7 +104,7 @@ def summarise(mode: str, run: Any, arrivals: list[tuple[int, float, dict[str, fl
         },
         "is_truncated_fraction_mean": round(sum(s.extra.get("is_truncated_fraction", 0.0) for s in steps) / n, 4),
         "reward_curve": [(s.step, round(s.reward_mean, 3)) for s in steps],
-    }  # fmt: skip
+    }
 
 
 def main() -> int:
@@ -102,8 +117,13 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", choices=("sync", "async"), action="append")
     parser.add_argument("--home", type=Path, default=Path.home() / ".cache" / "fulmen" / "bench-async")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads of the trainer and of each service "
-                        "(OMP_NUM_THREADS); 0: torch's default (all cores, in every process)")  # fmt: skip
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads of the trainer and of each service "
+        "(OMP_NUM_THREADS); 0: torch's default (all cores, in every process)",
+    )
     args = parser.parse_args()
     os.environ["STRAGGLER_QUICK_S"] = str(args.quick_s)
     if args.threads:
@@ -116,14 +136,21 @@ def main() -> int:
     sync, asyn = results.get("sync"), results.get("async")
     out: dict[str, Any] = {**results}
     if sync and asyn:
-        out["speedup_to_accuracy"] = (round(sync["s_to_mark"] / asyn["s_to_mark"], 2)
-                                      if sync["s_to_mark"] and asyn["s_to_mark"] else None)  # fmt: skip
+        out["speedup_to_accuracy"] = (
+            round(sync["s_to_mark"] / asyn["s_to_mark"], 2) if sync["s_to_mark"] and asyn["s_to_mark"] else None
+        )
         out["speedup_to_step"] = round(sync["wall_to_last_step_s"] / asyn["wall_to_last_step_s"], 2)
         out["final_accuracy_sync"], out["final_accuracy_async"] = sync["final_accuracy"], asyn["final_accuracy"]
         out["staleness_histogram"] = asyn["staleness_histogram"]
-    out["settings"] = {"steps": args.steps, "quick_s": args.quick_s, "slow": "1 in 10, 10x", "mark": args.mark,
-                       "async_max_staleness": args.staleness, "threads": args.threads or "default",
-                       "loadavg": os.getloadavg()}  # fmt: skip
+    out["settings"] = {
+        "steps": args.steps,
+        "quick_s": args.quick_s,
+        "slow": "1 in 10, 10x",
+        "mark": args.mark,
+        "async_max_staleness": args.staleness,
+        "threads": args.threads or "default",
+        "loadavg": os.getloadavg(),
+    }
     print(json.dumps(out))
     return 0
 

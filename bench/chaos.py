@@ -63,10 +63,11 @@ from bench.chaos_count import DEFINITIONS, Phases, count_all
 from bench.chaos_load import FeedbackLoad, LlmLoad, SpanLoad, TopicTail, first_after, read_topic
 from bench.chaos_procs import Broker, Fleet, Proc, fulmen_command
 from fulmen.consumers.app import ConsumerOptions
+from fulmen.consumers.barrier import OffsetBarrier, behind
 from fulmen.consumers.feedback import FeedbackSink
-from fulmen.consumers.transitions.barrier import OffsetBarrier, behind
 from fulmen.infra.kafka.admin import ensure_topics
 from fulmen.infra.kafka.cluster import LocalCluster
+from fulmen.infra.processes import free_port
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
 from fulmen.infra.store import RemoteReader
 from fulmen.schemas import ModelVersion, RolloutEvent, RolloutRequest, TopicKey, TrainStep, TransitionBatch, topic_name
@@ -109,14 +110,6 @@ class Ports:
     read: int
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Chaos:
     """One run: the fleet, the load, the phases; :meth:`run` returns the report."""
 
@@ -130,11 +123,11 @@ class Chaos:
         self.settings = FulmenSettings(home=home, kafka={"bootstrap": broker.bootstrap})
         self.calls_file = home / "agent-calls.jsonl"
         self.phases = Phases()
-        self.spans = SpanLoad(f"http://127.0.0.1:{self.ports.otlp}/v1/traces",
-                              batches_per_s=plan.span_batches_per_s)  # fmt: skip
+        self.spans = SpanLoad(f"http://127.0.0.1:{self.ports.otlp}/v1/traces", batches_per_s=plan.span_batches_per_s)
         self.llm = LlmLoad(f"http://127.0.0.1:{self.ports.llm}/v1/chat/completions", calls_per_s=plan.llm_calls_per_s)
-        self.feedback = FeedbackLoad(f"http://127.0.0.1:{self.ports.llm}/v1/feedback", self._feedback_target,
-                                     per_s=plan.feedback_per_s)  # fmt: skip
+        self.feedback = FeedbackLoad(
+            f"http://127.0.0.1:{self.ports.llm}/v1/feedback", self._feedback_target, per_s=plan.feedback_per_s
+        )
         self.tail = TopicTail(self.settings, {TopicKey.ROLLOUTS: RolloutEvent, TopicKey.MODELS: ModelVersion})
         self.results: dict[str, dict[str, Any]] = {}
         self.unexpected: dict[str, list[int]] = {}
@@ -142,31 +135,72 @@ class Chaos:
     # --- setup ----------------------------------------------------------------------------------------------
     def _env(self, extra: dict[str, str]) -> dict[str, str]:
         base = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")}
-        return base | {
-            "FULMEN_KAFKA_BOOTSTRAP": self.settings.bootstrap, "FULMEN_HOME": str(self.home),
-            "FULMEN_CLICKHOUSE_READ_PORT": str(self.ports.read), "FULMEN_LOG_LEVEL": "INFO",
-            "PYTHONPATH": str(REPO), "CHAOS_CALLS_FILE": str(self.calls_file),
-        } | extra  # fmt: skip
+        return (
+            base
+            | {
+                "FULMEN_KAFKA_BOOTSTRAP": self.settings.bootstrap,
+                "FULMEN_HOME": str(self.home),
+                "FULMEN_CLICKHOUSE_READ_PORT": str(self.ports.read),
+                "FULMEN_LOG_LEVEL": "INFO",
+                "PYTHONPATH": str(REPO),
+                "CHAOS_CALLS_FILE": str(self.calls_file),
+            }
+            | extra
+        )
 
     def _procs(self, model: Path, dataset: Path) -> None:
         logs, ports = self.home / "logs", self.ports
         specs = [
             ("consume", ["consume"], {}, f"http://127.0.0.1:{ports.read}/ping"),
-            ("otlp_gateway", ["otlp-gateway"], {"FULMEN_OTLP_PORT": str(ports.otlp)},
-             f"http://127.0.0.1:{ports.otlp}/readyz"),
-            ("llm_gateway", ["llm-gateway", "--model", str(model)],
-             {"FULMEN_LLM_PORT": str(ports.llm), "FULMEN_LLM_MODEL_VERSION": "0", "FULMEN_LLM_DEVICE": "cpu"},
-             f"http://127.0.0.1:{ports.llm}/readyz"),
-            ("runner", ["runner", "--agent", AGENT, "--concurrency", "4"],
-             {"FULMEN_RUNNER_LLM_BASE_URL": f"http://127.0.0.1:{ports.llm}",
-              "FULMEN_RUNNER_OTLP_ENDPOINT": f"http://127.0.0.1:{ports.otlp}/v1/traces"}, None),
-            ("trainer", ["train", "--dataset", str(dataset), "--model", str(model), "--agent", AGENT,
-                         "--steps", str(self.plan.train_steps)],
-             {"FULMEN_TRAIN_RUN_ID": "chaos", "FULMEN_TRAIN_RUN_DIR": str(self.home / "run"),
-              "FULMEN_TRAIN_GROUP_SIZE": "4", "FULMEN_TRAIN_GROUPS_PER_STEP": "2", "FULMEN_TRAIN_DEVICE": "cpu",
-              "FULMEN_TRAIN_DTYPE": "float32", "FULMEN_TRAIN_ROLLOUT_TIMEOUT_S": "60", "FULMEN_TRAIN_MAX_ATTEMPTS": "3",
-              "FULMEN_TRAIN_GROUP_TIMEOUT_S": "200", "FULMEN_TRAIN_LR": "1e-4"}, None),
-        ]  # fmt: skip
+            (
+                "otlp_gateway",
+                ["otlp-gateway"],
+                {"FULMEN_OTLP_PORT": str(ports.otlp)},
+                f"http://127.0.0.1:{ports.otlp}/readyz",
+            ),
+            (
+                "llm_gateway",
+                ["llm-gateway", "--model", str(model)],
+                {"FULMEN_LLM_PORT": str(ports.llm), "FULMEN_LLM_MODEL_VERSION": "0", "FULMEN_LLM_DEVICE": "cpu"},
+                f"http://127.0.0.1:{ports.llm}/readyz",
+            ),
+            (
+                "runner",
+                ["runner", "--agent", AGENT, "--concurrency", "4"],
+                {
+                    "FULMEN_RUNNER_LLM_BASE_URL": f"http://127.0.0.1:{ports.llm}",
+                    "FULMEN_RUNNER_OTLP_ENDPOINT": f"http://127.0.0.1:{ports.otlp}/v1/traces",
+                },
+                None,
+            ),
+            (
+                "trainer",
+                [
+                    "train",
+                    "--dataset",
+                    str(dataset),
+                    "--model",
+                    str(model),
+                    "--agent",
+                    AGENT,
+                    "--steps",
+                    str(self.plan.train_steps),
+                ],
+                {
+                    "FULMEN_TRAIN_RUN_ID": "chaos",
+                    "FULMEN_TRAIN_RUN_DIR": str(self.home / "run"),
+                    "FULMEN_TRAIN_GROUP_SIZE": "4",
+                    "FULMEN_TRAIN_GROUPS_PER_STEP": "2",
+                    "FULMEN_TRAIN_DEVICE": "cpu",
+                    "FULMEN_TRAIN_DTYPE": "float32",
+                    "FULMEN_TRAIN_ROLLOUT_TIMEOUT_S": "60",
+                    "FULMEN_TRAIN_MAX_ATTEMPTS": "3",
+                    "FULMEN_TRAIN_GROUP_TIMEOUT_S": "200",
+                    "FULMEN_TRAIN_LR": "1e-4",
+                },
+                None,
+            ),
+        ]
         for name, args, env, ready in specs:
             self.fleet.add(Proc(name, args, self._env(env), logs, ready))
 
@@ -179,12 +213,23 @@ class Chaos:
 
     async def _submit(self, tag: str) -> None:
         path = self.home / f"tasks-{tag}.jsonl"
-        path.write_text("".join(json.dumps({"input": {"question": f"{tag} question {i}"}, "timeout_s": 60})
-                                + "\n" for i in range(self.plan.submit_tasks)))  # fmt: skip
+        path.write_text(
+            "".join(
+                json.dumps({"input": {"question": f"{tag} question {i}"}, "timeout_s": 60}) + "\n"
+                for i in range(self.plan.submit_tasks)
+            )
+        )
         process = await asyncio.create_subprocess_exec(
-            *fulmen_command(), "submit", str(path), "--group-size", str(self.plan.group_size),
-            env=self._env({}), cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
+            *fulmen_command(),
+            "submit",
+            str(path),
+            "--group-size",
+            str(self.plan.group_size),
+            env=self._env({}),
+            cwd=REPO,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         out, _ = await process.communicate()
         if process.returncode != 0:  # e.g. the broker is down: a user would submit again
             log.warning("fulmen submit %s failed (%s); retrying: %s", tag, process.returncode, out.decode()[-500:])
@@ -247,10 +292,14 @@ class Chaos:
         # work that starts after the restart: without it a runner had nothing to show it recovered (its phase's
         # first tasks were done before the kill, and the trainer may have trained every step it was asked for)
         submit_after = asyncio.create_task(self._submit(f"{name}-after"))
-        recovered = await self._until(lambda: self._recovered(name, restarted), self.plan.recover_timeout_s,
-                                      f"{name} to recover", fail=False)  # fmt: skip
-        self.results[name] = {"pid_killed": pid, "down_s": round(restarted - killed, 2),
-                              "recovery_s": None if recovered is None else round(recovered - restarted, 2)}  # fmt: skip
+        recovered = await self._until(
+            lambda: self._recovered(name, restarted), self.plan.recover_timeout_s, f"{name} to recover", fail=False
+        )
+        self.results[name] = {
+            "pid_killed": pid,
+            "down_s": round(restarted - killed, 2),
+            "recovery_s": None if recovered is None else round(recovered - restarted, 2),
+        }
         if name == "consume":
             self.results[name]["feedback_uncommitted_at_kill"] = pending
         if cluster:  # the other nodes ran on: how the clients fared before the killed node came back
@@ -262,8 +311,11 @@ class Chaos:
     def _without_a_node(self, killed: float, restarted: float) -> dict[str, Any]:
         """The killed node, and how the span clients fared from the kill to its restart (:meth:`SpanLoad.outage`)."""
         broker = self.fleet.broker
-        return {"node_killed": broker.killed_node, "quorum_leader_after": broker.kafka.quorum_leader(),
-                "spans_while_down": self.spans.outage(killed, restarted)}  # fmt: skip
+        return {
+            "node_killed": broker.killed_node,
+            "quorum_leader_after": broker.kafka.quorum_leader(),
+            "spans_while_down": self.spans.outage(killed, restarted),
+        }
 
     async def _check_others(self, killed: str) -> None:
         """Restart any process that exited on its own (reported under ``unexpected_exits``)."""
@@ -332,8 +384,7 @@ class Chaos:
 
     # --- recovery probes ------------------------------------------------------------------------------------
     def _event_after(self, key: TopicKey, moment: float) -> float | None:
-        times = [at for at, event in self.tail.events[key]
-                 if key is not TopicKey.ROLLOUTS or event.status.terminal]  # fmt: skip
+        times = [at for at, event in self.tail.events[key] if key is not TopicKey.ROLLOUTS or event.status.terminal]
         return first_after(times, moment)
 
     def _recovered(self, name: str, restarted: float) -> float | None:
@@ -350,8 +401,11 @@ class Chaos:
             return None
         ms = int(restarted * 1000)
         with contextlib.suppress(Exception):
-            rows = reader.query(f"SELECT toUnixTimestamp64Milli(min(IngestedAt)), count() FROM {DB}.otel_traces "
-                                f"WHERE IngestedAt >= fromUnixTimestamp64Milli({ms})", final=False).rows  # fmt: skip
+            rows = reader.query(
+                f"SELECT toUnixTimestamp64Milli(min(IngestedAt)), count() FROM {DB}.otel_traces "
+                f"WHERE IngestedAt >= fromUnixTimestamp64Milli({ms})",
+                final=False,
+            ).rows
             return rows[0][0] / 1000 if rows and rows[0][1] else None
         return None
 
@@ -393,10 +447,18 @@ class Chaos:
         from bench.chaos_count import agent_calls
 
         calls = dict(self.llm.sent) | agent_calls(self.calls_file, self.phases)
-        return await asyncio.to_thread(count_all, reader, DB, spans=dict(self.spans.sent), calls=calls,
-                                       feedback=dict(self.feedback.sent), phases=self.phases, topics=topics,
-                                       feedback_topic=topic_name(TopicKey.FEEDBACK, self.settings.kafka.topic_prefix),
-                                       run_dir=self.home / "run")  # fmt: skip
+        return await asyncio.to_thread(
+            count_all,
+            reader,
+            DB,
+            spans=dict(self.spans.sent),
+            calls=calls,
+            feedback=dict(self.feedback.sent),
+            phases=self.phases,
+            topics=topics,
+            feedback_topic=topic_name(TopicKey.FEEDBACK, self.settings.kafka.topic_prefix),
+            run_dir=self.home / "run",
+        )
 
     def _report(self, counts: Any, wall_s: float) -> dict[str, Any]:
         report: dict[str, Any] = {}
@@ -409,10 +471,14 @@ class Chaos:
         totals = {kind: c.row() for kind, c in counts.kinds.items()} | {"model_versions": counts.versions}
         report["totals"] = totals
         report["details"] = counts.details
-        report["client_retries"] = {"spans": self.spans.retries, "span_statuses": self.spans.statuses,
-                                    "llm": self.llm.retries, "llm_statuses": self.llm.statuses,
-                                    "feedback": self.feedback.retries,
-                                    "feedback_statuses": self.feedback.statuses}  # fmt: skip
+        report["client_retries"] = {
+            "spans": self.spans.retries,
+            "span_statuses": self.spans.statuses,
+            "llm": self.llm.retries,
+            "llm_statuses": self.llm.statuses,
+            "feedback": self.feedback.retries,
+            "feedback_statuses": self.feedback.statuses,
+        }
         report["unexpected_exits"] = self.unexpected
         report["ok"] = all(t["lost"] == 0 and t["doubled"] == 0 for t in totals.values())
         report["wall_s"] = round(wall_s, 1)
@@ -426,8 +492,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short phases (about 5 minutes in all)")
     parser.add_argument("--keep", action="store_true", help="keep the run's directory (logs, store) afterwards")
     parser.add_argument("--only", default=",".join(COMPONENTS), help=f"components to kill, of {','.join(COMPONENTS)}")
-    parser.add_argument("--brokers", type=int, default=1,
-                        help="local Kafka nodes; more than 1: the broker phase kills the quorum leader")  # fmt: skip
+    parser.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="local Kafka nodes; more than 1: the broker phase kills the quorum leader",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     for noisy in ("httpx", "aiokafka"):

@@ -31,8 +31,12 @@ def _record(response_id: str, base_url: str) -> None:
     if not path:
         return
     found = _SCOPED.search(base_url)
-    line = {"id": response_id, "t": time.time(), "rollout": found.group(1) if found else "",
-            "attempt": int(found.group(2)) if found else 0}  # fmt: skip
+    line = {
+        "id": response_id,
+        "t": time.time(),
+        "rollout": found.group(1) if found else "",
+        "attempt": int(found.group(2)) if found else 0,
+    }
     with open(path, "a", encoding="utf-8") as out:  # one short line per write: appends do not interleave
         out.write(json.dumps(line) + "\n")
 

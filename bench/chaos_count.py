@@ -24,37 +24,37 @@ __all__ = ["DEFINITIONS", "Counts", "Phases", "count_all"]
 
 DEFINITIONS = {
     "phase": "units are attributed to the window of the component killed in it (from that phase's start to the "
-             "next one's); units of the warm-up and the drain count only in totals",
+    "next one's); units of the warm-up and the drain count only in totals",
     "query": "store counts use the dedup `fulmen sql` applies by default (SELECT with setting final=1, i.e. "
-             "FINAL on every ReplacingMergeTree); raw_copies counts the extra rows a query WITHOUT final sees",
+    "FINAL on every ReplacingMergeTree); raw_copies counts the extra rows a query WITHOUT final sees",
     "spans": "sent = spans of the bench's OTLP client (service.name chaos-load) whose POST got a 200 (a failed "
-             "POST is retried unchanged until 200 and counted once); stored = distinct SpanId of those in "
-             "otel_traces; lost = sent - stored; doubled = sent spans with more than one row under FINAL",
+    "POST is retried unchanged until 200 and counted once); stored = distinct SpanId of those in "
+    "otel_traces; lost = sent - stored; doubled = sent spans with more than one row under FINAL",
     "llm_calls": "sent = chat completions answered 200 (the bench's direct calls and the chaos agent's calls, by "
-                 "response id); stored = those with a span (gen_ai.response.id) in otel_traces; lost = sent - "
-                 "stored; doubled = response ids with more than one span row under FINAL (two span ids or copies)",
+    "response id); stored = those with a span (gen_ai.response.id) in otel_traces; lost = sent - "
+    "stored; doubled = response ids with more than one span row under FINAL (two span ids or copies)",
     "rollouts": "sent = rollout ids requested on the tasks topic (attempt 1: `fulmen submit` and the trainer's "
-                "dispatcher); stored = those whose latest attempt in `rollouts` (FINAL) is terminal and is at "
-                "least the highest attempt requested; lost = sent - stored; doubled = (rollout, attempt) pairs "
-                "with more than one row under FINAL",
+    "dispatcher); stored = those whose latest attempt in `rollouts` (FINAL) is terminal and is at "
+    "least the highest attempt requested; lost = sent - stored; doubled = (rollout, attempt) pairs "
+    "with more than one row under FINAL",
     "transitions": "sent = rollouts whose latest attempt succeeded; stored = those whose transitions rows for "
-                   "that attempt cover every LLM span of that attempt (one row per call); lost = sent - stored; "
-                   "doubled = (rollout, attempt, span) with more than one transitions row under FINAL",
+    "that attempt cover every LLM span of that attempt (one row per call); lost = sent - stored; "
+    "doubled = (rollout, attempt, span) with more than one transitions row under FINAL",
     "feedback": "sent = feedback posted to the LLM gateway's /v1/feedback answered 202 (each scores a direct call or "
-                "an agent's call answered 200, or a rollout seen on the rollouts topic: targets that exist), by "
-                "feedback id; stored = distinct FeedbackId of those in `feedback` (FINAL); lost = sent - stored; "
-                "doubled = feedback ids with more than one row under FINAL (every target here is one call or one "
-                "episode: one row); details: dead_lettered = sent feedback on the dead-letter topic (must be 0: "
-                "the target exists), stored_without_a_202 = stored feedback no client got a 202 for",
+    "an agent's call answered 200, or a rollout seen on the rollouts topic: targets that exist), by "
+    "feedback id; stored = distinct FeedbackId of those in `feedback` (FINAL); lost = sent - stored; "
+    "doubled = feedback ids with more than one row under FINAL (every target here is one call or one "
+    "episode: one row); details: dead_lettered = sent feedback on the dead-letter topic (must be 0: "
+    "the target exists), stored_without_a_202 = stored feedback no client got a 202 for",
     "model_versions": "sent = versions the trainer checkpointed (checkpoints/v<N>) or published; stored = "
-                      "versions on the models topic; lost = checkpointed versions never published plus gaps in "
-                      "1..max published; doubled = versions published more than once on the models topic "
-                      "(raw records: no dedup there) plus steps with more than one TrainStep on the metrics topic",
+    "versions on the models topic; lost = checkpointed versions never published plus gaps in "
+    "1..max published; doubled = versions published more than once on the models topic "
+    "(raw records: no dedup there) plus steps with more than one TrainStep on the metrics topic",
     "recovery_s": "from the restart (process spawned) to the first new unit acknowledged or stored: otlp_gateway "
-                  "and broker: a span POST answered 200; llm_gateway: a call answered 200; consume: a span row "
-                  "with IngestedAt after the restart; runner: a terminal rollout event; trainer: a model version "
-                  "published",
-}  # fmt: skip
+    "and broker: a span POST answered 200; llm_gateway: a call answered 200; consume: a span row "
+    "with IngestedAt after the restart; runner: a terminal rollout event; trainer: a model version "
+    "published",
+}
 
 
 class Phases:
@@ -91,8 +91,13 @@ class Counts:
             return sum(counter.values()) if phase is None else counter.get(phase, 0)
 
         sent, stored = pick(self.sent), pick(self.stored)
-        return {"sent": sent, "stored": stored, "lost": sent - stored, "doubled": pick(self.doubled),
-                "raw_copies": pick(self.raw_copies)}  # fmt: skip
+        return {
+            "sent": sent,
+            "stored": stored,
+            "lost": sent - stored,
+            "doubled": pick(self.doubled),
+            "raw_copies": pick(self.raw_copies),
+        }
 
 
 def _rows(reader: Any, sql: str, final: bool = True) -> list[list[Any]]:
@@ -125,8 +130,11 @@ def llm_counts(reader: Any, db: str, sent: dict[str, str]) -> tuple[Counts, dict
     raw = {unit: n for unit, _, n in _rows(reader, sql, final=False)}
     counts = count_ids(sent, {unit: n for unit, (_, n) in final.items()}, raw)
     orphans = [(unit, rollout) for unit, (rollout, _) in final.items() if unit not in sent]
-    detail = {"spans_without_a_200": len(orphans), "of_them_in_rollouts": sum(1 for _, r in orphans if r),
-              "sample": orphans[:5]}  # fmt: skip
+    detail = {
+        "spans_without_a_200": len(orphans),
+        "of_them_in_rollouts": sum(1 for _, r in orphans if r),
+        "sample": orphans[:5],
+    }
     return counts, detail
 
 
@@ -135,12 +143,18 @@ def feedback_counts(reader: Any, db: str, sent: dict[str, str], topic: str) -> t
     sql = f"SELECT FeedbackId, count() FROM {db}.feedback GROUP BY FeedbackId"
     final = dict(_rows(reader, sql))
     counts = count_ids(sent, final, dict(_rows(reader, sql, final=False)))
-    dead = _rows(reader, f"SELECT JSONExtractString(ValuePreview, 'feedback_id') AS id, any(Error) "
-                         f"FROM {db}.dead_letters WHERE SourceTopic = '{topic}' GROUP BY id")  # fmt: skip
+    dead = _rows(
+        reader,
+        f"SELECT JSONExtractString(ValuePreview, 'feedback_id') AS id, any(Error) "
+        f"FROM {db}.dead_letters WHERE SourceTopic = '{topic}' GROUP BY id",
+    )
     known = [(unit, error[:300]) for unit, error in dead if unit in sent]
-    detail = {"dead_lettered": len(known), "dead_lettered_sample": known[:5],
-              "dead_lettered_unsent": len(dead) - len(known),
-              "stored_without_a_202": sum(1 for unit in final if unit not in sent)}  # fmt: skip
+    detail = {
+        "dead_lettered": len(known),
+        "dead_lettered_sample": known[:5],
+        "dead_lettered_unsent": len(dead) - len(known),
+        "stored_without_a_202": sum(1 for unit in final if unit not in sent),
+    }
     return counts, detail
 
 
@@ -173,8 +187,9 @@ def rollout_facts(reader: Any, db: str, tasks: Iterable[tuple[float, Any]], phas
             requested.setdefault(request.rollout_id, phases.of(at))
         max_requested[request.rollout_id] = max(max_requested[request.rollout_id], request.attempt)
     rows = _rows(reader, f"SELECT RolloutId, Attempt, Status FROM {db}.rollouts")
-    raw = _rows(reader, f"SELECT RolloutId, Attempt, count() FROM {db}.rollouts GROUP BY RolloutId, Attempt",
-                final=False)  # fmt: skip
+    raw = _rows(
+        reader, f"SELECT RolloutId, Attempt, count() FROM {db}.rollouts GROUP BY RolloutId, Attempt", final=False
+    )
     return RolloutFacts(requested, dict(max_requested), rows, raw)
 
 
@@ -200,25 +215,36 @@ def rollout_counts(facts: RolloutFacts) -> tuple[Counts, dict[str, tuple[int, st
         counts.doubled[phase] += sum(1 for (r, _), n in per_attempt.items() if r == rid and n > 1)
         counts.raw_copies[phase] += sum(max(0, n - 1) for (r, _), n in raw.items() if r == rid)
     statuses = Counter(latest[rid][1] for rid in facts.requested if rid in latest)
-    detail = {"latest_status": dict(statuses), "missing_sample": missing[:10],
-              "succeeded_more_than_once": sum(1 for rid in facts.requested if succeeded_attempts[rid] > 1)}  # fmt: skip
+    detail = {
+        "latest_status": dict(statuses),
+        "missing_sample": missing[:10],
+        "succeeded_more_than_once": sum(1 for rid in facts.requested if succeeded_attempts[rid] > 1),
+    }
     return counts, latest, detail
 
 
-def transition_counts(reader: Any, db: str, facts: RolloutFacts, latest: dict[str, tuple[int, str]],
-                      batches: Iterable[tuple[float, Any]]) -> tuple[Counts, dict[str, Any]]:  # fmt: skip
+def transition_counts(
+    reader: Any, db: str, facts: RolloutFacts, latest: dict[str, tuple[int, str]], batches: Iterable[tuple[float, Any]]
+) -> tuple[Counts, dict[str, Any]]:
     key = f"SpanAttributes['{semconv.GEN_AI_RESPONSE_ID}']"
     calls: dict[tuple[str, int], set[str]] = defaultdict(set)
-    for rid, attempt, span in _rows(reader, f"SELECT RolloutId, Attempt, SpanId FROM {db}.otel_traces "
-                                            f"WHERE {key} != '' AND RolloutId != ''"):  # fmt: skip
+    for rid, attempt, span in _rows(
+        reader, f"SELECT RolloutId, Attempt, SpanId FROM {db}.otel_traces WHERE {key} != '' AND RolloutId != ''"
+    ):
         calls[(rid, attempt)].add(span)
     rows: dict[tuple[str, int], Counter] = defaultdict(Counter)
-    for rid, attempt, span, n in _rows(reader, f"SELECT RolloutId, Attempt, SpanId, count() FROM {db}.transitions "
-                                               "GROUP BY RolloutId, Attempt, SpanId"):  # fmt: skip
+    for rid, attempt, span, n in _rows(
+        reader, f"SELECT RolloutId, Attempt, SpanId, count() FROM {db}.transitions GROUP BY RolloutId, Attempt, SpanId"
+    ):
         rows[(rid, attempt)][span] += n
-    raw = {(rid, attempt, span): n for rid, attempt, span, n in _rows(
-        reader, f"SELECT RolloutId, Attempt, SpanId, count() FROM {db}.transitions GROUP BY RolloutId, Attempt, SpanId",
-        final=False)}  # fmt: skip
+    raw = {
+        (rid, attempt, span): n
+        for rid, attempt, span, n in _rows(
+            reader,
+            f"SELECT RolloutId, Attempt, SpanId, count() FROM {db}.transitions GROUP BY RolloutId, Attempt, SpanId",
+            final=False,
+        )
+    }
     counts, missing, superseded = Counts.empty(), [], 0
     for rid, phase in facts.requested.items():
         attempt, status = latest.get(rid, (0, "none"))
@@ -234,27 +260,41 @@ def transition_counts(reader: Any, db: str, facts: RolloutFacts, latest: dict[st
         counts.doubled[phase] += sum(1 for n in got.values() if n > 1)
         counts.raw_copies[phase] += sum(max(0, n - 1) for (r, a, _), n in raw.items() if (r, a) == (rid, attempt))
     copies = Counter((b.rollout_id, b.attempt) for _, b in batches)
-    detail = {"missing_sample": missing[:10], "rollouts_with_superseded_attempt_rows": superseded,
-              "batches_on_topic_more_than_once": sum(1 for n in copies.values() if n > 1)}  # fmt: skip
+    detail = {
+        "missing_sample": missing[:10],
+        "rollouts_with_superseded_attempt_rows": superseded,
+        "batches_on_topic_more_than_once": sum(1 for n in copies.values() if n > 1),
+    }
     return counts, detail
 
 
-def version_counts(reader: Any, db: str, run_dir: Path, models: list[tuple[float, Any]],
-                   steps: list[tuple[float, Any]]) -> tuple[dict[str, int], dict[str, Any]]:  # fmt: skip
+def version_counts(
+    reader: Any, db: str, run_dir: Path, models: list[tuple[float, Any]], steps: list[tuple[float, Any]]
+) -> tuple[dict[str, int], dict[str, Any]]:
     published = Counter(event.version for _, event in models)
     checkpointed = {int(p.name[1:]) for p in (run_dir / "checkpoints").glob("v*") if p.name[1:].isdigit()}
     top = max(published, default=0)
     sent = checkpointed | set(published)
     lost = (checkpointed - set(published)) | (set(range(1, top + 1)) - set(published))
     step_copies = Counter(event.step for _, event in steps)
-    in_store = sum(1 for _, n in _rows(reader, f"SELECT Version, count() FROM {db}.model_versions GROUP BY Version")
-                   if n > 1)  # fmt: skip
+    in_store = sum(
+        1 for _, n in _rows(reader, f"SELECT Version, count() FROM {db}.model_versions GROUP BY Version") if n > 1
+    )
     doubled = sum(1 for n in published.values() if n > 1) + sum(1 for n in step_copies.values() if n > 1)
-    row = {"sent": len(sent), "stored": len(set(published)), "lost": len(lost), "doubled": doubled,
-           "raw_copies": sum(n - 1 for n in published.values())}  # fmt: skip
-    detail = {"published": sorted(published.elements()), "checkpointed": sorted(checkpointed),
-              "lost_versions": sorted(lost), "doubled_in_store_final": in_store,
-              "train_steps_on_topic": sorted(step_copies.elements())}  # fmt: skip
+    row = {
+        "sent": len(sent),
+        "stored": len(set(published)),
+        "lost": len(lost),
+        "doubled": doubled,
+        "raw_copies": sum(n - 1 for n in published.values()),
+    }
+    detail = {
+        "published": sorted(published.elements()),
+        "checkpointed": sorted(checkpointed),
+        "lost_versions": sorted(lost),
+        "doubled_in_store_final": in_store,
+        "train_steps_on_topic": sorted(step_copies.elements()),
+    }
     return row, detail
 
 
@@ -265,9 +305,18 @@ class AllCounts:
     details: dict[str, Any]
 
 
-def count_all(reader: Any, db: str, *, spans: dict[str, str], calls: dict[str, str], feedback: dict[str, str],
-              feedback_topic: str, phases: Phases, topics: dict[str, list[tuple[float, Any]]],
-              run_dir: Path) -> AllCounts:  # fmt: skip
+def count_all(
+    reader: Any,
+    db: str,
+    *,
+    spans: dict[str, str],
+    calls: dict[str, str],
+    feedback: dict[str, str],
+    feedback_topic: str,
+    phases: Phases,
+    topics: dict[str, list[tuple[float, Any]]],
+    run_dir: Path,
+) -> AllCounts:
     """Every count; ``topics`` holds the tasks, transitions, models and metrics topics read whole."""
     facts = rollout_facts(reader, db, topics["tasks"], phases)
     rollouts, latest, rollout_detail = rollout_counts(facts)
@@ -275,8 +324,18 @@ def count_all(reader: Any, db: str, *, spans: dict[str, str], calls: dict[str, s
     versions, version_detail = version_counts(reader, db, run_dir, topics["models"], topics["metrics"])
     llm, llm_detail = llm_counts(reader, db, calls)
     scored, feedback_detail = feedback_counts(reader, db, feedback, feedback_topic)
-    kinds = {"spans": span_counts(reader, db, spans), "llm_calls": llm, "rollouts": rollouts,
-             "transitions": transitions, "feedback": scored}  # fmt: skip
-    details = {"llm_calls": llm_detail, "rollouts": rollout_detail, "transitions": transition_detail,
-               "model_versions": version_detail, "feedback": feedback_detail}  # fmt: skip
+    kinds = {
+        "spans": span_counts(reader, db, spans),
+        "llm_calls": llm,
+        "rollouts": rollouts,
+        "transitions": transitions,
+        "feedback": scored,
+    }
+    details = {
+        "llm_calls": llm_detail,
+        "rollouts": rollout_detail,
+        "transitions": transition_detail,
+        "model_versions": version_detail,
+        "feedback": feedback_detail,
+    }
     return AllCounts(kinds, versions, details)

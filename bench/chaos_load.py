@@ -76,15 +76,25 @@ class SpanLoad:
         for index in range(self.batch):
             span_id = os.urandom(8)
             ids.append(span_id.hex())
-            spans.append(Span(
-                trace_id=trace_id, span_id=span_id, name=f"chaos load {index % 5}", kind=Span.SPAN_KIND_INTERNAL,
-                start_time_unix_nano=now, end_time_unix_nano=now + 1_000_000,
-                attributes=[_kv("chaos.phase", self.phase), _kv("chaos.batch", self._count), _kv("chaos.i", index)],
-            ))  # fmt: skip
-        request = ExportTraceServiceRequest(resource_spans=[ResourceSpans(
-            resource=Resource(attributes=[_kv("service.name", LOAD_SERVICE)]),
-            scope_spans=[ScopeSpans(spans=spans)],
-        )])  # fmt: skip
+            spans.append(
+                Span(
+                    trace_id=trace_id,
+                    span_id=span_id,
+                    name=f"chaos load {index % 5}",
+                    kind=Span.SPAN_KIND_INTERNAL,
+                    start_time_unix_nano=now,
+                    end_time_unix_nano=now + 1_000_000,
+                    attributes=[_kv("chaos.phase", self.phase), _kv("chaos.batch", self._count), _kv("chaos.i", index)],
+                )
+            )
+        request = ExportTraceServiceRequest(
+            resource_spans=[
+                ResourceSpans(
+                    resource=Resource(attributes=[_kv("service.name", LOAD_SERVICE)]),
+                    scope_spans=[ScopeSpans(spans=spans)],
+                )
+            ]
+        )
         return ids, request.SerializeToString()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -141,8 +151,9 @@ class SpanLoad:
         self.failures.append(time.time())
 
 
-async def post_until(client: httpx.AsyncClient, url: str, body: dict, status: int, stop: asyncio.Event,
-                     statuses: dict[str, int]) -> tuple[httpx.Response | None, int]:  # fmt: skip
+async def post_until(
+    client: httpx.AsyncClient, url: str, body: dict, status: int, stop: asyncio.Event, statuses: dict[str, int]
+) -> tuple[httpx.Response | None, int]:
     """POST ``body`` as JSON until it is answered ``status``, half a second between tries: the answer (None when
     ``stop`` was set first) and how many tries failed, each counted in ``statuses`` by status or error name."""
     failed = 0
@@ -225,8 +236,9 @@ class FeedbackLoad:
             for target in targets:
                 await self.send(client, target, 1.0, stop)
 
-    async def send(self, client: httpx.AsyncClient, target: tuple[str, str] | None, value: float,
-                   stop: asyncio.Event) -> None:  # fmt: skip
+    async def send(
+        self, client: httpx.AsyncClient, target: tuple[str, str] | None, value: float, stop: asyncio.Event
+    ) -> None:
         """One feedback for ``target`` (None: nothing to score yet), posted again until a 202."""
         phase = self.phase
         if target is None:

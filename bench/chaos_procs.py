@@ -55,9 +55,12 @@ class Proc:
             out.flush()
             self.started_at = time.time()
             self.process = subprocess.Popen(
-                [*fulmen_command(), *self.args], env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                [*fulmen_command(), *self.args],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         log.info("started %s (pid %d)", self.name, self.process.pid)
         return self.started_at
 

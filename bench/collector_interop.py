@@ -110,8 +110,9 @@ def build_collector() -> Path:
     builder = CACHE / "bin" / "builder"
     if not builder.is_file():
         print(f"installing the Collector builder v{COLLECTOR_RELEASE}...", file=sys.stderr, flush=True)
-        subprocess.run(["go", "install", f"go.opentelemetry.io/collector/cmd/builder@v{COLLECTOR_RELEASE}"],
-                       env=env, check=True)  # fmt: skip
+        subprocess.run(
+            ["go", "install", f"go.opentelemetry.io/collector/cmd/builder@v{COLLECTOR_RELEASE}"], env=env, check=True
+        )
     staging = Path(tempfile.mkdtemp(prefix="build-", dir=CACHE))
     (staging / "manifest.yaml").write_text(MANIFEST.format(out=staging / "dist"))
     print("building the Collector (minutes, once)...", file=sys.stderr, flush=True)
@@ -184,26 +185,35 @@ def main() -> int:
     processes: list[subprocess.Popen] = []
     try:
         base = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
-            "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap, "FULMEN_LOG_LEVEL": "WARNING",
-        }  # fmt: skip
+            "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap,
+            "FULMEN_LOG_LEVEL": "WARNING",
+        }
         readers, ports = {}, {}
         for path in ("gw", "col"):
             asyncio.run(
                 ensure_topics(FulmenSettings(kafka={"bootstrap": broker.bootstrap, "topic_prefix": f"{path}."}))
             )
             ports[path] = free_port()
-            env = base | {"FULMEN_KAFKA_TOPIC_PREFIX": f"{path}.", "FULMEN_HOME": str(home / path),
-                          "FULMEN_CLICKHOUSE_READ_PORT": str(ports[path])}  # fmt: skip
+            env = base | {
+                "FULMEN_KAFKA_TOPIC_PREFIX": f"{path}.",
+                "FULMEN_HOME": str(home / path),
+                "FULMEN_CLICKHOUSE_READ_PORT": str(ports[path]),
+            }
             processes.append(start(env, [*FULMEN, "consume", "--sink", "spans"], home / f"consume-{path}.log"))
             readers[path] = env
         gateway_port, collector_port = free_port(), free_port()
-        processes.append(start(readers["gw"] | {"FULMEN_OTLP_PORT": str(gateway_port)}, [*FULMEN, "otlp-gateway"],
-                               home / "gateway.log"))  # fmt: skip
+        processes.append(
+            start(
+                readers["gw"] | {"FULMEN_OTLP_PORT": str(gateway_port)}, [*FULMEN, "otlp-gateway"], home / "gateway.log"
+            )
+        )
         config = home / "collector.yaml"
         config.write_text(CONFIG.format(port=collector_port, bootstrap=broker.bootstrap, topic="col.otlp_spans"))
         processes.append(start(base, [str(collector), "--config", str(config)], home / "collector.log"))
-        reader = {path: wait_for(lambda p=path: RemoteReader.find("127.0.0.1", ports[p]), 120, f"consume ({path})")
-                  for path in ("gw", "col")}  # fmt: skip
+        reader = {
+            path: wait_for(lambda p=path: RemoteReader.find("127.0.0.1", ports[p]), 120, f"consume ({path})")
+            for path in ("gw", "col")
+        }
         bodies = payloads(args.spans, args.batch)
         spans_sent = len(bodies) * args.batch
         for path, port in (("gw", gateway_port), ("col", collector_port)):
@@ -216,11 +226,14 @@ def main() -> int:
             {"gateway": g, "collector": c} for g, c in zip(gateway_rows, collector_rows, strict=False) if g != c
         ][:3]
         report = {
-            "spans_sent": spans_sent, "rows_gateway": len(gateway_rows), "rows_collector": len(collector_rows),
-            "rows_equal": gateway_rows == collector_rows, "first_differences": differences,
+            "spans_sent": spans_sent,
+            "rows_gateway": len(gateway_rows),
+            "rows_collector": len(collector_rows),
+            "rows_equal": gateway_rows == collector_rows,
+            "first_differences": differences,
             "collector": {"release": COLLECTOR_RELEASE, "kafka_exporter": CONTRIB_RELEASE, "binary": str(collector)},
             "logs": str(home),
-        }  # fmt: skip
+        }
     finally:
         for process in processes:
             process.terminate()

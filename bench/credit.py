@@ -61,8 +61,8 @@ from fulmen.algorithm.demo.agent import ANSWER_TOKENS, CALL_TOKENS  # noqa: E402
 from fulmen.algorithm.demo.run import DemoOptions  # noqa: E402
 from fulmen.algorithm.demo.tasks import Problem, apply, heldout_tasks, train_tasks  # noqa: E402
 from fulmen.algorithm.demo.warmup import conversation_samples, warm_up  # noqa: E402
-from fulmen.algorithm.groups import ClosedGroup, credit_groups  # noqa: E402
-from fulmen.algorithm.samples import build_samples  # noqa: E402
+from fulmen.algorithm.service.groups import ClosedGroup, credit_groups  # noqa: E402
+from fulmen.algorithm.service.samples import build_samples  # noqa: E402
 from fulmen.algorithm.settings import TrainSection  # noqa: E402
 from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig  # noqa: E402
 from fulmen.schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch  # noqa: E402
@@ -110,8 +110,10 @@ class DemoEpisodes:
     def run(self, problems: list[Problem], temperature: float, seed: int) -> Episodes:
         first = [conversation_samples(p, self.tokenizer)[0].prompt_token_ids for p in problems]
         seeds = [seed * 1_000_003 + i * 31 for i in range(len(problems))]
-        calls = [[Sample(p, o.token_ids, old_logprobs=o.logprobs)]
-                 for p, o in zip(first, self._sample(first, CALL_TOKENS, temperature, seeds), strict=True)]  # fmt: skip
+        calls = [
+            [Sample(p, o.token_ids, old_logprobs=o.logprobs)]
+            for p, o in zip(first, self._sample(first, CALL_TOKENS, temperature, seeds), strict=True)
+        ]
         rewards = [0.0] * len(problems)
         second: list[tuple[int, list[int]]] = []
         for i, (problem, episode) in enumerate(zip(problems, calls, strict=True)):
@@ -140,25 +142,47 @@ def _demo_accuracy(episodes: DemoEpisodes, problems: list[Problem]) -> float:
 def demo_setup(args: argparse.Namespace) -> Setup:
     demo = DemoOptions()
     steps = args.demo_warmup_steps
-    options = dataclasses.replace(demo, warmup=dataclasses.replace(demo.warmup, steps=steps),
-                                  groups_per_step=args.demo_groups)  # fmt: skip
+    options = dataclasses.replace(
+        demo, warmup=dataclasses.replace(demo.warmup, steps=steps), groups_per_step=args.demo_groups
+    )
     cache = "demo-warmup" if steps == demo.warmup.steps else f"demo-warmup-{steps}"  # the demo's own: shared
     model = warm_up(args.home / cache, options.warmup)
     held = demo_learning._problems(
         heldout_tasks(options.heldout, warmup_count=options.warmup.steps * options.warmup.batch)
     )
     train = demo_learning._problems(train_tasks(args.steps * options.groups_per_step))  # the demo's order
-    return Setup(model, options.lr, options.kl_coef, options.epochs_per_batch, options.group_size,
-                 options.groups_per_step, args.steps, train, held, DemoEpisodes, _demo_accuracy)  # fmt: skip
+    return Setup(
+        model,
+        options.lr,
+        options.kl_coef,
+        options.epochs_per_batch,
+        options.group_size,
+        options.groups_per_step,
+        args.steps,
+        train,
+        held,
+        DemoEpisodes,
+        _demo_accuracy,
+    )
 
 
 def calc_setup(args: argparse.Namespace) -> Setup:
     model = _calc_model(args)
     skip = args.calc_warmup_tasks  # the warm-up's demonstrated tasks come first; GRPO trains on the next ones
     train = calc_bench.train_tasks(skip + args.calc_steps * args.calc_groups)[skip:]
-    return Setup(model, args.calc_lr, 0.1, 2, args.calc_group_size, args.calc_groups, args.calc_steps, train,
-                 calc_bench.heldout_tasks(args.calc_heldout), lambda t: calc_bench.Episodes(t, args.calc_max_tokens),
-                 lambda episodes, tasks: calc_bench.accuracy(episodes, tasks, 64))  # fmt: skip
+    return Setup(
+        model,
+        args.calc_lr,
+        0.1,
+        2,
+        args.calc_group_size,
+        args.calc_groups,
+        args.calc_steps,
+        train,
+        calc_bench.heldout_tasks(args.calc_heldout),
+        lambda t: calc_bench.Episodes(t, args.calc_max_tokens),
+        lambda episodes, tasks: calc_bench.accuracy(episodes, tasks, 64),
+    )
 
 
 def _calc_model(args: argparse.Namespace) -> Path:
@@ -174,10 +198,12 @@ def _calc_model(args: argparse.Namespace) -> Path:
     plain.chat_template = calc_bench.TEMPLATE
     shown = calc_bench.demonstrations(_Renderer(plain), tasks)
     corpus = [plain.decode([*s.prompt_token_ids, *s.response_token_ids]) for s in shown]
-    base = build_tiny_model(home / "base", TinyModelConfig(num_attention_heads=8, num_key_value_heads=8,
-                                                           bpe_vocab_size=1024), corpus=corpus)  # fmt: skip
-    trainer = TorchTrainer(TorchTrainerConfig(model_path=base, device="cpu", dtype="float32", lr=3e-3,
-                                              micro_batch_size=64, seed=0))  # fmt: skip
+    base = build_tiny_model(
+        home / "base", TinyModelConfig(num_attention_heads=8, num_key_value_heads=8, bpe_vocab_size=1024), corpus=corpus
+    )
+    trainer = TorchTrainer(
+        TorchTrainerConfig(model_path=base, device="cpu", dtype="float32", lr=3e-3, micro_batch_size=64, seed=0)
+    )
     samples = calc_bench.demonstrations(calc_bench.Episodes(trainer, args.calc_max_tokens), tasks)
     rng = random.Random(0)
     for step in range(args.calc_warmup_steps):
@@ -211,21 +237,46 @@ def _groups(step: int, rewards: Sequence[float], calls: Sequence[list[Sample]], 
 
 def _batch(rollout: str, group: str, reward: float, calls: list[Sample]) -> TransitionBatch:
     transitions = [
-        Transition(rollout_id=rollout, attempt=1, index=i, trace_id="0" * 32, span_id=f"{i + 1:016x}",
-                   prompt_token_ids=list(c.prompt_token_ids), response_token_ids=list(c.response_token_ids),
-                   response_logprobs=list(c.old_logprobs) if c.old_logprobs else None)
-        for i, c in enumerate(calls) if c.response_token_ids
-    ]  # fmt: skip
-    return TransitionBatch(rollout_id=rollout, attempt=1, task_id=group, group_id=group,
-                           status=RolloutStatus.SUCCEEDED, episode_reward=reward, transitions=transitions)  # fmt: skip
+        Transition(
+            rollout_id=rollout,
+            attempt=1,
+            index=i,
+            trace_id="0" * 32,
+            span_id=f"{i + 1:016x}",
+            prompt_token_ids=list(c.prompt_token_ids),
+            response_token_ids=list(c.response_token_ids),
+            response_logprobs=list(c.old_logprobs) if c.old_logprobs else None,
+        )
+        for i, c in enumerate(calls)
+        if c.response_token_ids
+    ]
+    return TransitionBatch(
+        rollout_id=rollout,
+        attempt=1,
+        task_id=group,
+        group_id=group,
+        status=RolloutStatus.SUCCEEDED,
+        episode_reward=reward,
+        transitions=transitions,
+    )
 
 
 def train(setup: Setup, strategy: str, seed: int, every: int, label: str) -> dict[str, Any]:
     """One run of ``strategy`` on ``setup``: reward per step and held-out accuracy."""
     torch.manual_seed(seed)
-    trainer = TorchTrainer(TorchTrainerConfig(model_path=setup.model, device="cpu", dtype="float32", lr=setup.lr,
-                                              micro_batch_size=32, seed=seed, kl_coef=setup.kl_coef, clip_eps=0.2,
-                                              epochs_per_batch=setup.epochs))  # fmt: skip
+    trainer = TorchTrainer(
+        TorchTrainerConfig(
+            model_path=setup.model,
+            device="cpu",
+            dtype="float32",
+            lr=setup.lr,
+            micro_batch_size=32,
+            seed=seed,
+            kl_coef=setup.kl_coef,
+            clip_eps=0.2,
+            epochs_per_batch=setup.epochs,
+        )
+    )
     episodes = setup.runner(trainer)
     weight = TrainSection(credit=strategy).step_advantage_weight
     before = setup.accuracy(episodes, setup.heldout)
@@ -240,21 +291,34 @@ def train(setup: Setup, strategy: str, seed: int, every: int, label: str) -> dic
         calls_made.append(round(sum(map(len, calls)) / len(calls), 3))
         if step % every == 0 or step == setup.steps:
             heldout.append([step, round(setup.accuracy(episodes, setup.heldout), 4)])
-        print(f"{label} {strategy} step {step}: reward {rewards[-1]:.3f} calls {calls_made[-1]:.2f} held-out "
-              f"{heldout[-1][1]:.3f}", file=sys.stderr)  # fmt: skip
-    return {"reward_by_step": rewards, "heldout_before": round(before, 4), "heldout_after": heldout[-1][1],
-            "heldout_by_step": heldout, "calls_per_episode": calls_made,
-            "s_per_step": round((time.monotonic() - began) / setup.steps, 2)}  # fmt: skip
+        print(
+            f"{label} {strategy} step {step}: reward {rewards[-1]:.3f} calls {calls_made[-1]:.2f} held-out "
+            f"{heldout[-1][1]:.3f}",
+            file=sys.stderr,
+        )
+    return {
+        "reward_by_step": rewards,
+        "heldout_before": round(before, 4),
+        "heldout_after": heldout[-1][1],
+        "heldout_by_step": heldout,
+        "calls_per_episode": calls_made,
+        "s_per_step": round((time.monotonic() - began) / setup.steps, 2),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="demo,calc_agent")
     parser.add_argument("--steps", type=int, default=12, help="demo GRPO steps per strategy")
-    parser.add_argument("--demo-groups", type=int, default=12, help="demo tasks per step (the demo's 12: four of "
-                        "each untaught wording)")  # fmt: skip
-    parser.add_argument("--demo-warmup-steps", type=int, default=600, help="the demo's supervised warm-up (600, "
-                        "~3 min on 2 free cores; cached in --home)")  # fmt: skip
+    parser.add_argument(
+        "--demo-groups", type=int, default=12, help="demo tasks per step (the demo's 12: four of each untaught wording)"
+    )
+    parser.add_argument(
+        "--demo-warmup-steps",
+        type=int,
+        default=600,
+        help="the demo's supervised warm-up (600, ~3 min on 2 free cores; cached in --home)",
+    )
     parser.add_argument("--every", type=int, default=2, help="held-out accuracy every N steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--calc-steps", type=int, default=8)
@@ -266,15 +330,19 @@ def main() -> None:
     parser.add_argument("--calc-warmup-steps", type=int, default=300)
     parser.add_argument("--calc-warmup-tasks", type=int, default=2000)
     parser.add_argument("--home", type=Path, default=Path.home() / ".cache" / "fulmen" / "test-models" / "demo-home")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (on shared cores two threads spin "
-                        "for each other: a demo warm-up step took 10 s with two, 1.2 s with one, load 8)")  # fmt: skip
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (on shared cores two threads spin "
+        "for each other: a demo warm-up step took 10 s with two, 1.2 s with one, load 8)",
+    )
     parser.add_argument("--warmup-only", action="store_true", help="build (or find) the warmed-up models, then stop")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     chosen = args.tasks.split(",")
     began = time.monotonic()
-    setups = {name: build(args) for name, build in (("demo", demo_setup), ("calc_agent", calc_setup))
-              if name in chosen}  # fmt: skip
+    setups = {name: build(args) for name, build in (("demo", demo_setup), ("calc_agent", calc_setup)) if name in chosen}
     if args.warmup_only:
         print(json.dumps({name: str(setup.model) for name, setup in setups.items()}))
         return
@@ -286,9 +354,11 @@ def main() -> None:
                 report[strategy].update(result)
             else:
                 report[strategy][name] = result
-    report["about"] = {"layout": "per strategy: the calc example's figures at the top, the demo's under 'demo'",
-                       "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                       "wall_s": round(time.monotonic() - began, 1)}  # fmt: skip
+    report["about"] = {
+        "layout": "per strategy: the calc example's figures at the top, the demo's under 'demo'",
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "wall_s": round(time.monotonic() - began, 1),
+    }
     print(json.dumps(report))
 
 

@@ -32,7 +32,7 @@ from bench.dashboard_data import fill_store
 from fulmen.dashboard import Dashboard, DashboardQueries
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import RemoteReader, Store
-from tests.serving import Served, ServedEndpoint
+from fulmen.testing.served import Served, ServedEndpoint
 
 CALLS = 3
 SPANS_PER_ROLLOUT = 3 + 2 * CALLS
@@ -53,7 +53,7 @@ def pages(run_id: str, rollout: str) -> dict[str, tuple[str, list[str], str]]:
         "rollouts_filtered": (f"/rollouts?{failed}", [f"/api/rollouts?{failed}&limit=50"], "#rollouts-table tbody tr"),
         "rollout": (f"/rollout?id={rollout}", [f"/api/rollout?id={rollout}"], ".span-row"),
         "dead_letters": ("/dead-letters", ["/api/dead-letters?limit=100"], "#dead-table tbody tr"),
-    }  # fmt: skip
+    }
 
 
 def time_api(base: str, calls: list[str], repeat: int) -> list[float]:
@@ -107,16 +107,28 @@ def main() -> None:
         with ServedEndpoint(store) as reads:
             dashboard = Dashboard(DashboardQueries(RemoteReader(reads.url)), "127.0.0.1", 0, poll_s=60.0)
             with Served(dashboard.start, dashboard.stop):
-                api = {name: percentiles(time_api(dashboard.url, calls, args.repeat))
-                       for name, (_, calls, _) in plan.items()}  # fmt: skip
+                api = {
+                    name: percentiles(time_api(dashboard.url, calls, args.repeat))
+                    for name, (_, calls, _) in plan.items()
+                }
                 browser = time_browser(dashboard.url, plan, args.browser_repeat)
         store.close()
     worst = max([v["p95_ms"] for v in api.values()] + [v["drawn"]["p95_ms"] for v in browser.values()])
-    print(json.dumps({
-        "spans": filled.spans, "rollouts": len(filled.rollouts), "steps": filled.steps,
-        "dead_letters": filled.dead_letters, "fill_s": round(fill_s, 1), "api": api, "browser": browser,
-        "worst_p95_ms": worst, "under_a_second": worst < 1000,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "spans": filled.spans,
+                "rollouts": len(filled.rollouts),
+                "steps": filled.steps,
+                "dead_letters": filled.dead_letters,
+                "fill_s": round(fill_s, 1),
+                "api": api,
+                "browser": browser,
+                "worst_p95_ms": worst,
+                "under_a_second": worst < 1000,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -26,19 +26,29 @@ FULMEN = [sys.executable, "-m", "fulmen.cli.main"]
 def run(algorithm: str, mode: str, steps: int, home: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {"FULMEN_HOME": str(home)}
     started = time.perf_counter()
-    done = subprocess.run([*FULMEN, "demo", "--algorithm", algorithm, "--mode", mode, "--steps", str(steps),
-                           "--json"], env=env, capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [*FULMEN, "demo", "--algorithm", algorithm, "--mode", mode, "--steps", str(steps), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     print(done.stdout[-1500:], file=sys.stderr, flush=True)
     if done.returncode != 0:
         return {"error": done.stderr[-1500:], "wall_s": round(time.perf_counter() - started)}
     report = json.loads(done.stdout.strip().splitlines()[-1])
     before, after = report["accuracy_before"], report["accuracy_after"]
     return {
-        "mode": mode, "steps": report["steps"], "accuracy_before": before, "accuracy_after": after,
+        "mode": mode,
+        "steps": report["steps"],
+        "accuracy_before": before,
+        "accuracy_after": after,
         "learns": before is not None and after is not None and before <= 0.45 and after >= 0.70,
-        "accuracy_curve": report["accuracy_curve"], "reward_curve": report["reward_curve"],
-        "mean_update_s": report["mean_update_s"], "train_s": report["train_s"],
-    }  # fmt: skip
+        "accuracy_curve": report["accuracy_curve"],
+        "reward_curve": report["reward_curve"],
+        "mean_update_s": report["mean_update_s"],
+        "train_s": report["train_s"],
+    }
 
 
 def main() -> int:

@@ -34,13 +34,13 @@ from typing import Any
 
 import torch
 
-from fulmen.algorithm.advantages import compute_advantages
 from fulmen.algorithm.batch import Sample
 from fulmen.algorithm.demo.agent import TOOLS
 from fulmen.algorithm.demo.run import DemoOptions
 from fulmen.algorithm.demo.tasks import Problem, heldout_tasks, train_tasks
 from fulmen.algorithm.demo.warmup import warm_up
-from fulmen.algorithm.dispatcher import DatasetTask
+from fulmen.algorithm.rl.advantages import compute_advantages
+from fulmen.algorithm.service.dispatcher import DatasetTask
 from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig
 
 EXPR = re.compile(r'"expr": "([^"]*)"')
@@ -53,10 +53,19 @@ class Replay:
     def __init__(self, model: Path, seed: int, epochs: int, options: DemoOptions, shuffle: bool) -> None:
         torch.manual_seed(seed)
         self.options, self.shuffle = options, shuffle
-        self.trainer = TorchTrainer(TorchTrainerConfig(
-            model_path=model, device="cpu", dtype="float32", lr=options.lr, micro_batch_size=32, seed=seed,
-            kl_coef=options.kl_coef, clip_eps=0.2, epochs_per_batch=epochs,
-        ))  # fmt: skip
+        self.trainer = TorchTrainer(
+            TorchTrainerConfig(
+                model_path=model,
+                device="cpu",
+                dtype="float32",
+                lr=options.lr,
+                micro_batch_size=32,
+                seed=seed,
+                kl_coef=options.kl_coef,
+                clip_eps=0.2,
+                epochs_per_batch=epochs,
+            )
+        )
         self.tokenizer = self.trainer.tokenizer
         self.pad = (
             self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
@@ -77,8 +86,14 @@ class Replay:
         model = self.trainer.model
         model.eval()
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=CALL_TOKENS, pad_token_id=self.pad,
-                                 eos_token_id=self.tokenizer.eos_token_id, **sampling)  # fmt: skip
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=CALL_TOKENS,
+                pad_token_id=self.pad,
+                eos_token_id=self.tokenizer.eos_token_id,
+                **sampling,
+            )
         model.train()
         eos = self.tokenizer.eos_token_id
         responses = [r[: r.index(eos) + 1] if eos in r else r for r in out[:, width:].tolist()]
@@ -99,8 +114,12 @@ class Replay:
             rewards = rewards[torch.randperm(len(rewards))]
         groups = torch.arange(len(answers)) // size
         advantages = compute_advantages("grpo", rewards, groups)
-        self.trainer.step([Sample(prompt_token_ids=p, response_token_ids=r, advantage=float(a))
-                           for (p, r, _), a in zip(answers, advantages, strict=True)])  # fmt: skip
+        self.trainer.step(
+            [
+                Sample(prompt_token_ids=p, response_token_ids=r, advantage=float(a))
+                for (p, r, _), a in zip(answers, advantages, strict=True)
+            ]
+        )
         return float(rewards.mean())
 
 
@@ -119,11 +138,18 @@ def run(model: Path, seed: int, epochs: int, args: argparse.Namespace, options: 
         rewards.append(round(replay.step(chunk), 4))
         if step % args.every == 0:
             accuracy.append([step, replay.accuracy(held)])
-        print(f"epochs={epochs} seed={seed} step {step}: reward {rewards[-1]:.3f}"
-              + (f" held-out {accuracy[-1][1]:.3f}" if step % args.every == 0 else ""), file=sys.stderr)  # fmt: skip
+        print(
+            f"epochs={epochs} seed={seed} step {step}: reward {rewards[-1]:.3f}"
+            + (f" held-out {accuracy[-1][1]:.3f}" if step % args.every == 0 else ""),
+            file=sys.stderr,
+        )
     seconds = (time.monotonic() - began) / args.steps
-    return {"seed": seed, "accuracy": [[s, round(a, 4)] for s, a in accuracy], "reward": rewards,
-            "s_per_step": round(seconds, 2)}  # fmt: skip
+    return {
+        "seed": seed,
+        "accuracy": [[s, round(a, 4)] for s, a in accuracy],
+        "reward": rewards,
+        "s_per_step": round(seconds, 2),
+    }
 
 
 def _problems(tasks: list[DatasetTask]) -> list[Problem]:
@@ -148,8 +174,10 @@ def main() -> None:
     result: dict[str, Any] = {"steps": args.steps, "shuffle": args.shuffle, "model": str(model), "settings": {}}
     for epochs in (int(e) for e in args.epochs.split(",")):
         runs = [run(model, int(seed), epochs, args, options) for seed in args.seeds.split(",")]
-        mean = [[point[0], round(statistics.fmean(r["accuracy"][k][1] for r in runs), 4)]
-                for k, point in enumerate(runs[0]["accuracy"])]  # fmt: skip
+        mean = [
+            [point[0], round(statistics.fmean(r["accuracy"][k][1] for r in runs), 4)]
+            for k, point in enumerate(runs[0]["accuracy"])
+        ]
         result["settings"][f"epochs={epochs}"] = {"mean_accuracy": mean, "runs": runs}
     print(json.dumps(result))
 

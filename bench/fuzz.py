@@ -72,8 +72,16 @@ from bench.fuzz_inputs import Case, Target, good_llm, good_otlp, llm_case, otlp_
 from bench.fuzz_sql import good_sql, heavy_case, sql_case
 from bench.span_ingest import free_port
 
-ENDPOINTS = ["otlp_protobuf", "otlp_json", "llm_chat", "llm_completions", "llm_rollout_paths", "llm_feedback",
-             "sql_query", "sql_http"]  # fmt: skip
+ENDPOINTS = [
+    "otlp_protobuf",
+    "otlp_json",
+    "llm_chat",
+    "llm_completions",
+    "llm_rollout_paths",
+    "llm_feedback",
+    "sql_query",
+    "sql_http",
+]
 SERVER_OF = {"otlp": "otlp", "llm": "llm", "sql": "consume"}
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "fuzz-token-0123456789"  # every server's bearer token; the normal inputs carry it
@@ -175,8 +183,9 @@ class Tally:
 class Bench:
     """The servers, the target description and the run's options."""
 
-    def __init__(self, args: argparse.Namespace, home: Path, servers: dict[str, Server], target: Target,
-                 bootstrap: str = "") -> None:  # fmt: skip
+    def __init__(
+        self, args: argparse.Namespace, home: Path, servers: dict[str, Server], target: Target, bootstrap: str = ""
+    ) -> None:
         self.args = args
         self.home = home
         self.servers = servers
@@ -290,9 +299,11 @@ class Bench:
                 break
             rate = tally.inputs / max(1e-9, time.monotonic() - began)
             crashes = tally.deaths + tally.unexplained_5xx
-            print(f"  {endpoint}: {tally.inputs}/{len(indices)} ({rate:.0f}/s) crashes={crashes} hangs={tally.hangs} "
-                  f"5xx={tally.status_5xx} hostile_ok={tally.hostile_accepted} good={tally.good_after}/{tally.batches}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"  {endpoint}: {tally.inputs}/{len(indices)} ({rate:.0f}/s) crashes={crashes} hangs={tally.hangs} "
+                f"5xx={tally.status_5xx} hostile_ok={tally.hostile_accepted} good={tally.good_after}/{tally.batches}",
+                file=sys.stderr,
+            )
         report = tally.report()
         report["rss_growth_mb"] = round(server.rss_mb() - rss_before, 1) if server.alive() else None
         report["seconds"] = round(time.monotonic() - began, 1)
@@ -330,17 +341,30 @@ def build_model(home: Path) -> Path:
 def environment(home: Path, bootstrap: str, ports: dict[str, int], model: Path | None, token: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")}
     return env | {
-        "FULMEN_KAFKA_BOOTSTRAP": bootstrap, "FULMEN_HOME": str(home), "FULMEN_LOG_LEVEL": "WARNING",
-        "FULMEN_CLICKHOUSE_PATH": str(home / "chdb"), "FULMEN_CLICKHOUSE_READ_PORT": str(ports["consume"]),
-        "FULMEN_CLICKHOUSE_READ_TOKEN": token, "FULMEN_OTLP_PORT": str(ports["otlp"]),
+        "FULMEN_KAFKA_BOOTSTRAP": bootstrap,
+        "FULMEN_HOME": str(home),
+        "FULMEN_LOG_LEVEL": "WARNING",
+        "FULMEN_CLICKHOUSE_PATH": str(home / "chdb"),
+        "FULMEN_CLICKHOUSE_READ_PORT": str(ports["consume"]),
+        "FULMEN_CLICKHOUSE_READ_TOKEN": token,
+        "FULMEN_OTLP_PORT": str(ports["otlp"]),
         # A read's own limit below the bench's 10 s per-request deadline: an expensive read must end in a 400.
         "FULMEN_CLICKHOUSE_READ_MAX_EXECUTION_S": "5",
-        "FULMEN_OTLP_BEARER_TOKEN": token, "FULMEN_LLM_PORT": str(ports["llm"]), "FULMEN_LLM_BEARER_TOKEN": token,
-        "FULMEN_LLM_BACKEND": "transformers", "FULMEN_LLM_MODEL": str(model or ""), "FULMEN_LLM_DEVICE": "cpu",
-        "FULMEN_LLM_DTYPE": "float32", "FULMEN_LLM_MAX_MODEL_LEN": "256", "FULMEN_LLM_DEFAULT_MAX_TOKENS": "4",
-        "FULMEN_LLM_MAX_N": "4", "FULMEN_LLM_FOLLOW_MODELS": "false", "PYTHONPATH": str(REPO),
-        "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-    }  # fmt: skip
+        "FULMEN_OTLP_BEARER_TOKEN": token,
+        "FULMEN_LLM_PORT": str(ports["llm"]),
+        "FULMEN_LLM_BEARER_TOKEN": token,
+        "FULMEN_LLM_BACKEND": "transformers",
+        "FULMEN_LLM_MODEL": str(model or ""),
+        "FULMEN_LLM_DEVICE": "cpu",
+        "FULMEN_LLM_DTYPE": "float32",
+        "FULMEN_LLM_MAX_MODEL_LEN": "256",
+        "FULMEN_LLM_DEFAULT_MAX_TOKENS": "4",
+        "FULMEN_LLM_MAX_N": "4",
+        "FULMEN_LLM_FOLLOW_MODELS": "false",
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
 
 
 def store_after(bench: Bench) -> dict[str, Any]:
@@ -435,8 +459,7 @@ def main() -> None:
         broker.start()
         asyncio.run(ensure_topics(FulmenSettings(kafka={"bootstrap": broker.bootstrap})))
         ports = {"otlp": free_port(), "llm": free_port(), "consume": free_port()}
-        target = Target(token=TOKEN, canary=str(home / "canary"), closed_port=free_port(),
-                        self_port=ports["consume"])  # fmt: skip
+        target = Target(token=TOKEN, canary=str(home / "canary"), closed_port=free_port(), self_port=ports["consume"])
         Path(target.canary).mkdir()
         env = environment(home, broker.bootstrap, ports, model, target.token)
         fulmen = [sys.executable, "-m", "fulmen.cli.main"]
@@ -466,11 +489,15 @@ def main() -> None:
             server.stop()
         broker.stop()
     report["meta"] = {
-        "seed": args.seed, "inputs_per_endpoint": args.inputs, "concurrency": args.concurrency,
-        "deadline_s": args.deadline, "seconds": round(time.monotonic() - began, 1), "home": str(home),
+        "seed": args.seed,
+        "inputs_per_endpoint": args.inputs,
+        "concurrency": args.concurrency,
+        "deadline_s": args.deadline,
+        "seconds": round(time.monotonic() - began, 1),
+        "home": str(home),
         "good_after": "batches after which the good request was answered 200 (feedback: 202), of 'batches'",
         "crashes": "deaths of the server process + 5xx other than 503 with Retry-After",
-    }  # fmt: skip
+    }
     print(json.dumps(report, default=str))
 
 

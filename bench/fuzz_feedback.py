@@ -62,11 +62,20 @@ def valid_body(rng: random.Random) -> dict[str, Any]:
 
 
 TOKEN_SPOILS = [
-    ("missing", None), ("lowercase_scheme", b"bearer {t}"), ("no_scheme", b"{t}"), ("prefix", b"Bearer {t}"),
-    ("suffix", b"Bearer {t}x"), ("trailing_space", b"Bearer {t} "), ("tab", b"Bearer\t{t}"),
-    ("two_spaces", b"Bearer  {t}"), ("case", b"Bearer {T}"), ("nul", b"Bearer {t}\x00"),
-    ("non_utf8", b"Bearer {t}\xff"), ("empty", b""), ("huge", b"Bearer " + b"{t}" * 2000),
-]  # fmt: skip
+    ("missing", None),
+    ("lowercase_scheme", b"bearer {t}"),
+    ("no_scheme", b"{t}"),
+    ("prefix", b"Bearer {t}"),
+    ("suffix", b"Bearer {t}x"),
+    ("trailing_space", b"Bearer {t} "),
+    ("tab", b"Bearer\t{t}"),
+    ("two_spaces", b"Bearer  {t}"),
+    ("case", b"Bearer {T}"),
+    ("nul", b"Bearer {t}\x00"),
+    ("non_utf8", b"Bearer {t}\xff"),
+    ("empty", b""),
+    ("huge", b"Bearer " + b"{t}" * 2000),
+]
 
 
 def spoil_token(rng: random.Random, case: Case, token: str) -> str:
@@ -83,8 +92,16 @@ def spoil_token(rng: random.Random, case: Case, token: str) -> str:
     return f"token:{name}"
 
 
-ODD_PATHS = ["/v1/feedback/", "/v1/feedback?x=1", "/v1//feedback", "/V1/FEEDBACK", "/v1/feedback%00",
-             "/rollout/r1/attempt/1/v1/feedback", "/agent/a/v1/feedback", "/v1/feedback/" + "x" * 9000]  # fmt: skip
+ODD_PATHS = [
+    "/v1/feedback/",
+    "/v1/feedback?x=1",
+    "/v1//feedback",
+    "/V1/FEEDBACK",
+    "/v1/feedback%00",
+    "/rollout/r1/attempt/1/v1/feedback",
+    "/agent/a/v1/feedback",
+    "/v1/feedback/" + "x" * 9000,
+]
 
 
 def feedback_case(rng: random.Random, target: Target) -> Case:
@@ -132,8 +149,11 @@ async def topic_check(bootstrap: str, accepted: list[str]) -> dict[str, Any]:
     wanted = Counter(accepted)
     lost = sorted(i for i in wanted if on_topic[i] == 0)
     return {
-        "accepted": sum(wanted.values()), "on_topic": sum(on_topic.values()), "lost": len(lost),
+        "accepted": sum(wanted.values()),
+        "on_topic": sum(on_topic.values()),
+        "lost": len(lost),
         "doubled": sum(1 for i in wanted if on_topic[i] > 1),
         "accepted_twice": sum(1 for n in wanted.values() if n > 1),
-        "on_topic_not_accepted": sum(1 for i in on_topic if i not in wanted), "lost_sample": lost[:5],
-    }  # fmt: skip
+        "on_topic_not_accepted": sum(1 for i in on_topic if i not in wanted),
+        "lost_sample": lost[:5],
+    }

@@ -94,32 +94,49 @@ def main() -> None:
     broker.start()
     upstream_port, gateway_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
-        "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap, "FULMEN_HOME": str(home), "FULMEN_LOG_LEVEL": "WARNING",
-        "FULMEN_LLM_PORT": str(gateway_port), "FULMEN_LLM_BACKEND": "vllm", "FULMEN_LLM_MODEL": "stub",
+        "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap,
+        "FULMEN_HOME": str(home),
+        "FULMEN_LOG_LEVEL": "WARNING",
+        "FULMEN_LLM_PORT": str(gateway_port),
+        "FULMEN_LLM_BACKEND": "vllm",
+        "FULMEN_LLM_MODEL": "stub",
         "FULMEN_LLM_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}/v1",
         "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
-    }  # fmt: skip
+    }
     asyncio.run(ensure_topics(FulmenSettings(kafka={"bootstrap": broker.bootstrap})))
     logs = {name: open(home / f"{name}.log", "wb") for name in ("upstream", "gateway")}  # noqa: SIM115
-    upstream = subprocess.Popen([sys.executable, "-m", "bench.upstream_stub", str(upstream_port)], env=env,
-                                stdout=logs["upstream"], stderr=subprocess.STDOUT)  # fmt: skip
-    gateway = subprocess.Popen([sys.executable, "-m", "fulmen.cli.main", "llm-gateway"], env=env,
-                               stdout=logs["gateway"], stderr=subprocess.STDOUT)  # fmt: skip
+    upstream = subprocess.Popen(
+        [sys.executable, "-m", "bench.upstream_stub", str(upstream_port)],
+        env=env,
+        stdout=logs["upstream"],
+        stderr=subprocess.STDOUT,
+    )
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "fulmen.cli.main", "llm-gateway"],
+        env=env,
+        stdout=logs["gateway"],
+        stderr=subprocess.STDOUT,
+    )
     report: dict = {}
     try:
         print(f"logs in {home}", file=sys.stderr)
         wait_for(lambda: _ready(gateway_port), 120, "the LLM gateway")
         direct_url = f"http://127.0.0.1:{upstream_port}/v1/chat/completions"
         gateway_url = f"http://127.0.0.1:{gateway_port}/rollout/bench/attempt/1/v1/chat/completions"
-        pids = {"gateway": gateway.pid, "upstream": upstream.pid, "kafka": broker.status().pid or 0,
-                "load": os.getpid()}  # fmt: skip
+        pids = {
+            "gateway": gateway.pid,
+            "upstream": upstream.pid,
+            "kafka": broker.status().pid or 0,
+            "load": os.getpid(),
+        }
         urls = (direct_url, gateway_url)
         with contextlib.ExitStack() as stack:
             anchor_urls = None
             if not args.no_anchor:
                 store = stack.enter_context(AnchorStore(free_port(), home / "anchor.log"))
-                proxy = stack.enter_context(AnchorLLMProxy(free_port(), f"http://127.0.0.1:{upstream_port}/v1",
-                                                           store, home / "anchor.log"))  # fmt: skip
+                proxy = stack.enter_context(
+                    AnchorLLMProxy(free_port(), f"http://127.0.0.1:{upstream_port}/v1", store, home / "anchor.log")
+                )
                 anchor_urls = (direct_url, proxy.chat_url(*store.start_rollout()))
                 anchor_pids = {"store": store.pid}  # the proxy serves from a child process of its own
             one_pass(urls, pids, 2.0)  # warm-up

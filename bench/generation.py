@@ -80,8 +80,13 @@ class BackendEngine:
     async def load(self, version: int, uri: Path, base: Path | None = None) -> float:
         from fulmen.schemas import ModelVersion
 
-        event = ModelVersion(model_name="fulmen", version=version, uri=str(uri), base_model=str(base or ""),
-                             format="hf_lora_adapter" if base else "hf")  # fmt: skip
+        event = ModelVersion(
+            model_name="fulmen",
+            version=version,
+            uri=str(uri),
+            base_model=str(base or ""),
+            format="hf_lora_adapter" if base else "hf",
+        )
         started = time.perf_counter()
         await self.backend.load_version(event)
         return time.perf_counter() - started
@@ -97,8 +102,9 @@ async def transformers_engine(model: Path, args: argparse.Namespace, home: Path)
     from fulmen.producers.llm_gateway.backends.transformers_backend import TransformersBackend
     from fulmen.producers.llm_gateway.settings import LlmSection
 
-    options = LlmSection(model=str(model), device="cpu", dtype="float32", max_batch_rows=args.rows, batch_wait_ms=50,
-                         model_version=0)  # fmt: skip
+    options = LlmSection(
+        model=str(model), device="cpu", dtype="float32", max_batch_rows=args.rows, batch_wait_ms=50, model_version=0
+    )
     backend = TransformersBackend(options)
     await backend.start()
     backend._loaded.eos_ids = frozenset()  # the backend has no ignore_eos: without eos ids every row runs to length
@@ -122,9 +128,16 @@ async def llamacpp_engine(model: Path, args: argparse.Namespace, home: Path, kin
 def llamacpp_options(model: Path, args: argparse.Namespace, kind: str = "f32", **more: Any) -> Any:
     from fulmen.producers.llm_gateway.settings import LlmSection
 
-    return LlmSection(backend="llamacpp", model=str(model), model_version=0, llamacpp_threads=args.threads,
-                      llamacpp_slots=args.rows, llamacpp_gguf_type=kind,
-                      llamacpp_context=args.prompt_tokens + args.new_tokens + 64, **more)  # fmt: skip
+    return LlmSection(
+        backend="llamacpp",
+        model=str(model),
+        model_version=0,
+        llamacpp_threads=args.threads,
+        llamacpp_slots=args.rows,
+        llamacpp_gguf_type=kind,
+        llamacpp_context=args.prompt_tokens + args.new_tokens + 64,
+        **more,
+    )
 
 
 class ContinuousBatchingEngine:
@@ -144,11 +157,22 @@ class ContinuousBatchingEngine:
         from transformers import GenerationConfig
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-        config = GenerationConfig(max_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                  eos_token_id=-1, pad_token_id=2)  # fmt: skip
+        config = GenerationConfig(
+            max_new_tokens=new_tokens,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            eos_token_id=-1,
+            pad_token_id=2,
+        )
         batching = ContinuousBatchingConfig(return_logprobs=True, allow_block_sharing=True)
-        outputs = self.model.generate_batch([list(p) for p in prompts], generation_config=config,
-                                            continuous_batching_config=batching, progress_bar=False)  # fmt: skip
+        outputs = self.model.generate_batch(
+            [list(p) for p in prompts],
+            generation_config=config,
+            continuous_batching_config=batching,
+            progress_bar=False,
+        )
         ordered = sorted(outputs.values(), key=lambda o: int(str(o.request_id).rsplit("_", 1)[-1]))
         return [Sampled(list(o.generated_tokens), [float(x) for x in o.logprobs]) for o in ordered]
 
@@ -286,8 +310,10 @@ def make_versions(model: Path, root: Path) -> dict[str, Path]:
 
     full = root / "v1"
     shutil.copytree(model, full)
-    adapted = get_peft_model(AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32),
-                             LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))  # fmt: skip
+    adapted = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32),
+        LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )
     adapted.save_pretrained(root / "adapter")
     return {"full": full, "adapter": root / "adapter", "base": model}
 
@@ -302,31 +328,39 @@ async def through_gateway(model: Path, args: argparse.Namespace, home: Path, boo
     from fulmen.producers.llm_gateway.backends import ReplicaRouter
     from fulmen.producers.llm_gateway.backends.llamacpp import LlamaCppBackend
     from fulmen.schemas import ModelVersion, TopicKey, semconv
-    from tests.integration.llm_pipeline import RecordingTransport, published_spans
-    from tests.publishing import event_publisher
+    from fulmen.testing.llm_pipeline import RecordingTransport, published_spans
+    from fulmen.testing.publishing import event_publisher
 
     settings = FulmenSettings(home=home, kafka={"bootstrap": bootstrap})
     await ensure_topics(settings)
     options = llamacpp_options(model, args, port=0)
     transport = RecordingTransport()
     replica = LlamaCppBackend(options, 0, home, transport=transport, body_options={"ignore_eos": True})
-    gateway = LlmGateway(LlmGatewaySettings(home=home, kafka=settings.kafka.model_dump(), llm=options.model_dump()),
-                         backend=ReplicaRouter([replica], options))  # fmt: skip
+    gateway = LlmGateway(
+        LlmGatewaySettings(home=home, kafka=settings.kafka.model_dump(), llm=options.model_dump()),
+        backend=ReplicaRouter([replica], options),
+    )
     await gateway.start()
     report: dict[str, Any] = {}
     try:
         client = AsyncOpenAI(base_url=f"http://127.0.0.1:{gateway.port}/v1", api_key="x", max_retries=0)
         prompts = Prompts(args.prompt_tokens, seed=7).take(args.rows)
-        await asyncio.gather(*(client.completions.create(model="fulmen", prompt=p, max_tokens=args.new_tokens)
-                               for p in prompts))  # fmt: skip
+        await asyncio.gather(
+            *(client.completions.create(model="fulmen", prompt=p, max_tokens=args.new_tokens) for p in prompts)
+        )
         spans = await published_spans(settings, args.rows, timeout_s=60)
         recorded = Counter(tuple(s["attributes"][semconv.RESPONSE_TOKEN_IDS]) for s in spans)
         report["tokens_identical"] = recorded == Counter(tuple(t) for t in transport.sampled())
         async with event_publisher(settings) as publisher:
-            for key, event in (("weight_sync_via_kafka_s", ModelVersion(model_name="fulmen", version=1,
-                                                                        uri=str(versions["full"]))),
-                               ("adapter_sync_via_kafka_s", ModelVersion(model_name="fulmen", version=2,
-                                uri=str(versions["adapter"]), format="hf_lora_adapter"))):  # fmt: skip
+            for key, event in (
+                ("weight_sync_via_kafka_s", ModelVersion(model_name="fulmen", version=1, uri=str(versions["full"]))),
+                (
+                    "adapter_sync_via_kafka_s",
+                    ModelVersion(
+                        model_name="fulmen", version=2, uri=str(versions["adapter"]), format="hf_lora_adapter"
+                    ),
+                ),
+            ):
                 started = time.perf_counter()
                 await publisher.publish(TopicKey.MODELS, event)
                 while gateway.backend.model_version != event.version:
@@ -376,8 +410,11 @@ def run(args: argparse.Namespace) -> dict:
         reference = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
         result: dict[str, Any] = {"matmul_gflops": round(matmul, 1)}
         for name, measured in runs.items():
-            result[name] = {**measured["report"], **logprob_gap(reference, measured["prompts"], measured["outputs"]),
-                            "tokens_identical": TOKENS_CHECKED[name]}  # fmt: skip
+            result[name] = {
+                **measured["report"],
+                **logprob_gap(reference, measured["prompts"], measured["outputs"]),
+                "tokens_identical": TOKENS_CHECKED[name],
+            }
         if args.gateway and "llamacpp" in runs:
             say("llamacpp behind the gateway with a local Kafka")
             result["llamacpp"].update(gateway_phase(model, args, versions))
@@ -400,8 +437,14 @@ def finish(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     if exact:
         winner = min(exact, key=lambda n: result[n]["shared_prompt_s"] + result[n]["distinct_prompts_s"])
         result = {"winner": winner, **result[winner], **result}
-    result["workload"] = {"rows": args.rows, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-                          "threads": args.threads, "model": "SmolLM2-135M-Instruct", "dtype": "float32"}  # fmt: skip
+    result["workload"] = {
+        "rows": args.rows,
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": args.new_tokens,
+        "threads": args.threads,
+        "model": "SmolLM2-135M-Instruct",
+        "dtype": "float32",
+    }
     return result
 
 

@@ -42,17 +42,16 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-import fulmen  # noqa: E402  (the repository's fulmen/ without its install: map the subpackages as setuptools does)
+from uninstalled import map_fulmen  # noqa: E402
 
-if str(ROOT) not in fulmen.__path__:
-    fulmen.__path__.append(str(ROOT))
+map_fulmen(ROOT)  # the repository's fulmen/ without its install (the GPU machine has none)
 
 # Runs a script with the same mapping (the GPU machine has no Fulmen install): python -c LAUNCH script args...
 LAUNCH = (
-    "import sys, runpy; root = sys.argv[1]; sys.path.insert(0, root); import fulmen; "
-    "fulmen.__path__.append(root); sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+    "import sys, runpy; root = sys.argv[1]; sys.path.insert(0, root + '/bench'); from uninstalled import map_fulmen; "
+    "map_fulmen(root); sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 )
 CARRY = ROOT / "bench" / "gpu_carry"
 PART_BYTES = 48 * 2**20
@@ -143,11 +142,19 @@ def smollm2_dir(out: Path) -> tuple[Path | None, str]:
     gguf_dir = out / "gguf"
     gguf_dir.mkdir(parents=True, exist_ok=True)
     (gguf_dir / manifest["file"]).write_bytes(b"".join(chunks))
-    code = ("import sys; sys.path.insert(0, sys.argv[3]); from smollm2 import convert_gguf; from pathlib import Path; "
-            "convert_gguf(Path(sys.argv[1]), Path(sys.argv[2]))")  # fmt: skip
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[3]); from smollm2 import convert_gguf; from pathlib import Path; "
+        "convert_gguf(Path(sys.argv[1]), Path(sys.argv[2]))"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(CARRY / "site"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", code, str(gguf_dir), str(out / "hf"), str(ROOT / "bench")], env=env,
-                          capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(gguf_dir), str(out / "hf"), str(ROOT / "bench")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     if done.returncode != 0:
         return None, f"dequantising failed: {done.stderr[-600:]}"
     return out / "hf", "SmolLM2-135M-Instruct from the carried GGUF (Q4_1 dequantised to float32)"
@@ -190,11 +197,15 @@ def prefix_tree_check(device: str, model_dir: Path | None) -> dict[str, Any]:
         question = torch.randint(300, 5000, (30,), generator=generator).tolist()
         for _ in range(8):
             reply = torch.randint(300, 5000, (25,), generator=generator).tolist()
-            samples += [Sample(system + question, reply, advantage=1.0),
-                        Sample(system + question + reply + [5, 6, 7], [8, 9], advantage=-1.0)]  # fmt: skip
+            samples += [
+                Sample(system + question, reply, advantage=1.0),
+                Sample(system + question + reply + [5, 6, 7], [8, 9], advantage=-1.0),
+            ]
     vocab = model.config.vocab_size
-    samples = [Sample([t % vocab for t in s.prompt_token_ids], [t % vocab for t in s.response_token_ids],
-                      s.advantage) for s in samples]  # fmt: skip
+    samples = [
+        Sample([t % vocab for t in s.prompt_token_ids], [t % vocab for t in s.response_token_ids], s.advantage)
+        for s in samples
+    ]
     batch = collate(samples, 0).to(device)
     results: dict[str, Any] = {}
     cuda = torch.device(device).type == "cuda"
@@ -212,8 +223,9 @@ def prefix_tree_check(device: str, model_dir: Path | None) -> dict[str, Any]:
                 logprobs.shared_prefix_tree = lambda *_: None
             model.zero_grad(set_to_none=True)
             started = time.perf_counter()
-            with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16,
-                                enabled=dtype == "bfloat16"):  # fmt: skip
+            with torch.autocast(
+                device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=dtype == "bfloat16"
+            ):
                 values = logprobs.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask)
             (values * batch.advantages[:, None]).sum().backward()
             if torch.device(device).type == "cuda":
@@ -225,8 +237,9 @@ def prefix_tree_check(device: str, model_dir: Path | None) -> dict[str, Any]:
         results[label] = {
             "logprob_max_diff": float((padded - tree).abs().max()),
             "grad_rel_diff": float((padded_grad - tree_grad).norm() / padded_grad.norm()),
-            "padded_s": round(padded_s, 3), "tree_s": round(tree_s, 3),
-        }  # fmt: skip
+            "padded_s": round(padded_s, 3),
+            "tree_s": round(tree_s, 3),
+        }
     trusted_attention(device)
     # Bounds: SmolLM2 on an H100 gave 9.5e-4 / 1.0e-4 in float32 (30 layers); cuDNN's bf16 gave 8.0 / 3.1.
     float32, bf16 = results["float32"], results["bfloat16"]

@@ -27,12 +27,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-import fulmen  # noqa: E402  (the repository's fulmen/ without its install: map the subpackages as setuptools does)
+from uninstalled import map_fulmen  # noqa: E402
 
-if str(ROOT) not in fulmen.__path__:
-    fulmen.__path__.append(str(ROOT))
+map_fulmen(ROOT)  # the repository's fulmen/ without its install (the GPU machine has none)
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -46,19 +45,39 @@ import time  # noqa: E402
 
 import torch  # noqa: E402
 
-from fulmen.algorithm.advantages import compute_advantages, encode_group_ids  # noqa: E402
 from fulmen.algorithm.batch import Sample, collate  # noqa: E402
+from fulmen.algorithm.rl.advantages import compute_advantages, encode_group_ids  # noqa: E402
 from fulmen.algorithm.trainer import distributed  # noqa: E402
 from fulmen.algorithm.trainer.torch_backend import LoraSettings, TorchTrainerConfig  # noqa: E402
 
 SMOLLM2_135M = {
-    "architectures": ["LlamaForCausalLM"], "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
-    "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
-    "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "tie_word_embeddings": True,
-    "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
-}  # fmt: skip
-TINY = {**SMOLLM2_135M, "num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 1024}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "vocab_size": 49152,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 100000.0,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 2,
+}
+TINY = {
+    **SMOLLM2_135M,
+    "num_hidden_layers": 2,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "vocab_size": 1024,
+}
 
 
 def build_model(shape: dict, directory: Path) -> Path:
@@ -97,9 +116,16 @@ def full_weights(model: torch.nn.Module) -> dict[str, tuple[torch.Tensor, bool]]
 def run_one(model_dir: Path, vocab: int, out: Path, args: argparse.Namespace, lora: bool) -> dict:
     device = torch.device(args.device)
     config = TorchTrainerConfig(
-        model_dir, device=args.device, dtype=args.dtype, lr=1e-4 if lora else 1e-5, micro_batch_size=args.micro_batch,
-        epochs_per_batch=2, kl_coef=0.05, lora=LoraSettings(r=16, alpha=32) if lora else None, seed=0,
-    )  # fmt: skip
+        model_dir,
+        device=args.device,
+        dtype=args.dtype,
+        lr=1e-4 if lora else 1e-5,
+        micro_batch_size=args.micro_batch,
+        epochs_per_batch=2,
+        kl_coef=0.05,
+        lora=LoraSettings(r=16, alpha=32) if lora else None,
+        seed=0,
+    )
     world = distributed.join(args.device, timeout_s=600)
     backend = distributed.RankZeroBackend.start(config, world)
     model = backend.trainer.model
@@ -129,14 +155,18 @@ def run_one(model_dir: Path, vocab: int, out: Path, args: argparse.Namespace, lo
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {
-        "lora": lora, "dtype": args.dtype,
+        "lora": lora,
+        "dtype": args.dtype,
         "trainable_params": sum(before[n][0].numel() for n in trainable),
         "tokens_per_s": round(statistics.median(m.tokens_per_s for m in steps), 1),
         "step_s": [round(m.train_s, 3) for m in steps],
         "input_tokens_per_step": steps[0].input_tokens,
-        "loss": [round(m.loss, 5) for m in metrics], "kl": [round(m.kl, 6) for m in metrics],
-        "peak_memory_mib": round(peak, 1), "checkpoint_s": round(checkpoint_s, 3), "checks": checks,
-    }  # fmt: skip
+        "loss": [round(m.loss, 5) for m in metrics],
+        "kl": [round(m.kl, 6) for m in metrics],
+        "peak_memory_mib": round(peak, 1),
+        "checkpoint_s": round(checkpoint_s, 3),
+        "checks": checks,
+    }
 
 
 def reload_matches(backend: distributed.RankZeroBackend, saved: Path, vocab: int, device: torch.device) -> bool:
@@ -192,16 +222,29 @@ def main() -> int:
         model_dir = build_model(shape, Path(tmp) / "model")
         runs = [run_one(model_dir, shape["vocab_size"], Path(tmp), args, lora) for lora in (False, True)]
     failed = [f"{'lora' if r['lora'] else 'full'}:{name}" for r in runs for name, ok in r["checks"].items() if not ok]
-    print(json.dumps({
-        "passed": not failed, "failed": failed,
-        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-        "fsdp": {"world_size": 1, "backend": "nccl" if args.device.startswith("cuda") else "gloo"},
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__},
-        "model": {"architecture": "tiny llama" if args.tiny else "SmolLM2-135M (LlamaForCausalLM from its config)",
-                  "weights": "random: the trained ones cannot travel to the GPU machine; shapes set speed and memory",
-                  "samples_per_step": args.samples, "max_response": args.max_response},
-        "runs": runs, "total_s": round(time.perf_counter() - started, 1),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "passed": not failed,
+                "failed": failed,
+                "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+                "fsdp": {"world_size": 1, "backend": "nccl" if args.device.startswith("cuda") else "gloo"},
+                "versions": {
+                    "torch": torch.__version__,
+                    "transformers": transformers.__version__,
+                    "peft": peft.__version__,
+                },
+                "model": {
+                    "architecture": "tiny llama" if args.tiny else "SmolLM2-135M (LlamaForCausalLM from its config)",
+                    "weights": "random: the trained ones cannot travel to the GPU machine; shapes set speed and memory",
+                    "samples_per_step": args.samples,
+                    "max_response": args.max_response,
+                },
+                "runs": runs,
+                "total_s": round(time.perf_counter() - started, 1),
+            }
+        )
+    )
     return 0 if not failed else 1
 
 

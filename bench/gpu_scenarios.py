@@ -7,7 +7,7 @@ to each other directly. It uses Fulmen's own code where that code runs on torch 
   recording each sampled token's logprob) and its tool-call parser (``tool_calls.py``), loaded by file (their
   package imports the Kafka side);
 * the chat template the gateway serves SmolLM2 with (``chatml-tools``, ``schemas/chat_template.py``);
-* the credit strategies (``fulmen.algorithm.credit``), the advantage estimators (``fulmen.algorithm.advantages``)
+* the credit strategies (``fulmen.algorithm.rl.credit``), the advantage estimators (``fulmen.algorithm.rl.advantages``)
   and the trainer (``fulmen.algorithm.trainer.torch_backend.TorchTrainer``: PPO-clip, token mean);
 * the calc example's data, calculator, reward and teacher (``examples/calc_agent``).
 
@@ -63,18 +63,29 @@ TEMPLATE = _by_file("fulmen_chat_template", ROOT / "schemas" / "chat_template.py
 from examples.calc_agent.calculator import CalcError, calculate, format_number  # noqa: E402
 from examples.calc_agent.data import heldout_tasks, train_tasks  # noqa: E402
 from examples.calc_agent.reward import reward as calc_reward  # noqa: E402
-from fulmen.algorithm.advantages import compute_advantages, encode_group_ids  # noqa: E402
 from fulmen.algorithm.batch import Sample  # noqa: E402
-from fulmen.algorithm.credit import assign_credit  # noqa: E402
+from fulmen.algorithm.rl.advantages import compute_advantages, encode_group_ids  # noqa: E402
+from fulmen.algorithm.rl.credit import assign_credit  # noqa: E402
 from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig  # noqa: E402
 
 # The calc agent's request as AutoGen AgentChat 0.7 sends it (examples/calc_agent/agent.py: SYSTEM, the tool).
 SYSTEM = "Solve the problem. Use the calculator tool for the arithmetic, then reply with the final number."
-TOOLS = [{"type": "function", "function": {
-    "name": "calculator", "description": "Evaluate an arithmetic expression exactly, e.g. 12*8-30.",
-    "parameters": {"type": "object", "properties": {"expression": {"description": "expression", "title": "Expression",
-                                                                   "type": "string"}},
-                   "required": ["expression"], "additionalProperties": False}, "strict": False}}]  # fmt: skip
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression exactly, e.g. 12*8-30.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"description": "expression", "title": "Expression", "type": "string"}},
+                "required": ["expression"],
+                "additionalProperties": False,
+            },
+            "strict": False,
+        },
+    }
+]
 MAX_TOOL_ROUNDS = 2
 
 
@@ -100,8 +111,9 @@ class Episodes:
         """One episode per task (in one batch per call index): rewards, and each episode's calls as samples."""
         model = self.trainer.model
         model.eval()
-        conversations = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": t["question"]}]
-                         for t in tasks]  # fmt: skip
+        conversations = [
+            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": t["question"]}] for t in tasks
+        ]
         calls: list[list[Sample]] = [[] for _ in tasks]
         answers = [""] * len(tasks)
         open_ = list(range(len(tasks)))
@@ -110,8 +122,10 @@ class Episodes:
                 break
             prompts = [self.prompt_ids(conversations[i]) for i in open_]
             seeds = [seed * 1_000_003 + i * 31 + round_index for i in open_]
-            rows = [SAMPLING.Row(p, self.max_tokens, temperature=temperature, seed=s)
-                    for p, s in zip(prompts, seeds, strict=True)]  # fmt: skip
+            rows = [
+                SAMPLING.Row(p, self.max_tokens, temperature=temperature, seed=s)
+                for p, s in zip(prompts, seeds, strict=True)
+            ]
             outputs = SAMPLING.generate(model, rows, self.pad, self.eos)
             still = []
             for i, prompt, out in zip(open_, prompts, outputs, strict=True):
@@ -123,8 +137,13 @@ class Episodes:
                     continue
                 conversations[i].append({"role": "assistant", "content": None, "tool_calls": tool_calls})
                 for call in tool_calls:
-                    conversations[i].append({"role": "tool", "tool_call_id": call["id"],
-                                             "content": _calculator(call["function"]["arguments"])})  # fmt: skip
+                    conversations[i].append(
+                        {
+                            "role": "tool",
+                            "tool_call_id": call["id"],
+                            "content": _calculator(call["function"]["arguments"]),
+                        }
+                    )
                 still.append(i)
             open_ = still
         return [calc_reward(a, t["answer"]) for a, t in zip(answers, tasks, strict=True)], calls
@@ -149,17 +168,24 @@ def demonstrations(episodes: Episodes, tasks: list[dict]) -> list[Sample]:
             "function": {"name": "calculator", "arguments": json.dumps({"expression": task["expression"]})},
         }
         result = format_number(calculate(task["expression"]))
-        after = [*messages, {"role": "assistant", "content": None, "tool_calls": [call]},
-                 {"role": "tool", "tool_call_id": "call_0", "content": result}]  # fmt: skip
-        for prompt_messages, reply in ((messages, {"role": "assistant", "content": None, "tool_calls": [call]}),
-                                       (after, {"role": "assistant", "content": str(task["answer"])})):  # fmt: skip
-            prompt = episodes.tokenizer.apply_chat_template(prompt_messages, tools=TOOLS, tokenize=False,
-                                                            add_generation_prompt=True)  # fmt: skip
+        after = [
+            *messages,
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_0", "content": result},
+        ]
+        for prompt_messages, reply in (
+            (messages, {"role": "assistant", "content": None, "tool_calls": [call]}),
+            (after, {"role": "assistant", "content": str(task["answer"])}),
+        ):
+            prompt = episodes.tokenizer.apply_chat_template(
+                prompt_messages, tools=TOOLS, tokenize=False, add_generation_prompt=True
+            )
             whole = episodes.tokenizer.apply_chat_template([*prompt_messages, reply], tools=TOOLS, tokenize=False)
             reply_ids = episodes.tokenizer(whole[len(prompt) :], add_special_tokens=False)["input_ids"]
             end = next(k for k, token in enumerate(reply_ids) if token in episodes.eos)
-            samples.append(Sample(episodes.tokenizer(prompt, add_special_tokens=False)["input_ids"],
-                                  reply_ids[: end + 1]))  # fmt: skip
+            samples.append(
+                Sample(episodes.tokenizer(prompt, add_special_tokens=False)["input_ids"], reply_ids[: end + 1])
+            )
     return samples
 
 
@@ -173,8 +199,15 @@ def grpo_samples(tasks: list[dict], rewards: list[float], calls: list[list[Sampl
         credited = assign_credit("broadcast", reward, [None] * len(calls[episode]))
         for sample, _ in zip(calls[episode], credited, strict=True):
             if sample.response_token_ids:
-                samples.append(Sample(sample.prompt_token_ids, sample.response_token_ids, advantage=advantage,
-                                      old_logprobs=sample.old_logprobs, group_id=str(episode // group)))  # fmt: skip
+                samples.append(
+                    Sample(
+                        sample.prompt_token_ids,
+                        sample.response_token_ids,
+                        advantage=advantage,
+                        old_logprobs=sample.old_logprobs,
+                        group_id=str(episode // group),
+                    )
+                )
     return samples
 
 
@@ -203,8 +236,11 @@ def main() -> int:
     args = parser.parse_args()
     model_dir = _model(args)
     device = torch.device(args.device)
-    trainer = TorchTrainer(TorchTrainerConfig(model_path=model_dir, device=args.device, dtype="auto", lr=args.lr,
-                                              micro_batch_size=16, seed=0))  # fmt: skip
+    trainer = TorchTrainer(
+        TorchTrainerConfig(
+            model_path=model_dir, device=args.device, dtype="auto", lr=args.lr, micro_batch_size=16, seed=0
+        )
+    )
     episodes = Episodes(trainer, args.max_tokens)
     teach = demonstrations(episodes, train_tasks(args.warmup_tasks))
     for group in trainer.optimizer.param_groups:  # the warm-up: the same weights, ten times the learning rate
@@ -219,8 +255,11 @@ def main() -> int:
     pool = train_tasks(100_000)
     steps, tokens, train_start, trained = 0, 0, time.perf_counter(), []
     while time.perf_counter() - train_start < args.minutes * 60 and steps < args.max_steps:
-        tasks = [pool[(steps * args.groups_per_step + g) % len(pool)] for g in range(args.groups_per_step)
-                 for _ in range(args.group_size)]  # fmt: skip
+        tasks = [
+            pool[(steps * args.groups_per_step + g) % len(pool)]
+            for g in range(args.groups_per_step)
+            for _ in range(args.group_size)
+        ]
         rewards, calls = episodes.run(tasks, temperature=1.0, seed=steps + 1)
         samples = grpo_samples(tasks, rewards, calls, args.group_size)
         metrics = trainer.step(samples)
@@ -230,17 +269,24 @@ def main() -> int:
     train_s = time.perf_counter() - train_start
     after = accuracy(episodes, heldout, 64)
     report = {
-        "scenario": "calc_agent", "model": str(model_dir), "random_weights": args.random_weights,
+        "scenario": "calc_agent",
+        "model": str(model_dir),
+        "random_weights": args.random_weights,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "heldout_before": round(before, 4), "heldout_after": round(after, 4), "steps": steps,
-        "s_per_step": round(train_s / max(steps, 1), 2), "train_tokens_per_s": round(tokens / train_s, 1),
-        "reward_by_step": trained, "wall_s": round(time.perf_counter() - started, 1),
-        "peak_gpu_memory_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda"
+        "heldout_before": round(before, 4),
+        "heldout_after": round(after, 4),
+        "steps": steps,
+        "s_per_step": round(train_s / max(steps, 1), 2),
+        "train_tokens_per_s": round(tokens / train_s, 1),
+        "reward_by_step": trained,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "peak_gpu_memory_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+        if device.type == "cuda"
         else None,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "without_the_system": "no Kafka, store, gateways or runner here: the sampler, credit, advantages and trainer "
-                              "are called directly (module docstring)",
-    }  # fmt: skip
+        "are called directly (module docstring)",
+    }
     print(json.dumps(report))
     return 0
 

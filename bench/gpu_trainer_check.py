@@ -28,8 +28,8 @@ import time
 
 import torch
 
-from fulmen.algorithm.advantages import compute_advantages, encode_group_ids
 from fulmen.algorithm.batch import Sample, collate
+from fulmen.algorithm.rl.advantages import compute_advantages, encode_group_ids
 from fulmen.algorithm.tiny_model import TinyModelConfig, build_tiny_model
 from fulmen.algorithm.trainer.torch_backend import LoraSettings, TorchTrainer, TorchTrainerConfig
 
@@ -59,9 +59,16 @@ def run_one(model_dir: Path, out_dir: Path, args: argparse.Namespace, dtype: str
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     config = TorchTrainerConfig(
-        model_dir, device=args.device, dtype=dtype, lr=1e-3 if lora else 3e-4, micro_batch_size=args.micro_batch,
-        epochs_per_batch=2, kl_coef=0.05, lora=LoraSettings(r=8, alpha=16) if lora else None, seed=0,
-    )  # fmt: skip
+        model_dir,
+        device=args.device,
+        dtype=dtype,
+        lr=1e-3 if lora else 3e-4,
+        micro_batch_size=args.micro_batch,
+        epochs_per_batch=2,
+        kl_coef=0.05,
+        lora=LoraSettings(r=8, alpha=16) if lora else None,
+        seed=0,
+    )
     trainer = TorchTrainer(config)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     steps = [trainer.step(make_samples(s, args.samples, 8, args.max_response)) for s in range(args.steps)]
@@ -126,9 +133,12 @@ def main() -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         shape = TinyModelConfig(
-            hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=max(4, args.hidden // 64),
-            num_key_value_heads=max(2, args.hidden // 128), intermediate_size=4 * args.hidden,
-        )  # fmt: skip
+            hidden_size=args.hidden,
+            num_hidden_layers=args.layers,
+            num_attention_heads=max(4, args.hidden // 64),
+            num_key_value_heads=max(2, args.hidden // 128),
+            intermediate_size=4 * args.hidden,
+        )
         model_dir = build_tiny_model(Path(tmp) / "model", shape)
         runs = [
             run_one(model_dir, Path(tmp), args, dtype, lora)

@@ -98,8 +98,18 @@ class ProcessCounters:
         perf = shutil.which("perf") if syscalls else None
         self._dir = Path(tempfile.mkdtemp(prefix="fulmen-perf-")) if perf else Path()
         for name, pid in pids.items() if perf else ():
-            command = [perf, "stat", "-x", ",", "-e", "raw_syscalls:sys_enter", "-p", str(pid), "-o",
-                       str(self._dir / f"{name}.csv")]  # fmt: skip
+            command = [
+                perf,
+                "stat",
+                "-x",
+                ",",
+                "-e",
+                "raw_syscalls:sys_enter",
+                "-p",
+                str(pid),
+                "-o",
+                str(self._dir / f"{name}.csv"),
+            ]
             self._perf[name] = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def per(self, units: float, unit: str) -> dict[str, float]:
@@ -195,6 +205,8 @@ class MemorySampler:
 
     def peaks(self) -> dict[str, float]:
         """``peak_anon_mb``; ``file_mb_at_peak`` and ``anon_mb_at_peak`` (the sample with the largest total)."""
-        return {"peak_anon_mb": round(self.peak_anon, 1),
-                "anon_mb_at_peak": round(self.peak_total.get("anon", 0.0), 1),
-                "file_mb_at_peak": round(self.peak_total.get("file", 0.0), 1)}  # fmt: skip
+        return {
+            "peak_anon_mb": round(self.peak_anon, 1),
+            "anon_mb_at_peak": round(self.peak_total.get("anon", 0.0), 1),
+            "file_mb_at_peak": round(self.peak_total.get("file", 0.0), 1),
+        }

@@ -30,8 +30,9 @@ def _text(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(words))
 
 
-def make_request(n_spans: int, *, service: str = "bench-agent", marker: str = "", seed: int | None = None,
-                 spans_per_trace: int = 10) -> ExportTraceServiceRequest:  # fmt: skip
+def make_request(
+    n_spans: int, *, service: str = "bench-agent", marker: str = "", seed: int | None = None, spans_per_trace: int = 10
+) -> ExportTraceServiceRequest:
     """One export batch: ``n_spans`` spans in traces of ``spans_per_trace``, each ~1 KB with ~20 attributes.
 
     ``marker`` goes into every span's ``bench.marker`` attribute, so a benchmark can find its batch with SQL.
@@ -39,10 +40,15 @@ def make_request(n_spans: int, *, service: str = "bench-agent", marker: str = ""
     rng = random.Random(seed)
     request = ExportTraceServiceRequest()
     resource_spans = request.resource_spans.add()
-    resource_spans.resource.attributes.extend([
-        _kv("service.name", service), _kv("service.version", "1.4.2"), _kv("telemetry.sdk.language", "python"),
-        _kv("telemetry.sdk.name", "opentelemetry"), _kv("host.name", "worker-7"),
-    ])  # fmt: skip
+    resource_spans.resource.attributes.extend(
+        [
+            _kv("service.name", service),
+            _kv("service.version", "1.4.2"),
+            _kv("telemetry.sdk.language", "python"),
+            _kv("telemetry.sdk.name", "opentelemetry"),
+            _kv("host.name", "worker-7"),
+        ]
+    )
     scope_spans = resource_spans.scope_spans.add()
     scope_spans.scope.name = "bench.agent"
     scope_spans.scope.version = "0.1"
@@ -60,17 +66,28 @@ def make_request(n_spans: int, *, service: str = "bench-agent", marker: str = ""
         span.start_time_unix_nano = now - 5_000_000
         span.end_time_unix_nano = now
         span.status.code = Status.STATUS_CODE_OK
-        span.attributes.extend([
-            _kv(semconv.GEN_AI_OPERATION_NAME, "chat"), _kv(semconv.GEN_AI_SYSTEM, "fulmen"),
-            _kv(semconv.GEN_AI_REQUEST_MODEL, "tiny-model"), _kv(semconv.GEN_AI_RESPONSE_MODEL, "tiny-model"),
-            _kv(semconv.GEN_AI_REQUEST_TEMPERATURE, 1.0), _kv(semconv.GEN_AI_REQUEST_MAX_TOKENS, 256),
-            _kv(semconv.GEN_AI_USAGE_INPUT_TOKENS, rng.randint(50, 500)),
-            _kv(semconv.GEN_AI_USAGE_OUTPUT_TOKENS, rng.randint(5, 100)),
-            _kv(semconv.GEN_AI_RESPONSE_ID, f"chatcmpl-{rng.getrandbits(64):x}"),
-            _kv(semconv.GEN_AI_RESPONSE_FINISH_REASONS, "stop"), _kv(semconv.GEN_AI_AGENT_NAME, "solver"),
-            _kv(semconv.GEN_AI_INPUT_MESSAGES, _text(rng, 60)), _kv(semconv.GEN_AI_OUTPUT_MESSAGES, _text(rng, 25)),
-            _kv(semconv.ROLLOUT_ID, f"rollout-{i // spans_per_trace}"), _kv(semconv.ROLLOUT_ATTEMPT, 1),
-            _kv(semconv.MODEL_VERSION, 3), _kv("http.status_code", 200), _kv("server.address", "127.0.0.1"),
-            _kv("bench.marker", marker), _kv("bench.index", i),
-        ])  # fmt: skip
+        span.attributes.extend(
+            [
+                _kv(semconv.GEN_AI_OPERATION_NAME, "chat"),
+                _kv(semconv.GEN_AI_SYSTEM, "fulmen"),
+                _kv(semconv.GEN_AI_REQUEST_MODEL, "tiny-model"),
+                _kv(semconv.GEN_AI_RESPONSE_MODEL, "tiny-model"),
+                _kv(semconv.GEN_AI_REQUEST_TEMPERATURE, 1.0),
+                _kv(semconv.GEN_AI_REQUEST_MAX_TOKENS, 256),
+                _kv(semconv.GEN_AI_USAGE_INPUT_TOKENS, rng.randint(50, 500)),
+                _kv(semconv.GEN_AI_USAGE_OUTPUT_TOKENS, rng.randint(5, 100)),
+                _kv(semconv.GEN_AI_RESPONSE_ID, f"chatcmpl-{rng.getrandbits(64):x}"),
+                _kv(semconv.GEN_AI_RESPONSE_FINISH_REASONS, "stop"),
+                _kv(semconv.GEN_AI_AGENT_NAME, "solver"),
+                _kv(semconv.GEN_AI_INPUT_MESSAGES, _text(rng, 60)),
+                _kv(semconv.GEN_AI_OUTPUT_MESSAGES, _text(rng, 25)),
+                _kv(semconv.ROLLOUT_ID, f"rollout-{i // spans_per_trace}"),
+                _kv(semconv.ROLLOUT_ATTEMPT, 1),
+                _kv(semconv.MODEL_VERSION, 3),
+                _kv("http.status_code", 200),
+                _kv("server.address", "127.0.0.1"),
+                _kv("bench.marker", marker),
+                _kv("bench.index", i),
+            ]
+        )
     return request

@@ -62,11 +62,17 @@ def _summary(run: Any) -> dict[str, Any]:
     extra = run.steps[-1].extra if run.steps else {}
     refused = {k.removeprefix("replay_refused_"): int(v) for k, v in extra.items() if k.startswith("replay_refused_")}
     return {
-        "run_dir": str(run.run_dir), "store": str(run.store_path), "before": before, "after": after,
-        "gain": round(after - before, 4), "curve": [[s, round(a, 4)] for s, a in curve], "steps": len(run.steps),
-        "s_per_step": round(run.train_s / max(len(run.steps), 1), 2), "refused": refused,
+        "run_dir": str(run.run_dir),
+        "store": str(run.store_path),
+        "before": before,
+        "after": after,
+        "gain": round(after - before, 4),
+        "curve": [[s, round(a, 4)] for s, a in curve],
+        "steps": len(run.steps),
+        "s_per_step": round(run.train_s / max(len(run.steps), 1), 2),
+        "refused": refused,
         "replayed_rollouts": int(extra.get("replay_rollouts", 0)),
-    }  # fmt: skip
+    }
 
 
 def arm_onpolicy(args: argparse.Namespace) -> dict[str, Any]:
@@ -82,8 +88,9 @@ def arm_replay(args: argparse.Namespace) -> dict[str, Any]:
     plan = LocalPlan(AGENT, model, runners=1, concurrency=options.concurrency, run_prefix="replay")
     heldout = heldout_tasks(options.heldout, warmup_count=options.warmup.steps * options.warmup.batch)
     fields = train_fields(options) | {"replay_sql": TRAIN_ROLLOUTS, "source_store": str(args.store)}
-    run = run_locally(_settings(args.home), plan, fields, [], heldout, run_dir=args.out / args.name,
-                      on_phase=_say, on_step=_step)  # fmt: skip
+    run = run_locally(
+        _settings(args.home), plan, fields, [], heldout, run_dir=args.out / args.name, on_phase=_say, on_step=_step
+    )
     return _summary(run)
 
 
@@ -99,13 +106,22 @@ def arm_promote(args: argparse.Namespace) -> dict[str, Any]:
     plan = LocalPlan(AGENT, model, runners=1, concurrency=options.concurrency, run_prefix="promote")
     heldout = heldout_tasks(options.heldout, warmup_count=options.warmup.steps * options.warmup.batch)
     fields = train_fields(options) | {"promote_if_better": True, "shuffle_rewards": args.shuffled}
-    run = run_locally(_settings(args.home), plan, fields, train_tasks(), heldout, run_dir=args.out / args.name,
-                      on_phase=_say, on_step=_step)  # fmt: skip
+    run = run_locally(
+        _settings(args.home),
+        plan,
+        fields,
+        train_tasks(),
+        heldout,
+        run_dir=args.out / args.name,
+        on_phase=_say,
+        on_step=_step,
+    )
     summary = _summary(run)
     summary["promoted_versions"] = [s.step for s in run.steps if s.extra.get("promoted") == 1.0]
     summary["rejected_versions"] = [s.step for s in run.steps if s.extra.get("promoted") == 0.0]
-    summary["held_out_by_version"] = [[s.step, round(s.extra["val_accuracy"], 4)] for s in run.steps
-                                      if "val_accuracy" in s.extra]  # fmt: skip
+    summary["held_out_by_version"] = [
+        [s.step, round(s.extra["val_accuracy"], 4)] for s in run.steps if "val_accuracy" in s.extra
+    ]
     return summary
 
 
@@ -118,8 +134,9 @@ def arm_withhold(args: argparse.Namespace) -> dict[str, Any]:
 
     settings = FulmenSettings.model_validate({"home": args.home, "clickhouse": {"path": args.store, "read_port": 0}})
     store = Store.open(settings)
-    rows = store.query("SELECT RolloutId, any(EpisodeReward) FROM fulmen.transitions WHERE Mode = 'train' "
-                       "GROUP BY RolloutId").rows  # fmt: skip
+    rows = store.query(
+        "SELECT RolloutId, any(EpisodeReward) FROM fulmen.transitions WHERE Mode = 'train' GROUP BY RolloutId"
+    ).rows
     verdicts = {str(r[0]): r[1] for r in rows if r[1] is not None}
     export = args.to.parent / "export"
     export.mkdir(parents=True, exist_ok=True)
@@ -168,8 +185,12 @@ def arm_feedback(args: argparse.Namespace) -> dict[str, Any]:
     settings = settings.model_copy(update={"kafka": settings.kafka.model_copy(update={"topic_prefix": "late."})})
     ready = ensure_kafka(settings)
     ports = StackPorts.free()
-    env = {"FULMEN_KAFKA_BOOTSTRAP": ready.bootstrap, "FULMEN_KAFKA_TOPIC_PREFIX": "late.",
-           "FULMEN_HOME": str(args.home), "FULMEN_CLICKHOUSE_PATH": str(args.to)}  # fmt: skip
+    env = {
+        "FULMEN_KAFKA_BOOTSTRAP": ready.bootstrap,
+        "FULMEN_KAFKA_TOPIC_PREFIX": "late.",
+        "FULMEN_HOME": str(args.home),
+        "FULMEN_CLICKHOUSE_PATH": str(args.to),
+    }
     started = time.perf_counter()
     try:
         with Services(args.to.parent / "logs", env) as services:
@@ -179,8 +200,10 @@ def arm_feedback(args: argparse.Namespace) -> dict[str, Any]:
             with httpx.Client(base_url=ports.llm_url, timeout=30) as client:
                 for rollout_id, value in verdicts.items():
                     sent = time.perf_counter()
-                    answer = client.post("/v1/feedback", json={"rollout_id": rollout_id, "value": value,
-                                                               "comment": "graded after the run"})  # fmt: skip
+                    answer = client.post(
+                        "/v1/feedback",
+                        json={"rollout_id": rollout_id, "value": value, "comment": "graded after the run"},
+                    )
                     answer.raise_for_status()
                     latencies.append(time.perf_counter() - sent)
             reader = RemoteReader(ports.read_url)
@@ -221,14 +244,27 @@ def _say(text: str) -> None:
 
 def _step(event: Any) -> None:
     held = event.extra.get("val_accuracy")
-    print(f"step {event.step}: reward {event.reward_mean:.3f}" + (f", held-out {held:.3f}" if held is not None
-          else ""), file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"step {event.step}: reward {event.reward_mean:.3f}" + (f", held-out {held:.3f}" if held is not None else ""),
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _arm(arm: str, args: argparse.Namespace, **more: Any) -> dict[str, Any]:
     """Run one arm in its own process; its JSON line."""
-    command = [sys.executable, str(HERE), "--arm", arm, "--steps", str(args.steps), "--home", str(args.home),
-               "--out", str(args.out)]  # fmt: skip
+    command = [
+        sys.executable,
+        str(HERE),
+        "--arm",
+        arm,
+        "--steps",
+        str(args.steps),
+        "--home",
+        str(args.home),
+        "--out",
+        str(args.out),
+    ]
     for key, value in more.items():
         command += [f"--{key}", str(value)] if value != "" else [f"--{key}"]
     _say(f"arm {arm} {more or ''}")
@@ -264,23 +300,33 @@ def main() -> None:
         result.update(onpolicy_gain=gain, onpolicy=onpolicy)
     if "replay" in only:
         replay = _arm("replay", args, store=onpolicy["store"], name="replay")
-        result.update(replay_gain=replay["gain"], replay_fraction=round(replay["gain"] / gain, 3) if gain > 0 else None,
-                      refused_rows=replay["refused"], replay=replay)  # fmt: skip
+        result.update(
+            replay_gain=replay["gain"],
+            replay_fraction=round(replay["gain"] / gain, 3) if gain > 0 else None,
+            refused_rows=replay["refused"],
+            replay=replay,
+        )
     if "late" in only:
         copy = args.out / "late" / "chdb"
         withheld = _arm("withhold", args, store=onpolicy["store"], to=copy) | _arm("import", args, to=copy)
         feedback = _arm("feedback", args, to=copy)
         late = _arm("replay", args, store=copy, name="late-replay")
-        result.update(late_feedback_gain=late["gain"], late_refused_rows=late["refused"], withheld=withheld,
-                      feedback=feedback, late=late)  # fmt: skip
+        result.update(
+            late_feedback_gain=late["gain"],
+            late_refused_rows=late["refused"],
+            withheld=withheld,
+            feedback=feedback,
+            late=late,
+        )
     if "promote" in only:
         normal = _arm("promote", args, name="promote")
         control = _arm("promote", args, name="promote-shuffled", shuffled="")
         result.update(
             promoted_versions={"normal": normal["promoted_versions"], "shuffled": control["promoted_versions"]},
             rejected_versions={"normal": normal["rejected_versions"], "shuffled": control["rejected_versions"]},
-            promote=normal, promote_shuffled=control,
-        )  # fmt: skip
+            promote=normal,
+            promote_shuffled=control,
+        )
     result["wall_s"] = round(time.perf_counter() - began, 1)
     print(json.dumps(result))
 

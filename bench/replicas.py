@@ -1,7 +1,7 @@
 """The LLM gateway over several vLLM replicas: throughput with 1 and 3, a replica killed under load, a version
 rolled over the replicas under load.
 
-Starts a Kafka broker and, in this process, three vLLM stand-ins (``tests/vllm_standin.py``: vLLM 0.33's routes
+Starts a Kafka broker and, in this process, three vLLM stand-ins (``fulmen/testing/vllm_standin.py``: vLLM 0.33's routes
 and shapes; each generation takes ``--generation-ms``, at most ``--max-num-seqs`` at once, as a server whose batch
 is full) and the gateway (``vllm`` backend) in front of them. ``--clients`` agents call in a closed loop, each its
 own rollout of ``--calls-per-rollout`` calls. Phases of ``--seconds`` each:
@@ -40,9 +40,9 @@ from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
 from fulmen.producers.llm_gateway import LlmGateway, LlmGatewaySettings
 from fulmen.schemas import ModelVersion, TopicKey, semconv
-from tests.integration.llm_pipeline import all_published_spans
-from tests.publishing import event_publisher
-from tests.vllm_standin import BASE_MODEL, VllmStandIn
+from fulmen.testing.llm_pipeline import all_published_spans
+from fulmen.testing.publishing import event_publisher
+from fulmen.testing.vllm_standin import BASE_MODEL, VllmStandIn
 
 
 async def agents(port: int, clients: int, calls_per_rollout: int, seconds: float) -> dict[str, Any]:
@@ -92,11 +92,20 @@ async def phase(settings: FulmenSettings, servers: list[VllmStandIn], args: argp
     prefix = f"b{secrets.token_hex(4)}."
     run = FulmenSettings(home=settings.home, kafka=settings.kafka.model_copy(update={"topic_prefix": prefix}))
     await ensure_topics(run)
-    gateway = LlmGateway(LlmGatewaySettings(
-        home=run.home, kafka=run.kafka.model_dump(),
-        llm={"backend": "vllm", "model": BASE_MODEL, "upstream_url": ",".join(s.url for s in servers),
-             "model_version": 0, "port": free_port(), "replica_retry_s": 0.5},
-    ))  # fmt: skip
+    gateway = LlmGateway(
+        LlmGatewaySettings(
+            home=run.home,
+            kafka=run.kafka.model_dump(),
+            llm={
+                "backend": "vllm",
+                "model": BASE_MODEL,
+                "upstream_url": ",".join(s.url for s in servers),
+                "model_version": 0,
+                "port": free_port(),
+                "replica_retry_s": 0.5,
+            },
+        )
+    )
     await gateway.start()
     try:
         load = asyncio.create_task(agents(gateway.port, args.clients, args.calls_per_rollout, args.seconds))
@@ -127,8 +136,12 @@ async def measure(args: argparse.Namespace, home: Path, bootstrap: str) -> dict[
     settings = FulmenSettings(home=home, kafka={"bootstrap": bootstrap})
     checkpoint = home / "v1"
     checkpoint.mkdir()
-    options = {"delay_s": args.generation_ms / 1000, "load_delay_s": args.load_ms / 1000,
-               "max_num_seqs": args.max_num_seqs, "root": str(home)}  # fmt: skip
+    options = {
+        "delay_s": args.generation_ms / 1000,
+        "load_delay_s": args.load_ms / 1000,
+        "max_num_seqs": args.max_num_seqs,
+        "root": str(home),
+    }
     servers = [VllmStandIn(**options) for _ in range(3)]
     for server in servers:
         await server.start()
@@ -147,8 +160,9 @@ async def measure(args: argparse.Namespace, home: Path, bootstrap: str) -> dict[
         async def publish(gateway: LlmGateway, run: FulmenSettings) -> dict:
             started = time.monotonic()
             async with event_publisher(run) as publisher:
-                await publisher.publish(TopicKey.MODELS, ModelVersion(model_name="fulmen", version=1,
-                                                                      uri=str(checkpoint)))  # fmt: skip
+                await publisher.publish(
+                    TopicKey.MODELS, ModelVersion(model_name="fulmen", version=1, uri=str(checkpoint))
+                )
             while gateway.backend.model_version != 1:
                 await asyncio.sleep(0.01)
             return {"roll_s": round(time.monotonic() - started, 2)}

@@ -61,19 +61,27 @@ TERMINAL = ", ".join(f"'{status.value}'" for status in TERMINAL_STATUSES)
 def stored_counts(reader: RemoteReader, tag: str, spans: bool) -> tuple[int, int]:
     """(rollouts of the burst with a terminal row, the burst's agent spans) in the store now; ``tag`` is the bench's
     own (letters, digits, dashes)."""
-    done = reader.query(f"SELECT uniqExact(RolloutId) FROM fulmen.rollouts WHERE startsWith(RolloutId, '{tag}-') "
-                        f"AND Status IN ({TERMINAL})", final=False).rows[0][0]  # fmt: skip
+    done = reader.query(
+        f"SELECT uniqExact(RolloutId) FROM fulmen.rollouts WHERE startsWith(RolloutId, '{tag}-') "
+        f"AND Status IN ({TERMINAL})",
+        final=False,
+    ).rows[0][0]
     if not spans:
         return done, 0
-    count = reader.query(f"SELECT count() FROM fulmen.otel_traces WHERE startsWith(RolloutId, '{tag}-') "
-                         "AND startsWith(SpanName, 'step ')", final=False).rows[0][0]  # fmt: skip
+    count = reader.query(
+        f"SELECT count() FROM fulmen.otel_traces WHERE startsWith(RolloutId, '{tag}-') "
+        "AND startsWith(SpanName, 'step ')",
+        final=False,
+    ).rows[0][0]
     return done, count
 
 
 async def burst(settings: FulmenSettings, reader: RemoteReader, count: int, tag: str, spans: bool) -> dict:
     """Publish ``count`` requests at once; the time until all are terminal in the store and in Kafka."""
-    requests = [RolloutRequest(rollout_id=f"{tag}-{i}", task_id=f"t{i}", group_id=f"{tag}-g{i // 8}", input={"i": i})
-                for i in range(count)]  # fmt: skip
+    requests = [
+        RolloutRequest(rollout_id=f"{tag}-{i}", task_id=f"t{i}", group_id=f"{tag}-g{i // 8}", input={"i": i})
+        for i in range(count)
+    ]
     kafka = kafka_broker(settings)
     await start_or_raise(kafka, settings)
     events = consumer(settings, None)
@@ -116,22 +124,39 @@ async def burst(settings: FulmenSettings, reader: RemoteReader, count: int, tag:
     finally:
         await close_quietly([kafka, events])
     return {
-        "rollouts": count, "rollouts_per_s": count / store_s, "kafka_only_rollouts_per_s": count / kafka_s,
-        "wall_s": store_s, "p50_s": marks[0.5], "p99_s": marks[0.99],
-        "spans_expected": want_spans, "spans_stored": stored_spans,
-    }  # fmt: skip
+        "rollouts": count,
+        "rollouts_per_s": count / store_s,
+        "kafka_only_rollouts_per_s": count / kafka_s,
+        "wall_s": store_s,
+        "p50_s": marks[0.5],
+        "p99_s": marks[0.99],
+        "spans_expected": want_spans,
+        "spans_stored": stored_spans,
+    }
 
 
 def anchor_burst(anchor: AnchorStore, count: int, workers: int, spans: bool) -> dict:
     """One burst through the anchor's store by its HTTP runners (``bench/anchor_runner.py`` in its virtualenv)."""
     script = Path(__file__).with_name("anchor_runner.py")
-    out = subprocess.run([str(PYTHON), str(script), anchor.url, str(count), str(workers), str(10 if spans else 0)],
-                         capture_output=True, text=True, timeout=900, check=True)  # fmt: skip
+    out = subprocess.run(
+        [str(PYTHON), str(script), anchor.url, str(count), str(workers), str(10 if spans else 0)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+    )
     return {key: round(value, 4) for key, value in json.loads(out.stdout.strip().splitlines()[-1]).items()}
 
 
-def run_case(settings: FulmenSettings, reader: RemoteReader, tag: str, spans: bool, args: argparse.Namespace,
-             pids: dict[str, int], anchor: AnchorStore | None = None) -> dict:  # fmt: skip
+def run_case(
+    settings: FulmenSettings,
+    reader: RemoteReader,
+    tag: str,
+    spans: bool,
+    args: argparse.Namespace,
+    pids: dict[str, int],
+    anchor: AnchorStore | None = None,
+) -> dict:
     asyncio.run(burst(settings, reader, args.warmup, f"{tag}-warm", spans))  # start-up: groups join, JIT, caches
     warm = asyncio.run(burst(settings, reader, args.burst, f"{tag}-size", spans))  # the rate that sizes the bursts
     size = max(args.burst, int(warm["rollouts_per_s"] * args.seconds * 1.2))
@@ -180,16 +205,21 @@ def main() -> None:
     broker.start()
     otlp_port, read_port = free_port(), free_port()
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
-        "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap, "FULMEN_HOME": str(home), "FULMEN_LOG_LEVEL": "WARNING",
-        "FULMEN_OTLP_PORT": str(otlp_port), "FULMEN_CLICKHOUSE_READ_PORT": str(read_port),
+        "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap,
+        "FULMEN_HOME": str(home),
+        "FULMEN_LOG_LEVEL": "WARNING",
+        "FULMEN_OTLP_PORT": str(otlp_port),
+        "FULMEN_CLICKHOUSE_READ_PORT": str(read_port),
         "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
-    }  # fmt: skip
+    }
     fulmen = [sys.executable, "-m", "fulmen.cli.main"]
     report: dict = {}
     logs = open(home / "services.log", "wb")  # noqa: SIM115
     asyncio.run(ensure_topics(FulmenSettings(kafka={"bootstrap": broker.bootstrap})))
-    services = [subprocess.Popen([*fulmen, "consume"], env=base_env, stdout=logs, stderr=logs),
-                subprocess.Popen([*fulmen, "otlp-gateway"], env=base_env, stdout=logs, stderr=logs)]  # fmt: skip
+    services = [
+        subprocess.Popen([*fulmen, "consume"], env=base_env, stdout=logs, stderr=logs),
+        subprocess.Popen([*fulmen, "otlp-gateway"], env=base_env, stdout=logs, stderr=logs),
+    ]
     anchor = None
     try:
         print(f"logs in {home}", file=sys.stderr)
@@ -202,13 +232,30 @@ def main() -> None:
             otlp = f"http://127.0.0.1:{otlp_port}/v1/traces" if spans else ""
             env = base_env | {"FULMEN_RUNNER_OTLP_ENDPOINT": otlp}
             profile = ["-m", "cProfile", "-o", str(args.profile / f"{agent}.prof")] if args.profile else []
-            runner = subprocess.Popen([sys.executable, *profile, "-m", "fulmen.cli.main", "runner", "--agent",
-                                       f"bench.agents:{agent}", "--concurrency", str(args.workers)], env=env,
-                                      stdout=logs, stderr=logs)  # fmt: skip
+            runner = subprocess.Popen(
+                [
+                    sys.executable,
+                    *profile,
+                    "-m",
+                    "fulmen.cli.main",
+                    "runner",
+                    "--agent",
+                    f"bench.agents:{agent}",
+                    "--concurrency",
+                    str(args.workers),
+                ],
+                env=env,
+                stdout=logs,
+                stderr=logs,
+            )
             try:
                 time.sleep(3)  # the runner joins its group
-                pids = {"runner": runner.pid, "consumer": services[0].pid, "kafka": broker.status().pid or 0,
-                        "bench": os.getpid()}  # fmt: skip
+                pids = {
+                    "runner": runner.pid,
+                    "consumer": services[0].pid,
+                    "kafka": broker.status().pid or 0,
+                    "bench": os.getpid(),
+                }
                 if spans:
                     pids["gateway"] = services[1].pid
                 report[agent] = run_case(settings, reader, agent, spans, args, pids, anchor)
@@ -233,8 +280,9 @@ def main() -> None:
         report["kafka_only_rollouts_per_s"] = report["noop"]["kafka_only_rollouts_per_s"]
     if "ten_spans" in report:
         report["rollouts_per_s_10_spans"] = report["ten_spans"]["rollouts_per_s"]
-        report["all_spans_stored"] = all(run["spans_stored"] >= run["spans_expected"]
-                                         for run in report["ten_spans"]["runs"])  # fmt: skip
+        report["all_spans_stored"] = all(
+            run["spans_stored"] >= run["spans_expected"] for run in report["ten_spans"]["runs"]
+        )
     report["done"] = "the terminal state of every rollout of a burst queryable in fulmen.rollouts (and its 10 spans "
     report["done"] += "in fulmen.otel_traces); kafka_only: every terminal event read back from the rollouts topic"
     report["workers"] = args.workers

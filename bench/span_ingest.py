@@ -34,7 +34,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,7 @@ from bench.harness import MemorySampler, ProcessCounters, load_average, summaris
 from bench.otlp_payloads import make_request
 from fulmen.infra.kafka.admin import ensure_topics
 from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.processes import free_port
 from fulmen.infra.settings import BrokerSettings, FulmenSettings, KafkaSettings
 from fulmen.infra.store import RemoteReader
 from fulmen.schemas import TopicKey, topic_name
@@ -78,12 +78,6 @@ def encode_batches(
             span.attributes[marker_index].value.string_value = marker
         batches.append((marker, template.SerializeToString()))
     return batches
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -148,8 +142,11 @@ def main() -> None:
     parser.add_argument(
         "--rate", type=float, default=None, help="offer this many spans/s (open loop); default: as fast as answered"
     )
-    parser.add_argument("--compression", choices=("none", "gzip", "snappy", "lz4", "zstd"),
-                        help="FULMEN_KAFKA_COMPRESSION of the gateway (default: the setting's default)")  # fmt: skip
+    parser.add_argument(
+        "--compression",
+        choices=("none", "gzip", "snappy", "lz4", "zstd"),
+        help="FULMEN_KAFKA_COMPRESSION of the gateway (default: the setting's default)",
+    )
     parser.add_argument("--no-anchor", action="store_true", help="skip Agent Lightning 0.3.0 (bench/anchor.py)")
     parser.add_argument("--syscalls", action="store_true", help="count each process's system calls (perf stat)")
     args = parser.parse_args()
@@ -160,10 +157,13 @@ def main() -> None:
     broker.start()
     gateway_port, read_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
-        "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap, "FULMEN_HOME": str(home), "FULMEN_LOG_LEVEL": "WARNING",
-        "FULMEN_CLICKHOUSE_READ_PORT": str(read_port), "FULMEN_OTLP_PORT": str(gateway_port),
+        "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap,
+        "FULMEN_HOME": str(home),
+        "FULMEN_LOG_LEVEL": "WARNING",
+        "FULMEN_CLICKHOUSE_READ_PORT": str(read_port),
+        "FULMEN_OTLP_PORT": str(gateway_port),
         "FULMEN_KAFKA_COMPRESSION": args.compression,
-    }  # fmt: skip
+    }
     asyncio.run(ensure_topics(FulmenSettings(kafka={"bootstrap": broker.bootstrap})))
     fulmen = [sys.executable, "-m", "fulmen.cli.main"]
     logs = {name: open(home / f"{name}.log", "wb") for name in ("gateway", "consume")}  # noqa: SIM115
@@ -197,15 +197,24 @@ def main() -> None:
             report["ratio_spans"] = round(report["spans_per_s"] / anchor_report["spans_per_s"], 2)
         report["consumer_peak_rss_mb"] = round(peak_rss_mb(consume.pid) + children_peak_rss_mb(consume.pid), 1)
         report["consumer_memory_mb"] = memory.peaks()  # what the peak is made of: anonymous, file-backed (code)
-        report["peak_rss_mb"] = {"gateway": peak_rss_mb(gateway.pid), "consumer": peak_rss_mb(consume.pid),
-                                 "kafka": peak_rss_mb(broker.status().pid or 0)}  # fmt: skip
+        report["peak_rss_mb"] = {
+            "gateway": peak_rss_mb(gateway.pid),
+            "consumer": peak_rss_mb(consume.pid),
+            "kafka": peak_rss_mb(broker.status().pid or 0),
+        }
         # the spans topic's log on disk (record batches as produced) per span of all windows and the warm-up
         log_bytes = sum(f.stat().st_size for f in broker.logs_dir.glob(f"{topic_name(TopicKey.SPANS, '')}-*/*.log"))
         all_spans = reader.query("SELECT count() FROM fulmen.otel_traces", final=False).rows[0][0]
-        report |= {"compression": args.compression, "kafka_bytes_per_span": round(log_bytes / max(all_spans, 1), 1),
-                   "offered_rate": args.rate or "closed loop", "exporters": args.exporters, "batch": args.batch,
-                   "seconds": args.seconds, "span_bytes": 1200,
-                   "done": "every span of the window queryable in fulmen.otel_traces"}  # fmt: skip
+        report |= {
+            "compression": args.compression,
+            "kafka_bytes_per_span": round(log_bytes / max(all_spans, 1), 1),
+            "offered_rate": args.rate or "closed loop",
+            "exporters": args.exporters,
+            "batch": args.batch,
+            "seconds": args.seconds,
+            "span_bytes": 1200,
+            "done": "every span of the window queryable in fulmen.otel_traces",
+        }
     finally:
         for process in (gateway, consume):
             process.send_signal(signal.SIGTERM)
@@ -218,8 +227,9 @@ def main() -> None:
     print(json.dumps(report))
 
 
-def window(reader: RemoteReader, url: str, args: argparse.Namespace, prefix: str, seconds: float,
-           pids: dict[str, int]) -> dict:  # fmt: skip
+def window(
+    reader: RemoteReader, url: str, args: argparse.Namespace, prefix: str, seconds: float, pids: dict[str, int]
+) -> dict:
     """One window of load with fresh batches (markers ``<prefix>b<i>``), until all its spans are queryable."""
     count = int(args.max_rate * seconds / args.batch) + args.exporters
     print(f"{prefix}: encoding {count} batches of {args.batch} spans...", file=sys.stderr, flush=True)

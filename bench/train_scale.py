@@ -56,8 +56,9 @@ def worker(args: argparse.Namespace) -> int:
             distributed.serve(world)
             return 0
         work = WORKLOADS[args.model]
-        config = TorchTrainerConfig(args.model_dir, device="cpu", dtype="float32", lr=LR,
-                                    micro_batch_size=work.micro_batch, seed=0)  # fmt: skip
+        config = TorchTrainerConfig(
+            args.model_dir, device="cpu", dtype="float32", lr=LR, micro_batch_size=work.micro_batch, seed=0
+        )
         backend = distributed.RankZeroBackend.start(config, world)
         samples = make_samples(work)
         warmup = backend.step(samples)
@@ -138,23 +139,45 @@ def main() -> int:
         whole = run(1, cores, model_dir, Path(tmp) / "ranks1-all", args) if cores > 1 else one
         difference = weight_difference(Path(tmp) / "ranks1" / "checkpoint", Path(tmp) / "ranks2" / "checkpoint")
     work = WORKLOADS[args.model]
-    print(json.dumps({
-        "model": args.model, "device": "cpu", "backend": "gloo", "cores": os.cpu_count(),
-        "batch": {"samples": work.samples, "group": work.group, "micro_batch": work.micro_batch,
-                  "input_tokens": one["input_tokens"], "response_tokens": one["response_tokens"]},
-        "steps": args.steps, "lr": LR,
-        "tokens_per_s_1": round(one["tokens_per_s"], 1), "tokens_per_s_2": round(two["tokens_per_s"], 1),
-        "ratio_2_to_1": round(two["tokens_per_s"] / one["tokens_per_s"], 3),
-        "tokens_per_s_1_all_cores": round(whole["tokens_per_s"], 1), "threads_1_all_cores": whole["threads_per_rank"],
-        "checkpoint_s": round(two["checkpoint_s"], 3), "checkpoint_s_1": round(one["checkpoint_s"], 3),
-        "same_weights": difference <= TOLERANCE, "max_weight_difference": difference, "tolerance": TOLERANCE,
-        "same_loss": one["loss"] == two["loss"] or all(abs(a - b) <= 1e-5 * max(abs(a), 1e-7)
-                                                      for a, b in zip(one["loss"], two["loss"], strict=True)),
-        "loss_1": one["loss"], "loss_2": two["loss"], "step_s_1": one["step_s"], "step_s_2": two["step_s"],
-        "peak_rss_mib_1": one["peak_rss_mib_per_rank"], "peak_rss_mib_2": two["peak_rss_mib_per_rank"],
-        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-        "torch": torch.__version__,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "device": "cpu",
+                "backend": "gloo",
+                "cores": os.cpu_count(),
+                "batch": {
+                    "samples": work.samples,
+                    "group": work.group,
+                    "micro_batch": work.micro_batch,
+                    "input_tokens": one["input_tokens"],
+                    "response_tokens": one["response_tokens"],
+                },
+                "steps": args.steps,
+                "lr": LR,
+                "tokens_per_s_1": round(one["tokens_per_s"], 1),
+                "tokens_per_s_2": round(two["tokens_per_s"], 1),
+                "ratio_2_to_1": round(two["tokens_per_s"] / one["tokens_per_s"], 3),
+                "tokens_per_s_1_all_cores": round(whole["tokens_per_s"], 1),
+                "threads_1_all_cores": whole["threads_per_rank"],
+                "checkpoint_s": round(two["checkpoint_s"], 3),
+                "checkpoint_s_1": round(one["checkpoint_s"], 3),
+                "same_weights": difference <= TOLERANCE,
+                "max_weight_difference": difference,
+                "tolerance": TOLERANCE,
+                "same_loss": one["loss"] == two["loss"]
+                or all(abs(a - b) <= 1e-5 * max(abs(a), 1e-7) for a, b in zip(one["loss"], two["loss"], strict=True)),
+                "loss_1": one["loss"],
+                "loss_2": two["loss"],
+                "step_s_1": one["step_s"],
+                "step_s_2": two["step_s"],
+                "peak_rss_mib_1": one["peak_rss_mib_per_rank"],
+                "peak_rss_mib_2": two["peak_rss_mib_per_rank"],
+                "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+                "torch": torch.__version__,
+            }
+        )
+    )
     return 0
 
 

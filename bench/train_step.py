@@ -67,8 +67,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from bench.smollm2 import ensure_smollm2
-from fulmen.algorithm.advantages import compute_advantages, encode_group_ids
 from fulmen.algorithm.batch import Sample, TrainBatch, collate
+from fulmen.algorithm.rl.advantages import compute_advantages, encode_group_ids
 
 logger = logging.getLogger("bench.train_step")
 
@@ -207,9 +207,15 @@ def run_ours(model_dir: Path, work: Workload, device: torch.device, dtype: str, 
     from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig
 
     config = TorchTrainerConfig(
-        model_dir, device=str(device), dtype=dtype, lr=LR, betas=BETAS, max_grad_norm=MAX_GRAD_NORM,
-        micro_batch_size=work.micro_batch, seed=work.seed,
-    )  # fmt: skip
+        model_dir,
+        device=str(device),
+        dtype=dtype,
+        lr=LR,
+        betas=BETAS,
+        max_grad_norm=MAX_GRAD_NORM,
+        micro_batch_size=work.micro_batch,
+        seed=work.seed,
+    )
     trainer = TorchTrainer(config)
     batch = recorded_batch(trainer.model, make_samples(work), trainer.pad_id, trainer.device)
     result = timed(lambda: trainer.step(batch).loss, trainer.device, repeats)
@@ -226,10 +232,16 @@ def trl_inputs(batch: TrainBatch, micro_batch: int) -> list[dict]:
         prompt_lens = [int(batch.response_mask[r].argmax()) for r in rows]
         completion_lens = [int(n) - p for n, p in zip(lengths, prompt_lens, strict=True)]
         prompt_w, completion_w = max(prompt_lens), max(completion_lens)
-        fields = {name: torch.zeros(len(rows), prompt_w if "prompt" in name else completion_w, dtype=dtype)
-                  for name, dtype in (("prompt_ids", torch.long), ("prompt_mask", torch.long),
-                                      ("completion_ids", torch.long), ("completion_mask", torch.long),
-                                      ("old_per_token_logps", torch.float32))}  # fmt: skip
+        fields = {
+            name: torch.zeros(len(rows), prompt_w if "prompt" in name else completion_w, dtype=dtype)
+            for name, dtype in (
+                ("prompt_ids", torch.long),
+                ("prompt_mask", torch.long),
+                ("completion_ids", torch.long),
+                ("completion_mask", torch.long),
+                ("old_per_token_logps", torch.float32),
+            )
+        }
         for i, (row, p, c) in enumerate(zip(rows, prompt_lens, completion_lens, strict=True)):
             fields["prompt_ids"][i, prompt_w - p :] = batch.input_ids[row, :p]
             fields["prompt_mask"][i, prompt_w - p :] = 1
@@ -251,17 +263,35 @@ def build_grpo_trainer(model, tokenizer, work: Workload, device: torch.device, d
 
     steps = -(-work.samples // work.micro_batch)
     args = GRPOConfig(
-        output_dir=out_dir, per_device_train_batch_size=work.micro_batch, gradient_accumulation_steps=steps,
-        steps_per_generation=steps, num_generations=work.group, learning_rate=LR, adam_beta1=BETAS[0],
-        adam_beta2=BETAS[1], weight_decay=0.0, max_grad_norm=MAX_GRAD_NORM, loss_type="dapo", beta=0.0,
-        gradient_checkpointing=False, bf16=dtype == "bfloat16", use_cpu=device.type == "cpu", report_to="none",
-        max_completion_length=work.response_len[1], disable_dropout=True, seed=work.seed, logging_steps=1000,
-    )  # fmt: skip
+        output_dir=out_dir,
+        per_device_train_batch_size=work.micro_batch,
+        gradient_accumulation_steps=steps,
+        steps_per_generation=steps,
+        num_generations=work.group,
+        learning_rate=LR,
+        adam_beta1=BETAS[0],
+        adam_beta2=BETAS[1],
+        weight_decay=0.0,
+        max_grad_norm=MAX_GRAD_NORM,
+        loss_type="dapo",
+        beta=0.0,
+        gradient_checkpointing=False,
+        bf16=dtype == "bfloat16",
+        use_cpu=device.type == "cpu",
+        report_to="none",
+        max_completion_length=work.response_len[1],
+        disable_dropout=True,
+        seed=work.seed,
+        logging_steps=1000,
+    )
     dataset = Dataset.from_dict({"prompt": ["benchmark"] * work.samples})
     trainer = GRPOTrainer(
-        model=model, reward_funcs=lambda completions, **_: [0.0] * len(completions), args=args,
-        train_dataset=dataset, processing_class=tokenizer,
-    )  # fmt: skip
+        model=model,
+        reward_funcs=lambda completions, **_: [0.0] * len(completions),
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
     trainer.current_gradient_accumulation_steps = steps  # set by Trainer's training loop, which we do not run
     return trainer
 
@@ -320,8 +350,20 @@ def worker_main(args: argparse.Namespace) -> int:
 
 def run_side(side: str, workload: str, model_dir: Path, args: argparse.Namespace) -> dict:
     """One side in a fresh subprocess (own peak memory); its last stdout line parsed."""
-    command = [sys.executable, __file__, "--worker", side, "--workload", workload, "--model-dir", str(model_dir),
-               "--device", args.device, "--repeats", str(args.repeats)]  # fmt: skip
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        side,
+        "--workload",
+        workload,
+        "--model-dir",
+        str(model_dir),
+        "--device",
+        args.device,
+        "--repeats",
+        str(args.repeats),
+    ]
     logger.info("%s/%s: starting %s", workload, side, " ".join(command[1:]))
     started = time.perf_counter()
     done = subprocess.run(command, stdout=subprocess.PIPE, stderr=None if args.verbose else subprocess.PIPE, text=True)
@@ -329,8 +371,14 @@ def run_side(side: str, workload: str, model_dir: Path, args: argparse.Namespace
         tail = (done.stderr or "")[-2000:]
         raise RuntimeError(f"{workload}/{side} worker failed (exit {done.returncode}): {tail}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    logger.info("%s/%s: %.0f tokens/s, peak %.0f MiB (%.0f s with loading)", workload, side,
-                result["tokens_per_s"], result["peak_mib"], time.perf_counter() - started)  # fmt: skip
+    logger.info(
+        "%s/%s: %.0f tokens/s, peak %.0f MiB (%.0f s with loading)",
+        workload,
+        side,
+        result["tokens_per_s"],
+        result["peak_mib"],
+        time.perf_counter() - started,
+    )
     return result
 
 

@@ -101,17 +101,25 @@ def make_rollout(index: int, rng: random.Random) -> Rollout:
             at = base + 160 * ms
             agent_spans.append((main, ids[13 + call], agent, semconv.SPAN_REWARD, at, at, reward))
         tokens = {
-            semconv.GEN_AI_OPERATION_NAME: "chat", semconv.GEN_AI_REQUEST_MODEL: "tiny", semconv.MODEL_VERSION: 1,
+            semconv.GEN_AI_OPERATION_NAME: "chat",
+            semconv.GEN_AI_REQUEST_MODEL: "tiny",
+            semconv.MODEL_VERSION: 1,
             semconv.GEN_AI_RESPONSE_ID: f"chatcmpl-{rng.getrandbits(64):x}",
             semconv.PROMPT_TOKEN_IDS: [rng.randrange(50_000) for _ in range(PROMPT)],
             semconv.RESPONSE_TOKEN_IDS: [rng.randrange(50_000) for _ in range(RESPONSE)],
             semconv.RESPONSE_LOGPROBS: [-rng.random() for _ in range(RESPONSE)],
-        }  # fmt: skip
+        }
         gateway = (os.urandom(16), os.urandom(8), b"", "chat tiny", base + 5 * ms, base + 95 * ms, tokens)
         records.append(_record([gateway], rollout))
     records.insert(0, _record(agent_spans, rollout))
-    event = RolloutEvent(rollout_id=rollout, attempt=1, status=RolloutStatus.SUCCEEDED, task_id=f"task-{index}",
-                         group_id=f"group-{index // 8}", reward=1.0)  # fmt: skip
+    event = RolloutEvent(
+        rollout_id=rollout,
+        attempt=1,
+        status=RolloutStatus.SUCCEEDED,
+        task_id=f"task-{index}",
+        group_id=f"group-{index // 8}",
+        reward=1.0,
+    )
     return rollout, records, encode(event)
 
 
@@ -195,12 +203,14 @@ async def run_load(settings: FulmenSettings, args: argparse.Namespace, rollouts:
         "transitions_per_s": round(saturation, 1),
         "rollouts_per_s": round(saturation / CALLS, 1),
         "paced_rollouts_per_s": round(rate, 1),
-        "p50_ms": _pct(latencies, 0.50), "p99_ms": _pct(latencies, 0.99),
+        "p50_ms": _pct(latencies, 0.50),
+        "p99_ms": _pct(latencies, 0.99),
         "max_ms": round(latencies[-1], 1) if latencies else -1.0,
-        "rollouts": len(all_ids), "batches_missing": sum(1 for r in all_ids if r not in collector.arrived),
+        "rollouts": len(all_ids),
+        "batches_missing": sum(1 for r in all_ids if r not in collector.arrived),
         "batches_incomplete": sum(1 for r in all_ids if collector.calls.get(r, CALLS) != CALLS),
         "batches_duplicated": collector.duplicates,
-    }  # fmt: skip
+    }
 
 
 async def paced_load(
@@ -236,9 +246,11 @@ def main() -> None:
     broker.start()
     settings = FulmenSettings(kafka={"bootstrap": broker.bootstrap})
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
-        "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap, "FULMEN_HOME": str(home), "FULMEN_LOG_LEVEL": "WARNING",
+        "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap,
+        "FULMEN_HOME": str(home),
+        "FULMEN_LOG_LEVEL": "WARNING",
         "FULMEN_CLICKHOUSE_READ_PORT": "0",
-    }  # fmt: skip
+    }
     asyncio.run(ensure_topics(settings))
     log = open(home / "consume.log", "wb")  # noqa: SIM115
     command = [sys.executable, "-m", "fulmen.cli.main", "consume", "--sink", "spans", "--sink", "transition_builder"]
@@ -254,8 +266,12 @@ def main() -> None:
         transitions = max(1, report["rollouts"] * CALLS)
         report["cpu_us_per_transition"] = {name: round(s * 1e6 / transitions, 1) for name, s in cpu.items()}
         report["peak_rss_mb"] = {"consumer": peak_rss_mb(consume.pid), "kafka": peak_rss_mb(broker.status().pid or 0)}
-        report |= {"calls_per_rollout": CALLS, "spans_per_rollout": 20, "prompt_tokens": PROMPT,
-                   "response_tokens": RESPONSE}  # fmt: skip
+        report |= {
+            "calls_per_rollout": CALLS,
+            "spans_per_rollout": 20,
+            "prompt_tokens": PROMPT,
+            "response_tokens": RESPONSE,
+        }
     finally:
         consume.send_signal(signal.SIGTERM)
         try:

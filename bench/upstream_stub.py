@@ -23,12 +23,21 @@ CHOICE = {
 async def chat(request: web.Request) -> web.Response:
     body = await request.json()
     prompt_ids = list(range(100, 100 + 4 * len(body.get("messages", []))))
-    return web.json_response({
-        "id": "chatcmpl-stub", "object": "chat.completion", "created": 0, "model": body.get("model", ""),
-        "choices": [CHOICE], "prompt_token_ids": prompt_ids,
-        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ANSWER_IDS),
-                  "total_tokens": len(prompt_ids) + len(ANSWER_IDS)},
-    })  # fmt: skip
+    return web.json_response(
+        {
+            "id": "chatcmpl-stub",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body.get("model", ""),
+            "choices": [CHOICE],
+            "prompt_token_ids": prompt_ids,
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": len(ANSWER_IDS),
+                "total_tokens": len(prompt_ids) + len(ANSWER_IDS),
+            },
+        }
+    )
 
 
 async def models(request: web.Request) -> web.Response:

@@ -21,8 +21,10 @@ from fulmen.consumers.dead_letters import DeadLetterSink
 from fulmen.consumers.event_sinks import EVENT_SINKS, EventSink, SinkHandler, subscribe
 from fulmen.consumers.feedback import FeedbackSection, FeedbackSink
 from fulmen.consumers.production import ProductionEpisodesSink, ProductionSection
+from fulmen.consumers.settings import ConsumersSettings
 from fulmen.consumers.spans import SpanSink
-from fulmen.consumers.transitions import ConsumersSettings, TransitionBuilderSink, TransitionsSection
+from fulmen.consumers.tracked import Worker, WorkerContext
+from fulmen.consumers.transitions import TransitionBuilderSink, TransitionsSection
 from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.clients import close_quietly, consumer, consumer_group, producer, start_or_raise
 from fulmen.infra.kafka.dlq import DeadLetters
@@ -42,14 +44,14 @@ def default_sinks() -> list[Sink]:
 
 @runtime_checkable
 class WorkerSink(Protocol):
-    """An entry that brings its own worker instead of a :class:`BatchConsumer` (the transition builder). The
-    worker has ``sink``, ``stats``, ``listener()`` and ``run(stop)`` like a BatchConsumer."""
+    """An entry that brings its own worker instead of a :class:`BatchConsumer` (the transition builder, the feedback
+    consumer, the production episode detector): a :class:`~fulmen.consumers.tracked.Worker`, made from what the
+    app offers (:class:`~fulmen.consumers.tracked.WorkerContext`)."""
 
     name: str
     topic: TopicKey
 
-    def worker(self, settings: FulmenSettings, kafka_consumer: Any, store: Store, dead_letters: DeadLetters,
-               group_prefix: str) -> Any: ...  # fmt: skip
+    def worker(self, context: WorkerContext) -> Worker: ...
 
 
 def consume_sinks(settings: FulmenSettings) -> list[Sink | WorkerSink]:
@@ -91,7 +93,7 @@ class ConsumersApp:
         self.store = store
         self.sinks = list(sinks)
         self.options = options or ConsumerOptions()
-        self.workers: list[Any] = []  # SinkHandler, BatchConsumer, or what a WorkerSink makes
+        self.workers: list[Worker | SinkHandler] = []  # a BatchConsumer, what a WorkerSink makes, or a SinkHandler
         self.read_endpoint: ReadEndpoint | None = None
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
@@ -115,15 +117,22 @@ class ConsumersApp:
                     continue
                 kafka_consumer = consumer(self.settings, group)
                 clients.insert(0, kafka_consumer)
+                worker: Worker
                 if isinstance(sink, WorkerSink):
-                    group_prefix = self.options.group_prefix
-                    worker = sink.worker(self.settings, kafka_consumer, self.store, dead_letters, group_prefix)
+                    context = WorkerContext(
+                        self.settings, kafka_consumer, self.store, dead_letters, self.options.group_prefix
+                    )
+                    worker = sink.worker(context)
                 else:
                     worker = BatchConsumer(
-                        sink, kafka_consumer, self.store, dead_letters,
-                        max_records=self.options.max_records, max_bytes=self.options.max_bytes,
+                        sink,
+                        kafka_consumer,
+                        self.store,
+                        dead_letters,
+                        max_records=self.options.max_records,
+                        max_bytes=self.options.max_bytes,
                         max_wait_s=self.options.max_wait_s,
-                    )  # fmt: skip
+                    )
                 # Start before subscribing: start() then only connects (bounded by the connect timeout),
                 # and the group join, which may wait out a crashed member's session, happens while polling.
                 await start_or_raise(kafka_consumer, self.settings, f"consumer {group}")
@@ -145,8 +154,13 @@ class ConsumersApp:
     def _subscribe(self, broker: Any, sink: EventSink, group: str, dead_letters: DeadLetters) -> SinkHandler:
         """Declare ``sink``'s faststream subscriber on ``broker``, handled by a new :class:`SinkHandler`."""
         handler = SinkHandler(sink, self.store, dead_letters)
-        subscriber = subscribe(broker, sink, consumer_group(self.settings, group),
-                               max_records=self.options.max_records, max_wait_s=self.options.max_wait_s)  # fmt: skip
+        subscriber = subscribe(
+            broker,
+            sink,
+            consumer_group(self.settings, group),
+            max_records=self.options.max_records,
+            max_wait_s=self.options.max_wait_s,
+        )
         subscriber(handler.handler())
         return handler
 

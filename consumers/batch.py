@@ -22,10 +22,11 @@ import pyarrow as pa
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from fulmen.infra.errors import PoisonInputError, RetryableError
 from fulmen.infra.kafka.dlq import DeadLetters
-from fulmen.infra.kafka.offsets import RebalanceListener, commit_offsets, describe_offsets, retrying
+from fulmen.infra.kafka.offsets import RebalanceListener, commit_offsets, describe_offsets
+from fulmen.infra.retry import retrying
 from fulmen.infra.store import EncodedRows, Store
+from fulmen.schemas.errors import PoisonInputError, RetryableError
 from fulmen.schemas.topics import TopicKey
 
 __all__ = ["BatchConsumer", "BatchStats", "Sink"]
@@ -182,14 +183,21 @@ class BatchConsumer:
         self.stats.last_batch_at = time.time()
         log.info(
             "%s: batch of %d records (%d rows) into %s committed %s",
-            self.sink.name, len(records), rows, self.sink.table, describe_offsets(offsets),
-        )  # fmt: skip
+            self.sink.name,
+            len(records),
+            rows,
+            self.sink.table,
+            describe_offsets(offsets),
+        )
 
     async def _insert(self, batch: pa.Table | EncodedRows) -> int:
         return await retrying(  # no stop event: retried until the store takes it, never skipped
             lambda: asyncio.to_thread(self.store.insert_batch, self.sink.table, batch),
-            what=f"{self.sink.name}: insert", retry_on=(RetryableError,), base_s=self.retry_backoff_s, logger=log,
-        )  # fmt: skip
+            what=f"{self.sink.name}: insert",
+            retry_on=(RetryableError,),
+            base_s=self.retry_backoff_s,
+            logger=log,
+        )
 
     async def _to_batch(self, units: list[Any], records: list[ConsumerRecord]) -> pa.Table | EncodedRows:
         try:

@@ -28,12 +28,24 @@ __all__ = ["DEAD_LETTER_SCHEMA", "DeadLetterSink", "dead_letter_row"]
 PREVIEW_BYTES = 4096  # of the value shown; the topic keeps the rest
 
 _TS6 = pa.timestamp("us", tz="UTC")
-DEAD_LETTER_SCHEMA = pa.schema([
-    ("Topic", pa.string()), ("Partition", pa.uint32()), ("Offset", pa.uint64()), ("SourceTopic", pa.string()),
-    ("SourcePartition", pa.int32()), ("SourceOffset", pa.int64()), ("ErrorType", pa.string()),
-    ("Error", pa.string()), ("ConsumerGroup", pa.string()), ("FailedAt", _TS6), ("Key", pa.string()),
-    ("ValuePreview", pa.string()), ("ValueBytes", pa.uint64()), ("Timestamp", pa.timestamp("ms", tz="UTC")),
-])  # fmt: skip
+DEAD_LETTER_SCHEMA = pa.schema(
+    [
+        ("Topic", pa.string()),
+        ("Partition", pa.uint32()),
+        ("Offset", pa.uint64()),
+        ("SourceTopic", pa.string()),
+        ("SourcePartition", pa.int32()),
+        ("SourceOffset", pa.int64()),
+        ("ErrorType", pa.string()),
+        ("Error", pa.string()),
+        ("ConsumerGroup", pa.string()),
+        ("FailedAt", _TS6),
+        ("Key", pa.string()),
+        ("ValuePreview", pa.string()),
+        ("ValueBytes", pa.uint64()),
+        ("Timestamp", pa.timestamp("ms", tz="UTC")),
+    ]
+)
 
 
 def _text(data: bytes | None, limit: int) -> str:
@@ -47,21 +59,34 @@ def dead_letter_row(record: ConsumerRecord) -> dict[str, Any]:
     try:
         headers = DeadLetterHeaders.from_kafka(list(record.headers or ()))
         where: dict[str, Any] = {
-            "SourceTopic": headers.source_topic, "SourcePartition": headers.source_partition,
-            "SourceOffset": headers.source_offset, "ErrorType": headers.error_type, "Error": headers.error,
-            "ConsumerGroup": headers.consumer_group, "FailedAt": headers.failed_at,
-        }  # fmt: skip
+            "SourceTopic": headers.source_topic,
+            "SourcePartition": headers.source_partition,
+            "SourceOffset": headers.source_offset,
+            "ErrorType": headers.error_type,
+            "Error": headers.error,
+            "ConsumerGroup": headers.consumer_group,
+            "FailedAt": headers.failed_at,
+        }
     except (ValidationError, UnicodeDecodeError, ValueError) as exc:
         where = {
-            "SourceTopic": "", "SourcePartition": -1, "SourceOffset": -1, "ErrorType": "unknown",
+            "SourceTopic": "",
+            "SourcePartition": -1,
+            "SourceOffset": -1,
+            "ErrorType": "unknown",
             "Error": f"the record's dead-letter headers are missing or invalid: {str(exc)[:500]}",
-            "ConsumerGroup": "", "FailedAt": written,
-        }  # fmt: skip
+            "ConsumerGroup": "",
+            "FailedAt": written,
+        }
     return {
-        "Topic": record.topic, "Partition": record.partition, "Offset": record.offset, **where,
-        "Key": _text(record.key, 512), "ValuePreview": _text(record.value, PREVIEW_BYTES),
-        "ValueBytes": len(record.value or b""), "Timestamp": written,
-    }  # fmt: skip
+        "Topic": record.topic,
+        "Partition": record.partition,
+        "Offset": record.offset,
+        **where,
+        "Key": _text(record.key, 512),
+        "ValuePreview": _text(record.value, PREVIEW_BYTES),
+        "ValueBytes": len(record.value or b""),
+        "Timestamp": written,
+    }
 
 
 class DeadLetterSink:

@@ -36,13 +36,14 @@ from faststream.kafka.annotations import KafkaMessage
 from faststream.middlewares import AckPolicy
 
 from fulmen.consumers.batch import BatchStats
-from fulmen.infra.errors import PoisonInputError, RetryableError
 from fulmen.infra.kafka.broker import endpoint_title, provisioned, subscriber_options
 from fulmen.infra.kafka.dlq import DeadLetters
-from fulmen.infra.kafka.offsets import backoff_s, commit_offsets, describe_offsets, retrying
+from fulmen.infra.kafka.offsets import commit_offsets, describe_offsets
+from fulmen.infra.retry import backoff_s, retrying
 from fulmen.infra.store import Store
 from fulmen.schemas.codec import decode
 from fulmen.schemas.ddl import TABLES
+from fulmen.schemas.errors import PoisonInputError, RetryableError
 from fulmen.schemas.events import (
     Event,
     ModelPromotion,
@@ -95,143 +96,302 @@ class EventSink:
         return pa.Table.from_pylist([row for rows in units for row in rows], schema=self.schema)
 
 
-ROLLOUT_SCHEMA = pa.schema([
-    ("RolloutId", pa.string()), ("Attempt", pa.uint32()), ("TaskId", pa.string()), ("GroupId", pa.string()),
-    ("Mode", pa.string()), ("Status", pa.string()), ("StatusRank", pa.uint8()), ("Reward", pa.float64()),
-    ("Error", pa.string()), ("RunnerId", pa.string()), ("ModelVersion", pa.uint64()), ("Timestamp", _TS6),
-    ("PromptBundle", pa.string()),
-])  # fmt: skip
+ROLLOUT_SCHEMA = pa.schema(
+    [
+        ("RolloutId", pa.string()),
+        ("Attempt", pa.uint32()),
+        ("TaskId", pa.string()),
+        ("GroupId", pa.string()),
+        ("Mode", pa.string()),
+        ("Status", pa.string()),
+        ("StatusRank", pa.uint8()),
+        ("Reward", pa.float64()),
+        ("Error", pa.string()),
+        ("RunnerId", pa.string()),
+        ("ModelVersion", pa.uint64()),
+        ("Timestamp", _TS6),
+        ("PromptBundle", pa.string()),
+    ]
+)
 
 
 def rollout_rows(event: RolloutEvent) -> list[dict[str, Any]]:
-    return [{
-        "RolloutId": event.rollout_id, "Attempt": event.attempt, "TaskId": event.task_id,
-        "GroupId": event.group_id, "Mode": event.mode.value, "Status": event.status.value,
-        "StatusRank": event.status.rank, "Reward": event.reward, "Error": event.error or "",
-        "RunnerId": event.runner_id, "ModelVersion": event.model_version, "Timestamp": event.timestamp,
-        "PromptBundle": event.prompt_bundle or "",
-    }]  # fmt: skip
+    return [
+        {
+            "RolloutId": event.rollout_id,
+            "Attempt": event.attempt,
+            "TaskId": event.task_id,
+            "GroupId": event.group_id,
+            "Mode": event.mode.value,
+            "Status": event.status.value,
+            "StatusRank": event.status.rank,
+            "Reward": event.reward,
+            "Error": event.error or "",
+            "RunnerId": event.runner_id,
+            "ModelVersion": event.model_version,
+            "Timestamp": event.timestamp,
+            "PromptBundle": event.prompt_bundle or "",
+        }
+    ]
 
 
-TRANSITION_SCHEMA = pa.schema([
-    ("RolloutId", pa.string()), ("Attempt", pa.uint32()), ("TaskId", pa.string()), ("GroupId", pa.string()),
-    ("Mode", pa.string()), ("Status", pa.string()), ("CallIndex", pa.uint32()), ("TraceId", pa.string()),
-    ("SpanId", pa.string()), ("AgentName", pa.string()), ("ModelVersion", pa.uint64()),
-    ("PromptTokenIds", pa.list_(pa.uint32())), ("ResponseTokenIds", pa.list_(pa.uint32())),
-    ("ResponseLogprobs", pa.list_(pa.float32())), ("Reward", pa.float64()), ("IntermediateReward", pa.float64()),
-    ("EpisodeReward", pa.float64()), ("CreatedAt", _TS6), ("PromptBundle", pa.string()),
-])  # fmt: skip
+TRANSITION_SCHEMA = pa.schema(
+    [
+        ("RolloutId", pa.string()),
+        ("Attempt", pa.uint32()),
+        ("TaskId", pa.string()),
+        ("GroupId", pa.string()),
+        ("Mode", pa.string()),
+        ("Status", pa.string()),
+        ("CallIndex", pa.uint32()),
+        ("TraceId", pa.string()),
+        ("SpanId", pa.string()),
+        ("AgentName", pa.string()),
+        ("ModelVersion", pa.uint64()),
+        ("PromptTokenIds", pa.list_(pa.uint32())),
+        ("ResponseTokenIds", pa.list_(pa.uint32())),
+        ("ResponseLogprobs", pa.list_(pa.float32())),
+        ("Reward", pa.float64()),
+        ("IntermediateReward", pa.float64()),
+        ("EpisodeReward", pa.float64()),
+        ("CreatedAt", _TS6),
+        ("PromptBundle", pa.string()),
+    ]
+)
 
 
 def transition_rows(batch: TransitionBatch) -> list[dict[str, Any]]:
-    return [{
-        "RolloutId": batch.rollout_id, "Attempt": batch.attempt, "TaskId": batch.task_id, "GroupId": batch.group_id,
-        "Mode": batch.mode.value, "Status": batch.status.value, "CallIndex": t.index, "TraceId": t.trace_id,
-        "SpanId": t.span_id, "AgentName": t.agent_name, "ModelVersion": t.model_version,
-        "PromptTokenIds": t.prompt_token_ids, "ResponseTokenIds": t.response_token_ids,
-        "ResponseLogprobs": t.response_logprobs or [], "Reward": t.reward,
-        "IntermediateReward": t.intermediate_reward, "EpisodeReward": batch.episode_reward,
-        "CreatedAt": batch.created_at, "PromptBundle": t.prompt_bundle,
-    } for t in batch.transitions]  # fmt: skip
+    return [
+        {
+            "RolloutId": batch.rollout_id,
+            "Attempt": batch.attempt,
+            "TaskId": batch.task_id,
+            "GroupId": batch.group_id,
+            "Mode": batch.mode.value,
+            "Status": batch.status.value,
+            "CallIndex": t.index,
+            "TraceId": t.trace_id,
+            "SpanId": t.span_id,
+            "AgentName": t.agent_name,
+            "ModelVersion": t.model_version,
+            "PromptTokenIds": t.prompt_token_ids,
+            "ResponseTokenIds": t.response_token_ids,
+            "ResponseLogprobs": t.response_logprobs or [],
+            "Reward": t.reward,
+            "IntermediateReward": t.intermediate_reward,
+            "EpisodeReward": batch.episode_reward,
+            "CreatedAt": batch.created_at,
+            "PromptBundle": t.prompt_bundle,
+        }
+        for t in batch.transitions
+    ]
 
 
-MODEL_VERSION_SCHEMA = pa.schema([
-    ("ModelName", pa.string()), ("Version", pa.uint64()), ("Uri", pa.string()), ("Format", pa.string()),
-    ("BaseModel", pa.string()), ("RunId", pa.string()), ("Step", pa.uint64()), ("Adapter", pa.string()),
-    ("CreatedAt", _TS6),
-])  # fmt: skip
+MODEL_VERSION_SCHEMA = pa.schema(
+    [
+        ("ModelName", pa.string()),
+        ("Version", pa.uint64()),
+        ("Uri", pa.string()),
+        ("Format", pa.string()),
+        ("BaseModel", pa.string()),
+        ("RunId", pa.string()),
+        ("Step", pa.uint64()),
+        ("Adapter", pa.string()),
+        ("CreatedAt", _TS6),
+    ]
+)
 
 
 def model_version_rows(event: ModelVersion) -> list[dict[str, Any]]:
-    return [{
-        "ModelName": event.model_name, "Version": event.version, "Uri": event.uri, "Format": event.format,
-        "BaseModel": event.base_model, "RunId": event.run_id, "Step": event.step, "Adapter": event.adapter,
-        "CreatedAt": event.created_at,
-    }]  # fmt: skip
+    return [
+        {
+            "ModelName": event.model_name,
+            "Version": event.version,
+            "Uri": event.uri,
+            "Format": event.format,
+            "BaseModel": event.base_model,
+            "RunId": event.run_id,
+            "Step": event.step,
+            "Adapter": event.adapter,
+            "CreatedAt": event.created_at,
+        }
+    ]
 
 
-TASK_SCHEMA = pa.schema([
-    ("RolloutId", pa.string()), ("Attempt", pa.uint32()), ("TaskId", pa.string()), ("GroupId", pa.string()),
-    ("Mode", pa.string()), ("Input", pa.string()), ("Metadata", pa.map_(pa.string(), pa.string())),
-    ("ModelVersion", pa.uint64()), ("CreatedAt", _TS6),
-])  # fmt: skip
+TASK_SCHEMA = pa.schema(
+    [
+        ("RolloutId", pa.string()),
+        ("Attempt", pa.uint32()),
+        ("TaskId", pa.string()),
+        ("GroupId", pa.string()),
+        ("Mode", pa.string()),
+        ("Input", pa.string()),
+        ("Metadata", pa.map_(pa.string(), pa.string())),
+        ("ModelVersion", pa.uint64()),
+        ("CreatedAt", _TS6),
+    ]
+)
 
 
 def task_rows(request: RolloutRequest) -> list[dict[str, Any]]:
-    return [{
-        "RolloutId": request.rollout_id, "Attempt": request.attempt, "TaskId": request.task_id,
-        "GroupId": request.group_id, "Mode": request.mode.value,
-        "Input": json.dumps(request.input, ensure_ascii=False, separators=(",", ":")),
-        "Metadata": list(request.metadata.items()), "ModelVersion": request.model_version,
-        "CreatedAt": request.created_at,
-    }]  # fmt: skip
+    return [
+        {
+            "RolloutId": request.rollout_id,
+            "Attempt": request.attempt,
+            "TaskId": request.task_id,
+            "GroupId": request.group_id,
+            "Mode": request.mode.value,
+            "Input": json.dumps(request.input, ensure_ascii=False, separators=(",", ":")),
+            "Metadata": list(request.metadata.items()),
+            "ModelVersion": request.model_version,
+            "CreatedAt": request.created_at,
+        }
+    ]
 
 
-PROMOTION_SCHEMA = pa.schema([
-    ("ModelName", pa.string()), ("Adapter", pa.string()), ("Version", pa.uint64()), ("RunId", pa.string()),
-    ("Action", pa.string()), ("Score", pa.float64()), ("ServingVersion", pa.uint64()),
-    ("ServingScore", pa.float64()), ("Reason", pa.string()), ("Uri", pa.string()), ("BaseModel", pa.string()),
-    ("CreatedAt", _TS6),
-])  # fmt: skip
+PROMOTION_SCHEMA = pa.schema(
+    [
+        ("ModelName", pa.string()),
+        ("Adapter", pa.string()),
+        ("Version", pa.uint64()),
+        ("RunId", pa.string()),
+        ("Action", pa.string()),
+        ("Score", pa.float64()),
+        ("ServingVersion", pa.uint64()),
+        ("ServingScore", pa.float64()),
+        ("Reason", pa.string()),
+        ("Uri", pa.string()),
+        ("BaseModel", pa.string()),
+        ("CreatedAt", _TS6),
+    ]
+)
 
 
 def promotion_rows(event: ModelPromotion) -> list[dict[str, Any]]:
     model = event.model
-    return [{
-        "ModelName": model.model_name, "Adapter": model.adapter, "Version": model.version, "RunId": model.run_id,
-        "Action": event.action.value, "Score": event.score, "ServingVersion": event.serving_version,
-        "ServingScore": event.serving_score, "Reason": event.reason, "Uri": model.uri,
-        "BaseModel": model.base_model, "CreatedAt": event.created_at,
-    }]  # fmt: skip
+    return [
+        {
+            "ModelName": model.model_name,
+            "Adapter": model.adapter,
+            "Version": model.version,
+            "RunId": model.run_id,
+            "Action": event.action.value,
+            "Score": event.score,
+            "ServingVersion": event.serving_version,
+            "ServingScore": event.serving_score,
+            "Reason": event.reason,
+            "Uri": model.uri,
+            "BaseModel": model.base_model,
+            "CreatedAt": event.created_at,
+        }
+    ]
 
 
-PROMPT_BUNDLE_SCHEMA = pa.schema([
-    ("BundleId", pa.string()), ("Slots", pa.map_(pa.string(), pa.string())),
-    ("Templates", pa.map_(pa.string(), pa.string())), ("Parents", pa.list_(pa.string())), ("Scores", _ATTR_F64),
-    ("Agent", pa.string()), ("Source", pa.string()), ("RunId", pa.string()), ("CreatedAt", _TS6),
-])  # fmt: skip
+PROMPT_BUNDLE_SCHEMA = pa.schema(
+    [
+        ("BundleId", pa.string()),
+        ("Slots", pa.map_(pa.string(), pa.string())),
+        ("Templates", pa.map_(pa.string(), pa.string())),
+        ("Parents", pa.list_(pa.string())),
+        ("Scores", _ATTR_F64),
+        ("Agent", pa.string()),
+        ("Source", pa.string()),
+        ("RunId", pa.string()),
+        ("CreatedAt", _TS6),
+    ]
+)
 
 
 def prompt_bundle_rows(bundle: PromptBundle) -> list[dict[str, Any]]:
-    return [{
-        "BundleId": bundle.bundle_id, "Slots": list(bundle.slots.items()), "Templates": list(bundle.templates.items()),
-        "Parents": bundle.parents, "Scores": list(bundle.scores.items()), "Agent": bundle.agent,
-        "Source": bundle.source, "RunId": bundle.run_id, "CreatedAt": bundle.created_at,
-    }]  # fmt: skip
+    return [
+        {
+            "BundleId": bundle.bundle_id,
+            "Slots": list(bundle.slots.items()),
+            "Templates": list(bundle.templates.items()),
+            "Parents": bundle.parents,
+            "Scores": list(bundle.scores.items()),
+            "Agent": bundle.agent,
+            "Source": bundle.source,
+            "RunId": bundle.run_id,
+            "CreatedAt": bundle.created_at,
+        }
+    ]
 
 
-PROMPT_PROMOTION_SCHEMA = pa.schema([
-    ("Agent", pa.string()), ("Action", pa.string()), ("BundleId", pa.string()), ("Previous", pa.string()),
-    ("Reason", pa.string()), ("CreatedAt", _TS6),
-])  # fmt: skip
+PROMPT_PROMOTION_SCHEMA = pa.schema(
+    [
+        ("Agent", pa.string()),
+        ("Action", pa.string()),
+        ("BundleId", pa.string()),
+        ("Previous", pa.string()),
+        ("Reason", pa.string()),
+        ("CreatedAt", _TS6),
+    ]
+)
 
 
 def prompt_promotion_rows(event: PromptPromotion) -> list[dict[str, Any]]:
-    return [{
-        "Agent": event.agent or "", "Action": event.action.value, "BundleId": event.bundle_id,
-        "Previous": event.previous, "Reason": event.reason, "CreatedAt": event.created_at,
-    }]  # fmt: skip
+    return [
+        {
+            "Agent": event.agent or "",
+            "Action": event.action.value,
+            "BundleId": event.bundle_id,
+            "Previous": event.previous,
+            "Reason": event.reason,
+            "CreatedAt": event.created_at,
+        }
+    ]
 
 
-TRAIN_STEP_SCHEMA = pa.schema([
-    ("RunId", pa.string()), ("Step", pa.uint64()), ("ModelVersion", pa.uint64()), ("NumTransitions", pa.uint64()),
-    ("NumGroups", pa.uint64()), ("RewardMean", pa.float64()), ("RewardStd", pa.float64()),
-    ("AdvantageMean", pa.float64()), ("AdvantageStd", pa.float64()), ("Loss", pa.float64()),
-    ("ClipFraction", pa.float64()), ("Kl", pa.float64()), ("TokensPerS", pa.float64()),
-    ("RolloutWaitS", pa.float64()), ("TrainS", pa.float64()), ("PublishS", pa.float64()),
-    ("DroppedStale", pa.uint64()), ("Extra", _ATTR_F64), ("CreatedAt", _TS6),
-])  # fmt: skip
+TRAIN_STEP_SCHEMA = pa.schema(
+    [
+        ("RunId", pa.string()),
+        ("Step", pa.uint64()),
+        ("ModelVersion", pa.uint64()),
+        ("NumTransitions", pa.uint64()),
+        ("NumGroups", pa.uint64()),
+        ("RewardMean", pa.float64()),
+        ("RewardStd", pa.float64()),
+        ("AdvantageMean", pa.float64()),
+        ("AdvantageStd", pa.float64()),
+        ("Loss", pa.float64()),
+        ("ClipFraction", pa.float64()),
+        ("Kl", pa.float64()),
+        ("TokensPerS", pa.float64()),
+        ("RolloutWaitS", pa.float64()),
+        ("TrainS", pa.float64()),
+        ("PublishS", pa.float64()),
+        ("DroppedStale", pa.uint64()),
+        ("Extra", _ATTR_F64),
+        ("CreatedAt", _TS6),
+    ]
+)
 
 
 def train_step_rows(event: TrainStep) -> list[dict[str, Any]]:
-    return [{
-        "RunId": event.run_id, "Step": event.step, "ModelVersion": event.model_version,
-        "NumTransitions": event.num_transitions, "NumGroups": event.num_groups, "RewardMean": event.reward_mean,
-        "RewardStd": event.reward_std, "AdvantageMean": event.advantage_mean, "AdvantageStd": event.advantage_std,
-        "Loss": event.loss, "ClipFraction": event.clip_fraction, "Kl": event.kl, "TokensPerS": event.tokens_per_s,
-        "RolloutWaitS": event.rollout_wait_s, "TrainS": event.train_s, "PublishS": event.publish_s,
-        "DroppedStale": event.dropped_stale, "Extra": list(event.extra.items()), "CreatedAt": event.created_at,
-    }]  # fmt: skip
+    return [
+        {
+            "RunId": event.run_id,
+            "Step": event.step,
+            "ModelVersion": event.model_version,
+            "NumTransitions": event.num_transitions,
+            "NumGroups": event.num_groups,
+            "RewardMean": event.reward_mean,
+            "RewardStd": event.reward_std,
+            "AdvantageMean": event.advantage_mean,
+            "AdvantageStd": event.advantage_std,
+            "Loss": event.loss,
+            "ClipFraction": event.clip_fraction,
+            "Kl": event.kl,
+            "TokensPerS": event.tokens_per_s,
+            "RolloutWaitS": event.rollout_wait_s,
+            "TrainS": event.train_s,
+            "PublishS": event.publish_s,
+            "DroppedStale": event.dropped_stale,
+            "Extra": list(event.extra.items()),
+            "CreatedAt": event.created_at,
+        }
+    ]
 
 
 EVENT_SINKS: dict[str, EventSink] = {
@@ -302,7 +462,7 @@ def subscribe(
         **subscriber_options(
             group_id=group_id, ack_policy=AckPolicy.MANUAL, max_records=max_records, max_wait_s=max_wait_s
         ),
-    )  # fmt: skip
+    )
 
 
 class SinkHandler:
@@ -350,8 +510,12 @@ class SinkHandler:
         self.stats.committed.update(committed)
         log.info(
             "%s: batch of %d records (%d rows) into %s committed %s",
-            self.sink.name, len(kept), rows, self.sink.table, describe_offsets(committed) or "nothing (rebalanced)",
-        )  # fmt: skip
+            self.sink.name,
+            len(kept),
+            rows,
+            self.sink.table,
+            describe_offsets(committed) or "nothing (rebalanced)",
+        )
 
     async def _decode(self, records: Sequence[ConsumerRecord]) -> tuple[list[Any], list[ConsumerRecord]]:
         units, kept = [], []
@@ -384,8 +548,11 @@ class SinkHandler:
     async def _insert(self, batch: pa.Table) -> int:
         return await retrying(  # no stop event: retried until the store takes it, never skipped
             lambda: asyncio.to_thread(self.store.insert_batch, self.sink.table, batch),
-            what=f"{self.sink.name}: insert", retry_on=(RetryableError,), base_s=self.retry_backoff_s, logger=log,
-        )  # fmt: skip
+            what=f"{self.sink.name}: insert",
+            retry_on=(RetryableError,),
+            base_s=self.retry_backoff_s,
+            logger=log,
+        )
 
     async def _dead_letter(self, record: ConsumerRecord, error: PoisonInputError) -> None:
         await self.dead_letters.send(record, error)

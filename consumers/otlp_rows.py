@@ -36,19 +36,40 @@ _ROLLOUT_KEYS = frozenset((semconv.ROLLOUT_ID, semconv.ROLLOUT_ATTEMPT, semconv.
 _AGENT_KEYS = semconv.AGENT_NAME_KEYS
 _REWARD_KEYS = semconv.REWARD_KEYS
 
-SPAN_SCHEMA = pa.schema([
-    ("Timestamp", _TS), ("TraceId", pa.string()), ("SpanId", pa.string()), ("ParentSpanId", pa.string()),
-    ("TraceState", pa.string()), ("SpanName", pa.string()), ("SpanKind", pa.string()), ("ServiceName", pa.string()),
-    ("ResourceAttributes", _ATTRS), ("ScopeName", pa.string()), ("ScopeVersion", pa.string()),
-    ("SpanAttributes", _ATTRS), ("Duration", pa.uint64()), ("StatusCode", pa.string()), ("StatusMessage", pa.string()),
-    ("Events.Timestamp", pa.list_(_TS)), ("Events.Name", pa.list_(pa.string())),
-    ("Events.Attributes", pa.list_(_ATTRS)),
-    ("Links.TraceId", pa.list_(pa.string())), ("Links.SpanId", pa.list_(pa.string())),
-    ("Links.TraceState", pa.list_(pa.string())), ("Links.Attributes", pa.list_(_ATTRS)),
-    ("RolloutId", pa.string()), ("Attempt", pa.uint32()), ("AgentName", pa.string()), ("ModelVersion", pa.uint64()),
-    ("PromptTokenIds", pa.list_(pa.uint32())), ("ResponseTokenIds", pa.list_(pa.uint32())),
-    ("ResponseLogprobs", pa.list_(pa.float32())), ("Reward", pa.float64()),
-])  # fmt: skip
+SPAN_SCHEMA = pa.schema(
+    [
+        ("Timestamp", _TS),
+        ("TraceId", pa.string()),
+        ("SpanId", pa.string()),
+        ("ParentSpanId", pa.string()),
+        ("TraceState", pa.string()),
+        ("SpanName", pa.string()),
+        ("SpanKind", pa.string()),
+        ("ServiceName", pa.string()),
+        ("ResourceAttributes", _ATTRS),
+        ("ScopeName", pa.string()),
+        ("ScopeVersion", pa.string()),
+        ("SpanAttributes", _ATTRS),
+        ("Duration", pa.uint64()),
+        ("StatusCode", pa.string()),
+        ("StatusMessage", pa.string()),
+        ("Events.Timestamp", pa.list_(_TS)),
+        ("Events.Name", pa.list_(pa.string())),
+        ("Events.Attributes", pa.list_(_ATTRS)),
+        ("Links.TraceId", pa.list_(pa.string())),
+        ("Links.SpanId", pa.list_(pa.string())),
+        ("Links.TraceState", pa.list_(pa.string())),
+        ("Links.Attributes", pa.list_(_ATTRS)),
+        ("RolloutId", pa.string()),
+        ("Attempt", pa.uint32()),
+        ("AgentName", pa.string()),
+        ("ModelVersion", pa.uint64()),
+        ("PromptTokenIds", pa.list_(pa.uint32())),
+        ("ResponseTokenIds", pa.list_(pa.uint32())),
+        ("ResponseLogprobs", pa.list_(pa.float32())),
+        ("Reward", pa.float64()),
+    ]
+)
 
 
 def any_value(value: AnyValue) -> Any:

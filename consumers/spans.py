@@ -22,10 +22,10 @@ from google.protobuf.message import DecodeError as ProtobufDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from fulmen.consumers.otlp_rows import SpanColumns
-from fulmen.infra.errors import DecodeError
 from fulmen.infra.store import EncodedRows
 from fulmen.schemas import semconv
 from fulmen.schemas.ddl import TABLES
+from fulmen.schemas.errors import DecodeError
 from fulmen.schemas.topics import TopicKey
 
 __all__ = ["SpanSink", "native_flattener"]
@@ -38,10 +38,17 @@ def native_flattener() -> Any | None:
     except ImportError:
         return None
     return Flattener(
-        semconv.SERVICE_NAME, semconv.ROLLOUT_ID, semconv.ROLLOUT_ATTEMPT, semconv.MODEL_VERSION,
-        semconv.PROMPT_TOKEN_IDS, semconv.RESPONSE_TOKEN_IDS, semconv.RESPONSE_LOGPROBS, semconv.TOKEN_ARRAY_INVALID,
-        list(semconv.AGENT_NAME_KEYS), list(semconv.REWARD_KEYS),
-    )  # fmt: skip
+        semconv.SERVICE_NAME,
+        semconv.ROLLOUT_ID,
+        semconv.ROLLOUT_ATTEMPT,
+        semconv.MODEL_VERSION,
+        semconv.PROMPT_TOKEN_IDS,
+        semconv.RESPONSE_TOKEN_IDS,
+        semconv.RESPONSE_LOGPROBS,
+        semconv.TOKEN_ARRAY_INVALID,
+        list(semconv.AGENT_NAME_KEYS),
+        list(semconv.REWARD_KEYS),
+    )
 
 
 class SpanSink:

@@ -115,7 +115,7 @@ def settings_page() -> str:
     from pydantic import BaseModel
 
     from fulmen.algorithm.settings import TrainSettings
-    from fulmen.consumers.transitions.settings import ConsumersSettings
+    from fulmen.consumers.settings import ConsumersSettings
     from fulmen.infra.settings import CliProcessSettings, DashboardProcessSettings, FulmenSettings
     from fulmen.producers.llm_gateway.settings import LlmGatewaySettings
     from fulmen.producers.otlp_gateway.settings import OtlpGatewaySettings

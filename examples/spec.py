@@ -46,8 +46,9 @@ class Example:
     failure_kind: Callable[[dict[str, Any], Any], str] | None = None  # (task, outcomes.Episode) -> a failure kind
 
 
-def write_splits(out: Path, train: Sequence[dict[str, Any]], heldout: Sequence[dict[str, Any]],
-                 unseen: Sequence[dict[str, Any]] = ()) -> None:  # fmt: skip
+def write_splits(
+    out: Path, train: Sequence[dict[str, Any]], heldout: Sequence[dict[str, Any]], unseen: Sequence[dict[str, Any]] = ()
+) -> None:
     """``out/train.jsonl`` and ``out/val.jsonl`` (and ``out/unseen.jsonl`` when there are unseen tasks), one task
     input a line: Fulmen's task-file format, what ``fulmen train --dataset out/train.jsonl --val out/val.jsonl``
     reads."""
@@ -57,8 +58,13 @@ def write_splits(out: Path, train: Sequence[dict[str, Any]], heldout: Sequence[d
         (out / name).write_text("".join(json.dumps(item) + "\n" for item in items), encoding="utf-8")
 
 
-def write_splits_command(name: str, train_tasks: TaskInputs, heldout_tasks: TaskInputs,
-                         argv: list[str] | None = None, unseen_tasks: TaskInputs | None = None) -> None:  # fmt: skip
+def write_splits_command(
+    name: str,
+    train_tasks: TaskInputs,
+    heldout_tasks: TaskInputs,
+    argv: list[str] | None = None,
+    unseen_tasks: TaskInputs | None = None,
+) -> None:
     """``python -m examples.<name>.data OUT_DIR [--train N] [--val N] [--unseen N]``."""
     parser = argparse.ArgumentParser(description=f"write the {name} example's task files (train.jsonl, val.jsonl)")
     parser.add_argument("out", type=Path)

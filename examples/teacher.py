@@ -40,9 +40,16 @@ from fulmen.producers.runner.agent import LLMEndpoint, call_agent, load_agent
 from fulmen.testing import RecordedRequest, Reply, ScriptedOpenAI
 
 __all__ = [
-    "Demonstration", "WarmupPlan", "conversation_texts", "demonstrations", "end_token_ids", "reply_message",
-    "samples_of", "tiny_model_for", "warm_up",
-]  # fmt: skip
+    "Demonstration",
+    "WarmupPlan",
+    "conversation_texts",
+    "demonstrations",
+    "end_token_ids",
+    "reply_message",
+    "samples_of",
+    "tiny_model_for",
+    "warm_up",
+]
 
 log = logging.getLogger(__name__)
 
@@ -135,13 +142,17 @@ def samples_of(shown: Sequence[Demonstration], tokenizer: Any, end_ids: set[int]
     for demonstration in shown:
         for body, reply in demonstration.calls:
             request = parse_chat(body, max_n=1)
-            prompt = tokenizer.apply_chat_template(request.messages, tools=request.tools, tokenize=False,
-                                                   add_generation_prompt=True)  # fmt: skip
-            whole = tokenizer.apply_chat_template([*request.messages, reply_message(reply)], tools=request.tools,
-                                                  tokenize=False)  # fmt: skip
+            prompt = tokenizer.apply_chat_template(
+                request.messages, tools=request.tools, tokenize=False, add_generation_prompt=True
+            )
+            whole = tokenizer.apply_chat_template(
+                [*request.messages, reply_message(reply)], tools=request.tools, tokenize=False
+            )
             if not whole.startswith(prompt):
-                raise ValueError("the chat template renders the conversation differently once the reply is added; "
-                                 "cannot tell the reply's text apart")  # fmt: skip
+                raise ValueError(
+                    "the chat template renders the conversation differently once the reply is added; "
+                    "cannot tell the reply's text apart"
+                )
             reply_ids = _through_end_of_turn(tokenizer, whole[len(prompt) :], end_ids)
             prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
             samples.append(Sample(prompt_token_ids=prompt_ids, response_token_ids=reply_ids))
@@ -164,11 +175,13 @@ def end_token_ids(model: Any, tokenizer: Any) -> set[int]:
     return ids | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
 
 
-def _recipe(example: Example, tasks: Sequence[dict[str, Any]], model: Path, chat_template: str | None,
-            plan: WarmupPlan) -> str:  # fmt: skip
+def _recipe(
+    example: Example, tasks: Sequence[dict[str, Any]], model: Path, chat_template: str | None, plan: WarmupPlan
+) -> str:
     digest = hashlib.sha256()
-    digest.update(json.dumps([example.name, list(tasks), chat_template, plan.__dict__], sort_keys=True,
-                             default=str).encode())  # fmt: skip
+    digest.update(
+        json.dumps([example.name, list(tasks), chat_template, plan.__dict__], sort_keys=True, default=str).encode()
+    )
     for name in ("config.json", "tokenizer.json", "model.safetensors"):
         path = model / name
         if path.is_file():
@@ -188,8 +201,11 @@ def conversation_texts(shown: Sequence[Demonstration], tokenizer: Any) -> list[s
     for demonstration in shown:
         for body, reply in demonstration.calls:
             request = parse_chat(body, max_n=1)
-            texts.append(tokenizer.apply_chat_template([*request.messages, reply_message(reply)],
-                                                       tools=request.tools, tokenize=False))  # fmt: skip
+            texts.append(
+                tokenizer.apply_chat_template(
+                    [*request.messages, reply_message(reply)], tools=request.tools, tokenize=False
+                )
+            )
     return texts
 
 
@@ -208,10 +224,17 @@ def tiny_model_for(example: Example, shown: Sequence[Demonstration], out: Path) 
     return target
 
 
-def warm_up(example: Example, model: Path, tasks: Sequence[dict[str, Any]], out: Path, *,
-            plan: WarmupPlan | None = None, chat_template: str | None = None,
-            shown: Sequence[Demonstration] | None = None,
-            on_step: Callable[[int, int, float], None] = lambda *_: None) -> Path:  # fmt: skip
+def warm_up(
+    example: Example,
+    model: Path,
+    tasks: Sequence[dict[str, Any]],
+    out: Path,
+    *,
+    plan: WarmupPlan | None = None,
+    chat_template: str | None = None,
+    shown: Sequence[Demonstration] | None = None,
+    on_step: Callable[[int, int, float], None] = lambda *_: None,
+) -> Path:
     """``model`` fine-tuned on the teacher's demonstrations of ``tasks`` (recorded now unless ``shown`` holds
     them), saved as ``out/<recipe>/model`` (reused when that exists). ``chat_template`` is the one the gateway will
     serve with (None: the model's own)."""
@@ -222,8 +245,16 @@ def warm_up(example: Example, model: Path, tasks: Sequence[dict[str, Any]], out:
     if (target / MARKER).is_file():
         log.info("reusing the warmed-up model at %s", target)
         return target
-    trainer = TorchTrainer(TorchTrainerConfig(model_path=model, device="cpu", dtype="float32", lr=plan.lr,
-                                              micro_batch_size=plan.micro_batch_size, seed=plan.seed))  # fmt: skip
+    trainer = TorchTrainer(
+        TorchTrainerConfig(
+            model_path=model,
+            device="cpu",
+            dtype="float32",
+            lr=plan.lr,
+            micro_batch_size=plan.micro_batch_size,
+            seed=plan.seed,
+        )
+    )
     if chat_template:
         trainer.tokenizer.chat_template = chat_template
     shown = list(shown) if shown is not None else demonstrations(example, tasks)

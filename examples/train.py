@@ -37,8 +37,8 @@ from typing import Any
 
 from examples.outcomes import outcomes_by_split, validation_episodes
 from examples.spec import Example
-from fulmen.algorithm.dispatcher import DatasetTask
 from fulmen.algorithm.local import LocalPlan, LocalRun, run_locally
+from fulmen.algorithm.service.dispatcher import DatasetTask
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas.events import RolloutMode, TrainStep
 from fulmen.schemas.task_file import stable_task_id
@@ -104,8 +104,9 @@ def resolve_model(choice: str, home: Path) -> tuple[Path, dict[str, str]]:
             build_tiny_model(target)
         return target, {}
     if choice == "smollm2":
-        done = subprocess.run([sys.executable, str(ROOT / "bench" / "smollm2.py")], capture_output=True, text=True,
-                              check=False)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "smollm2.py")], capture_output=True, text=True, check=False
+        )
         if done.returncode != 0:
             raise SystemExit(f"bench/smollm2.py could not make SmolLM2-135M-Instruct: {done.stderr[-800:]}")
         return Path(done.stdout.strip().splitlines()[-1]), {"FULMEN_LLM_CHAT_TEMPLATE": "chatml-tools"}
@@ -115,8 +116,14 @@ def resolve_model(choice: str, home: Path) -> tuple[Path, dict[str, str]]:
     return path, {}
 
 
-def warmed_up(example: Example, options: ExampleOptions, model: Path, llm_env: dict[str, str], home: Path,
-              on_phase: Callable[[str], None]) -> Path:  # fmt: skip
+def warmed_up(
+    example: Example,
+    options: ExampleOptions,
+    model: Path,
+    llm_env: dict[str, str],
+    home: Path,
+    on_phase: Callable[[str], None],
+) -> Path:
     """``model``, or with ``warmup_steps`` its copy fine-tuned on the teacher's demonstrations of the first
     ``warmup_tasks`` training tasks (cached under ``$FULMEN_HOME/examples/warmups``)."""
     if options.warmup_steps <= 0:
@@ -128,8 +135,10 @@ def warmed_up(example: Example, options: ExampleOptions, model: Path, llm_env: d
     tasks = example.train_tasks(options.warmup_tasks)
     plan = WarmupPlan(steps=options.warmup_steps, lr=options.warmup_lr, seed=options.seed)
     cache = options.warmup_cache or home / "examples" / "warmups"
-    on_phase(f"warming up {model.name} on the teacher's demonstrations of {len(tasks)} training tasks "
-             f"({plan.steps} supervised steps; cached in {cache})")  # fmt: skip
+    on_phase(
+        f"warming up {model.name} on the teacher's demonstrations of {len(tasks)} training tasks "
+        f"({plan.steps} supervised steps; cached in {cache})"
+    )
     shown = demonstrations(example, tasks)
     if options.model == "tiny":  # its tokenizer's merges learnt from these conversations
         model = tiny_model_for(example, shown, cache)
@@ -140,8 +149,10 @@ def warmed_up(example: Example, options: ExampleOptions, model: Path, llm_env: d
     more = example.train_tasks(options.warmup_tasks + options.sft_tasks)[options.warmup_tasks :]
     # the supervised recipe's own learning rate (the warm-up's), which is what SFT is known to learn with here
     sft = WarmupPlan(steps=0, lr=options.warmup_lr, seed=options.seed, token_budget=options.sft_tokens)
-    on_phase(f"the SFT baseline: {options.sft_tokens} more supervised tokens on the teacher's demonstrations of "
-             f"{len(more)} other training tasks at lr {sft.lr:g}")  # fmt: skip
+    on_phase(
+        f"the SFT baseline: {options.sft_tokens} more supervised tokens on the teacher's demonstrations of "
+        f"{len(more)} other training tasks at lr {sft.lr:g}"
+    )
     return warm_up(example, model, more, cache, plan=sft, chat_template=chat_template)
 
 
@@ -168,20 +179,39 @@ def dataset(example: Example, options: ExampleOptions) -> Splits:
     if options.unseen and example.unseen_tasks is None:
         raise SystemExit(f"--unseen: the {example.name} example has no unseen-shapes split")
     unseen = example.unseen_tasks(options.unseen) if options.unseen and example.unseen_tasks else []
-    return Splits(tasks(example.train_tasks(options.train)), tasks(example.heldout_tasks(options.heldout)),
-                  tasks(unseen))  # fmt: skip
+    return Splits(
+        tasks(example.train_tasks(options.train)), tasks(example.heldout_tasks(options.heldout)), tasks(unseen)
+    )
 
 
 def train_fields(example: Example, options: ExampleOptions) -> dict[str, Any]:
     """The ``FULMEN_TRAIN_*`` fields of the run."""
-    return {
-        "steps": options.steps, "group_size": options.group_size, "groups_per_step": options.groups_per_step,
-        "lr": options.lr, "epochs_per_batch": options.epochs_per_batch, "kl_coef": options.kl_coef,
-        "credit": example.credit, "gamma": example.gamma, "max_staleness": 1, "val_group_size": 1,
-        "rollout_timeout_s": options.rollout_timeout_s, "max_attempts": 2, "micro_batch_size": 8,
-        "device": "cpu", "dtype": "float32", "seed": options.seed, "shuffle_rewards": options.shuffle_rewards,
-        "val_every": options.val_every, "lora_r": options.lora_r, "micro_batch_tokens": options.micro_batch_tokens,
-    } | _adapter_fields(example, options) | options.extra_train  # fmt: skip
+    return (
+        {
+            "steps": options.steps,
+            "group_size": options.group_size,
+            "groups_per_step": options.groups_per_step,
+            "lr": options.lr,
+            "epochs_per_batch": options.epochs_per_batch,
+            "kl_coef": options.kl_coef,
+            "credit": example.credit,
+            "gamma": example.gamma,
+            "max_staleness": 1,
+            "val_group_size": 1,
+            "rollout_timeout_s": options.rollout_timeout_s,
+            "max_attempts": 2,
+            "micro_batch_size": 8,
+            "device": "cpu",
+            "dtype": "float32",
+            "seed": options.seed,
+            "shuffle_rewards": options.shuffle_rewards,
+            "val_every": options.val_every,
+            "lora_r": options.lora_r,
+            "micro_batch_tokens": options.micro_batch_tokens,
+        }
+        | _adapter_fields(example, options)
+        | options.extra_train
+    )
 
 
 def _adapter_fields(example: Example, options: ExampleOptions) -> dict[str, Any]:
@@ -194,8 +224,9 @@ def _adapter_fields(example: Example, options: ExampleOptions) -> dict[str, Any]
 def sql(run: LocalRun, query: str) -> list[dict[str, Any]]:
     """Rows of ``query`` against the run's store, answered by its running ``fulmen consume``."""
     env = {**os.environ, **run.env}
-    done = subprocess.run([*FULMEN, "sql", "--format", "jsonl", query], env=env, capture_output=True, text=True,
-                          timeout=120, check=False)  # fmt: skip
+    done = subprocess.run(
+        [*FULMEN, "sql", "--format", "jsonl", query], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     if done.returncode != 0:
         raise RuntimeError(f"fulmen sql failed: {done.stderr[-800:]}")
     return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
@@ -204,11 +235,17 @@ def sql(run: LocalRun, query: str) -> list[dict[str, Any]]:
 def store_figures(run: LocalRun, database: str) -> dict[str, Any]:
     """What the store says about the run: LLM calls per training episode, versions served."""
     db, train = database, RolloutMode.TRAIN.value
-    calls = sql(run, f"SELECT count() AS calls, uniqExact(RolloutId) AS episodes FROM {db}.otel_traces "
-                     f"WHERE ServiceName = 'fulmen-llm-gateway' AND RolloutId IN "
-                     f"(SELECT RolloutId FROM {db}.rollouts WHERE Mode = '{train}')")  # fmt: skip
-    served = sql(run, f"SELECT ModelVersion AS version, count() AS calls FROM {db}.otel_traces WHERE "
-                      f"ServiceName = 'fulmen-llm-gateway' GROUP BY ModelVersion ORDER BY ModelVersion")  # fmt: skip
+    calls = sql(
+        run,
+        f"SELECT count() AS calls, uniqExact(RolloutId) AS episodes FROM {db}.otel_traces "
+        f"WHERE ServiceName = 'fulmen-llm-gateway' AND RolloutId IN "
+        f"(SELECT RolloutId FROM {db}.rollouts WHERE Mode = '{train}')",
+    )
+    served = sql(
+        run,
+        f"SELECT ModelVersion AS version, count() AS calls FROM {db}.otel_traces WHERE "
+        f"ServiceName = 'fulmen-llm-gateway' GROUP BY ModelVersion ORDER BY ModelVersion",
+    )
     row = calls[0] if calls else {"calls": 0, "episodes": 0}
     return {
         "calls_per_episode": round(int(row["calls"]) / int(row["episodes"]), 2) if int(row["episodes"]) else None,
@@ -222,10 +259,13 @@ def store_figures(run: LocalRun, database: str) -> dict[str, Any]:
 def heldout_outcomes(run: LocalRun, db: str) -> dict[str, dict[str, float]]:
     """Per model version, each validation task's episode reward (the latest finished rollout of that task at that
     version; a failed or timed-out one scores 0): what paired before/after comparisons need."""
-    rows = sql(run, f"SELECT toString(ModelVersion) AS version, TaskId AS task, "
-                    f"argMax(ifNull(Reward, 0.), Timestamp) AS reward FROM {db}.rollouts FINAL "
-                    f"WHERE Mode = '{RolloutMode.VAL.value}' AND Status IN ('succeeded', 'failed', 'timed_out') "
-                    f"GROUP BY version, task")  # fmt: skip
+    rows = sql(
+        run,
+        f"SELECT toString(ModelVersion) AS version, TaskId AS task, "
+        f"argMax(ifNull(Reward, 0.), Timestamp) AS reward FROM {db}.rollouts FINAL "
+        f"WHERE Mode = '{RolloutMode.VAL.value}' AND Status IN ('succeeded', 'failed', 'timed_out') "
+        f"GROUP BY version, task",
+    )
     outcomes: dict[str, dict[str, float]] = {}
     for r in rows:
         outcomes.setdefault(str(r["version"]), {})[str(r["task"])] = float(r["reward"])
@@ -235,12 +275,15 @@ def heldout_outcomes(run: LocalRun, db: str) -> dict[str, dict[str, float]]:
 def tool_call_validity(run: LocalRun, db: str) -> dict[str, dict[str, float]]:
     """Per model version, the share of validation episodes whose first LLM call answered with a well-formed tool
     call (the gateway parsed one: finish reason ``tool_calls``), and how many episodes that is."""
-    rows = sql(run, f"SELECT toString(version) AS version, avg(valid) AS rate, count() AS episodes FROM ("
-                    f"SELECT RolloutId, argMin(ModelVersion, Timestamp) AS version, argMin(SpanAttributes["
-                    f"'gen_ai.response.finish_reasons'] LIKE '%tool_calls%', Timestamp) AS valid "
-                    f"FROM {db}.otel_traces WHERE ServiceName = 'fulmen-llm-gateway' AND RolloutId IN "
-                    f"(SELECT RolloutId FROM {db}.rollouts WHERE Mode = '{RolloutMode.VAL.value}') "
-                    f"GROUP BY RolloutId) GROUP BY version")  # fmt: skip
+    rows = sql(
+        run,
+        f"SELECT toString(version) AS version, avg(valid) AS rate, count() AS episodes FROM ("
+        f"SELECT RolloutId, argMin(ModelVersion, Timestamp) AS version, argMin(SpanAttributes["
+        f"'gen_ai.response.finish_reasons'] LIKE '%tool_calls%', Timestamp) AS valid "
+        f"FROM {db}.otel_traces WHERE ServiceName = 'fulmen-llm-gateway' AND RolloutId IN "
+        f"(SELECT RolloutId FROM {db}.rollouts WHERE Mode = '{RolloutMode.VAL.value}') "
+        f"GROUP BY RolloutId) GROUP BY version",
+    )
     return {str(r["version"]): {"rate": float(r["rate"]), "episodes": int(r["episodes"])} for r in rows}
 
 
@@ -249,25 +292,33 @@ def episode_profile(run: LocalRun, db: str) -> dict[str, float | None]:
     inside LLM calls (the gateway's spans) and in the whole rollout (the runner's span); the rest is the agent's
     framework and tools."""
     train = f"(SELECT RolloutId FROM {db}.rollouts WHERE Mode = '{RolloutMode.TRAIN.value}')"
-    llm = sql(run, f"SELECT count() AS calls, uniqExact(RolloutId) AS episodes, "
-                   f"sum(toUInt64OrZero(SpanAttributes['gen_ai.usage.input_tokens'])) AS prompt_tokens, "
-                   f"sum(toUInt64OrZero(SpanAttributes['gen_ai.usage.output_tokens'])) AS completion_tokens, "
-                   f"sum(Duration) / 1e9 AS llm_s FROM {db}.otel_traces "
-                   f"WHERE ServiceName = 'fulmen-llm-gateway' AND RolloutId IN {train}")  # fmt: skip
-    whole = sql(run, f"SELECT avg(Duration) / 1e9 AS episode_s FROM {db}.otel_traces "
-                     f"WHERE SpanName = 'fulmen.rollout' AND RolloutId IN {train}")  # fmt: skip
+    llm = sql(
+        run,
+        f"SELECT count() AS calls, uniqExact(RolloutId) AS episodes, "
+        f"sum(toUInt64OrZero(SpanAttributes['gen_ai.usage.input_tokens'])) AS prompt_tokens, "
+        f"sum(toUInt64OrZero(SpanAttributes['gen_ai.usage.output_tokens'])) AS completion_tokens, "
+        f"sum(Duration) / 1e9 AS llm_s FROM {db}.otel_traces "
+        f"WHERE ServiceName = 'fulmen-llm-gateway' AND RolloutId IN {train}",
+    )
+    whole = sql(
+        run,
+        f"SELECT avg(Duration) / 1e9 AS episode_s FROM {db}.otel_traces "
+        f"WHERE SpanName = 'fulmen.rollout' AND RolloutId IN {train}",
+    )
     row, episodes = (llm[0] if llm else {}), int((llm[0] if llm else {}).get("episodes") or 0)
     if not episodes:
         return {}
     per = {name: float(row[name]) / episodes for name in ("calls", "prompt_tokens", "completion_tokens", "llm_s")}
     episode_s = float(whole[0]["episode_s"]) if whole and whole[0].get("episode_s") is not None else None
     return {
-        "llm_calls": round(per["calls"], 3), "prompt_tokens": round(per["prompt_tokens"], 1),
-        "completion_tokens": round(per["completion_tokens"], 1), "llm_s": round(per["llm_s"], 3),
+        "llm_calls": round(per["calls"], 3),
+        "prompt_tokens": round(per["prompt_tokens"], 1),
+        "completion_tokens": round(per["completion_tokens"], 1),
+        "llm_s": round(per["llm_s"], 3),
         "episode_s": round(episode_s, 3) if episode_s is not None else None,
         "agent_overhead_s": round(episode_s - per["llm_s"], 3) if episode_s is not None else None,
         "episodes": episodes,
-    }  # fmt: skip
+    }
 
 
 def report(example: Example, options: ExampleOptions, run: LocalRun, figures: dict[str, Any]) -> dict[str, Any]:
@@ -277,26 +328,38 @@ def report(example: Example, options: ExampleOptions, run: LocalRun, figures: di
     after = next((s.extra["val_accuracy"] for s in reversed(steps) if "val_accuracy" in s.extra), None)
     first, last = steps[: max(1, len(steps) // 4)], steps[-max(1, len(steps) // 4) :]
     return {
-        "example": example.name, "framework": example.framework, "model": options.model, "steps": len(steps),
-        "warmup_steps": options.warmup_steps, "warmup_tasks": options.warmup_tasks if options.warmup_steps else 0,
+        "example": example.name,
+        "framework": example.framework,
+        "model": options.model,
+        "steps": len(steps),
+        "warmup_steps": options.warmup_steps,
+        "warmup_tasks": options.warmup_tasks if options.warmup_steps else 0,
         "s_per_step": round(run.train_s / len(steps), 1) if steps else None,
         "calls_per_episode": figures.get("calls_per_episode"),
         "reward_before": round(sum(s.reward_mean for s in first) / len(first), 4) if steps else None,
         "reward_after": round(sum(s.reward_mean for s in last) / len(last), 4) if steps else None,
-        "heldout_before": before, "heldout_after": after,
+        "heldout_before": before,
+        "heldout_after": after,
         "reward_curve": [(s.step, round(s.reward_mean, 4)) for s in steps],
-        "heldout_curve": ([(0, before)] if before is not None else []) + [
-            (s.step, s.extra["val_accuracy"]) for s in steps if "val_accuracy" in s.extra],
+        "heldout_curve": ([(0, before)] if before is not None else [])
+        + [(s.step, s.extra["val_accuracy"]) for s in steps if "val_accuracy" in s.extra],
         "engine": options.engine,
-        "versions_served": figures.get("versions_served"), "credit": example.credit,
+        "versions_served": figures.get("versions_served"),
+        "credit": example.credit,
         "heldout_by_version": figures.get("heldout_by_version"),
         "tool_call_valid_by_version": figures.get("tool_call_valid_by_version"),
-        "episode_profile": figures.get("episode_profile"), "step_profile": step_profile(steps),
-        "trained_agents": list(example.trained_agents), "shuffle_rewards": options.shuffle_rewards,
-        "run_id": run.run_id, "run_dir": str(run.run_dir), "wall_s": round(run.wall_s, 1),
+        "episode_profile": figures.get("episode_profile"),
+        "step_profile": step_profile(steps),
+        "trained_agents": list(example.trained_agents),
+        "shuffle_rewards": options.shuffle_rewards,
+        "run_id": run.run_id,
+        "run_dir": str(run.run_dir),
+        "wall_s": round(run.wall_s, 1),
         "final_model": str(run.final_model) if run.final_model else None,
-        "outcomes": figures.get("outcomes"), "seed": options.seed, "sft_tokens": options.sft_tokens,
-    }  # fmt: skip
+        "outcomes": figures.get("outcomes"),
+        "seed": options.seed,
+        "sft_tokens": options.sft_tokens,
+    }
 
 
 def step_profile(steps: list[TrainStep]) -> dict[str, Any]:
@@ -311,7 +374,8 @@ def step_profile(steps: list[TrainStep]) -> dict[str, Any]:
 
     extra = [s.extra for s in steps]
     return {
-        "rollout_wait_s": mean([s.rollout_wait_s for s in steps]), "update_s": mean([s.train_s for s in steps]),
+        "rollout_wait_s": mean([s.rollout_wait_s for s in steps]),
+        "update_s": mean([s.train_s for s in steps]),
         "publish_s": mean([s.publish_s for s in steps]),
         "val_s": mean([e["val_s"] for e in extra if "val_s" in e]),
         "initial_val_s": steps[0].extra.get("initial_val_s"),
@@ -320,13 +384,18 @@ def step_profile(steps: list[TrainStep]) -> dict[str, Any]:
         "response_tokens": mean([e["response_tokens"] for e in extra if "response_tokens" in e]),
         "update_flops": mean([e["update_flops"] for e in extra if "update_flops" in e]),
         "transitions": mean([float(s.num_transitions) for s in steps]),
-    }  # fmt: skip
+    }
 
 
-def train_example(name: str, options: ExampleOptions, settings: FulmenSettings | None = None, *,
-                  on_phase: Callable[[str], None] = lambda _: None,
-                  on_step: Callable[[TrainStep], None] = lambda _: None,
-                  after: Callable[[LocalRun], None] = lambda _: None) -> dict[str, Any]:  # fmt: skip
+def train_example(
+    name: str,
+    options: ExampleOptions,
+    settings: FulmenSettings | None = None,
+    *,
+    on_phase: Callable[[str], None] = lambda _: None,
+    on_step: Callable[[TrainStep], None] = lambda _: None,
+    after: Callable[[LocalRun], None] = lambda _: None,
+) -> dict[str, Any]:
     """Train example ``name`` through the whole system (module docstring); the report. ``after(run)`` runs while
     the services still run (the tests' SQL checks)."""
     example = load_example(name)
@@ -335,11 +404,19 @@ def train_example(name: str, options: ExampleOptions, settings: FulmenSettings |
     model = warmed_up(example, options, model, llm_env, settings.home, on_phase)
     llm_env = {**llm_env, "FULMEN_LLM_BACKEND": options.engine}
     if options.engine == "llamacpp":  # a slot (and its KV) per rollout that may run at once, no more
-        llm_env |= {"FULMEN_LLM_LLAMACPP_SLOTS": str(options.concurrency * options.runners),
-                    "FULMEN_LLM_LLAMACPP_CONTEXT": str(options.llm_context)}  # fmt: skip
-    plan = LocalPlan(example.agent, model, runners=options.runners, concurrency=options.concurrency,
-                     agent_pattern=example.agent_pattern, llm_env=llm_env,
-                     run_prefix=name.replace("_", "-"))  # fmt: skip
+        llm_env |= {
+            "FULMEN_LLM_LLAMACPP_SLOTS": str(options.concurrency * options.runners),
+            "FULMEN_LLM_LLAMACPP_CONTEXT": str(options.llm_context),
+        }
+    plan = LocalPlan(
+        example.agent,
+        model,
+        runners=options.runners,
+        concurrency=options.concurrency,
+        agent_pattern=example.agent_pattern,
+        llm_env=llm_env,
+        run_prefix=name.replace("_", "-"),
+    )
     splits = dataset(example, options)
     figures: dict[str, Any] = {}
 
@@ -348,8 +425,16 @@ def train_example(name: str, options: ExampleOptions, settings: FulmenSettings |
         figures.update(outcomes_by_split(example, splits, validation_episodes(run, settings.clickhouse.database)))
         after(run)
 
-    run = run_locally(settings, plan, train_fields(example, options), splits.train if options.steps else [],
-                      splits.validated, on_phase=on_phase, on_step=on_step, after=then)  # fmt: skip
+    run = run_locally(
+        settings,
+        plan,
+        train_fields(example, options),
+        splits.train if options.steps else [],
+        splits.validated,
+        on_phase=on_phase,
+        on_step=on_step,
+        after=then,
+    )
     return report(example, options, run, figures)
 
 
@@ -358,21 +443,50 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("example", choices=EXAMPLES)
     defaults = ExampleOptions()
     parser.add_argument("--model", default=defaults.model, help="tiny, smollm2, or a model directory")
-    for name in ("steps", "train", "heldout", "group_size", "groups_per_step", "epochs_per_batch", "runners",
-                 "concurrency", "seed", "warmup_steps", "warmup_tasks", "val_every", "lora_r",
-                 "micro_batch_tokens", "llm_context", "unseen", "sft_tokens", "sft_tasks"):  # fmt: skip
+    for name in (
+        "steps",
+        "train",
+        "heldout",
+        "group_size",
+        "groups_per_step",
+        "epochs_per_batch",
+        "runners",
+        "concurrency",
+        "seed",
+        "warmup_steps",
+        "warmup_tasks",
+        "val_every",
+        "lora_r",
+        "micro_batch_tokens",
+        "llm_context",
+        "unseen",
+        "sft_tokens",
+        "sft_tasks",
+    ):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     parser.add_argument("--max-tokens", type=int, default=None, help="per LLM call (default: the agent's)")
     parser.add_argument("--lr", type=float, default=defaults.lr)
-    parser.add_argument("--rollout-timeout-s", type=float, default=defaults.rollout_timeout_s,
-                        help="each rollout's time limit (a real model on a CPU needs minutes an episode)")  # fmt: skip
+    parser.add_argument(
+        "--rollout-timeout-s",
+        type=float,
+        default=defaults.rollout_timeout_s,
+        help="each rollout's time limit (a real model on a CPU needs minutes an episode)",
+    )
     parser.add_argument("--warmup-lr", type=float, default=defaults.warmup_lr)
     parser.add_argument("--kl-coef", type=float, default=defaults.kl_coef)
     parser.add_argument("--shuffle-rewards", action="store_true", help="control run: rewards permuted each step")
-    parser.add_argument("--adapters", choices=("shared", "per_agent"), default=defaults.adapters,
-                        help="per_agent: one LoRA adapter per trained agent on a frozen base")  # fmt: skip
-    parser.add_argument("--engine", default=defaults.engine, help="the LLM gateway's backend: transformers (in "
-                        "process) or llamacpp (llama.cpp's server; built by make install)")  # fmt: skip
+    parser.add_argument(
+        "--adapters",
+        choices=("shared", "per_agent"),
+        default=defaults.adapters,
+        help="per_agent: one LoRA adapter per trained agent on a frozen base",
+    )
+    parser.add_argument(
+        "--engine",
+        default=defaults.engine,
+        help="the LLM gateway's backend: transformers (in "
+        "process) or llamacpp (llama.cpp's server; built by make install)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON line at the end")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
@@ -382,14 +496,17 @@ def main(argv: list[str] | None = None) -> int:
     def on_step(event: TrainStep) -> None:
         accuracy = event.extra.get("val_accuracy", event.extra.get("initial_val_accuracy"))
         held = f"  held-out {accuracy:.3f}" if accuracy is not None else ""
-        print(f"step {event.step}: reward {event.reward_mean:.3f}{held}  ({event.num_transitions} transitions)",
-              flush=True)  # fmt: skip
+        print(
+            f"step {event.step}: reward {event.reward_mean:.3f}{held}  ({event.num_transitions} transitions)",
+            flush=True,
+        )
 
-    result = train_example(args.example, options, on_phase=lambda text: print(f"• {text}", flush=True),
-                           on_step=on_step)  # fmt: skip
-    print(f"{args.example}: held-out {result['heldout_before']} -> {result['heldout_after']} after "
-          f"{result['steps']} step(s), {result['s_per_step']} s/step, {result['calls_per_episode']} LLM calls per "
-          f"episode; the run is in {result['run_dir']}")  # fmt: skip
+    result = train_example(args.example, options, on_phase=lambda text: print(f"• {text}", flush=True), on_step=on_step)
+    print(
+        f"{args.example}: held-out {result['heldout_before']} -> {result['heldout_after']} after "
+        f"{result['steps']} step(s), {result['s_per_step']} s/step, {result['calls_per_episode']} LLM calls per "
+        f"episode; the run is in {result['run_dir']}"
+    )
     if args.json:
         print(json.dumps(result))
     return 0 if result["steps"] == options.steps else 1

@@ -22,9 +22,10 @@ nothing of the layers above it.
 
 from __future__ import annotations
 
-import importlib
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fulmen.schemas.lazy import lazy_exports
 
 __all__ = [
     "DeadLetterHeaders",
@@ -106,15 +107,4 @@ if TYPE_CHECKING:
     )
     from fulmen.training import train
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'fulmen' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), _HOMES)

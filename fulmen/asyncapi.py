@@ -45,50 +45,114 @@ class Endpoint:
 
 
 NOT_ON_FASTSTREAM: tuple[Endpoint, ...] = (
-    Endpoint("runner", "receive", TopicKey.TASKS,
-             "The runners' consumer group (aiokafka): the lowest unfinished offset per partition is committed."),
-    Endpoint("runner", "receive", TopicKey.ROLLOUTS,
-             "The runner's ledger reads the lifecycle of the attempts it may run (aiokafka, no group)."),
+    Endpoint(
+        "runner",
+        "receive",
+        TopicKey.TASKS,
+        "The runners' consumer group (aiokafka): the lowest unfinished offset per partition is committed.",
+    ),
+    Endpoint(
+        "runner",
+        "receive",
+        TopicKey.ROLLOUTS,
+        "The runner's ledger reads the lifecycle of the attempts it may run (aiokafka, no group).",
+    ),
     Endpoint("runner", "send", TopicKey.DLQ, "Requests that cannot be decoded (aiokafka producer)."),
-    Endpoint("otlp-gateway", "send", TopicKey.SPANS,
-             "One record per trace of each OTLP/HTTP export, answered after acks=all (aiokafka producer)."),
-    Endpoint("llm-gateway", "send", TopicKey.SPANS,
-             "One record per LLM call with its token ids, answered after acks=all (aiokafka producer)."),
-    Endpoint("otlp-gateway", "send", TopicKey.FEEDBACK,
-             "A gen_ai.evaluation.result span event naming the response it rates, as a Feedback (source otel), with "
-             "the spans it came with, acknowledged before the 200."),
-    Endpoint("llm-gateway", "send", TopicKey.FEEDBACK,
-             "POST /v1/feedback: one Feedback per request, answered 202 after acks=all (its aiokafka producer)."),
-    Endpoint("opentelemetry-collector", "send", TopicKey.SPANS,
-             "A Collector's Kafka exporter (otlp_proto) may feed the topic too (outside Fulmen)."),
-    Endpoint("consumers.spans", "receive", TopicKey.SPANS,
-             "The spans sink's batch consumer (aiokafka): commits after its Arrow insert."),
-    Endpoint("consumers.transitions", "receive", TopicKey.ROLLOUTS,
-             "The transition builder (aiokafka): builds a rollout once the spans consumer passed its end."),
-    Endpoint("consumers.production", "receive", TopicKey.SPANS,
-             "The production episode detector (aiokafka): groups the calls that no rollout owns by trace, publishes "
-             "a production rollout's end once its trace is idle; commits a record once its episodes ended."),
-    Endpoint("consumers.feedback", "receive", TopicKey.FEEDBACK,
-             "The feedback consumer (aiokafka): resolves each target in the store, inserts into the feedback table, "
-             "dead-letters a target never found; commits up to the lowest feedback not done."),
-    Endpoint("algorithm", "receive", TopicKey.TRANSITIONS,
-             "The trainer's collector (aiokafka): commits the groups it trained on."),
-    Endpoint("algorithm", "receive", TopicKey.MODELS,
-             "On restart, reads the topic to its end to see whether an unacknowledged version landed."),
-    Endpoint("consumers", "send", TopicKey.DLQ,
-             "Every sink: records that cannot be decoded or stored, headers saying why (aiokafka producer)."),
-    Endpoint("consumers.dead_letters", "receive", TopicKey.DLQ,
-             "The dead-letters sink's batch consumer (aiokafka): where and why, into the dead_letters table."),
-    Endpoint("operators", "receive", TopicKey.DLQ,
-             "People and their tools inspect and replay parked records (the topic keeps the whole record)."),
-)  # fmt: skip
+    Endpoint(
+        "otlp-gateway",
+        "send",
+        TopicKey.SPANS,
+        "One record per trace of each OTLP/HTTP export, answered after acks=all (aiokafka producer).",
+    ),
+    Endpoint(
+        "llm-gateway",
+        "send",
+        TopicKey.SPANS,
+        "One record per LLM call with its token ids, answered after acks=all (aiokafka producer).",
+    ),
+    Endpoint(
+        "otlp-gateway",
+        "send",
+        TopicKey.FEEDBACK,
+        "A gen_ai.evaluation.result span event naming the response it rates, as a Feedback (source otel), with "
+        "the spans it came with, acknowledged before the 200.",
+    ),
+    Endpoint(
+        "llm-gateway",
+        "send",
+        TopicKey.FEEDBACK,
+        "POST /v1/feedback: one Feedback per request, answered 202 after acks=all (its aiokafka producer).",
+    ),
+    Endpoint(
+        "opentelemetry-collector",
+        "send",
+        TopicKey.SPANS,
+        "A Collector's Kafka exporter (otlp_proto) may feed the topic too (outside Fulmen).",
+    ),
+    Endpoint(
+        "consumers.spans",
+        "receive",
+        TopicKey.SPANS,
+        "The spans sink's batch consumer (aiokafka): commits after its Arrow insert.",
+    ),
+    Endpoint(
+        "consumers.transitions",
+        "receive",
+        TopicKey.ROLLOUTS,
+        "The transition builder (aiokafka): builds a rollout once the spans consumer passed its end.",
+    ),
+    Endpoint(
+        "consumers.production",
+        "receive",
+        TopicKey.SPANS,
+        "The production episode detector (aiokafka): groups the calls that no rollout owns by trace, publishes "
+        "a production rollout's end once its trace is idle; commits a record once its episodes ended.",
+    ),
+    Endpoint(
+        "consumers.feedback",
+        "receive",
+        TopicKey.FEEDBACK,
+        "The feedback consumer (aiokafka): resolves each target in the store, inserts into the feedback table, "
+        "dead-letters a target never found; commits up to the lowest feedback not done.",
+    ),
+    Endpoint(
+        "algorithm",
+        "receive",
+        TopicKey.TRANSITIONS,
+        "The trainer's collector (aiokafka): commits the groups it trained on.",
+    ),
+    Endpoint(
+        "algorithm",
+        "receive",
+        TopicKey.MODELS,
+        "On restart, reads the topic to its end to see whether an unacknowledged version landed.",
+    ),
+    Endpoint(
+        "consumers",
+        "send",
+        TopicKey.DLQ,
+        "Every sink: records that cannot be decoded or stored, headers saying why (aiokafka producer).",
+    ),
+    Endpoint(
+        "consumers.dead_letters",
+        "receive",
+        TopicKey.DLQ,
+        "The dead-letters sink's batch consumer (aiokafka): where and why, into the dead_letters table.",
+    ),
+    Endpoint(
+        "operators",
+        "receive",
+        TopicKey.DLQ,
+        "People and their tools inspect and replay parked records (the topic keeps the whole record).",
+    ),
+)
 """The endpoints faststream does not run, and the parties outside Fulmen."""
 
 
 def senders() -> list[Sender]:
     """The :class:`Sender` of every component that publishes events (imported here: the trainer's pulls in torch)."""
-    from fulmen.algorithm.promotion import MODELS_SENDER as MODELS
-    from fulmen.algorithm.train import SENDER as ALGORITHM
+    from fulmen.algorithm.service.promotion import MODELS_SENDER as MODELS
+    from fulmen.algorithm.service.run import SENDER as ALGORITHM
     from fulmen.consumers.production.app import SENDER as PRODUCTION
     from fulmen.consumers.transitions.app import SENDER as TRANSITIONS
     from fulmen.infra.kafka.prompts import PROMPTS_SENDER as PROMPTS
@@ -133,10 +197,17 @@ def asyncapi_document(settings: FulmenSettings | None = None, version: str = "0.
 
 def from_broker(broker: KafkaBroker, prefix: str, version: str = "0.1.0") -> dict[str, Any]:
     """faststream's document of ``broker``, with one channel per topic (see the module docstring)."""
-    generated = AsyncAPI(
-        broker, title="Fulmen", version=version, schema_version="3.0.0",
-        description="The Kafka topics through which Fulmen's components talk, and who sends and receives on each.",
-    ).to_specification().to_jsonable()  # fmt: skip
+    generated = (
+        AsyncAPI(
+            broker,
+            title="Fulmen",
+            version=version,
+            schema_version="3.0.0",
+            description="The Kafka topics through which Fulmen's components talk, and who sends and receives on each.",
+        )
+        .to_specification()
+        .to_jsonable()
+    )
     by_address = {f"{prefix}{t.name}": t.key for t in TOPICS.values()}
     unknown = sorted({c["address"] for c in generated["channels"].values()} - set(by_address))
     if unknown:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fulmen.infra.errors import ConfigurationError
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.training import Tasks, _agent_name, _model_dir, _tasks
 
 if TYPE_CHECKING:
@@ -91,23 +91,64 @@ class PromptReport:
 
     def summary(self) -> dict[str, Any]:
         """The report as one JSON-ready object, without the lineage's texts."""
-        keys = ("run_id", "search", "base_bundle", "best_bundle", "heldout_before", "heldout_after", "rollouts_used",
-                "max_rollouts", "rollouts_to_best", "stopped_by", "calls_checked", "bundle_mismatches", "promoted",
-                "optimizer_tokens", "wall_s")  # fmt: skip
-        trained = {"train_steps": self.train.steps, "final_model": str(self.train.final_model or "") or None,
-                   "train_reward_curve": self.train.reward_curve} if self.train is not None else {}  # fmt: skip
+        keys = (
+            "run_id",
+            "search",
+            "base_bundle",
+            "best_bundle",
+            "heldout_before",
+            "heldout_after",
+            "rollouts_used",
+            "max_rollouts",
+            "rollouts_to_best",
+            "stopped_by",
+            "calls_checked",
+            "bundle_mismatches",
+            "promoted",
+            "optimizer_tokens",
+            "wall_s",
+        )
+        trained = (
+            {
+                "train_steps": self.train.steps,
+                "final_model": str(self.train.final_model or "") or None,
+                "train_reward_curve": self.train.reward_curve,
+            }
+            if self.train is not None
+            else {}
+        )
         return {k: getattr(self, k) for k in keys} | {"candidates": len(self.lineage)} | trained
 
 
-def optimize_prompt(agent: str | Callable[..., Any], dataset: Tasks, val: Tasks, test: Tasks, optimizer_url: str,
-                    max_rollouts: int, *, search: str = "gepa", model: str | Path = "tiny",
-                    slots: Sequence[str] | None = None, roles: Sequence[str] = ("system",), seed: int = 0,
-                    minibatch: int = 4, optimizer_model: str = "optimizer", max_optimizer_tokens: int = 200_000,
-                    promote: bool = False, promote_agent: str | None = None, runners: int = 1,
-                    concurrency: int = 32, rollout_timeout_s: float = 300.0, agents: Sequence[str] | None = None,
-                    discover: int = 1, local: bool = True, train_steps: int = 0,
-                    train: Mapping[str, Any] | None = None, settings: FulmenSettings | None = None,
-                    on_phase: Callable[[str], None] | None = None) -> PromptReport:  # fmt: skip
+def optimize_prompt(
+    agent: str | Callable[..., Any],
+    dataset: Tasks,
+    val: Tasks,
+    test: Tasks,
+    optimizer_url: str,
+    max_rollouts: int,
+    *,
+    search: str = "gepa",
+    model: str | Path = "tiny",
+    slots: Sequence[str] | None = None,
+    roles: Sequence[str] = ("system",),
+    seed: int = 0,
+    minibatch: int = 4,
+    optimizer_model: str = "optimizer",
+    max_optimizer_tokens: int = 200_000,
+    promote: bool = False,
+    promote_agent: str | None = None,
+    runners: int = 1,
+    concurrency: int = 32,
+    rollout_timeout_s: float = 300.0,
+    agents: Sequence[str] | None = None,
+    discover: int = 1,
+    local: bool = True,
+    train_steps: int = 0,
+    train: Mapping[str, Any] | None = None,
+    settings: FulmenSettings | None = None,
+    on_phase: Callable[[str], None] | None = None,
+) -> PromptReport:
     """Optimise ``agent``'s prompts (module docstring). ``dataset``/``val``/``test``: task files or task inputs
     (distinct task ids across the three); ``slots``: the slot names to optimise (default: every prompt of ``roles``
     the agent sends, found from ``discover`` rollouts of the first training tasks with the agent's own prompts);
@@ -128,9 +169,22 @@ def optimize_prompt(agent: str | Callable[..., Any], dataset: Tasks, val: Tasks,
         raise ConfigurationError("discover: at least one rollout finds the prompts the agent sends")
     splits = _splits(dataset, val, test, max_rollouts, discover)
     discover = min(discover, len(splits["dataset"]))
-    args = _SearchArgs(search, max_rollouts, tuple(slots or ()), tuple(roles), seed, minibatch, optimizer_url,
-                       optimizer_model, max_optimizer_tokens, promote, promote_agent, rollout_timeout_s,
-                       tuple(agents or ()), discover)  # fmt: skip
+    args = _SearchArgs(
+        search,
+        max_rollouts,
+        tuple(slots or ()),
+        tuple(roles),
+        seed,
+        minibatch,
+        optimizer_url,
+        optimizer_model,
+        max_optimizer_tokens,
+        promote,
+        promote_agent,
+        rollout_timeout_s,
+        tuple(agents or ()),
+        discover,
+    )
     phase = on_phase or (lambda _: None)
     name = _agent_name(agent)
     if not local and (train_steps or train):
@@ -146,8 +200,14 @@ def optimize_prompt(agent: str | Callable[..., Any], dataset: Tasks, val: Tasks,
     llm_env = {k: v for k, v in os.environ.items() if k.startswith("FULMEN_LLM_") and k not in _LLM_RUN_OWN}
     upstream = llm_env.get("FULMEN_LLM_BACKEND") in _UPSTREAM_BACKENDS
     fields = _train_phase(train_steps, train, upstream)
-    plan = LocalPlan(name, Path(str(model)) if upstream else _model_dir(model, settings.home), runners=runners,
-                     concurrency=concurrency, llm_env=llm_env, run_prefix="prompts")  # fmt: skip
+    plan = LocalPlan(
+        name,
+        Path(str(model)) if upstream else _model_dir(model, settings.home),
+        runners=runners,
+        concurrency=concurrency,
+        llm_env=llm_env,
+        run_prefix="prompts",
+    )
     with local_stack(settings, plan, on_phase=phase) as stack:
         where = _Where(stack.client_settings(), stack.run.run_id, stack.run.run_dir, stack.services.check)
         report = asyncio.run(_run(where, name, splits, args, phase))
@@ -168,21 +228,30 @@ def _train_phase(train_steps: int, train: Mapping[str, Any] | None, upstream: bo
             raise ConfigurationError("train: GRPO settings without a GRPO phase; pass train_steps too")
         return None
     if upstream:
-        raise ConfigurationError("train_steps: GRPO needs the served model's token ids and weights, which "
-                                 "FULMEN_LLM_BACKEND=openai/vllm does not give here; serve 'tiny' or a model "
-                                 "directory with the transformers backend")  # fmt: skip
+        raise ConfigurationError(
+            "train_steps: GRPO needs the served model's token ids and weights, which "
+            "FULMEN_LLM_BACKEND=openai/vllm does not give here; serve 'tiny' or a model "
+            "directory with the transformers backend"
+        )
     return train_fields(TrainSettings(), train or {}, train_steps)
 
 
-def _train_best(stack: Any, plan: Any, fields: dict[str, Any], report: PromptReport, splits: dict[str, list],
-                phase: Callable[[str], None]) -> TrainReport:  # fmt: skip
+def _train_best(
+    stack: Any,
+    plan: Any,
+    fields: dict[str, Any],
+    report: PromptReport,
+    splits: dict[str, list],
+    phase: Callable[[str], None],
+) -> TrainReport:
     """Step 4: GRPO on the training split, validated on the validation split, every rollout naming the best bundle
     (already on this run's prompts topic: the search published it)."""
     from fulmen.algorithm.local import train_in_stack
 
     phase(f"GRPO: {fields['steps']} step(s) on rollouts naming the best bundle {report.best_bundle}")
-    steps = train_in_stack(stack, plan, fields | {"prompt_bundle": report.best_bundle}, splits["dataset"],
-                           splits["val"], on_phase=phase)  # fmt: skip
+    steps = train_in_stack(
+        stack, plan, fields | {"prompt_bundle": report.best_bundle}, splits["dataset"], splits["val"], on_phase=phase
+    )
     run = stack.run
     final = run.run_dir / "checkpoints" / f"v{steps[-1].model_version}" if steps else None
     return dataclasses.replace(run.report(), steps=len(steps), final_model=final, wall_s=run.train_s)
@@ -195,10 +264,12 @@ def _splits(dataset: Tasks, val: Tasks, test: Tasks, max_rollouts: int, discover
         raise ConfigurationError("dataset, val and test must not share task ids (the report is on test alone)")
     least = discover + len(splits["val"]) + 2 * len(splits["test"])
     if max_rollouts < least:
-        raise ConfigurationError(f"max_rollouts={max_rollouts} cannot pay for finding the prompts ({discover}), one "
-                                 f"validation pass ({len(splits['val'])}) and the test report of the agent's own "
-                                 f"prompts and the best bundle ({2 * len(splits['test'])}): raise it to at least "
-                                 f"{least}")  # fmt: skip
+        raise ConfigurationError(
+            f"max_rollouts={max_rollouts} cannot pay for finding the prompts ({discover}), one "
+            f"validation pass ({len(splits['val'])}) and the test report of the agent's own "
+            f"prompts and the best bundle ({2 * len(splits['test'])}): raise it to at least "
+            f"{least}"
+        )
     return splits
 
 
@@ -230,14 +301,15 @@ class _SearchArgs:
     discover: int
 
 
-async def _run(where: _Where, agent: str, splits: dict[str, list], args: _SearchArgs,
-               phase: Callable[[str], None]) -> PromptReport:  # fmt: skip
-    from fulmen.algorithm.collector import Collector
-    from fulmen.algorithm.groups import GroupBook
+async def _run(
+    where: _Where, agent: str, splits: dict[str, list], args: _SearchArgs, phase: Callable[[str], None]
+) -> PromptReport:
     from fulmen.algorithm.prompts.evidence import episode_evidence
     from fulmen.algorithm.prompts.system import EvaluatorOptions, SystemEvaluator
+    from fulmen.algorithm.service.collector import Collector
+    from fulmen.algorithm.service.groups import GroupBook
+    from fulmen.algorithm.service.run import SENDER
     from fulmen.algorithm.settings import IncompletePolicy
-    from fulmen.algorithm.train import SENDER
     from fulmen.infra.kafka.broker import kafka_broker
     from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
     from fulmen.infra.kafka.prompts import PROMPTS_SENDER
@@ -256,14 +328,23 @@ async def _run(where: _Where, agent: str, splits: dict[str, list], args: _Search
         reader = await asyncio.to_thread(open_reader, settings)
         db = settings.clickhouse.database
         book = GroupBook(timeout_s=args.rollout_timeout_s + 60.0, policy=IncompletePolicy.DROP)
-        options = EvaluatorOptions(agent=agent, run_id=where.run_id, source=args.search,
-                                   bundle_agent=args.promote_agent,
-                                   rollout_timeout_s=args.rollout_timeout_s)  # fmt: skip
+        options = EvaluatorOptions(
+            agent=agent,
+            run_id=where.run_id,
+            source=args.search,
+            bundle_agent=args.promote_agent,
+            rollout_timeout_s=args.rollout_timeout_s,
+        )
         evaluator = SystemEvaluator(
-            EventPublisher(broker, SENDER), EventPublisher(broker, PROMPTS_SENDER), Collector(source, book),
-            [t for tasks in splits.values() for t in tasks], asyncio.get_running_loop(), options,
-            evidence=lambda ids: episode_evidence(reader, db, ids), check=where.check,
-        )  # fmt: skip
+            EventPublisher(broker, SENDER),
+            EventPublisher(broker, PROMPTS_SENDER),
+            Collector(source, book),
+            [t for tasks in splits.values() for t in tasks],
+            asyncio.get_running_loop(),
+            options,
+            evidence=lambda ids: episode_evidence(reader, db, ids),
+            check=where.check,
+        )
         first = splits["dataset"][: args.discover]
         phase(f"finding the prompts the agent sends ({len(first)} rollout(s) of training tasks, no bundle)")
         base = await _discover(evaluator, reader, db, first, args)
@@ -301,27 +382,47 @@ async def _discover(evaluator: Any, reader: Any, database: str, tasks: list, arg
     return {s: sent[s] for s in wanted}
 
 
-def _search(evaluator: Any, base: dict[str, str], splits: dict[str, list], args: _SearchArgs
-            ) -> tuple[SearchResult, int]:  # fmt: skip
+def _search(
+    evaluator: Any, base: dict[str, str], splits: dict[str, list], args: _SearchArgs
+) -> tuple[SearchResult, int]:
     from fulmen.algorithm.prompts.reflect import ReflectiveProposer
     from fulmen.algorithm.prompts.search import SearchConfig, optimize
     from fulmen.schemas.prompts import validate_slot_text
 
-    proposer = ReflectiveProposer(args.optimizer_url, args.optimizer_model, max_tokens_total=args.max_optimizer_tokens,
-                                  validate=validate_slot_text)  # fmt: skip
+    proposer = ReflectiveProposer(
+        args.optimizer_url,
+        args.optimizer_model,
+        max_tokens_total=args.max_optimizer_tokens,
+        validate=validate_slot_text,
+    )
     try:
         config = SearchConfig(seed=args.seed, minibatch=args.minibatch)
-        result = optimize(evaluator, proposer, base, train=[t.task_id for t in splits["dataset"]],
-                          val=[t.task_id for t in splits["val"]], test=[t.task_id for t in splits["test"]],
-                          max_rollouts=args.max_rollouts - args.discover, search=args.search,
-                          config=config)  # fmt: skip
+        result = optimize(
+            evaluator,
+            proposer,
+            base,
+            train=[t.task_id for t in splits["dataset"]],
+            val=[t.task_id for t in splits["val"]],
+            test=[t.task_id for t in splits["test"]],
+            max_rollouts=args.max_rollouts - args.discover,
+            search=args.search,
+            config=config,
+        )
     finally:
         proposer.close()
     return result, proposer.tokens_used
 
 
-async def _finish(where: _Where, evaluator: Any, reader: Any, base: dict[str, str], result: SearchResult,
-                  tokens: int, args: _SearchArgs, phase: Callable[[str], None]) -> PromptReport:  # fmt: skip
+async def _finish(
+    where: _Where,
+    evaluator: Any,
+    reader: Any,
+    base: dict[str, str],
+    result: SearchResult,
+    tokens: int,
+    args: _SearchArgs,
+    phase: Callable[[str], None],
+) -> PromptReport:
     from fulmen.infra.kafka.prompts import decide_prompt
     from fulmen.prompt_queries import bundle_mismatches
     from fulmen.schemas.events import PromotionAction
@@ -331,13 +432,21 @@ async def _finish(where: _Where, evaluator: Any, reader: Any, base: dict[str, st
     settings = where.settings
     o = evaluator.options
     lineage = [
-        PromptBundle.create(c.slots, templates=o.templates, parents=c.parents, scores=c.scores, agent=o.bundle_agent,
-                            source=args.search, run_id=o.run_id)
+        PromptBundle.create(
+            c.slots,
+            templates=o.templates,
+            parents=c.parents,
+            scores=c.scores,
+            agent=o.bundle_agent,
+            source=args.search,
+            run_id=o.run_id,
+        )
         for c in result.candidates
-    ]  # fmt: skip
+    ]
     await evaluator.bundles.publish_many(TopicKey.PROMPTS, lineage)
-    calls, mismatches = await asyncio.to_thread(bundle_mismatches, reader, settings.clickhouse.database,
-                                                tuple(evaluator.rollout_ids))  # fmt: skip
+    calls, mismatches = await asyncio.to_thread(
+        bundle_mismatches, reader, settings.clickhouse.database, tuple(evaluator.rollout_ids)
+    )
     base_id = evaluator.bundle(base).bundle_id
     promoted = None
     before, after = result.report["heldout_before"], result.report["heldout_after"]
@@ -351,12 +460,23 @@ async def _finish(where: _Where, evaluator: Any, reader: Any, base: dict[str, st
         event = await decide_prompt(settings, PromotionAction.PROMOTE, result.best.id, args.promote_agent, reason)
         promoted = event.bundle_id
     return PromptReport(
-        run_id=o.run_id, run_dir=where.run_dir, search=args.search, base_bundle=base_id, base_slots=dict(base),
-        best_bundle=result.best.id, best_slots=dict(result.best.slots),
-        heldout_before=result.report["heldout_before"], heldout_after=result.report["heldout_after"],
-        rollouts_used=result.rollouts_used + args.discover, max_rollouts=args.max_rollouts,
-        rollouts_to_best=result.rollouts_to_best + args.discover, stopped_by=result.stopped_by,
+        run_id=o.run_id,
+        run_dir=where.run_dir,
+        search=args.search,
+        base_bundle=base_id,
+        base_slots=dict(base),
+        best_bundle=result.best.id,
+        best_slots=dict(result.best.slots),
+        heldout_before=result.report["heldout_before"],
+        heldout_after=result.report["heldout_after"],
+        rollouts_used=result.rollouts_used + args.discover,
+        max_rollouts=args.max_rollouts,
+        rollouts_to_best=result.rollouts_to_best + args.discover,
+        stopped_by=result.stopped_by,
         lineage=[row | {"found_at_rollouts": row["found_at_rollouts"] + args.discover} for row in result.lineage()],
-        calls_checked=calls, bundle_mismatches=mismatches, promoted=promoted, optimizer_tokens=tokens,
+        calls_checked=calls,
+        bundle_mismatches=mismatches,
+        promoted=promoted,
+        optimizer_tokens=tokens,
         rollout_ids=list(evaluator.rollout_ids),
-    )  # fmt: skip
+    )

@@ -19,9 +19,16 @@ from fulmen.schemas.events import RolloutStatus
 from fulmen.schemas.prompts import PromptBundle, fingerprint, message_text
 
 __all__ = [
-    "BundleRewards", "BundleRow", "ScannedPrompt", "bundle_mismatches", "bundle_rewards", "bundle_rows", "scan_prompts",
-    "serving_by_scope", "stored_bundle",
-]  # fmt: skip
+    "BundleRewards",
+    "BundleRow",
+    "ScannedPrompt",
+    "bundle_mismatches",
+    "bundle_rewards",
+    "bundle_rows",
+    "scan_prompts",
+    "serving_by_scope",
+    "stored_bundle",
+]
 
 _SCAN_SQL = """
 SELECT JSONExtractString(m, 'role') AS role, JSONExtractRaw(m, 'content') AS content, count() AS calls,
@@ -46,16 +53,26 @@ class ScannedPrompt:
     text: str
 
 
-def scan_prompts(reader: Any, database: str = "", roles: tuple[str, ...] = ("system", "user"),
-                 limit: int = 1000, rollout_ids: tuple[str, ...] | None = None) -> list[ScannedPrompt]:  # fmt: skip
+def scan_prompts(
+    reader: Any,
+    database: str = "",
+    roles: tuple[str, ...] = ("system", "user"),
+    limit: int = 1000,
+    rollout_ids: tuple[str, ...] | None = None,
+) -> list[ScannedPrompt]:
     """The prompts stored spans carry, most sent first, merged by fingerprint (texts that differ only in whitespace
     are one slot); ``rollout_ids``: only those rollouts' calls."""
     db = f"{database}." if database else ""
     only = " AND RolloutId IN %(rollouts)s" if rollout_ids is not None else ""
     sql = _SCAN_SQL.format(db=db, spans=TABLES["spans"], rollouts=only)
-    parameters = {"messages": semconv.GEN_AI_INPUT_MESSAGES, "bundle": semconv.PROMPT_BUNDLE, "roles": tuple(roles),
-                  "limit": limit, "rollouts": tuple(rollout_ids or ("",)),
-                  "llm_agent": semconv.LLM_AGENT}  # fmt: skip
+    parameters = {
+        "messages": semconv.GEN_AI_INPUT_MESSAGES,
+        "bundle": semconv.PROMPT_BUNDLE,
+        "roles": tuple(roles),
+        "limit": limit,
+        "rollouts": tuple(rollout_ids or ("",)),
+        "llm_agent": semconv.LLM_AGENT,
+    }
     found: dict[str, dict[str, Any]] = {}
     for role, content, calls, agents in reader.query(sql, parameters, read_only=True).rows:
         text = message_text(json.loads(content)) if content else None
@@ -65,8 +82,9 @@ def scan_prompts(reader: Any, database: str = "", roles: tuple[str, ...] = ("sys
         entry = found.setdefault(slot, {"role": role, "calls": 0, "agents": set(), "text": text})
         entry["calls"] += int(calls)
         entry["agents"].update(a for a in agents if a)
-    prompts = [ScannedPrompt(slot, e["role"], e["calls"], tuple(sorted(e["agents"])), e["text"])
-               for slot, e in found.items()]  # fmt: skip
+    prompts = [
+        ScannedPrompt(slot, e["role"], e["calls"], tuple(sorted(e["agents"])), e["text"]) for slot, e in found.items()
+    ]
     return sorted(prompts, key=lambda p: (-p.calls, p.slot))
 
 
@@ -93,8 +111,10 @@ def bundle_rows(reader: Any, database: str = "", bundle_id: str | None = None) -
     """The stored bundles (or the one named), oldest first."""
     db = f"{database}." if database else ""
     where = "WHERE BundleId = %(id)s" if bundle_id else ""
-    sql = (f"SELECT BundleId, Parents, Slots, Templates, Scores, Agent, Source, RunId, CreatedAt "
-           f"FROM {db}{TABLES['prompt_bundles']} {where} ORDER BY CreatedAt")  # fmt: skip
+    sql = (
+        f"SELECT BundleId, Parents, Slots, Templates, Scores, Agent, Source, RunId, CreatedAt "
+        f"FROM {db}{TABLES['prompt_bundles']} {where} ORDER BY CreatedAt"
+    )
     rows = reader.query(sql, {"id": bundle_id} if bundle_id else None, final=True, read_only=True).rows
     return [BundleRow(r[0], tuple(r[1]), dict(r[2]), dict(r[3]), dict(r[4]), r[5], r[6], r[7], r[8]) for r in rows]
 
@@ -105,16 +125,22 @@ def stored_bundle(reader: Any, database: str, bundle_id: str) -> PromptBundle | 
     if not rows:
         return None
     row = rows[-1]
-    return PromptBundle.create(row.slots, templates=row.templates, parents=row.parents, scores=row.scores,
-                               agent=row.agent, source=row.source, run_id=row.run_id)  # fmt: skip
+    return PromptBundle.create(
+        row.slots,
+        templates=row.templates,
+        parents=row.parents,
+        scores=row.scores,
+        agent=row.agent,
+        source=row.source,
+        run_id=row.run_id,
+    )
 
 
 def serving_by_scope(reader: Any, database: str = "") -> dict[str, str]:
     """Per agent scope ('' for every agent), the bundle the latest stored promotion serves ('' for the agent's own
     prompts)."""
     db = f"{database}." if database else ""
-    sql = (f"SELECT Agent, argMax(BundleId, CreatedAt) FROM {db}{TABLES['prompt_promotions']} "
-           "GROUP BY Agent")  # fmt: skip
+    sql = f"SELECT Agent, argMax(BundleId, CreatedAt) FROM {db}{TABLES['prompt_promotions']} GROUP BY Agent"
     return {agent: bundle for agent, bundle in reader.query(sql, None, final=True, read_only=True).rows}
 
 
@@ -143,8 +169,7 @@ def bundle_rewards(reader: Any, database: str = "") -> dict[str, dict[str, Bundl
     sql = _REWARDS_SQL.format(db=db, rollouts=TABLES["rollouts"])
     ended = (RolloutStatus.SUCCEEDED.value, RolloutStatus.FAILED.value, RolloutStatus.TIMED_OUT.value)
     found: dict[str, dict[str, BundleRewards]] = {}
-    for bundle, mode, rollouts, rewarded, mean in reader.query(sql, {"ended": ended}, final=True,
-                                                               read_only=True).rows:  # fmt: skip
+    for bundle, mode, rollouts, rewarded, mean in reader.query(sql, {"ended": ended}, final=True, read_only=True).rows:
         found.setdefault(bundle, {})[mode] = BundleRewards(int(rollouts), int(rewarded), mean if rewarded else None)
     return found
 
@@ -165,8 +190,11 @@ def bundle_mismatches(reader: Any, database: str = "", rollout_ids: tuple[str, .
     db = f"{database}." if database else ""
     only = " AND s.RolloutId IN %(ids)s" if rollout_ids is not None else ""
     sql = _MISMATCH_SQL.format(db=db, spans=TABLES["spans"], rollouts=TABLES["rollouts"], only=only)
-    parameters = {"bundle": semconv.PROMPT_BUNDLE, "op": semconv.GEN_AI_OPERATION_NAME,
-                  "ops": (semconv.OPERATION_CHAT, semconv.OPERATION_TEXT_COMPLETION),
-                  "ids": tuple(rollout_ids or ("",))}  # fmt: skip
+    parameters = {
+        "bundle": semconv.PROMPT_BUNDLE,
+        "op": semconv.GEN_AI_OPERATION_NAME,
+        "ops": (semconv.OPERATION_CHAT, semconv.OPERATION_TEXT_COMPLETION),
+        "ids": tuple(rollout_ids or ("",)),
+    }
     [[calls, mismatches]] = reader.query(sql, parameters, final=True, read_only=True).rows
     return int(calls), int(mismatches)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fulmen.infra.errors import ConfigurationError
+from fulmen.schemas.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from fulmen.algorithm.local import TrainReport
@@ -37,16 +37,28 @@ _RUN_OWN = ("run_id", "run_dir", "model_path", "agent", "consumer_group")
 _LLM_RUN_OWN = ("FULMEN_LLM_PORT", "FULMEN_LLM_HOST", "FULMEN_LLM_MODEL", "FULMEN_LLM_MODEL_VERSION")
 
 
-def train(agent: str | Callable[..., Any], dataset: Tasks | None, model: str | Path = "tiny", *,
-          val: Tasks | None = None, replay: str | None = None, source_store: str | Path | None = None,
-          steps: int | None = None, runners: int = 1, concurrency: int = 32, agent_pattern: str | None = None,
-          prompt_bundle: str | PromptBundle | None = None,
-          settings: TrainSettings | None = None, on_step: Callable[[TrainStep], None] | None = None,
-          on_phase: Callable[[str], None] | None = None, **train_settings: Any) -> TrainReport:  # fmt: skip
+def train(
+    agent: str | Callable[..., Any],
+    dataset: Tasks | None,
+    model: str | Path = "tiny",
+    *,
+    val: Tasks | None = None,
+    replay: str | None = None,
+    source_store: str | Path | None = None,
+    steps: int | None = None,
+    runners: int = 1,
+    concurrency: int = 32,
+    agent_pattern: str | None = None,
+    prompt_bundle: str | PromptBundle | None = None,
+    settings: TrainSettings | None = None,
+    on_step: Callable[[TrainStep], None] | None = None,
+    on_phase: Callable[[str], None] | None = None,
+    **train_settings: Any,
+) -> TrainReport:
     """Train ``agent`` (``"module:function"``, or a function defined in an importable module) on ``dataset`` (a
     task file, or task inputs) from ``model`` (a Hugging Face directory or ``"tiny"``), validating on ``val``;
     see the module docstring. ``replay``: a SELECT of stored rollout ids to train on as well (or instead, with
-    ``dataset=None``; :mod:`fulmen.algorithm.replay`); ``tasks_sql=`` (a setting) a SELECT of stored task ids to
+    ``dataset=None``; :mod:`fulmen.algorithm.service.replay`); ``tasks_sql=`` (a setting) a SELECT of stored task ids to
     dispatch; both read ``source_store`` (an embedded store's directory, e.g. an earlier run's ``<run dir>/chdb``,
     or a ClickHouse URL; default: the store the ``FULMEN_CLICKHOUSE_*`` settings in force name: a local run's own
     store is a new one).
@@ -67,18 +79,35 @@ def train(agent: str | Callable[..., Any], dataset: Tasks | None, model: str | P
     if source_store is not None:
         fields["source_store"] = str(source_store)
     if dataset is None and not fields.get("replay_sql") and not fields.get("tasks_sql"):
-        raise ConfigurationError("nothing to train on: pass a dataset (or tasks_sql=SELECT of stored task ids), or "
-                                 "replay=SELECT of stored rollout ids")  # fmt: skip
+        raise ConfigurationError(
+            "nothing to train on: pass a dataset (or tasks_sql=SELECT of stored task ids), or "
+            "replay=SELECT of stored rollout ids"
+        )
     if runners < 1 or concurrency < 1:
         raise ConfigurationError("runners and concurrency must be at least 1")
     tasks, val_tasks = _tasks(dataset) if dataset is not None else [], _tasks(val) if val is not None else None
     llm_env = {k: v for k, v in os.environ.items() if k.startswith("FULMEN_LLM_") and k not in _LLM_RUN_OWN}
     agent_pattern = agent_pattern or os.environ.get("FULMEN_TRANSITIONS_AGENT_PATTERN") or None
-    plan = LocalPlan(_agent_name(agent), _model_dir(model, settings.home), runners=runners, concurrency=concurrency,
-                     agent_pattern=agent_pattern, llm_env=llm_env, run_prefix="train")  # fmt: skip
+    plan = LocalPlan(
+        _agent_name(agent),
+        _model_dir(model, settings.home),
+        runners=runners,
+        concurrency=concurrency,
+        agent_pattern=agent_pattern,
+        llm_env=llm_env,
+        run_prefix="train",
+    )
     bundles = _bundles(settings, fields, prompt_bundle)
-    run = run_locally(settings, plan, fields, tasks, val_tasks, on_phase=on_phase or (lambda _: None),
-                      on_step=on_step or (lambda _: None), bundles=bundles)  # fmt: skip
+    run = run_locally(
+        settings,
+        plan,
+        fields,
+        tasks,
+        val_tasks,
+        on_phase=on_phase or (lambda _: None),
+        on_step=on_step or (lambda _: None),
+        bundles=bundles,
+    )
     return run.report()
 
 
@@ -88,8 +117,9 @@ def train_fields(settings: TrainSettings, train_settings: Mapping[str, Any], ste
     fields = settings.train.model_dump(exclude=set(_RUN_OWN))
     unknown = set(train_settings) - set(fields)
     if unknown:
-        raise ConfigurationError(f"unknown training setting(s) {', '.join(sorted(unknown))}; valid: "
-                                 f"{', '.join(sorted(fields))}")  # fmt: skip
+        raise ConfigurationError(
+            f"unknown training setting(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(fields))}"
+        )
     return fields | dict(train_settings) | ({"steps": steps} if steps is not None else {})
 
 
@@ -105,7 +135,7 @@ def _bundles(settings: TrainSettings, fields: dict[str, Any], bundle: str | Prom
         fields["prompt_bundle"] = bundle
     if not fields.get("prompt_bundle"):
         return []
-    from fulmen.algorithm.train import source_store_settings
+    from fulmen.algorithm.service.run import source_store_settings
     from fulmen.infra.store import open_reader
     from fulmen.prompt_queries import stored_bundle
 
@@ -116,9 +146,11 @@ def _bundles(settings: TrainSettings, fields: dict[str, Any], bundle: str | Prom
     finally:
         reader.close()
     if found is None:
-        raise ConfigurationError(f"prompt bundle {fields['prompt_bundle']}: not in the store read (source_store="
-                                 f"{fields.get('source_store') or 'the store in force'}); pass the store that holds "
-                                 "it (an earlier run's <run dir>/chdb) or the PromptBundle itself")  # fmt: skip
+        raise ConfigurationError(
+            f"prompt bundle {fields['prompt_bundle']}: not in the store read (source_store="
+            f"{fields.get('source_store') or 'the store in force'}); pass the store that holds "
+            "it (an earlier run's <run dir>/chdb) or the PromptBundle itself"
+        )
     return [found]
 
 
@@ -129,8 +161,10 @@ def _agent_name(agent: str | Callable[..., Any]) -> str:
         return agent
     module, name = getattr(agent, "__module__", None), getattr(agent, "__qualname__", "")
     if not module or module == "__main__" or "<" in name:
-        raise ConfigurationError(f"the agent {agent!r} must be a function defined at the top of an importable module "
-                                 "(the runners import it in their own processes): pass 'module:function'")  # fmt: skip
+        raise ConfigurationError(
+            f"the agent {agent!r} must be a function defined at the top of an importable module "
+            "(the runners import it in their own processes): pass 'module:function'"
+        )
     return f"{module}:{name}"
 
 

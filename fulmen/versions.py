@@ -16,8 +16,9 @@ __all__ = ["VersionRow", "model_names", "rollout_versions", "version_label", "ve
 def model_names(reader: Any, database: str = "") -> list[str]:
     """The models the store has versions of."""
     db = f"{database}." if database else ""
-    rows = reader.query(f"SELECT DISTINCT ModelName FROM {db}model_versions ORDER BY ModelName", None, final=True,
-                        read_only=True).rows  # fmt: skip
+    rows = reader.query(
+        f"SELECT DISTINCT ModelName FROM {db}model_versions ORDER BY ModelName", None, final=True, read_only=True
+    ).rows
     return [str(row[0]) for row in rows]
 
 
@@ -38,15 +39,29 @@ def version_rows(reader: Any, model_name: str, database: str = "") -> list[Versi
     """Every stored version of ``model_name`` (and every candidate a gated run judged), oldest first; ``database``:
     the tables' database when the reader's default is another."""
     db = f"{database}." if database else ""
-    versions = reader.query(f"SELECT Version, RunId, Uri, BaseModel, CreatedAt FROM {db}model_versions "
-                            "WHERE ModelName = %(name)s AND Adapter = '' ORDER BY CreatedAt", {"name": model_name},
-                            final=True, read_only=True).rows  # fmt: skip
-    scores = {(run, int(step)): score for run, step, score in reader.query(
-        f"SELECT RunId, Step, Extra['val_accuracy'] FROM {db}train_steps WHERE mapContains(Extra, "
-        "'val_accuracy')", None, final=True, read_only=True).rows}  # fmt: skip
-    decisions = reader.query(f"SELECT Version, RunId, Action, Score, Uri, BaseModel, CreatedAt FROM {db}promotions"
-                             " WHERE ModelName = %(name)s AND Adapter = '' ORDER BY CreatedAt",
-                             {"name": model_name}, final=True, read_only=True).rows  # fmt: skip
+    versions = reader.query(
+        f"SELECT Version, RunId, Uri, BaseModel, CreatedAt FROM {db}model_versions "
+        "WHERE ModelName = %(name)s AND Adapter = '' ORDER BY CreatedAt",
+        {"name": model_name},
+        final=True,
+        read_only=True,
+    ).rows
+    scores = {
+        (run, int(step)): score
+        for run, step, score in reader.query(
+            f"SELECT RunId, Step, Extra['val_accuracy'] FROM {db}train_steps WHERE mapContains(Extra, 'val_accuracy')",
+            None,
+            final=True,
+            read_only=True,
+        ).rows
+    }
+    decisions = reader.query(
+        f"SELECT Version, RunId, Action, Score, Uri, BaseModel, CreatedAt FROM {db}promotions"
+        " WHERE ModelName = %(name)s AND Adapter = '' ORDER BY CreatedAt",
+        {"name": model_name},
+        final=True,
+        read_only=True,
+    ).rows
     rows: dict[tuple[str, int], dict[str, Any]] = {}
     for version, run, uri, base, _ in versions:
         rows[(run, int(version))] = {"uri": uri, "base": base, "decision": "-", "score": None}
@@ -61,8 +76,17 @@ def version_rows(reader: Any, model_name: str, database: str = "") -> list[Versi
     for (run, version), row in rows.items():
         score = row["score"] if row["score"] is not None else scores.get((run, version))
         parent = f"v{version - 1}" if version > 1 else (row["base"] or "-")
-        shown.append(VersionRow(version, run, parent if version > 0 else "-", score, row["decision"],
-                                serving == (run, version), row["uri"]))  # fmt: skip
+        shown.append(
+            VersionRow(
+                version,
+                run,
+                parent if version > 0 else "-",
+                score,
+                row["decision"],
+                serving == (run, version),
+                row["uri"],
+            )
+        )
     return shown
 
 
@@ -80,8 +104,10 @@ def rollout_versions(reader: Any, keys: list[tuple[str, int]], database: str = "
     rows = reader.query(
         f"SELECT RolloutId, Attempt, min(ModelVersion), max(ModelVersion) FROM {db}otel_traces "
         "WHERE RolloutId IN %(ids)s AND ModelVersion IS NOT NULL GROUP BY RolloutId, Attempt",
-        {"ids": sorted({rollout_id for rollout_id, _ in keys})}, final=True, read_only=True,
-    ).rows  # fmt: skip
+        {"ids": sorted({rollout_id for rollout_id, _ in keys})},
+        final=True,
+        read_only=True,
+    ).rows
     return {(str(rollout), int(attempt)): version_label(low, high) for rollout, attempt, low, high in rows}
 
 

@@ -30,7 +30,7 @@ from types import TracebackType
 
 import httpx
 
-from fulmen.infra.errors import FulmenError
+from fulmen.schemas.errors import FulmenError
 
 __all__ = ["FULMEN", "RestartPolicy", "ServiceSpec", "Services", "free_port"]
 

@@ -28,7 +28,6 @@ __all__ = [
     "KafkaSettings",
     "LogSettings",
     "default_home",
-    "settings_help",
 ]
 
 
@@ -42,9 +41,10 @@ class KafkaSettings(BaseModel):
 
     bootstrap: str | None = Field(default=None, description="host:port[,host:port]; unset = start a local broker")
     topic_prefix: str = Field(
-        default="", pattern=r"^[A-Za-z0-9._\-]*$",
+        default="",
+        pattern=r"^[A-Za-z0-9._\-]*$",
         description="prefix of every topic name and of Fulmen's consumer groups (several installations on one cluster)",
-    )  # fmt: skip
+    )
     client_id: str = "fulmen"
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         default="PLAINTEXT", description="client security for the cluster FULMEN_KAFKA_BOOTSTRAP names"
@@ -125,17 +125,19 @@ class ClickHouseSettings(BaseModel):
     # the machine's RAM (5 GiB mark and index caches, a cap of 90% of RAM) and the spans table's insert and merge
     # buffers from server defaults; these bound them in the process that owns the store.
     engine_max_memory_bytes: int = Field(
-        default=4 * 1024**3, ge=0,
+        default=4 * 1024**3,
+        ge=0,
         description="embedded: memory the whole engine may track (max_server_memory_usage); 0 = 90% of RAM",
-    )  # fmt: skip
+    )
     engine_cache_bytes: int = Field(
         default=128 * 1024**2, ge=0, description="embedded: size of each of the engine's mark and index caches"
     )
     engine_compress_block_bytes: int = Field(
-        default=256 * 1024, ge=64 * 1024,
+        default=256 * 1024,
+        ge=64 * 1024,
         description="embedded: the spans table's compression block (each column's write buffer in inserts and "
         "merges; ClickHouse's default is 1 MiB)",
-    )  # fmt: skip
+    )
 
     @field_validator("url", "read_url")
     @classmethod
@@ -173,8 +175,11 @@ class CliSettings(BaseModel):
         description="the zone times are shown in: 'local' (this machine's), 'UTC', or an IANA name such as "
         "'Europe/Paris'; --utc says UTC for one command",
     )
-    wide: bool = Field(default=False, description="print every value whole (full ids, times to the microsecond) "
-                       "instead of fitting the terminal; --wide for one command")  # fmt: skip
+    wide: bool = Field(
+        default=False,
+        description="print every value whole (full ids, times to the microsecond) "
+        "instead of fitting the terminal; --wide for one command",
+    )
 
     @field_validator("timezone")
     @classmethod
@@ -185,8 +190,10 @@ class CliSettings(BaseModel):
             try:
                 ZoneInfo(value)
             except (ZoneInfoNotFoundError, ValueError) as exc:
-                raise ValueError(f"FULMEN_CLI_TIMEZONE={value!r} is no time zone: use local, UTC or an IANA "
-                                 "name such as Europe/Paris") from exc  # fmt: skip
+                raise ValueError(
+                    f"FULMEN_CLI_TIMEZONE={value!r} is no time zone: use local, UTC or an IANA "
+                    "name such as Europe/Paris"
+                ) from exc
         return value
 
     def zone(self, *, utc: bool = False) -> Any:
@@ -272,20 +279,6 @@ def _mask_keeping_user(url: str) -> str:
         return masked
     scheme, _, rest = masked.partition("://")
     return f"{scheme}://{user}{':***' if parts.password is not None else ''}@{rest}"
-
-
-def settings_help(section: type[BaseModel], env_prefix: str) -> list[str]:
-    """One line per field of ``section``: its variable (``env_prefix`` + field name), default and meaning.
-
-    Generated from the model, so command help never drifts from the settings (``fulmen runner --help``).
-    """
-    lines = []
-    for name, field in section.model_fields.items():
-        default = field.get_default(call_default_factory=True)
-        shown = "unset" if default is None else repr(default) if default == "" else str(default)
-        meaning = f": {field.description}" if field.description else ""
-        lines.append(f"{env_prefix}{name.upper()} (default {shown}){meaning}")
-    return lines
 
 
 class DashboardProcessSettings(FulmenSettings):

@@ -59,8 +59,14 @@ class StackPorts:
         return {"OTEL_EXPORTER_OTLP_ENDPOINT": self.otlp_url, "OPENAI_BASE_URL": f"{self.llm_url}/v1"}
 
 
-def core_services(ports: StackPorts, *, model: str, consume_env: Mapping[str, str] | None = None,
-                  llm_env: Mapping[str, str] | None = None, embedded: bool = True) -> list[ServiceSpec]:  # fmt: skip
+def core_services(
+    ports: StackPorts,
+    *,
+    model: str,
+    consume_env: Mapping[str, str] | None = None,
+    llm_env: Mapping[str, str] | None = None,
+    embedded: bool = True,
+) -> list[ServiceSpec]:
     """``fulmen consume`` (owns the store, serves reads on ``ports.read``), the OTLP gateway and the LLM gateway
     serving ``model`` as version 0 (it follows the models topic), in start order; ``consume_env`` /
     ``llm_env``: more ``FULMEN_*`` for those two (``FULMEN_LLM_BACKEND``, a device...). ``embedded=False`` (a
@@ -79,8 +85,11 @@ def core_services(ports: StackPorts, *, model: str, consume_env: Mapping[str, st
 
 def runner_spec(index: int, ports: StackPorts, *, agent: str, concurrency: int, group: str) -> ServiceSpec:
     """Runner number ``index`` (from 1) of consumer group ``group``, running ``agent`` against this stack."""
-    env = {"FULMEN_RUNNER_LLM_BASE_URL": ports.llm_url, "FULMEN_RUNNER_OTLP_ENDPOINT": f"{ports.otlp_url}/v1/traces",
-           "FULMEN_RUNNER_GROUP": group}  # fmt: skip
+    env = {
+        "FULMEN_RUNNER_LLM_BASE_URL": ports.llm_url,
+        "FULMEN_RUNNER_OTLP_ENDPOINT": f"{ports.otlp_url}/v1/traces",
+        "FULMEN_RUNNER_GROUP": group,
+    }
     return ServiceSpec(f"runner-{index}", ("runner", "--agent", agent, "--concurrency", str(concurrency)), env)
 
 

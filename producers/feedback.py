@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fulmen.infra.errors import PoisonInputError
 from fulmen.infra.kafka.publish import EventPublisher, Sender
 from fulmen.schemas.codec import decode_obj
+from fulmen.schemas.errors import PoisonInputError
 from fulmen.schemas.events import Feedback, FeedbackTarget
 from fulmen.schemas.topics import TopicKey
 
@@ -22,8 +22,11 @@ __all__ = ["ID_FIELDS", "SENDER", "FeedbackRequestError", "feedback_from", "publ
 
 SENDER = Sender("feedback", (TopicKey.FEEDBACK,))  # `fulmen feedback`; the gateway publishes on its own producer
 
-ID_FIELDS = {"response_id": FeedbackTarget.RESPONSE, "rollout_id": FeedbackTarget.ROLLOUT,
-             "trace_id": FeedbackTarget.TRACE}  # fmt: skip
+ID_FIELDS = {
+    "response_id": FeedbackTarget.RESPONSE,
+    "rollout_id": FeedbackTarget.ROLLOUT,
+    "trace_id": FeedbackTarget.TRACE,
+}
 """The request field that names each kind of target."""
 
 _FIELDS = (*ID_FIELDS, "name", "value", "comment")
@@ -53,8 +56,10 @@ def feedback_from(request: Any, source: str) -> Feedback:
     named = [key for key in ID_FIELDS if key in given]
     if len(named) != 1:
         what = "none" if not named else " and ".join(named)
-        raise FeedbackRequestError(f"give exactly one of response_id, rollout_id or trace_id (got {what})",
-                                   named[1] if len(named) > 1 else None)  # fmt: skip
+        raise FeedbackRequestError(
+            f"give exactly one of response_id, rollout_id or trace_id (got {what})",
+            named[1] if len(named) > 1 else None,
+        )
     id_field = named[0]
     if not isinstance(given[id_field], str):
         raise FeedbackRequestError(f"{id_field} must be a string", id_field)

@@ -9,7 +9,7 @@ set, or :meth:`Gateway.start` and :meth:`Gateway.stop` it inside another loop.
 ``start``, in order (a failure at any step stops what was started, then raises):
 
 1. :meth:`Gateway._setup`: the subclass's resources;
-2. the producer: connected before going on (:class:`~fulmen.infra.errors.BrokerUnavailableError` when no
+2. the producer: connected before going on (:class:`~fulmen.schemas.errors.BrokerUnavailableError` when no
    broker answers within ``FULMEN_KAFKA_CONNECT_TIMEOUT_S``) or, with ``connect_in_background``, by a task
    that retries with backoff while the server already answers (the subclass refuses work with a 503 until
    :attr:`Gateway.connected` is set); :meth:`Gateway._on_connected` runs once it is connected;
@@ -38,10 +38,10 @@ from aiohttp import web
 from aiokafka import AIOKafkaProducer
 from pydantic import SecretStr
 
-from fulmen.infra.errors import BrokerUnavailableError
 from fulmen.infra.http import ErrorResponder, bearer_auth_middleware, body_limit_middleware, server_options
 from fulmen.infra.kafka.clients import close_quietly, start_or_raise
 from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.errors import BrokerUnavailableError
 
 __all__ = ["OPEN_PATHS", "Gateway", "GatewayStats", "ListenOptions"]
 
@@ -142,8 +142,8 @@ class Gateway(abc.ABC):
     async def start(self) -> None:
         """Set up, connect the producer (or start connecting it), listen; see the module docstring.
 
-        Raises :class:`~fulmen.infra.errors.ConfigurationError` or
-        :class:`~fulmen.infra.errors.BrokerUnavailableError` (after stopping what was started).
+        Raises :class:`~fulmen.schemas.errors.ConfigurationError` or
+        :class:`~fulmen.schemas.errors.BrokerUnavailableError` (after stopping what was started).
         """
         try:
             await self._setup()
@@ -224,8 +224,9 @@ class Gateway(abc.ABC):
             return
         _, pending = await asyncio.wait(tasks, timeout=_TASK_GRACE_S)
         for task in pending:
-            log.warning("%s: %s did not end within %.0fs of stopping; cancelled", self.name, task.get_name(),
-                        _TASK_GRACE_S)  # fmt: skip
+            log.warning(
+                "%s: %s did not end within %.0fs of stopping; cancelled", self.name, task.get_name(), _TASK_GRACE_S
+            )
             task.cancel()
         if pending:
             await asyncio.wait(pending)

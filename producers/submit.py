@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.kafka.publish import EventPublisher, Sender
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import RolloutEvent, RolloutMode, RolloutRequest, RolloutStatus
 from fulmen.schemas.task_file import TaskSpec
 from fulmen.schemas.topics import TopicKey
@@ -37,8 +37,10 @@ def requests_for(tasks: Iterable[TaskSpec], group_size: int, *, mode: RolloutMod
     if group_size < 1:
         raise ConfigurationError("--group-size must be at least 1")
     if mode is not None and not mode.dispatched:
-        raise ConfigurationError(f"--mode {mode.value}: such rollouts are recorded from agents Fulmen does not run, "
-                                 "never submitted; use train or val")  # fmt: skip
+        raise ConfigurationError(
+            f"--mode {mode.value}: such rollouts are recorded from agents Fulmen does not run, "
+            "never submitted; use train or val"
+        )
     requests = []
     for task in tasks:
         options = task.options() | ({"mode": mode} if mode is not None else {})
@@ -54,9 +56,17 @@ async def publish(publisher: EventPublisher, submission: Submission, runner_id: 
     """Publish the requests, then announce each as queued (only once the tasks topic acknowledged it)."""
     await publisher.publish_many(TopicKey.TASKS, submission.requests)
     queued = [
-        RolloutEvent(rollout_id=r.rollout_id, attempt=r.attempt, status=RolloutStatus.QUEUED, task_id=r.task_id,
-                     group_id=r.group_id, mode=r.mode, runner_id=runner_id, model_version=r.model_version,
-                     prompt_bundle=r.prompt_bundle)
+        RolloutEvent(
+            rollout_id=r.rollout_id,
+            attempt=r.attempt,
+            status=RolloutStatus.QUEUED,
+            task_id=r.task_id,
+            group_id=r.group_id,
+            mode=r.mode,
+            runner_id=runner_id,
+            model_version=r.model_version,
+            prompt_bundle=r.prompt_bundle,
+        )
         for r in submission.requests
-    ]  # fmt: skip
+    ]
     await publisher.publish_many(TopicKey.ROLLOUTS, queued)

@@ -1,7 +1,7 @@
 """The exception hierarchy every Fulmen component raises.
 
 It lives in ``schemas`` because the contracts raise it (a record that fails to decode is poison input) and
-``schemas`` imports nothing of ours; ``fulmen.infra.errors`` re-exports it for everyone else::
+``schemas`` imports nothing of ours; ``fulmen.schemas.errors`` re-exports it for everyone else::
 
     FulmenError                      root: catch this to catch everything Fulmen raises on purpose
     ├── ConfigurationError           fix a setting or install something, then start again

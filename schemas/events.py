@@ -163,9 +163,12 @@ class RolloutRequest(Event):
         default=None, description="the prompt bundle the gateway applies to its calls (None: the promoted one)"
     )
     seed: int | None = Field(
-        default=None, ge=0, lt=2**63, description="the rollout's sampling seed: the gateway derives each sampled "
+        default=None,
+        ge=0,
+        lt=2**63,
+        description="the rollout's sampling seed: the gateway derives each sampled "
         "call's seed from it, the attempt and the call's number (None: unseeded, the engine draws)",
-    )  # fmt: skip
+    )
 
     @model_validator(mode="after")
     def _attempt_within_budget(self) -> RolloutRequest:
@@ -176,11 +179,15 @@ class RolloutRequest(Event):
     @model_validator(mode="after")
     def _dispatchable(self) -> RolloutRequest:
         if not self.mode.dispatched:
-            raise ValueError(f"mode: {self.mode.value} rollouts are recorded from agents Fulmen does not run, never "
-                             "dispatched; use train or val")  # fmt: skip
+            raise ValueError(
+                f"mode: {self.mode.value} rollouts are recorded from agents Fulmen does not run, never "
+                "dispatched; use train or val"
+            )
         if production_trace_id(self.rollout_id) is not None:
-            raise ValueError(f"rollout_id: {self.rollout_id} is a production episode's id "
-                             f"({PRODUCTION_ROLLOUT_PREFIX}<trace id>); choose another")  # fmt: skip
+            raise ValueError(
+                f"rollout_id: {self.rollout_id} is a production episode's id "
+                f"({PRODUCTION_ROLLOUT_PREFIX}<trace id>); choose another"
+            )
         return self
 
 

@@ -101,8 +101,9 @@ def _task_of(text: str, where: str, number: int) -> TaskSpec:
         item = {"input": item}
     unknown = set(item) - set(TASK_FIELDS)
     if unknown:
-        raise ConfigurationError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}; "
-                                 f"a task line has {', '.join(TASK_FIELDS)}")  # fmt: skip
+        raise ConfigurationError(
+            f"{where}: unknown field(s) {', '.join(sorted(unknown))}; a task line has {', '.join(TASK_FIELDS)}"
+        )
     if not isinstance(item["input"], dict):
         raise ConfigurationError(f"{where}: input must be a JSON object, not {_json_type(item['input'])}")
     fields = {name: value for name, value in item.items() if value is not None}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,14 +17,9 @@ import pytest
 
 from fulmen.infra.kafka.admin import ensure_topics
 from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.processes import free_port
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
 from fulmen.infra.store import Store
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(autouse=True)

@@ -16,14 +16,23 @@ from typing import Any
 import pyarrow as pa
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 
-from fulmen.infra.errors import RetryableError
+from fulmen.schemas.errors import RetryableError
 
 
 def record(topic: str, partition: int, offset: int, value: bytes | None, key: bytes | None = None) -> ConsumerRecord:
     return ConsumerRecord(
-        topic=topic, partition=partition, offset=offset, timestamp=0, timestamp_type=0, key=key, value=value,
-        checksum=None, serialized_key_size=len(key or b""), serialized_value_size=len(value or b""), headers=(),
-    )  # fmt: skip
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        timestamp=0,
+        timestamp_type=0,
+        key=key,
+        value=value,
+        checksum=None,
+        serialized_key_size=len(key or b""),
+        serialized_value_size=len(value or b""),
+        headers=(),
+    )
 
 
 class FakeConsumer:

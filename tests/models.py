@@ -54,8 +54,11 @@ def taught_copy(model_dir: Path, out_dir: Path, steps: int = 150, lr: float = 3e
     base model's files and the library versions): teaching costs 40 s to minutes on two busy cores."""
     import transformers
 
-    digest = hashlib.sha256(json.dumps([TOOL_LESSONS, steps, lr, torch.__version__, transformers.__version__],
-                                       sort_keys=True, default=str).encode())  # fmt: skip
+    digest = hashlib.sha256(
+        json.dumps(
+            [TOOL_LESSONS, steps, lr, torch.__version__, transformers.__version__], sort_keys=True, default=str
+        ).encode()
+    )
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"):
         digest.update((model_dir / name).read_bytes())
     cache = Path(os.environ.get("FULMEN_TEST_MODEL_CACHE", Path.home() / ".cache" / "fulmen" / "test-models"))

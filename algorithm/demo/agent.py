@@ -37,17 +37,26 @@ async def solve(task: dict[str, Any], llm: Any) -> float:
     temperature = 0.0 if task.get("greedy") else 1.0
     messages: list[dict[str, Any]] = [{"role": "user", "content": task["question"]}]
     async with AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=2) as client:
-        first = await client.chat.completions.create(model=llm.model, messages=messages, tools=TOOLS,
-                                                     max_tokens=CALL_TOKENS, temperature=temperature)  # fmt: skip
+        first = await client.chat.completions.create(
+            model=llm.model, messages=messages, tools=TOOLS, max_tokens=CALL_TOKENS, temperature=temperature
+        )
         call = _calc_call(first.choices[0].message)
         if call is None:
             return 0.0
         call_id, arguments, value = call
-        messages.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": "calc", "arguments": arguments}}]})  # fmt: skip
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": call_id, "type": "function", "function": {"name": "calc", "arguments": arguments}}
+                ],
+            }
+        )
         messages.append({"role": "tool", "tool_call_id": call_id, "content": value})
-        second = await client.chat.completions.create(model=llm.model, messages=messages, tools=TOOLS,
-                                                      max_tokens=ANSWER_TOKENS, temperature=temperature)  # fmt: skip
+        second = await client.chat.completions.create(
+            model=llm.model, messages=messages, tools=TOOLS, max_tokens=ANSWER_TOKENS, temperature=temperature
+        )
     found = _INTEGER.search(second.choices[0].message.content or "")
     return 1.0 if found is not None and int(found.group()) == int(task["answer"]) else 0.0
 

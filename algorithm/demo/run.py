@@ -56,10 +56,15 @@ class DemoOptions:
     run_dir: Path | None = None  # default $FULMEN_HOME/runs/<run id>
 
 
-def run_demo(settings: FulmenSettings, options: DemoOptions, *, on_phase: Callable[[str], None] = lambda _: None,
-             on_step: Callable[[TrainStep], None] = lambda _: None,
-             on_warmup: Callable[[int, int, float], None] = lambda *_: None,
-             after: Callable[[DemoRun], None] = lambda _: None) -> DemoRun:  # fmt: skip
+def run_demo(
+    settings: FulmenSettings,
+    options: DemoOptions,
+    *,
+    on_phase: Callable[[str], None] = lambda _: None,
+    on_step: Callable[[TrainStep], None] = lambda _: None,
+    on_warmup: Callable[[int, int, float], None] = lambda *_: None,
+    after: Callable[[DemoRun], None] = lambda _: None,
+) -> DemoRun:
     """Run the demo (module docstring). ``on_warmup(step, steps, loss)`` follows a warm-up that is not cached;
     ``after`` runs while the services still run (the report's queries)."""
     started = time.perf_counter()
@@ -69,8 +74,17 @@ def run_demo(settings: FulmenSettings, options: DemoOptions, *, on_phase: Callab
     warmup_s = time.perf_counter() - started
     plan = LocalPlan(options.agent, model, runners=options.runners, concurrency=options.concurrency, run_prefix="demo")
     heldout = heldout_tasks(options.heldout, warmup_count=options.warmup.steps * options.warmup.batch)
-    run = run_locally(settings, plan, train_fields(options), train_tasks(), heldout, run_dir=options.run_dir,
-                      on_phase=on_phase, on_step=on_step, after=after)  # fmt: skip
+    run = run_locally(
+        settings,
+        plan,
+        train_fields(options),
+        train_tasks(),
+        heldout,
+        run_dir=options.run_dir,
+        on_phase=on_phase,
+        on_step=on_step,
+        after=after,
+    )
     run.warmup_s = warmup_s
     run.wall_s += warmup_s
     return run
@@ -79,13 +93,25 @@ def run_demo(settings: FulmenSettings, options: DemoOptions, *, on_phase: Callab
 def train_fields(options: DemoOptions) -> dict[str, object]:
     """The demo's ``TrainSection`` fields (a bench that trains on the demo task differently starts from them)."""
     return {
-        "steps": options.steps, "group_size": options.group_size, "groups_per_step": options.groups_per_step,
-        "lr": options.lr, "val_every": options.val_every, "val_group_size": 1,
-        "rollout_timeout_s": 120.0, "max_attempts": 2,
-        "micro_batch_size": 32, "device": "cpu", "dtype": "float32", "seed": options.seed,
-        "shuffle_rewards": options.shuffle_rewards, "epochs_per_batch": options.epochs_per_batch,
-        "kl_coef": options.kl_coef, "shuffle": False, "algorithm": options.algorithm, "mode": options.mode,
+        "steps": options.steps,
+        "group_size": options.group_size,
+        "groups_per_step": options.groups_per_step,
+        "lr": options.lr,
+        "val_every": options.val_every,
+        "val_group_size": 1,
+        "rollout_timeout_s": 120.0,
+        "max_attempts": 2,
+        "micro_batch_size": 32,
+        "device": "cpu",
+        "dtype": "float32",
+        "seed": options.seed,
+        "shuffle_rewards": options.shuffle_rewards,
+        "epochs_per_batch": options.epochs_per_batch,
+        "kl_coef": options.kl_coef,
+        "shuffle": False,
+        "algorithm": options.algorithm,
+        "mode": options.mode,
         "max_staleness": options.max_staleness,
         # DAPO's overlong shaping needs the calls' length limit: the demo agent's longer call asks for this many
         "overlong_max_tokens": CALL_TOKENS,
-    }  # fmt: skip
+    }

@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from fulmen.algorithm.dispatcher import DatasetTask
+from fulmen.algorithm.service.dispatcher import DatasetTask
 
 __all__ = [
     "OPERATORS",

@@ -71,8 +71,11 @@ def _messages(problem: Problem, op: str) -> tuple[list[dict], list[dict], str, s
     expr, result = f"{problem.a}{op}{problem.b}", str(apply(problem.a, op, problem.b))
     user = [{"role": "user", "content": problem.question}]
     call = {"id": "call_0", "type": "function", "function": {"name": "calc", "arguments": {"expr": expr}}}
-    after = [*user, {"role": "assistant", "content": None, "tool_calls": [call]},
-             {"role": "tool", "tool_call_id": "call_0", "content": result}]  # fmt: skip
+    after = [
+        *user,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0", "content": result},
+    ]
     tool_call = '<tool_call>{"name": "calc", "arguments": {"expr": "' + expr + '"}}</tool_call>'
     return user, after, tool_call, result
 
@@ -86,8 +89,9 @@ def conversation_samples(problem: Problem, tokenizer, op: str | None = None) -> 
 def conversation_text(problem: Problem, tokenizer, op: str | None = None) -> str:
     """A whole episode rendered as one text (both calls and the final answer): the tokenizer's corpus."""
     _, after, _, result = _messages(problem, op or problem.op)
-    return tokenizer.apply_chat_template([*after, {"role": "assistant", "content": result}], tools=TOOLS,
-                                         tokenize=False)  # fmt: skip
+    return tokenizer.apply_chat_template(
+        [*after, {"role": "assistant", "content": result}], tools=TOOLS, tokenize=False
+    )
 
 
 def _sample(tokenizer, messages: list[dict], reply: str) -> Sample:
@@ -130,12 +134,21 @@ def warm_up(
     rng = random.Random(plan.seed)
     plain = build_tiny_tokenizer()
     corpus = [conversation_text(p, plain, rng.choice(OPERATORS)) for p in generate(plan.corpus, CORPUS_SEED)]
-    shape = TinyModelConfig(hidden_size=plan.hidden, num_hidden_layers=plan.layers, num_attention_heads=plan.heads,
-                            num_key_value_heads=plan.heads, intermediate_size=4 * plan.hidden,
-                            bpe_vocab_size=plan.vocab, seed=plan.seed)  # fmt: skip
+    shape = TinyModelConfig(
+        hidden_size=plan.hidden,
+        num_hidden_layers=plan.layers,
+        num_attention_heads=plan.heads,
+        num_key_value_heads=plan.heads,
+        intermediate_size=4 * plan.hidden,
+        bpe_vocab_size=plan.vocab,
+        seed=plan.seed,
+    )
     base = build_tiny_model(directory / "base", shape, corpus=corpus)
-    trainer = TorchTrainer(TorchTrainerConfig(model_path=base, device="cpu", dtype="float32", lr=plan.lr,
-                                              micro_batch_size=64, seed=plan.seed))  # fmt: skip
+    trainer = TorchTrainer(
+        TorchTrainerConfig(
+            model_path=base, device="cpu", dtype="float32", lr=plan.lr, micro_batch_size=64, seed=plan.seed
+        )
+    )
     problems = warmup_problems(plan.steps * plan.batch)
     rng.shuffle(problems)
     for step in range(plan.steps):

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fulmen.algorithm.errors import ConfigurationError, FulmenError
+from fulmen.schemas.errors import ConfigurationError, FulmenError
 from fulmen.schemas.prompts import bundle_id
 
 __all__ = [

@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from fulmen.algorithm.replay import StoreReader
+from fulmen.algorithm.service.replay import StoreReader
 from fulmen.schemas import semconv
 from fulmen.schemas.ddl import TABLES
 
@@ -46,8 +46,9 @@ def format_messages(raw: str) -> str:
     return "\n".join(lines)
 
 
-def episode_evidence(reader: StoreReader, database: str, rollout_ids: Sequence[str],
-                     max_calls: int = 8) -> dict[str, str]:  # fmt: skip
+def episode_evidence(
+    reader: StoreReader, database: str, rollout_ids: Sequence[str], max_calls: int = 8
+) -> dict[str, str]:
     """Rollout id -> its LLM calls as text (what the model saw, what it answered), up to ``max_calls`` each."""
     if not rollout_ids:
         return {}

@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
-from fulmen.algorithm.errors import ConfigurationError, FulmenError
 from fulmen.algorithm.prompts.base import Episode, OptimizerExhausted, Proposal, ProposalRequest
+from fulmen.schemas.errors import ConfigurationError, FulmenError
 
 __all__ = ["API_KEY_ENV", "ReflectiveProposer", "parse_proposal", "reflection_prompt"]
 
@@ -72,10 +72,19 @@ class ReflectiveProposer:
     ``optimizer_url`` with the key from ``api_key`` or the ``FULMEN_OPTIMIZER_API_KEY`` environment variable.
     """
 
-    def __init__(self, optimizer_url: str, model: str = "optimizer", *, api_key: str | None = None,
-                 max_tokens_total: int = 200_000, max_tokens_call: int = 1024, temperature: float = 0.0,
-                 validate: Callable[[str, str, str], Any] | None = None, client: httpx.Client | None = None,
-                 timeout_s: float = 120.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        optimizer_url: str,
+        model: str = "optimizer",
+        *,
+        api_key: str | None = None,
+        max_tokens_total: int = 200_000,
+        max_tokens_call: int = 1024,
+        temperature: float = 0.0,
+        validate: Callable[[str, str, str], Any] | None = None,
+        client: httpx.Client | None = None,
+        timeout_s: float = 120.0,
+    ) -> None:
         if not optimizer_url.startswith(("http://", "https://")):
             raise ConfigurationError(f"--optimizer-url must be an http(s) URL ending in /v1, got {optimizer_url!r}")
         if max_tokens_total < 1:

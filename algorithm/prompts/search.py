@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fulmen.algorithm.errors import ConfigurationError
 from fulmen.algorithm.prompts.base import (
     Candidate,
     Episode,
@@ -25,6 +24,7 @@ from fulmen.algorithm.prompts.base import (
     SearchStopped,
     candidate_id,
 )
+from fulmen.schemas.errors import ConfigurationError
 
 __all__ = ["SEARCHES", "SearchConfig", "SearchResult", "beam", "frontier", "gepa", "get_search", "optimize"]
 
@@ -152,8 +152,14 @@ def _failing(episodes: Sequence[Episode], success: float) -> list[Episode]:
     return [e for e in episodes if e.reward < success]
 
 
-def gepa(scorer: Scorer, proposer: Proposer, base: Mapping[str, str], train: Sequence[str],
-         val: Sequence[str], config: SearchConfig) -> SearchResult:  # fmt: skip
+def gepa(
+    scorer: Scorer,
+    proposer: Proposer,
+    base: Mapping[str, str],
+    train: Sequence[str],
+    val: Sequence[str],
+    config: SearchConfig,
+) -> SearchResult:
     """Reflective search: parent from the Pareto frontier, minibatch-gated child, validation scores for the accepted."""
     st = _State(scorer, proposer, base, config)
     k = min(config.minibatch, len(train))
@@ -190,8 +196,14 @@ def gepa(scorer: Scorer, proposer: Proposer, base: Mapping[str, str], train: Seq
         return st.result(type(stop).__name__)
 
 
-def beam(scorer: Scorer, proposer: Proposer, base: Mapping[str, str], train: Sequence[str],
-         val: Sequence[str], config: SearchConfig) -> SearchResult:  # fmt: skip
+def beam(
+    scorer: Scorer,
+    proposer: Proposer,
+    base: Mapping[str, str],
+    train: Sequence[str],
+    val: Sequence[str],
+    config: SearchConfig,
+) -> SearchResult:
     """The anchor's APO: each round each beam member proposes ``branch`` children; keep the top ``width``."""
     del train  # beam selects on the validation set only, as the anchor does
     st = _State(scorer, proposer, base, config)
@@ -222,9 +234,18 @@ def get_search(name: str) -> Callable[..., SearchResult]:
     return SEARCHES[name]
 
 
-def optimize(evaluator, proposer: Proposer, base: Mapping[str, str], *, train: Sequence[str],
-             val: Sequence[str], test: Sequence[str], max_rollouts: int, search: str = "gepa",
-             config: SearchConfig | None = None) -> SearchResult:  # fmt: skip
+def optimize(
+    evaluator,
+    proposer: Proposer,
+    base: Mapping[str, str],
+    *,
+    train: Sequence[str],
+    val: Sequence[str],
+    test: Sequence[str],
+    max_rollouts: int,
+    search: str = "gepa",
+    config: SearchConfig | None = None,
+) -> SearchResult:
     """Search within ``max_rollouts`` (the test passes reserved up front), then score base and best on test."""
     config = config or SearchConfig()
     run = get_search(search)

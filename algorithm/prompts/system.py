@@ -5,10 +5,10 @@ For each :meth:`SystemEvaluator.run` (one candidate, some task ids):
 1. the candidate becomes a :class:`~fulmen.schemas.prompts.PromptBundle` (content-hashed id, so the same slots are
    the same bundle) and is published on the prompts topic, acknowledged, once per bundle;
 2. one ``RolloutRequest`` per task, each naming that bundle (``prompt_bundle``), goes out through a one-pass
-   :class:`~fulmen.algorithm.dispatcher.Dispatcher` (group size 1, mode ``val``): the runners run the agent
+   :class:`~fulmen.algorithm.service.dispatcher.Dispatcher` (group size 1, mode ``val``): the runners run the agent
    unchanged, the runner hands it ``/rollout/{id}/attempt/{n}/bundle/{bundle}/v1``, and the gateway applies the
    bundle to every call of that rollout;
-3. the rewards come back as ``TransitionBatch`` es through the trainer's :class:`~fulmen.algorithm.collector.
+3. the rewards come back as ``TransitionBatch`` es through the trainer's :class:`~fulmen.algorithm.service.collector.
    Collector` (its group book closes a group when its rollout ended, or drops it at the deadline: reward 0);
 4. the failing episodes (reward below ``success``) get their evidence, what the model saw and answered, read from
    the store by rollout id (:func:`fulmen.algorithm.prompts.evidence.episode_evidence`).
@@ -27,12 +27,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.dispatcher import DatasetTask, DispatchedGroup, Dispatcher
-from fulmen.algorithm.errors import ConfigurationError
-from fulmen.algorithm.groups import ClosedGroup
 from fulmen.algorithm.prompts.base import Episode
+from fulmen.algorithm.service.collector import Collector
+from fulmen.algorithm.service.dispatcher import DatasetTask, DispatchedGroup, Dispatcher
+from fulmen.algorithm.service.groups import ClosedGroup
 from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import RolloutMode
 from fulmen.schemas.prompts import PromptBundle
 from fulmen.schemas.topics import TopicKey
@@ -71,9 +71,18 @@ class SystemEvaluator:
     (e.g. ``Services.check``: a service that died stops the wait with its error). ``evidence`` reads the failing
     rollouts from the store (None: episodes carry no evidence)."""
 
-    def __init__(self, dispatch: EventPublisher, bundles: EventPublisher, collector: Collector,
-                 tasks: Sequence[DatasetTask], loop: asyncio.AbstractEventLoop, options: EvaluatorOptions, *,
-                 evidence: Evidence | None = None, check: Callable[[], None] = lambda: None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        dispatch: EventPublisher,
+        bundles: EventPublisher,
+        collector: Collector,
+        tasks: Sequence[DatasetTask],
+        loop: asyncio.AbstractEventLoop,
+        options: EvaluatorOptions,
+        *,
+        evidence: Evidence | None = None,
+        check: Callable[[], None] = lambda: None,
+    ) -> None:
         ids = [task.task_id for task in tasks]
         if len(set(ids)) != len(ids):
             raise ConfigurationError("the evaluator's tasks must have distinct task ids (train, val and test together)")
@@ -87,8 +96,7 @@ class SystemEvaluator:
     def bundle(self, slots: Mapping[str, str]) -> PromptBundle:
         """The bundle these slots make (its id is the candidate's id)."""
         o = self.options
-        return PromptBundle.create(slots, templates=o.templates, agent=o.bundle_agent, source=o.source,
-                                   run_id=o.run_id)  # fmt: skip
+        return PromptBundle.create(slots, templates=o.templates, agent=o.bundle_agent, source=o.source, run_id=o.run_id)
 
     def run(self, slots: Mapping[str, str], task_ids: Sequence[str]) -> list[Episode]:
         """One episode per task id, in order; called from a thread other than the event loop's."""
@@ -114,11 +122,17 @@ class SystemEvaluator:
             self.published[bundle.bundle_id] = bundle
         o = self.options
         dispatcher = Dispatcher(
-            self.dispatch, [self.tasks[t] for t in task_ids], group_size=1, max_in_flight=len(task_ids),
-            mode=RolloutMode.VAL, cycle=False, rollout_timeout_s=o.rollout_timeout_s, max_attempts=o.max_attempts,
+            self.dispatch,
+            [self.tasks[t] for t in task_ids],
+            group_size=1,
+            max_in_flight=len(task_ids),
+            mode=RolloutMode.VAL,
+            cycle=False,
+            rollout_timeout_s=o.rollout_timeout_s,
+            max_attempts=o.max_attempts,
             metadata={"agent": o.agent} if o.agent else None,
             prompt_bundle=bundle.bundle_id if bundle is not None else None,
-        )  # fmt: skip
+        )
         groups = await dispatcher.fill(o.model_version)
         self.rollout_ids += [r for g in groups for r in g.rollout_ids]
         self.collector.expect(groups)
@@ -140,8 +154,12 @@ class SystemEvaluator:
                     log.warning("a group this evaluation did not dispatch closed: %s", group.group_id)
         self.collector.done(closed)
         await self.collector.commit()
-        log.info("%d rollout(s) of %s back in %.1f s", len(groups), groups[0].rollout_ids[0] if groups else "-",
-                 time.monotonic() - started)  # fmt: skip
+        log.info(
+            "%d rollout(s) of %s back in %.1f s",
+            len(groups),
+            groups[0].rollout_ids[0] if groups else "-",
+            time.monotonic() - started,
+        )
         return closed
 
     async def _with_evidence(self, episodes: list[Episode]) -> list[Episode]:
@@ -150,10 +168,11 @@ class SystemEvaluator:
             return episodes
         found = await asyncio.to_thread(self.evidence, failing)
         return [
-            e if e.reward >= self.options.success
+            e
+            if e.reward >= self.options.success
             else Episode(e.task_id, e.reward, e.rollout_id, found.get(e.rollout_id) or "(no LLM call was recorded)")
             for e in episodes
-        ]  # fmt: skip
+        ]
 
 
 def _episode(spec: DispatchedGroup, group: ClosedGroup) -> Episode:

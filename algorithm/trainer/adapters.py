@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 
 from fulmen.algorithm.batch import Sample, TrainBatch
-from fulmen.algorithm.errors import ConfigurationError, PoisonInputError
 from fulmen.algorithm.trainer.base import ADAPTERS_FILE, StepMetrics, atomic_directory
 from fulmen.algorithm.trainer.torch_backend import LoraSettings, TorchTrainer, TorchTrainerConfig
+from fulmen.schemas.errors import ConfigurationError, PoisonInputError
 
 __all__ = ["DEFAULT_RANK", "PerAgentTrainer", "combine_metrics", "is_adapter_checkpoint"]
 
@@ -70,11 +70,17 @@ class PerAgentTrainer(TorchTrainer):
         self.model.set_adapter(self.names[self.agents[0]])
         self.model.delete_adapter("default")
         self.trainable = [p for name, p in self.model.named_parameters() if _adapter_of(name, self.names.values())]
-        self.optimizer = torch.optim.AdamW(self.trainable, lr=config.lr, betas=config.betas,
-                                           weight_decay=config.weight_decay)  # fmt: skip
+        self.optimizer = torch.optim.AdamW(
+            self.trainable, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+        )
         self.agent_metrics: dict[str, StepMetrics] = {}
-        log.info("per-agent LoRA adapters (rank %d) for %s on %s%s", config.lora.r, ", ".join(self.agents),
-                 config.model_path, f", resumed from {resume_from}" if resume_from else "")  # fmt: skip
+        log.info(
+            "per-agent LoRA adapters (rank %d) for %s on %s%s",
+            config.lora.r,
+            ", ".join(self.agents),
+            config.model_path,
+            f", resumed from {resume_from}" if resume_from else "",
+        )
 
     def step(self, batch: TrainBatch | Sequence[Sample]) -> StepMetrics:
         """One update of each adapter whose agent has samples in ``batch`` (a list of samples: a collated batch
@@ -93,8 +99,10 @@ class PerAgentTrainer(TorchTrainer):
             by_agent.setdefault(sample.agent, []).append(sample)
         unknown = sorted(set(by_agent) - set(self.names))
         if unknown:
-            raise PoisonInputError(f"samples of agents without an adapter: {', '.join(map(repr, unknown))} "
-                                   f"(the adapters are {', '.join(self.agents)})")  # fmt: skip
+            raise PoisonInputError(
+                f"samples of agents without an adapter: {', '.join(map(repr, unknown))} "
+                f"(the adapters are {', '.join(self.agents)})"
+            )
         if not by_agent:
             raise PoisonInputError("an empty batch")
         number = self.steps + 1
@@ -147,14 +155,22 @@ def combine_metrics(step: int, parts: list[StepMetrics]) -> StepMetrics:
     epochs = max(p.epochs for p in parts)
     norms = [p.grad_norm for p in parts if math.isfinite(p.grad_norm)]
     return StepMetrics(
-        step=step, loss=mean("loss"), grad_norm=sum(norms) / len(norms) if norms else math.nan, tokens=tokens,
-        input_tokens=input_tokens, tokens_per_s=input_tokens * epochs / train_s if train_s > 0 else 0.0,
-        train_s=train_s, epochs=epochs, clip_fraction=mean("clip_fraction"), kl=mean("kl"),
-        approx_kl=mean("approx_kl"), ratio_mean=mean("ratio_mean"),
+        step=step,
+        loss=mean("loss"),
+        grad_norm=sum(norms) / len(norms) if norms else math.nan,
+        tokens=tokens,
+        input_tokens=input_tokens,
+        tokens_per_s=input_tokens * epochs / train_s if train_s > 0 else 0.0,
+        train_s=train_s,
+        epochs=epochs,
+        clip_fraction=mean("clip_fraction"),
+        kl=mean("kl"),
+        approx_kl=mean("approx_kl"),
+        ratio_mean=mean("ratio_mean"),
         skipped_updates=sum(p.skipped_updates for p in parts),
         is_weight_mean=optional("is_weight_mean", weighted),
         is_weight_max=optional("is_weight_max", lambda v: max(x for x, _ in v)),
         is_ratio_max=optional("is_ratio_max", lambda v: max(x for x, _ in v)),
         is_truncated_fraction=optional("is_truncated_fraction", weighted),
         is_masked_fraction=optional("is_masked_fraction", weighted),
-    )  # fmt: skip
+    )

@@ -1,4 +1,5 @@
-"""The interface every trainer backend implements (today only the torch backend does), and one step's metrics.
+"""The interface every trainer backend implements (torch in one process, torch sharded over ranks with FSDP2,
+verl), and one step's metrics.
 
 Lifecycle of a backend: build it from its config (loads the model, optimizer and, with ``kl_coef > 0``, the
 reference policy); optionally warm it up with :meth:`TrainerBackend.sft_step`; then for each batch of samples
@@ -79,7 +80,7 @@ class StepMetrics:
     ``flops``: the step's matrix-multiply FLOPs (2 per weight and token forward, 3 forwards' worth with the backward
     of full weights, 2 with LoRA; attention scores left out), 0 when the backend does not count them.
 
-    With an off-policy correction (``fulmen.algorithm.corrections``; None without one), over the response tokens
+    With an off-policy correction (``fulmen.algorithm.rl.corrections``; None without one), over the response tokens
     whose behaviour logprobs were recorded: ``is_weight_mean`` / ``is_weight_max`` of the importance weights
     applied, ``is_ratio_max`` of the raw ratio proximal / behaviour, ``is_truncated_fraction`` /
     ``is_masked_fraction``: share of those tokens whose weight was truncated / set to 0.

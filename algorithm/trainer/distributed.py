@@ -51,11 +51,11 @@ from torch import Tensor
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from fulmen.algorithm.batch import Sample, TrainBatch, collate
-from fulmen.algorithm.errors import ConfigurationError, FulmenError
 from fulmen.algorithm.trainer.base import StepMetrics, atomic_directory
 from fulmen.algorithm.trainer.logprobs import token_logprobs
 from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig, _no_progress_bars
 from fulmen.infra.torch_cuda import trusted_attention
+from fulmen.schemas.errors import ConfigurationError, FulmenError
 
 __all__ = [
     "COMMAND_TIMEOUT",
@@ -133,8 +133,9 @@ def join(device: str, timeout_s: float) -> World:
     """
     missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
     if missing:
-        raise ConfigurationError(f"not a torchrun rank: {', '.join(missing)} unset; start with `fulmen train "
-                                 "--nproc N` or under torchrun")  # fmt: skip
+        raise ConfigurationError(
+            f"not a torchrun rank: {', '.join(missing)} unset; start with `fulmen train --nproc N` or under torchrun"
+        )
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     resolved = rank_device(device, local_rank)
     trusted_attention(resolved)
@@ -145,8 +146,15 @@ def join(device: str, timeout_s: float) -> World:
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
     control = dist.new_group(backend="gloo", timeout=COMMAND_TIMEOUT)
     world = World(dist.get_rank(), dist.get_world_size(), local_rank, resolved, control)
-    logger.info("rank %d of %d (local rank %d, pid %d, %s) joined; device %s", world.rank, world.size, local_rank,
-                os.getpid(), socket.gethostname(), resolved)  # fmt: skip
+    logger.info(
+        "rank %d of %d (local rank %d, pid %d, %s) joined; device %s",
+        world.rank,
+        world.size,
+        local_rank,
+        os.getpid(),
+        socket.gethostname(),
+        resolved,
+    )
     return world
 
 
@@ -157,8 +165,10 @@ def rank_device(name: str, local_rank: int) -> torch.device:
     if not torch.cuda.is_available():
         raise ConfigurationError(f"device {name!r} asked for, but torch sees no CUDA GPU; set device cpu")
     if local_rank >= torch.cuda.device_count():
-        raise ConfigurationError(f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible): run "
-                                 "at most one rank per GPU (--nproc)")  # fmt: skip
+        raise ConfigurationError(
+            f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible): run "
+            "at most one rank per GPU (--nproc)"
+        )
     return torch.device("cuda", local_rank)
 
 
@@ -190,11 +200,17 @@ def combine_metrics(parts: Sequence[StepMetrics]) -> StepMetrics:
         return sum(getattr(p, name) * p.tokens for p in parts) / tokens if tokens else empty
 
     return dataclasses.replace(
-        first, loss=sum(p.loss for p in parts), tokens=tokens, input_tokens=input_tokens, train_s=train_s,
+        first,
+        loss=sum(p.loss for p in parts),
+        tokens=tokens,
+        input_tokens=input_tokens,
+        train_s=train_s,
         tokens_per_s=input_tokens * first.epochs / train_s if train_s > 0 else 0.0,
-        clip_fraction=mean("clip_fraction", 0.0), kl=mean("kl", 0.0), approx_kl=mean("approx_kl", 0.0),
+        clip_fraction=mean("clip_fraction", 0.0),
+        kl=mean("kl", 0.0),
+        approx_kl=mean("approx_kl", 0.0),
         ratio_mean=mean("ratio_mean", 1.0),
-    )  # fmt: skip
+    )
 
 
 class ShardedTrainer(TorchTrainer):
@@ -287,10 +303,13 @@ class ShardedTrainer(TorchTrainer):
         ones = torch.ones((1, 2), dtype=torch.long, device=self.device)
         zeros = torch.zeros((1, 2), dtype=torch.float32, device=self.device)
         return TrainBatch(
-            input_ids=ones * self.pad_id, attention_mask=ones, response_mask=zeros, old_logprobs=zeros,
+            input_ids=ones * self.pad_id,
+            attention_mask=ones,
+            response_mask=zeros,
+            old_logprobs=zeros,
             has_old_logprobs=torch.ones(1, dtype=torch.bool, device=self.device),
             advantages=torch.zeros(1, dtype=torch.float32, device=self.device),
-        )  # fmt: skip
+        )
 
 
 def shard(model: torch.nn.Module) -> None:

@@ -39,9 +39,17 @@ from torch import Tensor
 from fulmen.algorithm.trainer.prefix_tree import PrefixTree, build_prefix_tree
 
 __all__ = [
-    "CHUNK_ELEMENTS", "PACKED_MASK_ELEMENTS", "PLAIN_HEAD_ARCHITECTURES", "TREE_ATTENTION", "Work",
-    "gather_logprobs", "plain_head", "shared_prefix_tree", "token_logprobs", "worth_packing",
-]  # fmt: skip
+    "CHUNK_ELEMENTS",
+    "PACKED_MASK_ELEMENTS",
+    "PLAIN_HEAD_ARCHITECTURES",
+    "TREE_ATTENTION",
+    "Work",
+    "gather_logprobs",
+    "plain_head",
+    "shared_prefix_tree",
+    "token_logprobs",
+    "worth_packing",
+]
 
 CHUNK_ELEMENTS = 1 << 25  # float32 elements per chunk (128 MiB): rows per chunk = CHUNK_ELEMENTS // vocab
 # Causal LMs whose forward is ``logits = lm_head(model(...).last_hidden_state)``: no logit scaling or softcapping.
@@ -122,8 +130,13 @@ class Work:
         self.head_rows += head_rows
 
 
-def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
-                   response_mask: Tensor | None = None, work: Work | None = None) -> Tensor:  # fmt: skip
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_mask: Tensor | None = None,
+    work: Work | None = None,
+) -> Tensor:
     """Logprob of every token under ``model``: float32 ``[B, T]``, 0 at position 0 and on padding.
 
     ``input_ids``, ``attention_mask``: ``[B, T]``, right-padded. ``response_mask`` (``[B, T]``, optional): the
@@ -195,29 +208,41 @@ def _tree_mask(model: torch.nn.Module, tree: PrefixTree) -> Tensor:
     allowed = tree.attention_mask()[None, None]
     if model.config._attn_implementation == "sdpa":
         return allowed
-    dtype = torch.get_autocast_dtype(allowed.device.type) if torch.is_autocast_enabled(allowed.device.type) else (
-        next(model.parameters()).dtype)  # fmt: skip
+    dtype = (
+        torch.get_autocast_dtype(allowed.device.type)
+        if torch.is_autocast_enabled(allowed.device.type)
+        else (next(model.parameters()).dtype)
+    )
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
-def _tree_logprobs(decoder: torch.nn.Module, head: torch.nn.Module, tree: PrefixTree, input_ids: Tensor,
-                   wanted: Tensor, mask: Tensor) -> Tensor:  # fmt: skip
+def _tree_logprobs(
+    decoder: torch.nn.Module, head: torch.nn.Module, tree: PrefixTree, input_ids: Tensor, wanted: Tensor, mask: Tensor
+) -> Tensor:
     """The logprobs of the ``wanted`` tokens with the decoder run once over the rows' prefix tree: each row's
     token t is predicted by the state of its node at t - 1 (rows through one node share its state)."""
     predictors = torch.zeros_like(wanted)
     predictors[:, :-1] = wanted[:, 1:]
     wanted = wanted.clone()
     wanted[:, 0] = False
-    states = decoder(input_ids=tree.token_ids[None], position_ids=tree.depth[None], attention_mask=mask,
-                     use_cache=False).last_hidden_state[0]  # fmt: skip
+    states = decoder(
+        input_ids=tree.token_ids[None], position_ids=tree.depth[None], attention_mask=mask, use_cache=False
+    ).last_hidden_state[0]
     logits = head(states[tree.node_of[predictors]])  # [N, V]: predictors and wanted in the same row-major order
     with torch.autocast(device_type=logits.device.type, enabled=False):
         picked = gather_logprobs(logits, input_ids[wanted])
     return torch.zeros(wanted.shape, dtype=picked.dtype, device=picked.device).masked_scatter(wanted, picked)
 
 
-def _response_logprobs(decoder: torch.nn.Module, head: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
-                       wanted: Tensor, *, pack: bool) -> Tensor:  # fmt: skip
+def _response_logprobs(
+    decoder: torch.nn.Module,
+    head: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    wanted: Tensor,
+    *,
+    pack: bool,
+) -> Tensor:
     """The logprobs of the ``wanted`` tokens, the output projection applied to their predecessors' states only;
     with ``pack``, the decoder runs on the real tokens as one packed row (see the module docstring)."""
     predictors = torch.zeros_like(wanted)
@@ -227,8 +252,9 @@ def _response_logprobs(decoder: torch.nn.Module, head: torch.nn.Module, input_id
     if pack:
         real = attention_mask.bool()  # right-padded: each row's real tokens are a prefix, so row-major order holds
         positions = (torch.cumsum(attention_mask, dim=1) - 1)[real][None]
-        states = decoder(input_ids=input_ids[real][None], position_ids=positions, attention_mask=None,
-                         use_cache=False).last_hidden_state[0]  # fmt: skip
+        states = decoder(
+            input_ids=input_ids[real][None], position_ids=positions, attention_mask=None, use_cache=False
+        ).last_hidden_state[0]
         picked_states = states[predictors[real]]  # a predictor of a response token is a real token of its row
     else:
         hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state

@@ -8,7 +8,7 @@
    an off-policy ``correction``: then they are the proximal policy's, the weights at the start of the step)
    from the current model, without gradient, before any update; with ``kl_coef > 0`` compute the reference
    logprobs the same way (a frozen copy of the initial model; with LoRA the same model, adapter disabled);
-   with a ``correction`` (``tis``, ``mis``, ``decoupled``: ``fulmen.algorithm.corrections``) compute each
+   with a ``correction`` (``tis``, ``mis``, ``decoupled``: ``fulmen.algorithm.rl.corrections``) compute each
    token's importance weight from the proximal and the recorded behaviour logprobs, once;
 3. ``epochs_per_batch`` times: zero the gradients, run every micro-batch forward and backward with the loss
    (``policy_loss``: ``ppo_clip``, ``dapo``, ``gspo``, ``cispo``; the weights multiplying its per-token term)
@@ -41,9 +41,8 @@ import torch
 from torch import Tensor
 
 from fulmen.algorithm.batch import Sample, TrainBatch, collate
-from fulmen.algorithm.corrections import CorrectionLevel, ImportanceStats, get_correction_fn, get_level
-from fulmen.algorithm.errors import ConfigurationError
-from fulmen.algorithm.losses import (
+from fulmen.algorithm.rl.corrections import CorrectionLevel, ImportanceStats, get_correction_fn, get_level
+from fulmen.algorithm.rl.losses import (
     LossAggregation,
     PolicyLoss,
     PolicyLossMetrics,
@@ -55,6 +54,7 @@ from fulmen.algorithm.losses import (
 from fulmen.algorithm.trainer.base import StepMetrics, atomic_directory
 from fulmen.algorithm.trainer.logprobs import Work, token_logprobs
 from fulmen.infra.torch_cuda import trusted_attention
+from fulmen.schemas.errors import ConfigurationError
 
 __all__ = ["LoraSettings", "TorchTrainer", "TorchTrainerConfig"]
 
@@ -161,9 +161,12 @@ class TorchTrainer:
         self.reference = _Reference.build(self.model, config) if config.kl_coef > 0 else None
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(  # fused: one kernel for all tensors (a third of the for-loop's time)
-            self.trainable, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
+            self.trainable,
+            lr=config.lr,
+            betas=config.betas,
+            weight_decay=config.weight_decay,
             fused=self.device.type in ("cpu", "cuda"),
-        )  # fmt: skip
+        )
         self.pad_id = _pad_id(self.tokenizer, self.model)
         self.policy_loss = get_policy_loss_fn(config.policy_loss)
         self.correction = get_correction_fn(config.correction) if config.correction is not None else None
@@ -180,8 +183,11 @@ class TorchTrainer:
         batch = self._prepare(batch)
         normalizer = self._normalizer(batch.response_mask, self.config.aggregation)
         micro = [self._with_old_logprobs(mb) for mb in self._micro_batches(batch)]
-        refs = [self.reference.logprobs(mb, self._autocast, self._logprobs) for mb in micro] if self.reference else [
-            None] * len(micro)  # fmt: skip
+        refs = (
+            [self.reference.logprobs(mb, self._autocast, self._logprobs) for mb in micro]
+            if self.reference
+            else [None] * len(micro)
+        )
         weights, importance = self._importance_weights(micro)
         options = {
             "clip_eps": self.config.clip_eps,
@@ -194,9 +200,14 @@ class TorchTrainer:
 
         def loss_of(index: int, mb: TrainBatch, logprobs: Tensor) -> tuple[Tensor, PolicyLossMetrics]:
             return self.policy_loss(
-                logprobs, mb.old_logprobs, mb.advantages, mb.response_mask, ref_logprobs=refs[index],
-                weights=weights[index], **options,
-            )  # fmt: skip
+                logprobs,
+                mb.old_logprobs,
+                mb.advantages,
+                mb.response_mask,
+                ref_logprobs=refs[index],
+                weights=weights[index],
+                **options,
+            )
 
         metrics = self._train(batch, micro, loss_of, started)
         return metrics if importance is None else dataclasses.replace(metrics, **importance)
@@ -283,8 +294,13 @@ class TorchTrainer:
         weights, parts = [], []
         for mb in micro:
             known = mb.response_mask * mb.has_behaviour_logprobs[:, None].to(mb.response_mask.dtype)
-            w, stats = self.correction(mb.old_logprobs - mb.behaviour_logprobs, known, level=config.correction_level,
-                                       low=config.correction_low, high=config.correction_high)  # fmt: skip
+            w, stats = self.correction(
+                mb.old_logprobs - mb.behaviour_logprobs,
+                known,
+                level=config.correction_level,
+                low=config.correction_low,
+                high=config.correction_high,
+            )
             weights.append(w)
             parts.append(stats)
         stats = ImportanceStats.combine(parts).as_floats()
@@ -322,12 +338,19 @@ class TorchTrainer:
         self._work = (Work(), Work())
         backward = 2 if self.config.lora is not None else 3  # forwards' worth of a training pass
         flops = self._flops(plain) + backward * self._flops(trained)
-        result = dataclasses.replace(tally.metrics(self.steps, batch, epochs, train_s),
-                                     computed_tokens=trained.tokens // epochs, flops=flops)  # fmt: skip
+        result = dataclasses.replace(
+            tally.metrics(self.steps, batch, epochs, train_s), computed_tokens=trained.tokens // epochs, flops=flops
+        )
         logger.info(
             "trained step %d: loss=%.4f grad_norm=%.3f clip=%.3f kl=%.4f tokens=%d in %.2fs",
-            result.step, result.loss, result.grad_norm, result.clip_fraction, result.kl, result.tokens, train_s,
-        )  # fmt: skip
+            result.step,
+            result.loss,
+            result.grad_norm,
+            result.clip_fraction,
+            result.kl,
+            result.tokens,
+            train_s,
+        )
         return result
 
     def _flops(self, work: Work) -> float:
@@ -408,8 +431,12 @@ class _Reference:
         return cls(frozen, contextlib.nullcontext)
 
     @torch.no_grad()
-    def logprobs(self, mb: TrainBatch, autocast: Callable[[], contextlib.AbstractContextManager],
-                 compute: Callable[[torch.nn.Module, TrainBatch], Tensor]) -> Tensor:  # fmt: skip
+    def logprobs(
+        self,
+        mb: TrainBatch,
+        autocast: Callable[[], contextlib.AbstractContextManager],
+        compute: Callable[[torch.nn.Module, TrainBatch], Tensor],
+    ) -> Tensor:
         was_training = self.model.training
         self.model.eval()
         try:

@@ -40,8 +40,7 @@ import torch
 import torch.distributed as dist
 
 from fulmen.algorithm.batch import Sample, TrainBatch, collate
-from fulmen.algorithm.errors import ConfigurationError
-from fulmen.algorithm.losses import LossAggregation, PolicyLoss
+from fulmen.algorithm.rl.losses import LossAggregation, PolicyLoss
 from fulmen.algorithm.trainer.base import StepMetrics, atomic_directory
 from fulmen.algorithm.trainer.distributed import plain_model
 from fulmen.algorithm.trainer.torch_backend import (
@@ -52,6 +51,7 @@ from fulmen.algorithm.trainer.torch_backend import (
     _resolve_device,
     _resolve_dtype,
 )
+from fulmen.schemas.errors import ConfigurationError
 
 __all__ = ["VerlTrainer", "micro_rows", "register_cpu", "verl_batch"]
 
@@ -222,12 +222,18 @@ class VerlTrainer:
 
         config = self.config
         return ActorConfig(
-            strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=config.micro_batch_size,
-            loss_agg_mode=VERL_AGGREGATION[LossAggregation(config.aggregation)], clip_ratio=config.clip_eps,
-            clip_ratio_low=config.clip_eps, clip_ratio_high=config.clip_eps_high or config.clip_eps,
-            use_kl_loss=config.kl_coef > 0, kl_loss_coef=config.kl_coef, kl_loss_type="low_var_kl",
+            strategy="fsdp",
+            rollout_n=1,
+            ppo_micro_batch_size_per_gpu=config.micro_batch_size,
+            loss_agg_mode=VERL_AGGREGATION[LossAggregation(config.aggregation)],
+            clip_ratio=config.clip_eps,
+            clip_ratio_low=config.clip_eps,
+            clip_ratio_high=config.clip_eps_high or config.clip_eps,
+            use_kl_loss=config.kl_coef > 0,
+            kl_loss_coef=config.kl_coef,
+            kl_loss_type="low_var_kl",
             entropy_coeff=0.0,
-        )  # fmt: skip
+        )
 
     def _data(self, batch: TrainBatch | Sequence[Sample]):  # -> tuple[TensorDict, TrainBatch]
         rows = batch if isinstance(batch, TrainBatch) else collate(batch, self.pad_id, self.config.max_len)
@@ -258,13 +264,20 @@ class VerlTrainer:
         self.steps += 1
         train_s = time.perf_counter() - started
         return StepMetrics(
-            step=self.steps, loss=sum(losses) / epochs, grad_norm=sum(norms) / len(norms) if norms else math.nan,
-            tokens=rows.response_tokens, input_tokens=rows.input_tokens,
-            tokens_per_s=rows.input_tokens * epochs / train_s if train_s > 0 else 0.0, train_s=train_s,
-            epochs=epochs, clip_fraction=weighted["clip_fraction"] / epochs, kl=weighted["kl"] / epochs,
-            approx_kl=weighted["approx_kl"] / epochs, ratio_mean=math.exp(-weighted["approx_kl"] / epochs),
+            step=self.steps,
+            loss=sum(losses) / epochs,
+            grad_norm=sum(norms) / len(norms) if norms else math.nan,
+            tokens=rows.response_tokens,
+            input_tokens=rows.input_tokens,
+            tokens_per_s=rows.input_tokens * epochs / train_s if train_s > 0 else 0.0,
+            train_s=train_s,
+            epochs=epochs,
+            clip_fraction=weighted["clip_fraction"] / epochs,
+            kl=weighted["kl"] / epochs,
+            approx_kl=weighted["approx_kl"] / epochs,
+            ratio_mean=math.exp(-weighted["approx_kl"] / epochs),
             skipped_updates=skipped,
-        )  # fmt: skip
+        )
 
 
 def verl_batch(rows: TrainBatch, micro_batch_size: int):  # -> tensordict.TensorDict
@@ -291,15 +304,29 @@ def verl_batch(rows: TrainBatch, micro_batch_size: int):  # -> tensordict.Tensor
         old[i, :r] = rows.old_logprobs[i, p : p + r]
         mask[i, width_p - p : width_p + r] = 1
         response_mask[i, :r] = 1.0
-    data = tu.get_tensordict({
-        "prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp_min(0), "response_mask": response_mask,
-        "old_log_probs": old, "advantages": rows.advantages[:, None] * response_mask,
-    })  # fmt: skip
+    data = tu.get_tensordict(
+        {
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp_min(0),
+            "response_mask": response_mask,
+            "old_log_probs": old,
+            "advantages": rows.advantages[:, None] * response_mask,
+        }
+    )
     data = left_right_2_no_padding(data)
-    tu.assign_non_tensor(data, use_remove_padding=False, use_dynamic_bsz=False, use_fused_kernels=False,
-                         micro_batch_size_per_gpu=micro_batch_size, max_token_len_per_gpu=0, temperature=1.0,
-                         global_batch_size=size)  # fmt: skip
+    tu.assign_non_tensor(
+        data,
+        use_remove_padding=False,
+        use_dynamic_bsz=False,
+        use_fused_kernels=False,
+        micro_batch_size_per_gpu=micro_batch_size,
+        max_token_len_per_gpu=0,
+        temperature=1.0,
+        global_batch_size=size,
+    )
     return data
 
 
@@ -351,18 +378,31 @@ def _engine(config: TorchTrainerConfig, *, forward_only: bool):
     # verl's FSDP compute dtype (param_dtype; bf16 unless told) is our compute dtype; weights stay float32
     dtype = "bf16" if _resolve_dtype(config.dtype, _resolve_device(config.device)) == torch.bfloat16 else "fp32"
     precision = {"param_dtype": dtype, "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
-    model = HFModelConfig(path=str(config.model_path), use_remove_padding=False,
-                          override_config={"attn_implementation": "sdpa"})  # fmt: skip
+    model = HFModelConfig(
+        path=str(config.model_path), use_remove_padding=False, override_config={"attn_implementation": "sdpa"}
+    )
     model.model_type = "language_model"
     engine = EngineRegistry.new(
-        model_type="language_model", backend="fsdp2", model_config=model,
-        engine_config=FSDPEngineConfig(strategy="fsdp2", micro_batch_size_per_gpu=config.micro_batch_size,
-                                       use_torch_compile=False, model_dtype="fp32", mixed_precision=precision,
-                                       forward_only=forward_only, seed=config.seed),
-        optimizer_config=FSDPOptimizerConfig(lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
-                                             clip_grad=config.max_grad_norm or math.inf),
+        model_type="language_model",
+        backend="fsdp2",
+        model_config=model,
+        engine_config=FSDPEngineConfig(
+            strategy="fsdp2",
+            micro_batch_size_per_gpu=config.micro_batch_size,
+            use_torch_compile=False,
+            model_dtype="fp32",
+            mixed_precision=precision,
+            forward_only=forward_only,
+            seed=config.seed,
+        ),
+        optimizer_config=FSDPOptimizerConfig(
+            lr=config.lr,
+            betas=config.betas,
+            weight_decay=config.weight_decay,
+            clip_grad=config.max_grad_norm or math.inf,
+        ),
         checkpoint_config=CheckpointConfig(),
-    )  # fmt: skip
+    )
     engine.initialize()
     return engine
 
@@ -371,8 +411,10 @@ def _join_world_of_one(device: torch.device) -> None:
     """verl's engine needs a process group: outside torchrun, one of this process alone (an in-memory store)."""
     if dist.is_initialized():
         if dist.get_world_size() > 1:
-            raise ConfigurationError("FULMEN_TRAIN_BACKEND=verl runs as one process here; for several ranks use "
-                                     "FULMEN_TRAIN_BACKEND=torch (FSDP2 under torchrun)")  # fmt: skip
+            raise ConfigurationError(
+                "FULMEN_TRAIN_BACKEND=verl runs as one process here; for several ranks use "
+                "FULMEN_TRAIN_BACKEND=torch (FSDP2 under torchrun)"
+            )
         return
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
@@ -384,15 +426,19 @@ def _check_supported(config: TorchTrainerConfig) -> None:
         for broken, text in (
             (config.lora is not None, "LoRA (set FULMEN_TRAIN_LORA_R=0, or FULMEN_TRAIN_BACKEND=torch)"),
             (config.policy_loss != PolicyLoss.PPO_CLIP, f"the policy loss {config.policy_loss!r} (only ppo_clip)"),
-            ("RANK" in os.environ and os.environ.get("WORLD_SIZE", "1") != "1",
-             "several torchrun ranks (use FULMEN_TRAIN_BACKEND=torch for FSDP over ranks)"),
+            (
+                "RANK" in os.environ and os.environ.get("WORLD_SIZE", "1") != "1",
+                "several torchrun ranks (use FULMEN_TRAIN_BACKEND=torch for FSDP over ranks)",
+            ),
         )
         if broken
-    ]  # fmt: skip
+    ]
     if problems:
         raise ConfigurationError("FULMEN_TRAIN_BACKEND=verl does not support " + "; ".join(problems))
     try:
         import verl  # noqa: F401
     except ImportError as error:
-        raise ConfigurationError("FULMEN_TRAIN_BACKEND=verl needs verl: pip install verl==0.9.1 (or the gpu "
-                                 f"extra), or set FULMEN_TRAIN_BACKEND=torch ({error})") from None  # fmt: skip
+        raise ConfigurationError(
+            "FULMEN_TRAIN_BACKEND=verl needs verl: pip install verl==0.9.1 (or the gpu "
+            f"extra), or set FULMEN_TRAIN_BACKEND=torch ({error})"
+        ) from None

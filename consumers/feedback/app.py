@@ -8,14 +8,10 @@ consumer (``<group_prefix>.rollouts``) have committed past what their topics hel
 
 from __future__ import annotations
 
-from aiokafka import AIOKafkaConsumer
-
+from fulmen.consumers.barrier import OffsetBarrier, Snapshot
 from fulmen.consumers.feedback.settings import FeedbackSection
 from fulmen.consumers.feedback.worker import FeedbackWorker
-from fulmen.consumers.transitions.barrier import OffsetBarrier, Snapshot
-from fulmen.infra.kafka.dlq import DeadLetters
-from fulmen.infra.settings import FulmenSettings
-from fulmen.infra.store import Store
+from fulmen.consumers.tracked import WorkerContext
 from fulmen.schemas.ddl import TABLES
 from fulmen.schemas.topics import TopicKey, topic_name
 
@@ -53,17 +49,12 @@ class FeedbackSink:
     def __init__(self, section: FeedbackSection | None = None) -> None:
         self.section = section or FeedbackSection()
 
-    def worker(
-        self,
-        settings: FulmenSettings,
-        kafka_consumer: AIOKafkaConsumer,
-        store: Store,
-        dead_letters: DeadLetters,
-        group_prefix: str,
-    ) -> FeedbackWorker:
-        prefix = settings.kafka.topic_prefix
-        barrier = StoreBarrier([
-            OffsetBarrier(settings, topic_name(key, prefix), f"{group_prefix}.{key.value}", user="feedback")
-            for key in (TopicKey.SPANS, TopicKey.ROLLOUTS)
-        ])  # fmt: skip
-        return FeedbackWorker(self, kafka_consumer, store, dead_letters, barrier, self.section)
+    def worker(self, context: WorkerContext) -> FeedbackWorker:
+        settings, prefix = context.settings, context.settings.kafka.topic_prefix
+        barrier = StoreBarrier(
+            [
+                OffsetBarrier(settings, topic_name(key, prefix), f"{context.group_prefix}.{key.value}", user="feedback")
+                for key in (TopicKey.SPANS, TopicKey.ROLLOUTS)
+            ]
+        )
+        return FeedbackWorker(self, context.consumer, context.store, context.dead_letters, barrier, self.section)

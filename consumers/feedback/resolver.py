@@ -88,10 +88,12 @@ class TargetResolver:
         self.store = store
         spans, rollouts = store.table(TABLES["spans"]), store.table(TABLES["rollouts"])
         self._parts = {
-            kind: sql.replace("__SPANS__", spans).replace("__ROLLOUTS__", rollouts).replace("__CALL__", _CALL)
+            kind: sql.replace("__SPANS__", spans)
+            .replace("__ROLLOUTS__", rollouts)
+            .replace("__CALL__", _CALL)
             .replace("__PRODUCTION__", PRODUCTION_ROLLOUT_PREFIX)
             for kind, sql in _PARTS.items()
-        }  # fmt: skip
+        }
 
     def resolve(self, targets: Iterable[Target]) -> dict[Target, list[Resolved]]:
         """What each of ``targets`` scores (a target not in the store is missing from the result)."""

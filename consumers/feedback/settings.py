@@ -11,11 +11,13 @@ class FeedbackSection(BaseModel):
     """``FULMEN_FEEDBACK_RESOLVE_GRACE_S``, ``FULMEN_FEEDBACK_RETRY_FIRST_S``... (see each field)."""
 
     resolve_grace_s: float = Field(
-        default=30.0, ge=0, le=7 * 24 * 3600,
+        default=30.0,
+        ge=0,
+        le=7 * 24 * 3600,
         description="how long after it was sent a feedback's target may still be missing from the store (its spans on "
         "their way); then, once the spans and rollouts consumers have stored what was published by then, it is "
         "dead-lettered",
-    )  # fmt: skip
+    )
     retry_first_s: float = Field(
         default=0.25, gt=0, description="the first wait before looking again for a target not found (doubled each time)"
     )

@@ -28,41 +28,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import pyarrow as pa
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
-from aiokafka.errors import KafkaError
+from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord, TopicPartition
-from clickhouse_connect.driver.exceptions import ClickHouseError
 
+from fulmen.consumers.barrier import Snapshot, behind
 from fulmen.consumers.feedback.resolver import Resolved, Target, TargetResolver
 from fulmen.consumers.feedback.settings import FeedbackSection
-from fulmen.consumers.transitions.barrier import Snapshot, behind
-from fulmen.infra.errors import PoisonInputError, RetryableError
+from fulmen.consumers.tracked import Fetched, TrackedWorker
 from fulmen.infra.kafka.dlq import DeadLetters
-from fulmen.infra.kafka.offsets import (
-    STOPPED,
-    OffsetTracker,
-    RebalanceListener,
-    Stopped,
-    backoff_s,
-    commit_finished,
-    retrying,
-)
+from fulmen.infra.kafka.offsets import OffsetTracker
+from fulmen.infra.retry import STOPPED, backoff_s
 from fulmen.infra.store import Store
 from fulmen.schemas.codec import decode
 from fulmen.schemas.ddl import TABLES
+from fulmen.schemas.errors import PoisonInputError
 from fulmen.schemas.events import Feedback, FeedbackTarget
 
 __all__ = ["FEEDBACK_SCHEMA", "Barrier", "FeedbackStats", "FeedbackWorker", "UnknownTargetError", "feedback_rows"]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
-_STORE_ERRORS = (ClickHouseError, OSError)  # a ClickHouse server unreachable or refusing: retried
 _BARRIER_CHECK_S = 0.5  # how often a feedback past its deadline looks whether the consumers have caught up
 _BARRIER_WARN_S = 30.0  # ... and after how long of that a WARNING says they are behind
 
@@ -72,21 +62,43 @@ class UnknownTargetError(PoisonInputError):
 
 
 _TS6 = pa.timestamp("us", tz="UTC")
-FEEDBACK_SCHEMA = pa.schema([
-    ("FeedbackId", pa.string()), ("Target", pa.string()), ("TargetId", pa.string()), ("RolloutId", pa.string()),
-    ("Attempt", pa.uint32()), ("TraceId", pa.string()), ("SpanId", pa.string()), ("Name", pa.string()),
-    ("Value", pa.float64()), ("Comment", pa.string()), ("Source", pa.string()), ("Timestamp", _TS6),
-])  # fmt: skip
+FEEDBACK_SCHEMA = pa.schema(
+    [
+        ("FeedbackId", pa.string()),
+        ("Target", pa.string()),
+        ("TargetId", pa.string()),
+        ("RolloutId", pa.string()),
+        ("Attempt", pa.uint32()),
+        ("TraceId", pa.string()),
+        ("SpanId", pa.string()),
+        ("Name", pa.string()),
+        ("Value", pa.float64()),
+        ("Comment", pa.string()),
+        ("Source", pa.string()),
+        ("Timestamp", _TS6),
+    ]
+)
 
 
 def feedback_rows(feedback: Feedback, resolved: Sequence[Resolved]) -> list[dict[str, Any]]:
     """One row per call or episode the feedback scores."""
-    return [{
-        "FeedbackId": feedback.feedback_id, "Target": feedback.target.value, "TargetId": feedback.target_id,
-        "RolloutId": r.rollout_id, "Attempt": r.attempt, "TraceId": r.trace_id, "SpanId": r.span_id,
-        "Name": feedback.name, "Value": feedback.value, "Comment": feedback.comment, "Source": feedback.source,
-        "Timestamp": feedback.timestamp,
-    } for r in resolved]  # fmt: skip
+    return [
+        {
+            "FeedbackId": feedback.feedback_id,
+            "Target": feedback.target.value,
+            "TargetId": feedback.target_id,
+            "RolloutId": r.rollout_id,
+            "Attempt": r.attempt,
+            "TraceId": r.trace_id,
+            "SpanId": r.span_id,
+            "Name": feedback.name,
+            "Value": feedback.value,
+            "Comment": feedback.comment,
+            "Source": feedback.source,
+            "Timestamp": feedback.timestamp,
+        }
+        for r in resolved
+    ]
 
 
 def not_found(feedback: Feedback, grace_s: float) -> str:
@@ -96,9 +108,11 @@ def not_found(feedback: Feedback, grace_s: float) -> str:
         FeedbackTarget.ROLLOUT: f"no rollout {feedback.target_id}",
         FeedbackTarget.TRACE: f"no span of trace {feedback.target_id}",
     }[feedback.target]
-    return (f"{what} in the store (feedback {feedback.feedback_id}, {feedback.name}={feedback.value:g}; looked until "
-            f"{grace_s:g}s after it was sent, and until the spans and rollouts consumers had stored what was "
-            "published by then)")  # fmt: skip
+    return (
+        f"{what} in the store (feedback {feedback.feedback_id}, {feedback.name}={feedback.value:g}; looked until "
+        f"{grace_s:g}s after it was sent, and until the spans and rollouts consumers had stored what was "
+        "published by then)"
+    )
 
 
 class Barrier(Protocol):
@@ -145,8 +159,10 @@ class FeedbackStats:
     committed: dict[TopicPartition, int] = field(default_factory=dict)
 
 
-class FeedbackWorker:
+class FeedbackWorker(TrackedWorker):
     """Runs over a started consumer subscribed to the feedback topic (with :meth:`listener`)."""
+
+    name = "feedback"
 
     def __init__(
         self,
@@ -159,68 +175,61 @@ class FeedbackWorker:
         *,
         resolver: Resolver | None = None,
         retry_backoff_s: float = 0.5,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.time,  # wall clock: deadlines come from the feedback's timestamp
     ) -> None:
-        self.sink = sink
-        self.consumer = consumer
+        super().__init__(
+            sink,
+            consumer,
+            OffsetTracker(),
+            FeedbackStats(),
+            max_batch=section.max_batch,
+            dead_letters=dead_letters,
+            retry_backoff_s=retry_backoff_s,
+            clock=clock,
+            logger=log,
+        )
         self.store = store
-        self.dead_letters = dead_letters
         self.barrier = barrier
         self.section = section
         self.resolver = resolver or TargetResolver(store)
-        self.retry_backoff_s = retry_backoff_s
-        self.clock = clock  # wall clock: deadlines come from the feedback's timestamp
-        self.offsets = OffsetTracker()
         self.waiting: dict[tuple[TopicPartition, int], Waiting] = {}
-        self.stats = FeedbackStats()
         self._warned_at = 0.0
 
-    def listener(self) -> ConsumerRebalanceListener:
-        """Pass this to ``consumer.subscribe``: it commits what is done before partitions are taken away."""
-        return RebalanceListener(self, "feedback")
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """Consume until ``stop`` is set; commit what is done before returning (what waits is read again)."""
+    async def start(self) -> None:
         await self.barrier.start()
-        try:
-            while not stop.is_set():
-                await self.poll_once(stop)
-            await self.commit()
-        finally:
-            await self.barrier.stop()
 
-    async def poll_once(self, stop: asyncio.Event) -> None:
-        """Fetch (unless too many wait), look up what is due, store and dead-letter, commit."""
-        # While too many wait, the partitions are paused but still polled: the group keeps this member.
-        if len(self.waiting) >= self.section.max_pending:
-            self.consumer.pause(*self.consumer.assignment())
-        elif self.consumer.paused():
-            self.consumer.resume(*self.consumer.paused())
-        fetched = await self.consumer.getmany(timeout_ms=self._poll_ms(), max_records=self.section.max_batch)
-        for tp, records in fetched.items():
-            for record in records:
-                await self._read(tp, record)
-        now = self.clock()
-        due = [waiting for waiting in self.waiting.values() if waiting.next_at <= now]
-        if due and not stop.is_set():
-            await self._round(due, stop)
-        await self.commit()
+    async def close(self) -> None:
+        await self.barrier.stop()
 
-    def _poll_ms(self) -> int:
+    def full(self) -> bool:
+        return len(self.waiting) >= self.section.max_pending
+
+    def poll_ms(self) -> int:
         """Up to 200 ms, less when a waiting feedback is due sooner."""
         if not self.waiting:
             return 200
         soonest = min(waiting.next_at for waiting in self.waiting.values())
         return int(min(200.0, max(10.0, (soonest - self.clock()) * 1000)))
 
+    async def take(self, fetched: Fetched, stop: asyncio.Event) -> None:
+        for tp, records in fetched.items():
+            for record in records:
+                await self._read(tp, record)
+
+    async def work(self, stop: asyncio.Event) -> None:
+        """Look up what is due: store and dead-letter."""
+        now = self.clock()
+        due = [waiting for waiting in self.waiting.values() if waiting.next_at <= now]
+        if due:
+            await self._round(due, stop)
+
     async def _read(self, tp: TopicPartition, record: ConsumerRecord) -> None:
-        self.offsets.read(tp, record.offset)
-        self.stats.records += 1
         try:
-            feedback = decode(Feedback, record.value, topic=record.topic, partition=record.partition,
-                              offset=record.offset)  # fmt: skip
+            feedback = decode(
+                Feedback, record.value, topic=record.topic, partition=record.partition, offset=record.offset
+            )
         except PoisonInputError as exc:
-            await self._dead_letter(tp, record, exc)
+            await self.dead_letter(tp, record, exc)
             return
         now = self.clock()
         deadline = min(feedback.timestamp.timestamp(), now) + self.section.resolve_grace_s
@@ -233,7 +242,7 @@ class FeedbackWorker:
         lookup = [waiting for waiting in due if waiting.snapshot is None or waiting.cleared]
         if not lookup:
             return
-        found = await self._retrying(
+        found = await self.retrying(
             lambda: asyncio.to_thread(self.resolver.resolve, {w.target for w in lookup}), "looking targets up", stop
         )
         if found is STOPPED:
@@ -246,7 +255,7 @@ class FeedbackWorker:
                 stored.append((waiting, resolved))
             elif waiting.cleared:
                 error = UnknownTargetError(not_found(waiting.feedback, self.section.resolve_grace_s))
-                await self._dead_letter(waiting.tp, waiting.record, error)
+                await self.dead_letter(waiting.tp, waiting.record, error)
             elif now >= waiting.deadline:
                 expired.append(waiting)
             else:
@@ -256,7 +265,7 @@ class FeedbackWorker:
         if stored and not await self._store(stored, stop):
             return
         if expired:
-            snapshot = await self._retrying(self.barrier.snapshot, "reading the spans and rollouts end offsets", stop)
+            snapshot = await self.retrying(self.barrier.snapshot, "reading the spans and rollouts end offsets", stop)
             if snapshot is STOPPED:
                 return
             for waiting in expired:
@@ -267,8 +276,7 @@ class FeedbackWorker:
         expecting = [waiting for waiting in due if waiting.snapshot is not None and not waiting.cleared]
         if not expecting:
             return True
-        committed = await self._retrying(self.barrier.committed, "reading the spans and rollouts groups' offsets",
-                                         stop)  # fmt: skip
+        committed = await self.retrying(self.barrier.committed, "reading the spans and rollouts groups' offsets", stop)
         if committed is STOPPED:
             return False
         now, lagging, still = self.clock(), {}, 0
@@ -282,60 +290,34 @@ class FeedbackWorker:
         if lagging and now - self._warned_at >= _BARRIER_WARN_S:
             self._warned_at = now
             shown = ", ".join(f"{tp.topic}[{tp.partition}] by {gap}" for tp, gap in sorted(lagging.items()))
-            log.warning("feedback: %d feedback(s) not found past their grace wait for the spans and rollouts "
-                        "consumers to store what was published before; behind on %s", still, shown)  # fmt: skip
+            log.warning(
+                "feedback: %d feedback(s) not found past their grace wait for the spans and rollouts "
+                "consumers to store what was published before; behind on %s",
+                still,
+                shown,
+            )
         return True
 
     async def _store(self, stored: list[tuple[Waiting, list[Resolved]]], stop: asyncio.Event) -> bool:
         """Insert the rows of the resolved feedback, then mark it done; False when stopped first."""
         rows = [row for waiting, resolved in stored for row in feedback_rows(waiting.feedback, resolved)]
         table = pa.Table.from_pylist(rows, schema=FEEDBACK_SCHEMA)
-        inserted = await self._retrying(
+        inserted = await self.retrying(
             lambda: asyncio.to_thread(self.store.insert_batch, TABLES["feedback"], table), "inserting feedback", stop
         )
         if inserted is STOPPED:
             return False
         for waiting, _ in stored:
-            self._done(waiting.tp, waiting.record.offset)
+            self.done(waiting.tp, waiting.record.offset)
         self.stats.resolved += len(stored)
         self.stats.rows += len(rows)
         log.info("feedback: %d stored (%d row(s)); %d wait for their target", len(stored), len(rows), len(self.waiting))
         return True
 
-    async def _dead_letter(self, tp: TopicPartition, record: ConsumerRecord, error: PoisonInputError) -> None:
-        error.topic, error.partition, error.offset = record.topic, record.partition, record.offset
-        await self.dead_letters.send(record, error)  # acknowledged before any commit (see commit)
-        self.stats.dead_lettered += 1
-        self._done(tp, record.offset)
-
-    def _done(self, tp: TopicPartition, offset: int) -> None:
+    def done(self, tp: TopicPartition, offset: int) -> None:
         self.waiting.pop((tp, offset), None)
-        self.offsets.done(tp, offset)
+        super().done(tp, offset)
 
-    # --- committing -----------------------------------------------------------------------------------------
-    async def commit(self, partitions: list[TopicPartition] | None = None) -> None:
-        """Commit, per partition, up to the lowest feedback not done (of ``partitions``, or all owned)."""
-        await self.dead_letters.flush()  # a dead-lettered record counts as done only once its send is acknowledged
-        committed = await commit_finished(self.consumer, self.offsets, what="feedback", partitions=partitions,
-                                          logger=log)  # fmt: skip
-        self.stats.committed.update(committed)
-
-    async def revoked(self, partitions: list[TopicPartition]) -> None:
-        """Partitions taken away: commit what is done, then forget them (their next owner reads the rest again)."""
-        await self.commit(partitions)
-        self._forget(partitions)
-
-    def assigned(self, partitions: list[TopicPartition]) -> None:
-        """Partitions given: whatever was known of them is stale (they are read again from the committed offset)."""
-        self._forget(partitions)
-
-    def _forget(self, partitions: list[TopicPartition]) -> None:
-        self.offsets.forget(partitions)
+    def forget(self, partitions: list[TopicPartition]) -> None:
         gone = set(partitions)
         self.waiting = {key: waiting for key, waiting in self.waiting.items() if waiting.tp not in gone}
-
-    async def _retrying(self, fn: Callable[[], Awaitable[T]], what: str, stop: asyncio.Event) -> T | Stopped:
-        return await retrying(
-            fn, what=f"feedback: {what}", retry_on=(RetryableError, KafkaError, *_STORE_ERRORS),
-            base_s=self.retry_backoff_s, stop=stop, logger=log,
-        )  # fmt: skip

@@ -7,15 +7,11 @@ and publishes the ends of production episodes to the rollouts topic through a br
 
 from __future__ import annotations
 
-from aiokafka import AIOKafkaConsumer
-
 from fulmen.consumers.production.settings import ProductionSection
 from fulmen.consumers.production.worker import ProductionWorker
+from fulmen.consumers.tracked import WorkerContext
 from fulmen.infra.kafka.broker import kafka_broker
-from fulmen.infra.kafka.dlq import DeadLetters
 from fulmen.infra.kafka.publish import EventPublisher, Sender
-from fulmen.infra.settings import FulmenSettings
-from fulmen.infra.store import Store
 from fulmen.schemas.topics import TopicKey
 
 __all__ = ["SENDER", "ProductionEpisodesSink"]
@@ -32,15 +28,8 @@ class ProductionEpisodesSink:
     def __init__(self, section: ProductionSection | None = None) -> None:
         self.section = section or ProductionSection()
 
-    def worker(
-        self,
-        settings: FulmenSettings,
-        kafka_consumer: AIOKafkaConsumer,
-        store: Store,
-        dead_letters: DeadLetters,
-        group_prefix: str,
-    ) -> ProductionWorker:
-        """The store is not used (what the episodes hold is built by the transitions consumer), nor are dead letters
-        (a record the scan cannot read is the spans consumer's to dead-letter)."""
-        publisher = EventPublisher(kafka_broker(settings), SENDER)
-        return ProductionWorker(self, settings, kafka_consumer, publisher, self.section)
+    def worker(self, context: WorkerContext) -> ProductionWorker:
+        """Neither the store (what the episodes hold is built by the transitions consumer) nor dead letters (a
+        record the scan cannot read is the spans consumer's to dead-letter) are its business."""
+        publisher = EventPublisher(kafka_broker(context.settings), SENDER)
+        return ProductionWorker(self, context.settings, context.consumer, publisher, self.section)

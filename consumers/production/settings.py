@@ -14,9 +14,11 @@ class ProductionSection(BaseModel):
         default=True, description="group the calls of agents Fulmen does not run into production rollouts, by trace"
     )
     idle_s: float = Field(
-        default=60.0, gt=0, le=24 * 3600,
+        default=60.0,
+        gt=0,
+        le=24 * 3600,
         description="a trace's episode ends when no new span of it has arrived for this long",
-    )  # fmt: skip
+    )
     max_open: int = Field(
         default=100_000, ge=1, le=10_000_000, description="traces open at once; at this many, fetching pauses"
     )

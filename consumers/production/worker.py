@@ -33,18 +33,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from fulmen.consumers.production.episodes import Episode, OpenEpisodes
 from fulmen.consumers.production.scan import scan_record
 from fulmen.consumers.production.settings import ProductionSection
-from fulmen.infra.errors import RetryableError
+from fulmen.consumers.tracked import Fetched, TrackedWorker
 from fulmen.infra.kafka.clients import close_quietly, start_or_raise
-from fulmen.infra.kafka.offsets import STOPPED, OffsetTracker, RebalanceListener, commit_finished, retrying
+from fulmen.infra.kafka.offsets import OffsetTracker
 from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.retry import STOPPED
 from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.errors import RetryableError
 from fulmen.schemas.events import RolloutEvent, RolloutMode, RolloutStatus, production_rollout_id
 from fulmen.schemas.topics import TopicKey
 
@@ -61,9 +63,14 @@ def production_end(trace_id: str) -> RolloutEvent:
     the trace's reward spans give it one)."""
     rollout_id = production_rollout_id(trace_id)
     return RolloutEvent(
-        rollout_id=rollout_id, attempt=1, status=RolloutStatus.SUCCEEDED, task_id=rollout_id, group_id="",
-        mode=RolloutMode.PRODUCTION, runner_id=RUNNER_ID,
-    )  # fmt: skip
+        rollout_id=rollout_id,
+        attempt=1,
+        status=RolloutStatus.SUCCEEDED,
+        task_id=rollout_id,
+        group_id="",
+        mode=RolloutMode.PRODUCTION,
+        runner_id=RUNNER_ID,
+    )
 
 
 @dataclass
@@ -74,8 +81,11 @@ class ProductionStats:
     committed: dict[TopicPartition, int] = field(default_factory=dict)
 
 
-class ProductionWorker:
+class ProductionWorker(TrackedWorker):
     """Runs over a started consumer subscribed to the spans topic (with :meth:`listener`)."""
+
+    name = "production"
+    retry_on = (RetryableError, KafkaError)
 
     def __init__(
         self,
@@ -88,57 +98,49 @@ class ProductionWorker:
         retry_backoff_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.sink = sink
+        super().__init__(
+            sink,
+            consumer,
+            OffsetTracker(),
+            ProductionStats(),
+            max_batch=section.max_batch,
+            retry_backoff_s=retry_backoff_s,
+            clock=clock,
+            logger=log,
+        )
         self.settings = settings
-        self.consumer = consumer
         self.publisher = publisher
         self.section = section
-        self.retry_backoff_s = retry_backoff_s
-        self.clock = clock
         self.episodes = OpenEpisodes(section.idle_s, clock)
-        self.offsets = OffsetTracker()
-        self.stats = ProductionStats()
 
-    def listener(self) -> ConsumerRebalanceListener:
-        """Pass this to ``consumer.subscribe``: it commits what is done before partitions are taken away."""
-        return RebalanceListener(self, "production")
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """Consume until ``stop`` is set; commit what is done before returning (open episodes are read again)."""
+    async def start(self) -> None:
         await start_or_raise(self.publisher.broker, self.settings, "production episodes publisher")
-        try:
-            while not stop.is_set():
-                await self.poll_once(stop)
-            await self.commit()
-        finally:
-            await close_quietly([self.publisher.broker])
 
-    async def poll_once(self, stop: asyncio.Event) -> None:
-        """Fetch (unless too many episodes are open), end the idle episodes, commit."""
-        # While too many are open, the partitions are paused but still polled: the group keeps this member.
-        if len(self.episodes) >= self.section.max_open:
-            self.consumer.pause(*self.consumer.assignment())
-        elif self.consumer.paused():
-            self.consumer.resume(*self.consumer.paused())
-        fetched = await self.consumer.getmany(timeout_ms=self._poll_ms(), max_records=self.section.max_batch)
-        for tp, records in fetched.items():
-            for record in records:
-                self._read(tp, record)
-        idle = self.episodes.idle()
-        if idle and not stop.is_set():
-            await self._end(idle, stop)
-        await self.commit()
+    async def close(self) -> None:
+        await close_quietly([self.publisher.broker])
 
-    def _poll_ms(self) -> int:
+    def full(self) -> bool:
+        return len(self.episodes) >= self.section.max_open
+
+    def poll_ms(self) -> int:
         """Up to 200 ms, less when an episode ends sooner."""
         ends_at = self.episodes.next_end()
         if ends_at is None:
             return 200
         return int(min(200.0, max(10.0, (ends_at - self.clock()) * 1000)))
 
+    async def take(self, fetched: Fetched, stop: asyncio.Event) -> None:
+        for tp, records in fetched.items():
+            for record in records:
+                self._read(tp, record)
+
+    async def work(self, stop: asyncio.Event) -> None:
+        """End the episodes gone idle."""
+        idle = self.episodes.idle()
+        if idle:
+            await self._end(idle, stop)
+
     def _read(self, tp: TopicPartition, record: ConsumerRecord) -> None:
-        self.offsets.read(tp, record.offset)
-        self.stats.records += 1
         found = scan_record(record.key, record.value)
         if found.key_trace is not None:
             self.episodes.touch(found.key_trace)
@@ -146,42 +148,29 @@ class ProductionWorker:
             self.episodes.call(trace_id, (tp, record.offset))
         self.stats.calls += len(found.calls)
         if not self.episodes.held((tp, record.offset)):
-            self.offsets.done(tp, record.offset)
+            self.done(tp, record.offset)
 
     async def _end(self, idle: list[Episode], stop: asyncio.Event) -> None:
         """Publish the ends of ``idle`` (acknowledged), then close them: their records are done."""
         events = [production_end(episode.trace_id) for episode in idle]
-        sent = await retrying(
-            lambda: self.publisher.publish_many(TopicKey.ROLLOUTS, events), what="production: publishing episode ends",
-            retry_on=(RetryableError, KafkaError), base_s=self.retry_backoff_s, stop=stop, logger=log,
-        )  # fmt: skip
+        sent = await self.retrying(
+            lambda: self.publisher.publish_many(TopicKey.ROLLOUTS, events), "publishing episode ends", stop
+        )
         if sent is STOPPED:
             return  # nothing closed: the records stay uncommitted, read again after a restart
         for tp, offset in self.episodes.close(episode.trace_id for episode in idle):
-            self.offsets.done(tp, offset)
+            self.done(tp, offset)
         self.stats.ended += len(idle)
         shown = ", ".join(event.rollout_id for event in events[:3]) + (", ..." if len(events) > 3 else "")
-        log.info("production: %d episode(s) idle for %gs ended (%s); %d open", len(idle), self.section.idle_s, shown,
-                 len(self.episodes))  # fmt: skip
+        log.info(
+            "production: %d episode(s) idle for %gs ended (%s); %d open",
+            len(idle),
+            self.section.idle_s,
+            shown,
+            len(self.episodes),
+        )
 
-    # --- committing -----------------------------------------------------------------------------------------
-    async def commit(self, partitions: list[TopicPartition] | None = None) -> None:
-        """Commit, per partition, up to the lowest record not done (of ``partitions``, or all owned)."""
-        committed = await commit_finished(self.consumer, self.offsets, what="production", partitions=partitions,
-                                          logger=log)  # fmt: skip
-        self.stats.committed.update(committed)
-
-    async def revoked(self, partitions: list[TopicPartition]) -> None:
-        """Partitions taken away: commit what is done, then forget them (their next owner reads the rest again)."""
-        await self.commit(partitions)
-        self._forget(partitions)
-
-    def assigned(self, partitions: list[TopicPartition]) -> None:
-        """Partitions given: whatever was known of them is stale (they are read again from the committed offset)."""
-        self._forget(partitions)
-
-    def _forget(self, partitions: list[TopicPartition]) -> None:
-        self.offsets.forget(partitions)
+    def forget(self, partitions: list[TopicPartition]) -> None:
         dropped = self.episodes.forget(partitions)
         if dropped:
             log.debug("production: %d open episode(s) left with their partitions", len(dropped))

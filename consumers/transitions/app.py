@@ -9,16 +9,12 @@ and publishes through a broker of its own whose request limit fits the transitio
 
 from __future__ import annotations
 
-from aiokafka import AIOKafkaConsumer
-
-from fulmen.consumers.transitions.barrier import OffsetBarrier
+from fulmen.consumers.barrier import OffsetBarrier
+from fulmen.consumers.tracked import WorkerContext
 from fulmen.consumers.transitions.settings import TransitionsSection
 from fulmen.consumers.transitions.worker import TransitionWorker
 from fulmen.infra.kafka.broker import kafka_broker
-from fulmen.infra.kafka.dlq import DeadLetters
 from fulmen.infra.kafka.publish import EventPublisher, Sender
-from fulmen.infra.settings import FulmenSettings
-from fulmen.infra.store import Store
 from fulmen.schemas.ddl import TABLES
 from fulmen.schemas.topics import TopicKey, topic, topic_name
 
@@ -37,17 +33,12 @@ class TransitionBuilderSink:
     def __init__(self, section: TransitionsSection | None = None) -> None:
         self.section = section or TransitionsSection()
 
-    def worker(
-        self,
-        settings: FulmenSettings,
-        kafka_consumer: AIOKafkaConsumer,
-        store: Store,
-        dead_letters: DeadLetters,
-        group_prefix: str,
-    ) -> TransitionWorker:
-        prefix = settings.kafka.topic_prefix
-        spans_group = self.section.spans_group or f"{group_prefix}.spans"
+    def worker(self, context: WorkerContext) -> TransitionWorker:
+        settings, prefix = context.settings, context.settings.kafka.topic_prefix
+        spans_group = self.section.spans_group or f"{context.group_prefix}.spans"
         barrier = OffsetBarrier(settings, topic_name(TopicKey.SPANS, prefix), spans_group)
         limit = int(topic(TopicKey.TRANSITIONS).config.get("max.message.bytes", 1024 * 1024))
         publisher = EventPublisher(kafka_broker(settings, max_request_size=limit), SENDER)
-        return TransitionWorker(self, settings, kafka_consumer, store, dead_letters, publisher, barrier, self.section)
+        return TransitionWorker(
+            self, settings, context.consumer, context.store, context.dead_letters, publisher, barrier, self.section
+        )

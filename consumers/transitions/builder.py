@@ -6,7 +6,7 @@ Steps: build the trace tree (``tree``), select the calls (``selection``), match 
 * What was observed, not what it is worth: ``intermediate_reward`` is the sum of the rewards matched to the
   call, ``TransitionBatch.episode_reward`` the rollout event's reward (only a succeeded rollout has one).
   ``Transition.reward`` stays None: the run that trains credits each call from these
-  (``fulmen.algorithm.groups.credit_groups``, its ``FULMEN_TRAIN_CREDIT``), so two runs with different
+  (``fulmen.algorithm.service.groups.credit_groups``, its ``FULMEN_TRAIN_CREDIT``), so two runs with different
   strategies can share one consumer.
 * A failed or timed-out attempt still yields its batch (status, its calls, their intermediate rewards): the
   calls happened and the trainer may use them (as reward 0, or not at all).
@@ -83,10 +83,16 @@ def build_batch(event: RolloutEvent, spans: Sequence[SpanRecord], options: Build
         for t, intermediate in zip(transitions, matched.per_call, strict=True)
     ]
     batch = TransitionBatch(
-        rollout_id=event.rollout_id, attempt=event.attempt, task_id=event.task_id, group_id=event.group_id,
-        mode=event.mode, status=event.status, episode_reward=event.reward, model_version=event.model_version,
+        rollout_id=event.rollout_id,
+        attempt=event.attempt,
+        task_id=event.task_id,
+        group_id=event.group_id,
+        mode=event.mode,
+        status=event.status,
+        episode_reward=event.reward,
+        model_version=event.model_version,
         transitions=transitions,
-    )  # fmt: skip
+    )
     return BuildResult(batch, len(tree), made, len(tree.grafted), len(matched.unmatched), skipped)
 
 
@@ -95,12 +101,18 @@ def _transition(event: RolloutEvent, index: int, call: Call) -> Transition:
     span = call.span
     logprobs = list(span.response_logprobs) if len(span.response_logprobs) == len(span.response_token_ids) else None
     return Transition(
-        rollout_id=event.rollout_id, attempt=event.attempt, index=index, trace_id=span.trace_id,
-        span_id=span.span_id, agent_name=call.agent, prompt_bundle=span.attributes.get(semconv.PROMPT_BUNDLE, ""),
+        rollout_id=event.rollout_id,
+        attempt=event.attempt,
+        index=index,
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        agent_name=call.agent,
+        prompt_bundle=span.attributes.get(semconv.PROMPT_BUNDLE, ""),
         model_version=span.model_version if span.model_version is not None else event.model_version,
-        prompt_token_ids=list(span.prompt_token_ids), response_token_ids=list(span.response_token_ids),
+        prompt_token_ids=list(span.prompt_token_ids),
+        response_token_ids=list(span.response_token_ids),
         response_logprobs=logprobs,
-    )  # fmt: skip
+    )
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -87,9 +87,12 @@ class SpanReader:
             return {}
         reward_a, reward_b = semconv.REWARD_KEYS
         parameters |= {
-            "meta": semconv.OPENINFERENCE_METADATA, "response_id": semconv.GEN_AI_RESPONSE_ID, "reward_a": reward_a,
-            "reward_b": reward_b, "bundle": semconv.PROMPT_BUNDLE,
-        }  # fmt: skip
+            "meta": semconv.OPENINFERENCE_METADATA,
+            "response_id": semconv.GEN_AI_RESPONSE_ID,
+            "reward_a": reward_a,
+            "reward_b": reward_b,
+            "bundle": semconv.PROMPT_BUNDLE,
+        }
         rows = self.store.query(self._spans_sql.replace("__WHERE__", where), parameters, final=True).rows
         found: dict[RolloutKey, list[SpanRecord]] = defaultdict(list)
         for row in rows:
@@ -152,16 +155,23 @@ def _record(row: Sequence[Any]) -> SpanRecord:
         if (value := _number(first) if first else _number(second)) is not None
     ]
     return SpanRecord(
-        trace_id=row[2], span_id=row[3], parent_span_id=row[4], name=row[5], start_ns=start,
-        end_ns=start + int(row[7]), agent_name=row[8],
+        trace_id=row[2],
+        span_id=row[3],
+        parent_span_id=row[4],
+        name=row[5],
+        start_ns=start,
+        end_ns=start + int(row[7]),
+        agent_name=row[8],
         attributes={k: v for k, v in zip(EXTRA_ATTRIBUTES, (row[14], row[15], row[22]), strict=True) if v},
-        prompt_token_ids=tuple(row[10]), response_token_ids=tuple(row[11]),
+        prompt_token_ids=tuple(row[10]),
+        response_token_ids=tuple(row[11]),
         response_logprobs=tuple(float(x) for x in row[12]),
-        model_version=int(row[9]) if row[9] is not None else None, reward=row[13],
+        model_version=int(row[9]) if row[9] is not None else None,
+        reward=row[13],
         event_rewards=tuple(reward for reward, _ in rewarded),
         event_response_ids=tuple(response_id for _, response_id in rewarded),
         links=tuple(zip(row[19], row[20], strict=True)),
-    )  # fmt: skip
+    )
 
 
 def _number(text: str) -> float | None:

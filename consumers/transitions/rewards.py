@@ -72,8 +72,11 @@ def match_rewards(tree: TraceTree, calls: Sequence[Call]) -> RewardMatch:
     per_call: list[float | None] = [None] * len(calls)
     unmatched = []
     index_of = {call.key: i for i, call in enumerate(calls)}
-    by_response = {response: i for i, call in enumerate(calls)
-                   if (response := call.span.attributes.get(semconv.GEN_AI_RESPONSE_ID))}  # fmt: skip
+    by_response = {
+        response: i
+        for i, call in enumerate(calls)
+        if (response := call.span.attributes.get(semconv.GEN_AI_RESPONSE_ID))
+    }
     by_end = sorted(range(len(calls)), key=lambda i: (calls[i].span.end_ns, calls[i].span.start_ns, i))
     ends = [calls[i].span.end_ns for i in by_end]
     for observation in observe_rewards(tree):

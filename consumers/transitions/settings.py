@@ -1,4 +1,4 @@
-"""Settings of the transitions consumer (``FULMEN_TRANSITIONS_*``) and of the consumers process that runs it."""
+"""Settings of the transitions consumer (``FULMEN_TRANSITIONS_*``)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from fulmen.consumers.feedback.settings import FeedbackSection
-from fulmen.consumers.production.settings import ProductionSection
-from fulmen.infra.settings import FulmenSettings
-
-__all__ = ["ConsumersSettings", "TransitionsSection"]
+__all__ = ["TransitionsSection"]
 
 
 class TransitionsSection(BaseModel):
@@ -26,9 +22,11 @@ class TransitionsSection(BaseModel):
         default=30.0, gt=0, description="warn when the spans consumer has not caught up by then (then keep waiting)"
     )
     late_window_s: float = Field(
-        default=60.0, ge=0, le=24 * 3600,
+        default=60.0,
+        ge=0,
+        le=24 * 3600,
         description="how long after its build a rollout is watched for late spans (rebuilt if any); 0 = never",
-    )  # fmt: skip
+    )
     late_check_interval_s: float = Field(default=2.0, gt=0, description="how often to look for late spans")
     spans_group: str | None = Field(default=None, description="the spans consumer's group; unset = <prefix>.spans")
     max_batch: int = Field(default=500, ge=1, le=100_000, description="rollout events handled together")
@@ -47,18 +45,14 @@ class TransitionsSection(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _credit_moved(cls, data: Any) -> Any:
-        moved = [f"FULMEN_TRANSITIONS_{name.upper()}" for name in ("credit", "gamma") if isinstance(data, dict)
-                 and name in data]  # fmt: skip
+        moved = [
+            f"FULMEN_TRANSITIONS_{name.upper()}"
+            for name in ("credit", "gamma")
+            if isinstance(data, dict) and name in data
+        ]
         if moved:
-            raise ValueError(f"{' and '.join(moved)}: credit assignment is chosen by the run that trains now; set "
-                             "FULMEN_TRAIN_CREDIT / FULMEN_TRAIN_GAMMA for `fulmen train` instead")  # fmt: skip
+            raise ValueError(
+                f"{' and '.join(moved)}: credit assignment is chosen by the run that trains now; set "
+                "FULMEN_TRAIN_CREDIT / FULMEN_TRAIN_GAMMA for `fulmen train` instead"
+            )
         return data
-
-
-class ConsumersSettings(FulmenSettings):
-    """The consumers process (``fulmen consume``): the shared sections plus ``transitions``, ``feedback`` and
-    ``production``."""
-
-    transitions: TransitionsSection = Field(default_factory=TransitionsSection)
-    feedback: FeedbackSection = Field(default_factory=FeedbackSection)
-    production: ProductionSection = Field(default_factory=ProductionSection)

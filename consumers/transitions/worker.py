@@ -23,8 +23,8 @@ attempt N's end, :class:`~fulmen.consumers.transitions.window.AttemptTracker` al
 only acknowledged (``stats.superseded``): no rows in the transitions table, no batch on the topic, however long
 the retry waits for a runner slot. An attempt N+1 that begins while N's event waits at the barrier supersedes
 it too (checked again before building). Last line: the trainer's collector keeps only the latest attempt per
-rollout (``fulmen.algorithm.groups``), for batches built before a later attempt was known (events from before this
-rule, or a tracker that forgot the rollout).
+rollout (``fulmen.algorithm.service.groups``), for batches built before a later attempt was known (events from before
+this rule, or a tracker that forgot the rollout).
 
 Store or broker failures are retried with backoff until they succeed or ``stop`` is set; nothing is committed
 past an event whose batch is not out. All of this runs in one task, so a rebalance (which runs inside the poll)
@@ -36,41 +36,38 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import pyarrow as pa
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
-from aiokafka.errors import KafkaError
+from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord, TopicPartition
-from clickhouse_connect.driver.exceptions import ClickHouseError
 
+from fulmen.consumers.barrier import OffsetBarrier, WaitingRounds
 from fulmen.consumers.event_sinks import TRANSITION_SCHEMA, transition_rows
-from fulmen.consumers.transitions.barrier import OffsetBarrier, WaitingRounds
+from fulmen.consumers.tracked import STORE_ERRORS, Fetched, TrackedWorker
 from fulmen.consumers.transitions.builder import BuildOptions, BuildResult, build_batch
 from fulmen.consumers.transitions.late import LateSpanCheck
 from fulmen.consumers.transitions.reader import RolloutKey, SpanReader
 from fulmen.consumers.transitions.settings import TransitionsSection
 from fulmen.consumers.transitions.window import AttemptTracker, BuildWindow, Built
-from fulmen.infra.errors import PoisonInputError, RetryableError
 from fulmen.infra.kafka.clients import close_quietly, start_or_raise
 from fulmen.infra.kafka.dlq import DeadLetters
-from fulmen.infra.kafka.offsets import STOPPED, RebalanceListener, Stopped, commit_finished, retrying
 from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.retry import STOPPED
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.schemas.codec import decode, encode
 from fulmen.schemas.ddl import TABLES
+from fulmen.schemas.errors import PoisonInputError
 from fulmen.schemas.events import RolloutEvent
 from fulmen.schemas.topics import TopicKey, topic
 
 __all__ = ["TransitionStats", "TransitionWorker"]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
-_STORE_ERRORS = (ClickHouseError, OSError)  # a ClickHouse server unreachable or refusing: retried
 _MAX_WAITING_ROUNDS = 32  # pause fetching events while this many polls wait for the barrier
 Item = tuple[TopicPartition, ConsumerRecord, RolloutEvent]
 
@@ -89,8 +86,10 @@ class TransitionStats:
     committed: dict[TopicPartition, int] = field(default_factory=dict)
 
 
-class TransitionWorker:
+class TransitionWorker(TrackedWorker):
     """Runs over a started consumer subscribed to the rollouts topic (with :meth:`listener`)."""
+
+    name = "transitions"
 
     def __init__(
         self,
@@ -106,65 +105,58 @@ class TransitionWorker:
         retry_backoff_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.sink = sink
+        self.window = BuildWindow()  # the offset tracker: an event is committed once its late window has passed
+        super().__init__(
+            sink,
+            consumer,
+            self.window,
+            TransitionStats(),
+            max_batch=section.max_batch,
+            dead_letters=dead_letters,
+            retry_backoff_s=retry_backoff_s,
+            clock=clock,
+            logger=log,
+        )
         self.settings = settings
-        self.consumer = consumer
         self.store = store
-        self.dead_letters = dead_letters
         self.publisher = publisher
         self.barrier = barrier
         self.section = section
         self.options = BuildOptions.create(section.agent_pattern)
         self.reader = SpanReader(store)
-        self.retry_backoff_s = retry_backoff_s
-        self.clock = clock
-        self.window = BuildWindow()
         self.attempts = AttemptTracker()
         self.waiting = WaitingRounds(barrier.spans_group, section.barrier_timeout_s, clock)
         self.late = LateSpanCheck(self.reader, section.late_window_s, section.late_check_interval_s, clock)
-        self.stats = TransitionStats()
         self.max_batch_bytes = int(topic(TopicKey.TRANSITIONS).config.get("max.message.bytes", 1024 * 1024))
         self._waiting_keys: set[RolloutKey] = set()
 
-    def listener(self) -> ConsumerRebalanceListener:
-        """Pass this to ``consumer.subscribe``: it commits what may be before partitions are taken away."""
-        return RebalanceListener(self, "transitions")
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """Consume until ``stop`` is set; commit what may be committed before returning."""
+    async def start(self) -> None:
         await start_or_raise(self.publisher.broker, self.settings, "transitions publisher")
-        try:
-            await self.barrier.start()
-            while not stop.is_set():
-                await self.poll_once(stop)
-            await self.commit()
-        finally:
-            await self.barrier.stop()
-            await close_quietly([self.publisher.broker])
+        await self.barrier.start()
 
-    async def poll_once(self, stop: asyncio.Event) -> None:
-        """Fetch events (unless too many rounds wait), release and build what the barrier lets through, look for
-        late spans when due, commit."""
-        # While too many rounds wait, the partitions are paused but still polled: the group keeps this member.
-        if len(self.waiting) >= _MAX_WAITING_ROUNDS:
-            self.consumer.pause(*self.consumer.assignment())
-        elif self.consumer.paused():
-            self.consumer.resume(*self.consumer.paused())
-        timeout_ms = 20 if len(self.waiting) else 200
-        fetched = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=self.section.max_batch)
-        await self._take(fetched, stop)
-        if len(self.waiting) and not stop.is_set():
-            committed = await self._retrying(self.barrier.committed, "reading the spans group's offsets", stop)
+    async def close(self) -> None:
+        await self.barrier.stop()
+        await close_quietly([self.publisher.broker])
+
+    def full(self) -> bool:
+        return len(self.waiting) >= _MAX_WAITING_ROUNDS
+
+    def poll_ms(self) -> int:
+        return 20 if len(self.waiting) else 200
+
+    async def work(self, stop: asyncio.Event) -> None:
+        """Release and build what the barrier lets through; look for late spans when due."""
+        if len(self.waiting):
+            committed = await self.retrying(self.barrier.committed, "reading the spans group's offsets", stop)
             if committed is not STOPPED:
                 ready = self.waiting.release(committed)
                 if ready:
                     await self._build_round(ready, stop)
         if self.late.due() and not stop.is_set():
             await self._check_late(stop)
-        await self.commit()
 
     # --- reading events -------------------------------------------------------------------------------------
-    async def _take(self, fetched: dict[TopicPartition, list[ConsumerRecord]], stop: asyncio.Event) -> None:
+    async def take(self, fetched: Fetched, stop: asyncio.Event) -> None:
         items = []
         for tp, records in fetched.items():
             for record in records:
@@ -174,23 +166,21 @@ class TransitionWorker:
         todo = [item for item in items if self._wanted(item)]  # after the whole poll was observed
         if not todo:
             return
-        snapshot = await self._retrying(self.barrier.snapshot, "reading the spans topic's end offsets", stop)
+        snapshot = await self.retrying(self.barrier.snapshot, "reading the spans topic's end offsets", stop)
         if snapshot is not STOPPED:
             self.waiting.add(todo, snapshot)
 
     async def _read(self, tp: TopicPartition, record: ConsumerRecord) -> Item | None:
-        self.window.read(tp, record.offset)
-        self.stats.records += 1
         try:
             event = decode(
                 RolloutEvent, record.value, topic=record.topic, partition=record.partition, offset=record.offset
             )
         except PoisonInputError as exc:
-            await self._dead_letter(tp, record, exc)
+            await self.dead_letter(tp, record, exc)
             return None
         self.attempts.observe(event)
         if not event.status.terminal:
-            self.window.done(tp, record.offset, self.clock())
+            self.done(tp, record.offset)
             return None
         return (tp, record, event)
 
@@ -206,14 +196,8 @@ class TransitionWorker:
         else:
             self._waiting_keys.add(key)
             return True
-        self.window.done(tp, record.offset, self.clock())
+        self.done(tp, record.offset)
         return False
-
-    async def _dead_letter(self, tp: TopicPartition, record: ConsumerRecord, error: PoisonInputError) -> None:
-        error.topic, error.partition, error.offset = record.topic, record.partition, record.offset
-        await self.dead_letters.send(record, error)  # acknowledged before any commit (see commit)
-        self.stats.dead_lettered += 1
-        self.window.done(tp, record.offset, self.clock())
 
     # --- building -------------------------------------------------------------------------------------------
     async def _build_round(self, released: list[Item], stop: asyncio.Event) -> None:
@@ -222,7 +206,7 @@ class TransitionWorker:
             if self.attempts.superseded(event):
                 self.stats.superseded += 1
                 self._waiting_keys.discard((event.rollout_id, event.attempt))
-                self.window.done(tp, record.offset, self.clock())
+                self.done(tp, record.offset)
             else:
                 items.append((tp, record, event))
         published = await self._build_and_publish(items, stop) if items else []
@@ -238,7 +222,7 @@ class TransitionWorker:
     async def _build_and_publish(self, items: list[Item], stop: asyncio.Event) -> list[tuple[Item, BuildResult]] | None:
         """Read, build, insert, publish; None when stopped first. Unbuildable events are dead-lettered."""
         keys = [(event.rollout_id, event.attempt) for _, _, event in items]
-        spans = await self._retrying(lambda: asyncio.to_thread(self.reader.spans, keys), "reading spans", stop)
+        spans = await self.retrying(lambda: asyncio.to_thread(self.reader.spans, keys), "reading spans", stop)
         if spans is STOPPED:
             return None
         built = []
@@ -259,16 +243,22 @@ class TransitionWorker:
             error = exc if isinstance(exc, PoisonInputError) else PoisonInputError(f"cannot build: {exc}")
             log.error("rollout %s attempt %d: %s; dead-lettered", event.rollout_id, event.attempt, error.message)
             self.window.unwatch((event.rollout_id, event.attempt))
-            await self._dead_letter(tp, record, error)
+            await self.dead_letter(tp, record, error)
             return None
         for reason in result.skipped:
             log.warning("rollout %s attempt %d: call skipped: %s", event.rollout_id, event.attempt, reason)
         self.stats.skipped_calls += len(result.skipped)
         log.debug(
             "rollout %s attempt %d %s: %d spans, %d calls made, %d selected, %d grafted, %d rewards unmatched",
-            event.rollout_id, event.attempt, event.status.value, result.span_count, result.calls_made,
-            len(result.batch.transitions), result.grafted, result.unmatched_rewards,
-        )  # fmt: skip
+            event.rollout_id,
+            event.attempt,
+            event.status.value,
+            result.span_count,
+            result.calls_made,
+            len(result.batch.transitions),
+            result.grafted,
+            result.unmatched_rewards,
+        )
         return result
 
     def _check_size(self, result: BuildResult) -> None:
@@ -291,14 +281,15 @@ class TransitionWorker:
         rows = [row for result in results for row in transition_rows(result.batch)]
         if rows:
             table = pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA)
-            inserted = await self._retrying(
+            inserted = await self.retrying(
                 lambda: asyncio.to_thread(self.store.insert_arrow, TABLES["transitions"], table),
-                "inserting transitions", stop,
-            )  # fmt: skip
+                "inserting transitions",
+                stop,
+            )
             if inserted is STOPPED:
                 return False
         batches = [result.batch for result in results]
-        sent = await self._retrying(
+        sent = await self.retrying(
             lambda: self.publisher.publish_many(TopicKey.TRANSITIONS, batches), "publishing transitions", stop
         )
         if sent is STOPPED:
@@ -313,7 +304,7 @@ class TransitionWorker:
         watched = self.window.watched()
         try:
             late = await asyncio.to_thread(self.late.late, watched)
-        except _STORE_ERRORS as exc:
+        except STORE_ERRORS as exc:
             log.warning("transitions: the late-span check failed, trying again next time: %s", exc)
             return
         if not late:
@@ -329,36 +320,14 @@ class TransitionWorker:
             log.warning(
                 "rollout %s attempt %d: %d span(s) arrived after its transitions were built; rebuilt with %d "
                 "transition(s) and published again",
-                key[0], key[1], late[key] - before[key], len(result.batch.transitions),
-            )  # fmt: skip
+                key[0],
+                key[1],
+                late[key] - before[key],
+                len(result.batch.transitions),
+            )
             self.window.built(Built(event, result.span_count, result.batch.created_at, tp, record), ready_at)
         self.stats.late_rebuilds += len(published)
 
-    # --- committing -----------------------------------------------------------------------------------------
-    async def commit(self, partitions: list[TopicPartition] | None = None) -> None:
-        """Commit the offsets that are done and past their window (of ``partitions``, or all owned)."""
-        await self.dead_letters.flush()  # a dead-lettered event counts as done only once its send is acknowledged
-        committed = await commit_finished(
-            self.consumer, self.window, what="transitions", partitions=partitions, now=self.clock(), logger=log
-        )
-        self.stats.committed.update(committed)
-
-    async def revoked(self, partitions: list[TopicPartition]) -> None:
-        """Partitions taken away: commit what may be, then forget them (their next owner reads them again)."""
-        await self.commit(partitions)
-        self._forget(partitions)
-
-    def assigned(self, partitions: list[TopicPartition]) -> None:
-        """Partitions given: whatever was known of them is stale (they are read again from the committed offset)."""
-        self._forget(partitions)
-
-    def _forget(self, partitions: list[TopicPartition]) -> None:
-        self.window.forget(partitions)
+    def forget(self, partitions: list[TopicPartition]) -> None:
         for _, _, event in self.waiting.drop(lambda item: item[0] not in partitions):
             self._waiting_keys.discard((event.rollout_id, event.attempt))
-
-    async def _retrying(self, fn: Callable[[], Awaitable[T]], what: str, stop: asyncio.Event) -> T | Stopped:
-        return await retrying(
-            fn, what=f"transitions: {what}", retry_on=(RetryableError, KafkaError, *_STORE_ERRORS),
-            base_s=self.retry_backoff_s, stop=stop, logger=log,
-        )  # fmt: skip

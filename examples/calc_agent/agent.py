@@ -36,8 +36,14 @@ MAX_TOOL_ROUNDS = 2
 MAX_CALLS = MAX_TOOL_ROUNDS + 1
 DEFAULT_MAX_TOKENS = 96
 SYSTEM = "Solve the problem. Use the calculator tool for the arithmetic, then reply with the final number."
-MODEL_INFO = ModelInfo(vision=False, function_calling=True, json_output=False, structured_output=False,
-                       family=ModelFamily.UNKNOWN, multiple_system_messages=True)  # fmt: skip
+MODEL_INFO = ModelInfo(
+    vision=False,
+    function_calling=True,
+    json_output=False,
+    structured_output=False,
+    family=ModelFamily.UNKNOWN,
+    multiple_system_messages=True,
+)
 _instrumented = False
 _lock = threading.Lock()
 
@@ -69,12 +75,23 @@ async def run(task: dict[str, Any], llm: Any) -> float:
     """One episode on ``task["question"]``; 1.0 when the final number equals ``task["answer"]``."""
     instrument_once()
     client = OpenAIChatCompletionClient(
-        model=llm.model, base_url=llm.base_url, api_key=llm.api_key, model_info=MODEL_INFO, max_retries=0,
-        timeout=300, max_tokens=int(task.get("max_tokens", DEFAULT_MAX_TOKENS)),
+        model=llm.model,
+        base_url=llm.base_url,
+        api_key=llm.api_key,
+        model_info=MODEL_INFO,
+        max_retries=0,
+        timeout=300,
+        max_tokens=int(task.get("max_tokens", DEFAULT_MAX_TOKENS)),
         temperature=0.0 if task.get("greedy") else 1.0,
-    )  # fmt: skip
-    agent = AssistantAgent(name=AGENT_NAME, model_client=client, tools=[calculator], system_message=SYSTEM,
-                           reflect_on_tool_use=True, max_tool_iterations=MAX_TOOL_ROUNDS)  # fmt: skip
+    )
+    agent = AssistantAgent(
+        name=AGENT_NAME,
+        model_client=client,
+        tools=[calculator],
+        system_message=SYSTEM,
+        reflect_on_tool_use=True,
+        max_tool_iterations=MAX_TOOL_ROUNDS,
+    )
     try:
         result = await agent.run(task=str(task["question"]))
     except ValueError as exc:  # what AutoGen raises on a reply it cannot read (pydantic's errors included)

@@ -20,9 +20,13 @@ MAX_ABS = 10**15
 MAX_EXPONENT = 10
 
 _BINARY: dict[type[ast.operator], Callable[[Fraction, Fraction], Fraction]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: lambda a, b: Fraction(a // b), ast.Mod: operator.mod,
-}  # fmt: skip
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: lambda a, b: Fraction(a // b),
+    ast.Mod: operator.mod,
+}
 
 
 class CalcError(ValueError):

@@ -4,8 +4,15 @@ from examples.rag_agent import data, teacher
 from examples.spec import Example
 
 EXAMPLE = Example(
-    name="rag_agent", framework="OpenAI Agents SDK", agent="examples.rag_agent.agent:run",
-    train_tasks=data.train_tasks, heldout_tasks=data.heldout_tasks, trained_agents=("researcher",), max_calls=4,
-    agent_pattern="researcher", credit="intermediate", gamma=1.0,
+    name="rag_agent",
+    framework="OpenAI Agents SDK",
+    agent="examples.rag_agent.agent:run",
+    train_tasks=data.train_tasks,
+    heldout_tasks=data.heldout_tasks,
+    trained_agents=("researcher",),
+    max_calls=4,
+    agent_pattern="researcher",
+    credit="intermediate",
+    gamma=1.0,
     teacher=teacher.teach,
-)  # fmt: skip
+)

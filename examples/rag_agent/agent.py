@@ -74,14 +74,16 @@ async def run(task: dict[str, Any], llm: Any) -> float:
     """One episode on ``task["question"]``; the token F1 of the answer against ``task["answer"]``."""
     instrument_once()
     client = openai.AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0, timeout=300)
-    settings = ModelSettings(temperature=0.0 if task.get("greedy") else 1.0,
-                             max_tokens=int(task.get("max_tokens", DEFAULT_MAX_TOKENS)))  # fmt: skip
+    settings = ModelSettings(
+        temperature=0.0 if task.get("greedy") else 1.0, max_tokens=int(task.get("max_tokens", DEFAULT_MAX_TOKENS))
+    )
     model = OpenAIChatCompletionsModel(model=llm.model, openai_client=client)
     tools = [search_tool(list(task.get("gold_docs", [])))]
     agent = Agent(name=AGENT_NAME, instructions=INSTRUCTIONS, tools=tools, model=model, model_settings=settings)
     try:
-        result = await Runner.run(agent, str(task["question"]), max_turns=MAX_TURNS,
-                                  run_config=RunConfig(workflow_name="rag_agent"))  # fmt: skip
+        result = await Runner.run(
+            agent, str(task["question"]), max_turns=MAX_TURNS, run_config=RunConfig(workflow_name="rag_agent")
+        )
         answer = str(result.final_output or "")
     except AgentsException:
         answer = ""

@@ -92,11 +92,23 @@ def _questions(people: list[str]) -> list[dict[str, Any]]:
         town = c.born_in[person]
         river = c.river_of[town]
         path = [_doc_id(c, "p", person, everyone), _doc_id(c, "t", town, towns)]
-        tasks.append({"question": f"On which river lies the town where {person} was born?", "answer": river,
-                      "gold_docs": path, "hops": 2})  # fmt: skip
-        tasks.append({"question": f"In which mountains does the river rise that flows through the town where "
-                                  f"{person} was born?", "answer": c.source_of[river],
-                      "gold_docs": [*path, _doc_id(c, "r", river, rivers)], "hops": 3})  # fmt: skip
+        tasks.append(
+            {
+                "question": f"On which river lies the town where {person} was born?",
+                "answer": river,
+                "gold_docs": path,
+                "hops": 2,
+            }
+        )
+        tasks.append(
+            {
+                "question": f"In which mountains does the river rise that flows through the town where "
+                f"{person} was born?",
+                "answer": c.source_of[river],
+                "gold_docs": [*path, _doc_id(c, "r", river, rivers)],
+                "hops": 3,
+            }
+        )
     return tasks
 
 

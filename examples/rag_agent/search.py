@@ -27,8 +27,10 @@ def _index() -> sqlite3.Connection:
     db = sqlite3.connect(":memory:", check_same_thread=False)
     db.execute("CREATE VIRTUAL TABLE docs USING fts5(id UNINDEXED, title, text)")
     facts = corpus()
-    db.executemany("INSERT INTO docs VALUES (?, ?, ?)",
-                   [(doc_id, facts.titles[doc_id], text) for doc_id, text in facts.documents.items()])  # fmt: skip
+    db.executemany(
+        "INSERT INTO docs VALUES (?, ?, ?)",
+        [(doc_id, facts.titles[doc_id], text) for doc_id, text in facts.documents.items()],
+    )
     db.commit()
     return db
 
@@ -40,6 +42,12 @@ def search(query: str, k: int = 2) -> list[tuple[str, str]]:
         return []
     match = " OR ".join(f'"{word}"' for word in words)
     with _lock:
-        rows = _index().execute("SELECT id, text FROM docs WHERE docs MATCH ? ORDER BY bm25(docs, 0.0, ?, 1.0) "
-                                "LIMIT ?", (match, TITLE_WEIGHT, k)).fetchall()  # fmt: skip
+        rows = (
+            _index()
+            .execute(
+                "SELECT id, text FROM docs WHERE docs MATCH ? ORDER BY bm25(docs, 0.0, ?, 1.0) LIMIT ?",
+                (match, TITLE_WEIGHT, k),
+            )
+            .fetchall()
+        )
     return [(str(doc_id), str(text)) for doc_id, text in rows]

@@ -34,8 +34,16 @@ from openinference.instrumentation.langchain import LangChainInstrumentor
 from examples.sql_agent.database import database_path, run_query, schema_text
 from examples.sql_agent.reward import reward
 
-__all__ = ["MAX_CALLS", "MAX_REWRITES", "NODES", "build_graph", "extract_sql", "rewrite_request", "run",
-           "write_request"]  # fmt: skip
+__all__ = [
+    "MAX_CALLS",
+    "MAX_REWRITES",
+    "NODES",
+    "build_graph",
+    "extract_sql",
+    "rewrite_request",
+    "run",
+    "write_request",
+]
 
 MAX_REWRITES = 2
 MAX_CALLS = 2 + 2 * MAX_REWRITES
@@ -82,8 +90,10 @@ def write_request(schema: str, question: str) -> str:
 
 def rewrite_request(schema: str, state: SqlState) -> str:
     """What ``rewrite`` is asked: the tables, the question, the query, its result and the checker's review."""
-    return (f"Tables:\n{schema}\nQuestion: {state['question']}\nQuery: {state['query'][:300]}\n"
-            f"Result: {state['result']}\nReview: {state['verdict']}")  # fmt: skip
+    return (
+        f"Tables:\n{schema}\nQuestion: {state['question']}\nQuery: {state['query'][:300]}\n"
+        f"Result: {state['result']}\nReview: {state['verdict']}"
+    )
 
 
 def _show(path: Path, query: str) -> str:
@@ -136,11 +146,17 @@ def run(task: dict[str, Any], llm: Any) -> float:
     what ``task["gold_sql"]`` returns there."""
     instrument_once()
     chats = {
-        node: ChatOpenAI(base_url=llm.for_agent(node).base_url, api_key=llm.api_key, model=llm.model, max_retries=0,
-                         timeout=300, max_tokens=int(task.get("max_tokens", DEFAULT_MAX_TOKENS)),
-                         temperature=0.0 if task.get("greedy") else 1.0)
+        node: ChatOpenAI(
+            base_url=llm.for_agent(node).base_url,
+            api_key=llm.api_key,
+            model=llm.model,
+            max_retries=0,
+            timeout=300,
+            max_tokens=int(task.get("max_tokens", DEFAULT_MAX_TOKENS)),
+            temperature=0.0 if task.get("greedy") else 1.0,
+        )
         for node in NODES
-    }  # fmt: skip
+    }
     db = None if task.get("db") is None else str(task["db"])
     state = build_graph(chats, db).invoke({"question": str(task["question"])}, {"recursion_limit": 20})
     return reward(database_path(db), state.get("query", ""), str(task["gold_sql"]))

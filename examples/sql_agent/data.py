@@ -87,8 +87,7 @@ def _draw(seed: int, dbs: Sequence[str], count: int, exclude: Collection[str] = 
             found = draft(templates[t], r, db)
             if found is not None and found.question not in seen and _acceptable(db, found):
                 seen.add(found.question)
-                tasks.append({"question": found.question, "gold_sql": found.gold, "db": db,
-                              "template": templates[t]})  # fmt: skip
+                tasks.append({"question": found.question, "gold_sql": found.gold, "db": db, "template": templates[t]})
                 misses = 0
                 break
         else:

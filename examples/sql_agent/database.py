@@ -33,9 +33,18 @@ from examples.sql_agent import domains
 from examples.sql_agent.domains import DOMAINS, TRAIN_DOMAINS, UNSEEN_DOMAINS, Domain, Table
 
 __all__ = [
-    "INSTANCES", "SCHEMA", "SHOP", "TRAIN_DATABASES", "UNSEEN_DATABASES", "QueryResult", "database_path", "domain_of",
-    "rows_of", "run_query", "schema_text",
-]  # fmt: skip
+    "INSTANCES",
+    "SCHEMA",
+    "SHOP",
+    "TRAIN_DATABASES",
+    "UNSEEN_DATABASES",
+    "QueryResult",
+    "database_path",
+    "domain_of",
+    "rows_of",
+    "run_query",
+    "schema_text",
+]
 
 SEED = 20261201
 GENERATED_SEED = 20261207
@@ -46,9 +55,20 @@ UNSEEN_DATABASES = tuple(f"{d.name}_{k}" for d in UNSEEN_DOMAINS for k in range(
 CITIES = ("Arden", "Belmoor", "Corvel", "Dunmere", "Eskar", "Falloway")
 FIRST = ("Ada", "Bram", "Cleo", "Dov", "Elin", "Finn", "Gala", "Hugo", "Iris", "Jon", "Kira", "Liam", "Mira", "Nils")
 LAST = ("Ashby", "Brook", "Crane", "Dale", "Ember", "Frost", "Grove", "Hale", "Irwin", "Jory")
-PRODUCTS = (("lamp", "home"), ("chair", "home"), ("desk", "home"), ("kettle", "kitchen"), ("pan", "kitchen"),
-            ("knife", "kitchen"), ("tent", "outdoor"), ("rope", "outdoor"), ("lantern", "outdoor"),
-            ("pen", "office"), ("stapler", "office"), ("notebook", "office"))  # fmt: skip
+PRODUCTS = (
+    ("lamp", "home"),
+    ("chair", "home"),
+    ("desk", "home"),
+    ("kettle", "kitchen"),
+    ("pan", "kitchen"),
+    ("knife", "kitchen"),
+    ("tent", "outdoor"),
+    ("rope", "outdoor"),
+    ("lantern", "outdoor"),
+    ("pen", "office"),
+    ("stapler", "office"),
+    ("notebook", "office"),
+)
 SCHEMA = """\
 customers(id, name, city)
 products(id, name, category, price)
@@ -96,8 +116,10 @@ def domain_of(db: str) -> Domain:
     """The domain of a generated database id (``library_2`` -> the library domain)."""
     name, _, instance = db.rpartition("_")
     if name not in DOMAINS or not instance.isdigit() or not 1 <= int(instance) <= INSTANCES:
-        raise ValueError(f"unknown SQL example database {db!r}: {SHOP!r} or <domain>_<1..{INSTANCES}> with a domain "
-                         f"among {', '.join(DOMAINS)}")  # fmt: skip
+        raise ValueError(
+            f"unknown SQL example database {db!r}: {SHOP!r} or <domain>_<1..{INSTANCES}> with a domain "
+            f"among {', '.join(DOMAINS)}"
+        )
     return DOMAINS[name]
 
 
@@ -147,8 +169,10 @@ def _build_generated(db: str, path: Path) -> None:
     for table in domain_of(db).tables:
         connection.execute(_ddl(table))
         names = ["id"] + [c.name for c in table.columns]
-        connection.executemany(f"INSERT INTO {table.name} VALUES ({', '.join('?' * len(names))})",
-                               [tuple(row[n] for n in names) for row in rows_of(db)[table.name]])  # fmt: skip
+        connection.executemany(
+            f"INSERT INTO {table.name} VALUES ({', '.join('?' * len(names))})",
+            [tuple(row[n] for n in names) for row in rows_of(db)[table.name]],
+        )
     connection.commit()
     connection.close()
 

@@ -12,9 +12,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from fulmen.infra.errors import FulmenError
 from fulmen.infra.logging import setup_logging
 from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.errors import FulmenError
 
 __all__ = ["UtcOption", "WideOption", "console", "err", "friendly", "load_settings", "read_query"]
 
@@ -22,21 +22,34 @@ console = Console()
 err = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 # The options of every command that prints a table (fulmen/cli/render.py; FULMEN_CLI_* set their defaults).
-WideOption = Annotated[bool, typer.Option("--wide", help="print every value whole: full ids, times to the microsecond "
-                                          "(FULMEN_CLI_WIDE=true: always)")]  # fmt: skip
+WideOption = Annotated[
+    bool,
+    typer.Option(
+        "--wide", help="print every value whole: full ids, times to the microsecond (FULMEN_CLI_WIDE=true: always)"
+    ),
+]
 UtcOption = Annotated[bool, typer.Option("--utc", help="times in UTC (otherwise FULMEN_CLI_TIMEZONE, default local)")]
 
 
 S = TypeVar("S", bound=FulmenSettings)
 
 
-def load_settings(cls: type[S] = FulmenSettings, *, service: bool = False) -> S:  # type: ignore[assignment]
+def load_settings(
+    cls: type[S] = FulmenSettings,  # type: ignore[assignment]
+    *,
+    service: bool = False,
+    overrides: dict[str, Any] | None = None,
+) -> S:
     """Load settings and set up logging: INFO for long-running services, WARNING for one-shot commands
-    (their output is the answer), unless FULMEN_LOG_LEVEL says otherwise."""
+    (their output is the answer), unless FULMEN_LOG_LEVEL says otherwise. ``overrides``: the command's options
+    (``fulmen.cli.settings_options``), merged over the environment and ``.env``."""
     try:
-        settings = cls()
+        settings = cls(**(overrides or {}))
     except Exception as exc:  # pydantic ValidationError: name the variable to fix
-        raise FulmenError(f"invalid settings (FULMEN_* environment variables or .env): {exc}") from exc
+        where = (
+            "options, FULMEN_* environment variables or .env" if overrides else "FULMEN_* environment variables or .env"
+        )
+        raise FulmenError(f"invalid settings ({where}): {exc}") from exc
     log_settings = settings.log
     if not service and "log" not in settings.model_fields_set and not _log_level_in_env():
         log_settings = log_settings.model_copy(update={"level": "WARNING"})

@@ -8,23 +8,38 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fulmen.infra.errors import FulmenError
 from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.errors import FulmenError
 
 __all__ = ["run_demo_command"]
 
 
-def run_demo_command(settings: FulmenSettings, console: Console, *, steps: int | None, shuffle_rewards: bool,
-                     as_json: bool, algorithm: str = "grpo", mode: str = "sync") -> dict[str, Any]:  # fmt: skip
+def run_demo_command(
+    settings: FulmenSettings,
+    console: Console,
+    *,
+    steps: int | None,
+    shuffle_rewards: bool,
+    as_json: bool,
+    algorithm: str = "grpo",
+    mode: str = "sync",
+) -> dict[str, Any]:
     """Run the demo with a live progress bar, print the report; the report dict (also the JSON line)."""
     from fulmen.algorithm.demo.report import plot_curves, report_dict, run_queries
     from fulmen.algorithm.demo.run import DemoOptions, run_demo
 
-    options = DemoOptions(shuffle_rewards=shuffle_rewards, algorithm=algorithm, mode=mode,
-                          **({"steps": steps} if steps else {}))  # fmt: skip
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[info]}"),
-                        TimeElapsedColumn(), console=console, transient=False)  # fmt: skip
+    options = DemoOptions(
+        shuffle_rewards=shuffle_rewards, algorithm=algorithm, mode=mode, **({"steps": steps} if steps else {})
+    )
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
     warmup = progress.add_task("warm-up (supervised)", total=options.warmup.steps, info="", visible=False)
     task = progress.add_task("training (GRPO)", total=options.steps, info="", visible=False)
     shown = {"reward": "-", "accuracy": "-"}
@@ -58,19 +73,24 @@ def run_demo_command(settings: FulmenSettings, console: Console, *, steps: int |
     if as_json:
         print(json.dumps(report))
     if report["accuracy_after"] is None:
-        raise FulmenError(f"the demo ended without a final validation ({len(run.steps)} step(s)); logs in "
-                          f"{run.run_dir / 'logs'}")  # fmt: skip
+        raise FulmenError(
+            f"the demo ended without a final validation ({len(run.steps)} step(s)); logs in {run.run_dir / 'logs'}"
+        )
     return report
 
 
 def _print_report(console: Console, report: dict[str, Any], run: Any, queries: list[Any]) -> None:
     before, after = report["accuracy_before"], report["accuracy_after"]
     control = " (CONTROL: rewards shuffled within each step)" if report["shuffle_rewards"] else ""
-    console.print(f"\n[bold]held-out accuracy{control}:[/] {_pct(before)} before -> [bold]{_pct(after)}[/] after "
-                  f"{report['steps']} GRPO steps")  # fmt: skip
-    console.print(f"wall {report['wall_s']}s (warm-up {report['warmup_s']}s, start-up {report['startup_s']}s, "
-                  f"training {report['train_s']}s; per step: waiting for rollouts {report['mean_rollout_wait_s']}s, "
-                  f"update {report['mean_update_s']}s)")  # fmt: skip
+    console.print(
+        f"\n[bold]held-out accuracy{control}:[/] {_pct(before)} before -> [bold]{_pct(after)}[/] after "
+        f"{report['steps']} GRPO steps"
+    )
+    console.print(
+        f"wall {report['wall_s']}s (warm-up {report['warmup_s']}s, start-up {report['startup_s']}s, "
+        f"training {report['train_s']}s; per step: waiting for rollouts {report['mean_rollout_wait_s']}s, "
+        f"update {report['mean_update_s']}s)"
+    )
     if report["plot"]:
         console.print(f"curves: {report['plot']}")
     console.print(f"final model: {report['final_model']} (a Hugging Face directory)")

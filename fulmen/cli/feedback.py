@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import re
 
-from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.clients import close_quietly, start_or_raise
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.infra.services import ensure_kafka
 from fulmen.infra.settings import FulmenSettings
 from fulmen.producers.feedback import SENDER, FeedbackRequestError, feedback_from, publish
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import Feedback
 
 __all__ = ["send_feedback"]
@@ -27,7 +27,7 @@ def send_feedback(settings: FulmenSettings, request: dict[str, object]) -> Feedb
     Kafka must run (a local one is not started: a feedback is for a deployment that runs); its topics are created
     where missing. Raises :class:`ConfigurationError` for a request that is not one (``--trace-id`` and
     ``--rollout-id`` together, a value that is not finite...), and
-    :class:`~fulmen.infra.errors.BrokerUnavailableError` when Kafka does not answer or take it.
+    :class:`~fulmen.schemas.errors.BrokerUnavailableError` when Kafka does not answer or take it.
     """
     try:
         feedback = feedback_from(request, source="cli")

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from fulmen.cli.base import console, friendly
-from fulmen.infra.errors import ConfigurationError
+from fulmen.schemas.errors import ConfigurationError
 
 __all__ = ["FILES", "init_command", "scaffold"]
 

@@ -24,9 +24,13 @@ from fulmen.cli.models import models_app
 from fulmen.cli.optimize import optimize_prompt_command
 from fulmen.cli.prompts import prompts_app
 from fulmen.cli.rollouts import rollouts_command
+from fulmen.cli.settings_options import SectionOptions, with_options
 from fulmen.cli.train import train_command
-from fulmen.infra.errors import FulmenError
-from fulmen.infra.settings import CliProcessSettings, FulmenSettings
+from fulmen.infra.settings import CliProcessSettings, DashboardSettings, FulmenSettings
+from fulmen.producers.llm_gateway.settings import LlmSection
+from fulmen.producers.otlp_gateway.settings import OtlpSection
+from fulmen.producers.runner.settings import RunnerSection
+from fulmen.schemas.errors import FulmenError
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="Fulmen: reinforcement learning for agents you already run."
@@ -122,8 +126,10 @@ def kafka_status(
         for size, nodes in others.items():
             what = "a single-node local Kafka" if size == 1 else f"a cluster of {size} nodes"
             pids = ", ".join(str(n.pid) for n in nodes)
-            console.print(f"[yellow]also running from {settings.broker_data_dir}:[/] {what} (pid {pids}): "
-                          f"`fulmen kafka status --brokers {size}`")  # fmt: skip
+            console.print(
+                f"[yellow]also running from {settings.broker_data_dir}:[/] {what} (pid {pids}): "
+                f"`fulmen kafka status --brokers {size}`"
+            )
         if not status.any_running:
             raise typer.Exit(3)
         if len(status.nodes) > 1:
@@ -177,9 +183,10 @@ def store_migrate() -> None:
 
     store = Store.open(_settings())
     applied = store.migrate()
-    console.print(f"store {store.location} database {store.database}: " + (
-        ", ".join(f"{m.version} {m.name}" for m in applied) + " applied" if applied else "up to date"
-    ))  # fmt: skip
+    console.print(
+        f"store {store.location} database {store.database}: "
+        + (", ".join(f"{m.version} {m.name}" for m in applied) + " applied" if applied else "up to date")
+    )
 
 
 @app.command("sql")
@@ -215,7 +222,7 @@ def consume(
 ) -> None:
     """Materialise Kafka topics into the store until interrupted (SIGINT/SIGTERM flush and exit)."""
     from fulmen.consumers import ConsumersApp, consume_sinks
-    from fulmen.consumers.transitions import ConsumersSettings
+    from fulmen.consumers.settings import ConsumersSettings
     from fulmen.infra.services import ensure_kafka, ensure_store
 
     settings = _settings(ConsumersSettings, service=True)
@@ -230,47 +237,32 @@ def consume(
 
 
 # --- producers -----------------------------------------------------------------------------------------------
+# Each service's options are its settings section's fields (fulmen.cli.settings_options), secrets excepted.
+OTLP_OPTIONS = SectionOptions(OtlpSection, "otlp")
+LLM_OPTIONS = SectionOptions(LlmSection, "llm")
+DASHBOARD_OPTIONS = SectionOptions(DashboardSettings, "dashboard")
+RUNNER_OPTIONS = SectionOptions(RunnerSection, "runner")
+
+
 @app.command("otlp-gateway")
+@with_options(OTLP_OPTIONS)
 @friendly
-def otlp_gateway(
-    host: Annotated[str | None, typer.Option(help="listen address (FULMEN_OTLP_HOST)")] = None,
-    port: Annotated[int | None, typer.Option(help="listen port (FULMEN_OTLP_PORT, default 4318)")] = None,
-) -> None:
+def otlp_gateway(**options: Any) -> None:
     """Receive OTLP/HTTP traces at /v1/traces and publish them to the spans topic until interrupted."""
     from fulmen.producers.otlp_gateway import OtlpGateway, OtlpGatewaySettings
 
-    settings = _settings(OtlpGatewaySettings, service=True)
-    if host is not None:
-        settings.otlp.host = host
-    if port is not None:
-        settings.otlp.port = port
+    settings = _settings(OtlpGatewaySettings, service=True, overrides=OTLP_OPTIONS.overrides(options))
     _run_until_signal(lambda: OtlpGateway(settings))
 
 
 @app.command("llm-gateway")
+@with_options(LLM_OPTIONS)
 @friendly
-def llm_gateway(
-    model: Annotated[
-        str | None, typer.Option(help="model directory, 'tiny', or the upstream's model (FULMEN_LLM_MODEL)")
-    ] = None,
-    backend: Annotated[
-        str | None, typer.Option(help="transformers, llamacpp, vllm or openai (FULMEN_LLM_BACKEND)")
-    ] = None,
-    upstream_url: Annotated[
-        str | None, typer.Option(help="vllm/openai: upstream /v1 URL(s), comma-separated (FULMEN_LLM_UPSTREAM_URL)")
-    ] = None,
-    host: Annotated[str | None, typer.Option(help="listen address (FULMEN_LLM_HOST)")] = None,
-    port: Annotated[int | None, typer.Option(help="listen port (FULMEN_LLM_PORT, default 8000)")] = None,
-) -> None:
+def llm_gateway(**options: Any) -> None:
     """Serve an OpenAI-compatible API at /v1 that records every call (token ids included) as a span in Kafka."""
     from fulmen.producers.llm_gateway import LlmGateway, LlmGatewaySettings
 
-    settings = _settings(LlmGatewaySettings, service=True)
-    overrides = {"model": model, "backend": backend, "upstream_url": upstream_url, "host": host, "port": port}
-    for name, value in overrides.items():
-        if value is not None:
-            setattr(settings.llm, name, value)
-    settings = LlmGatewaySettings.model_validate(settings.model_dump())  # re-check what the options changed
+    settings = _settings(LlmGatewaySettings, service=True, overrides=LLM_OPTIONS.overrides(options))
     if settings.llm.model == "tiny" and settings.llm.backend in ("transformers", "llamacpp"):  # a model directory
         from fulmen.algorithm.tiny_model import build_tiny_model
         from fulmen.producers.llm_gateway.tiny import build_once, tiny_model_dir
@@ -280,22 +272,15 @@ def llm_gateway(
 
 
 @app.command("dashboard")
+@with_options(DASHBOARD_OPTIONS)
 @friendly
-def dashboard(
-    host: Annotated[str | None, typer.Option(help="listen address (FULMEN_DASHBOARD_HOST, default 127.0.0.1)")] = None,
-    port: Annotated[int | None, typer.Option(help="listen port (FULMEN_DASHBOARD_PORT, default 8890)")] = None,
-) -> None:
+def dashboard(**options: Any) -> None:
     """Serve the read-only dashboard (runs and their steps, rollouts and their traces, dead letters) over the
     store: the read endpoint of `fulmen consume`, or the ClickHouse server. GET /healthz answers when ready."""
     from fulmen.dashboard import Dashboard
     from fulmen.infra.settings import DashboardProcessSettings
 
-    settings = _settings(DashboardProcessSettings, service=True)
-    if host is not None:
-        settings.dashboard.host = host
-    if port is not None:
-        settings.dashboard.port = port
-    settings = DashboardProcessSettings.model_validate(settings.model_dump())  # re-check what the options changed
+    settings = _settings(DashboardProcessSettings, service=True, overrides=DASHBOARD_OPTIONS.overrides(options))
     _run_until_signal(lambda: Dashboard.from_settings(settings))
 
 
@@ -312,38 +297,17 @@ def _run_until_signal(build: Callable[[], Any]) -> None:
     asyncio.run(main())
 
 
-class _RunnerHelp(typer.core.TyperCommand):
-    """`fulmen runner --help` ends with the FULMEN_RUNNER_* settings, generated from the settings model when
-    help is asked for (so the runner's modules are imported only then)."""
-
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        from fulmen.infra.settings import settings_help
-        from fulmen.producers.runner.settings import RunnerSection
-
-        lines = settings_help(RunnerSection, "FULMEN_RUNNER_")
-        self.epilog = "\n\n".join(["Settings (environment variables, or .env):", *lines])
-        super().format_help(ctx, formatter)
-
-
-@app.command("runner", cls=_RunnerHelp)
+@app.command("runner")
+@with_options(RUNNER_OPTIONS)
 @friendly
-def runner(
-    agent: Annotated[str | None, typer.Option(help="the agent, module:function (FULMEN_RUNNER_AGENT)")] = None,
-    concurrency: Annotated[int | None, typer.Option(help="rollouts at once (FULMEN_RUNNER_CONCURRENCY)")] = None,
-) -> None:
+def runner(**options: Any) -> None:
     """Run rollouts from the tasks topic through the agent until interrupted (SIGTERM finishes or hands back)."""
     import os
 
     from fulmen.infra.services import ensure_kafka
     from fulmen.producers.runner import Runner, RunnerSettings, load_agent
 
-    settings = _settings(RunnerSettings, service=True)
-    if agent is not None:
-        settings.runner.agent = agent
-    if concurrency is not None:
-        if concurrency < 1:
-            raise FulmenError("--concurrency must be at least 1")
-        settings.runner.concurrency = concurrency
+    settings = _settings(RunnerSettings, service=True, overrides=RUNNER_OPTIONS.overrides(options))
     if not settings.runner.agent:
         raise FulmenError("which agent? pass --agent package.module:function (or set FULMEN_RUNNER_AGENT)")
     sys.path.insert(0, os.getcwd())  # agents next to where the runner starts, as `python -m` would find them
@@ -401,8 +365,14 @@ def feedback(
     The latest feedback of a name wins; one whose target never reaches the store is dead-lettered, saying why."""
     from fulmen.cli.feedback import send_feedback
 
-    request = {"response_id": response_id, "rollout_id": rollout_id, "trace_id": trace_id, "value": value,
-               "name": name, "comment": comment}  # fmt: skip
+    request = {
+        "response_id": response_id,
+        "rollout_id": rollout_id,
+        "trace_id": trace_id,
+        "value": value,
+        "name": name,
+        "comment": comment,
+    }
     console.print(send_feedback(_settings(), request).feedback_id)
 
 
@@ -435,8 +405,9 @@ def up(
     llm, otlp = _settings(LlmGatewaySettings, service=True).llm, _settings(OtlpGatewaySettings, service=True).otlp
     if backend is not None and backend not in ("transformers", "llamacpp", "vllm", "openai"):
         raise FulmenError("--backend must be transformers, llamacpp, vllm or openai")
-    options = StackOptions(model=model or llm.model or "tiny", backend=backend, max_restarts=max_restarts,
-                           window_s=window)  # fmt: skip
+    options = StackOptions(
+        model=model or llm.model or "tiny", backend=backend, max_restarts=max_restarts, window_s=window
+    )
 
     def say(line: str) -> None:
         print(line, flush=True)  # plain lines: the daemon's log and a test read them as they are
@@ -485,8 +456,13 @@ def status(wide: WideOption = False, utc: UtcOption = False) -> None:
         console.print(f"no stack runs ({stack_dir(settings)} has no up.pid): start one with `fulmen up`")
         raise typer.Exit(code)
     result = QueryResult(["service", "pid", "state", "url", "uptime"], [list(row) for row in rows])
-    render(result, "table", console, table_style(settings.cli, wide=wide, utc=utc),
-           cell_styles={"state": lambda state: None if state == "up" else "red"})  # fmt: skip
+    render(
+        result,
+        "table",
+        console,
+        table_style(settings.cli, wide=wide, utc=utc),
+        cell_styles={"state": lambda state: None if state == "up" else "red"},
+    )
     console.print(f"stack directory: {stack_dir(settings)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
@@ -504,15 +480,22 @@ def config_show() -> None:
     """Print the settings in force, secrets masked: the shared sections (home, kafka, broker, clickhouse, log) and
     every process's own (runner, otlp, llm, transitions, feedback, production, train, dashboard, cli)."""
     from fulmen.algorithm.settings import TrainSettings
-    from fulmen.consumers.transitions.settings import ConsumersSettings
+    from fulmen.consumers.settings import ConsumersSettings
     from fulmen.infra.settings import DashboardProcessSettings
     from fulmen.producers.llm_gateway.settings import LlmGatewaySettings
     from fulmen.producers.otlp_gateway.settings import OtlpGatewaySettings
     from fulmen.producers.runner.settings import RunnerSettings
 
     shown: dict[str, Any] = {}
-    for cls in (RunnerSettings, OtlpGatewaySettings, LlmGatewaySettings, ConsumersSettings, TrainSettings,
-                DashboardProcessSettings, CliProcessSettings):  # fmt: skip
+    for cls in (
+        RunnerSettings,
+        OtlpGatewaySettings,
+        LlmGatewaySettings,
+        ConsumersSettings,
+        TrainSettings,
+        DashboardProcessSettings,
+        CliProcessSettings,
+    ):
         shown.update(_settings(cls).masked())  # each has the shared sections too
     console.print_json(json.dumps(shown))
 
@@ -555,8 +538,15 @@ def demo(
     accuracy before and after, the curves and the SQL to explore the stored data; stop everything it started."""
     from fulmen.cli.demo import run_demo_command
 
-    run_demo_command(_settings(), console, steps=steps, shuffle_rewards=shuffle_rewards, as_json=as_json,
-                     algorithm=algorithm, mode=mode)  # fmt: skip
+    run_demo_command(
+        _settings(),
+        console,
+        steps=steps,
+        shuffle_rewards=shuffle_rewards,
+        as_json=as_json,
+        algorithm=algorithm,
+        mode=mode,
+    )
 
 
 @app.command("smoke")

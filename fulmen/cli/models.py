@@ -1,9 +1,9 @@
 """``fulmen models list | promote VERSION | rollback``: which version serves, each version's score (the store,
 :mod:`fulmen.versions`), and deciding by hand.
 
-``promote`` and ``rollback`` publish a ``ModelPromotion`` on the promotions topic (:mod:`fulmen.algorithm.promotion`),
-read first to its end: that topic, not the store, says what serves; the gateways that follow promotions
-(``FULMEN_LLM_FOLLOW=promoted``) load the version in force without failing a call.
+``promote`` and ``rollback`` publish a ``ModelPromotion`` on the promotions topic
+(:mod:`fulmen.algorithm.service.promotion`), read first to its end: that topic, not the store, says what serves; the
+gateways that follow promotions (``FULMEN_LLM_FOLLOW=promoted``) load the version in force without failing a call.
 """
 
 from __future__ import annotations
@@ -26,11 +26,17 @@ __all__ = ["decide_by_hand", "models_app"]
 models_app = typer.Typer(no_args_is_help=True, help="Model versions: which serves, their scores, promote, roll back.")
 
 
-def decide_by_hand(settings: FulmenSettings, model_name: str, action: PromotionAction, version: int | None,
-                   run_id: str | None, reason: str) -> ModelPromotion:  # fmt: skip
+def decide_by_hand(
+    settings: FulmenSettings,
+    model_name: str,
+    action: PromotionAction,
+    version: int | None,
+    run_id: str | None,
+    reason: str,
+) -> ModelPromotion:
     """Publish a promote (``version``, of run ``run_id`` when two runs have it) or a rollback (to the version that
     served before the one in force); the event, once Kafka acknowledged it."""
-    from fulmen.algorithm.promotion import MODELS_SENDER, in_force, manual, previous_promoted
+    from fulmen.algorithm.service.promotion import MODELS_SENDER, in_force, manual, previous_promoted
     from fulmen.infra.kafka.broker import kafka_broker
     from fulmen.infra.kafka.clients import close_quietly, start_or_raise
     from fulmen.infra.kafka.publish import EventPublisher
@@ -63,19 +69,27 @@ def decide_by_hand(settings: FulmenSettings, model_name: str, action: PromotionA
 
 
 def _the_version(known: list[ModelVersion], model_name: str, version: int, run_id: str | None) -> ModelVersion:
-    from fulmen.infra.errors import ConfigurationError
+    from fulmen.schemas.errors import ConfigurationError
 
-    found = {(m.run_id, m.version): m for m in known
-             if m.model_name == model_name and not m.adapter and m.version == version
-             and (run_id is None or m.run_id == run_id)}  # fmt: skip
+    found = {
+        (m.run_id, m.version): m
+        for m in known
+        if m.model_name == model_name
+        and not m.adapter
+        and m.version == version
+        and (run_id is None or m.run_id == run_id)
+    }
     if not found:
         where = f" of run {run_id}" if run_id else ""
-        raise ConfigurationError(f"no version {version}{where} of {model_name} on the models or promotions topics "
-                                 "(`fulmen models list` shows the stored ones)")  # fmt: skip
+        raise ConfigurationError(
+            f"no version {version}{where} of {model_name} on the models or promotions topics "
+            "(`fulmen models list` shows the stored ones)"
+        )
     if len(found) > 1:
         runs = ", ".join(sorted(run for run, _ in found))
-        raise ConfigurationError(f"version {version} of {model_name} exists in several runs ({runs}): say which "
-                                 "with --run")  # fmt: skip
+        raise ConfigurationError(
+            f"version {version} of {model_name} exists in several runs ({runs}): say which with --run"
+        )
     return next(iter(found.values()))
 
 
@@ -97,8 +111,9 @@ def models_list(
     table = Table("", "version", "run", "parent", "held-out", "decision", "checkpoint")
     for row in rows:
         score = "-" if row.score is None else f"{row.score:.3f}"
-        table.add_row("*" if row.serving else "", str(row.version), row.run_id, row.parent, score, row.decision,
-                      row.uri)  # fmt: skip
+        table.add_row(
+            "*" if row.serving else "", str(row.version), row.run_id, row.parent, score, row.decision, row.uri
+        )
     console.print(table)
     if not any(row.serving for row in rows):
         console.print("nothing promoted: gateways that follow promotions serve the model they started with")

@@ -68,13 +68,32 @@ def optimize_prompt_command(
     from fulmen.prompt_optimization import optimize_prompt
 
     report = optimize_prompt(
-        agent, dataset, val, test, optimizer_url, max_rollouts, search=search, model=model, slots=slot,
-        roles=tuple(role or ("system",)), seed=seed, minibatch=minibatch, optimizer_model=optimizer_model,
-        max_optimizer_tokens=max_optimizer_tokens, promote=promote, promote_agent=promote_agent, runners=runners,
-        concurrency=concurrency, rollout_timeout_s=rollout_timeout, agents=only_agent, discover=discover, local=local,
-        train_steps=train_steps, settings=load_settings(),
+        agent,
+        dataset,
+        val,
+        test,
+        optimizer_url,
+        max_rollouts,
+        search=search,
+        model=model,
+        slots=slot,
+        roles=tuple(role or ("system",)),
+        seed=seed,
+        minibatch=minibatch,
+        optimizer_model=optimizer_model,
+        max_optimizer_tokens=max_optimizer_tokens,
+        promote=promote,
+        promote_agent=promote_agent,
+        runners=runners,
+        concurrency=concurrency,
+        rollout_timeout_s=rollout_timeout,
+        agents=only_agent,
+        discover=discover,
+        local=local,
+        train_steps=train_steps,
+        settings=load_settings(),
         on_phase=None if json_out else (lambda text: console.print(f"[green]•[/] {text}")),
-    )  # fmt: skip
+    )
     if json_out:
         typer.echo(json.dumps(report.summary() | {"run_dir": str(report.run_dir), "best_slots": report.best_slots}))
         return
@@ -82,21 +101,33 @@ def optimize_prompt_command(
     for row in report.lineage:
         texts = " | ".join(" ".join(text.split())[:60] for text in row["slots"].values())
         best = " (best)" if row["id"] == report.best_bundle else ""
-        table.add_row(row["id"] + best, ", ".join(row["parents"]) or "-", f"{row['mean']:.3f}",
-                      str(row["found_at_rollouts"]), texts)  # fmt: skip
+        table.add_row(
+            row["id"] + best,
+            ", ".join(row["parents"]) or "-",
+            f"{row['mean']:.3f}",
+            str(row["found_at_rollouts"]),
+            texts,
+        )
     console.print(table)
-    console.print(f"test split: {report.heldout_before:.3f} with the agent's own prompts, {report.heldout_after:.3f} "
-                  f"with {report.best_bundle}")  # fmt: skip
-    console.print(f"rollouts used: {report.rollouts_used} of {report.max_rollouts} ({report.stopped_by}); calls whose "
-                  f"span names another bundle than their rollout's: {report.bundle_mismatches} of "
-                  f"{report.calls_checked}")  # fmt: skip
+    console.print(
+        f"test split: {report.heldout_before:.3f} with the agent's own prompts, {report.heldout_after:.3f} "
+        f"with {report.best_bundle}"
+    )
+    console.print(
+        f"rollouts used: {report.rollouts_used} of {report.max_rollouts} ({report.stopped_by}); calls whose "
+        f"span names another bundle than their rollout's: {report.bundle_mismatches} of "
+        f"{report.calls_checked}"
+    )
     for name, text in sorted(report.best_slots.items()):
         console.print(f"\n[bold]{name}[/bold]", highlight=False)
         console.print(text, highlight=False, markup=False)
     served = f"promoted {report.promoted}" if report.promoted else f"fulmen prompts promote {report.best_bundle}"
     if report.train is not None:
-        console.print(f"GRPO on {report.best_bundle}'s rollouts: {report.train.steps} step(s), rewards "
-                      + ", ".join(f"{r:.3f}" for _, r in report.train.reward_curve))  # fmt: skip
-        console.print(f"final model: {report.train.final_model or '- (no step trained)'}", soft_wrap=True,
-                      highlight=False)  # fmt: skip
+        console.print(
+            f"GRPO on {report.best_bundle}'s rollouts: {report.train.steps} step(s), rewards "
+            + ", ".join(f"{r:.3f}" for _, r in report.train.reward_curve)
+        )
+        console.print(
+            f"final model: {report.train.final_model or '- (no step trained)'}", soft_wrap=True, highlight=False
+        )
     console.print(f"\nrun {report.run_id} in {report.wall_s:.0f}s; {served}")

@@ -75,9 +75,17 @@ def prompts_list() -> None:
     for row in rows:
         score = "-" if row.mean is None else f"{row.mean:.3f}"
         where = serving.get(row.bundle_id)
-        table.add_row("*" if where else "", row.bundle_id, ", ".join(row.parents) or "-", row.source,
-                      row.run_id or "-", row.agent or "any", str(len(row.slots)), score,
-                      str(len(row.scores)))  # fmt: skip
+        table.add_row(
+            "*" if where else "",
+            row.bundle_id,
+            ", ".join(row.parents) or "-",
+            row.source,
+            row.run_id or "-",
+            row.agent or "any",
+            str(len(row.slots)),
+            score,
+            str(len(row.scores)),
+        )
     console.print(table)
     for bundle, scopes in serving.items():
         console.print(f"serving {bundle or 'the agents own prompts'} for {', '.join(scopes)}")
@@ -87,9 +95,9 @@ def prompts_list() -> None:
 @friendly
 def prompts_show(bundle_id: Annotated[str, typer.Argument(help="the bundle (pb-...)")]) -> None:
     """One stored bundle in full: its slots' texts, templates, lineage and scores."""
-    from fulmen.infra.errors import ConfigurationError
     from fulmen.infra.store import open_reader
     from fulmen.prompt_queries import bundle_rows
+    from fulmen.schemas.errors import ConfigurationError
 
     settings = load_settings()
     rows = bundle_rows(open_reader(settings), settings.clickhouse.database, bundle_id)
@@ -97,8 +105,10 @@ def prompts_show(bundle_id: Annotated[str, typer.Argument(help="the bundle (pb-.
         raise ConfigurationError(f"no stored bundle {bundle_id} (`fulmen prompts list` shows them)")
     row = rows[-1]
     parents = ", ".join(row.parents) or "-"
-    console.print(f"[bold]{row.bundle_id}[/bold]  source {row.source}  run {row.run_id or '-'}  agent "
-                  f"{row.agent or 'any'}  parents {parents}  created {row.created_at}")  # fmt: skip
+    console.print(
+        f"[bold]{row.bundle_id}[/bold]  source {row.source}  run {row.run_id or '-'}  agent "
+        f"{row.agent or 'any'}  parents {parents}  created {row.created_at}"
+    )
     for slot, text in sorted(row.slots.items()):
         console.print(f"\n[bold]{slot}[/bold]", highlight=False)
         if slot.startswith("tpl:"):
@@ -109,7 +119,7 @@ def prompts_show(bundle_id: Annotated[str, typer.Argument(help="the bundle (pb-.
 
 
 def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
-    from fulmen.infra.errors import ConfigurationError
+    from fulmen.schemas.errors import ConfigurationError
 
     found = {}
     for value in values or []:
@@ -130,9 +140,9 @@ def prompts_create(
     agent: Annotated[str | None, _AGENT] = None,
 ) -> None:
     """Publish a bundle written by hand; prints its id (the same texts always give the same id)."""
-    from fulmen.infra.errors import ConfigurationError
     from fulmen.infra.kafka.prompts import publish_bundles
     from fulmen.infra.services import ensure_kafka
+    from fulmen.schemas.errors import ConfigurationError
     from fulmen.schemas.prompts import PromptBundle
 
     slots, templates = _pairs(slot, "--slot"), _pairs(template, "--template")

@@ -61,8 +61,15 @@ def table_style(cli: CliSettings, *, wide: bool = False, utc: bool = False) -> T
     return TableStyle(wide=wide or cli.wide, tz=cli.zone(utc=utc))
 
 
-def render(result: QueryResult, fmt: str, console: Console, style: TableStyle | None = None, *,
-           cell_styles: Mapping[str, CellStyle] | None = None, count: bool = True) -> None:  # fmt: skip
+def render(
+    result: QueryResult,
+    fmt: str,
+    console: Console,
+    style: TableStyle | None = None,
+    *,
+    cell_styles: Mapping[str, CellStyle] | None = None,
+    count: bool = True,
+) -> None:
     """Print ``result`` as ``fmt``; ``style``, ``cell_styles`` (a Rich style per value, by column name) and
     ``count`` (a line under the table: how many rows, the zone of its times) only change tables."""
     if fmt not in FORMATS:
@@ -90,14 +97,25 @@ def _print_table(
 ) -> None:
     columns = [[row[i] for row in result.rows] for i in range(len(result.columns))]
     kinds = [_kind(name, values) for name, values in zip(result.columns, columns, strict=True)]
-    shown = [short_ids([v for v in values if isinstance(v, str)]) if kind == "id" and not style.wide else {}
-             for kind, values in zip(kinds, columns, strict=True)]  # fmt: skip
+    shown = [
+        short_ids([v for v in values if isinstance(v, str)]) if kind == "id" and not style.wide else {}
+        for kind, values in zip(kinds, columns, strict=True)
+    ]
     full = [[_cell(value, style) for value in row] for row in result.rows]
-    short = [[ids.get(value, text) if isinstance(value, str) else text
-              for value, text, ids in zip(row, texts, shown, strict=True)]
-             for row, texts in zip(result.rows, full, strict=True)]  # fmt: skip
-    styles = [[(cell_styles[name](value) or "") if name in cell_styles else ""
-               for name, value in zip(result.columns, row, strict=True)] for row in result.rows]  # fmt: skip
+    short = [
+        [
+            ids.get(value, text) if isinstance(value, str) else text
+            for value, text, ids in zip(row, texts, shown, strict=True)
+        ]
+        for row, texts in zip(result.rows, full, strict=True)
+    ]
+    styles = [
+        [
+            (cell_styles[name](value) or "") if name in cell_styles else ""
+            for name, value in zip(result.columns, row, strict=True)
+        ]
+        for row in result.rows
+    ]
     down = not style.wide and _too_wide(result.columns, kinds, short, console.width)
     if down:  # too many columns for the terminal: one row after the other, a line per column, values whole
         _print_down(result.columns, full, styles, console)
@@ -125,8 +143,9 @@ def _too_wide(names: list[str], kinds: list[str], cells: list[list[str]], width:
     return needed > width
 
 
-def _print_across(names: list[str], kinds: list[str], cells: list[list[str]], styles: list[list[str]],
-                  console: Console, wide: bool) -> None:  # fmt: skip
+def _print_across(
+    names: list[str], kinds: list[str], cells: list[list[str]], styles: list[list[str]], console: Console, wide: bool
+) -> None:
     table = Table(show_lines=False)
     for name, kind in zip(names, kinds, strict=True):
         if wide or kind in ("id", "time"):
@@ -140,8 +159,13 @@ def _print_across(names: list[str], kinds: list[str], cells: list[list[str]], st
         return
     # at its natural width, past the terminal's (Console.print caps its width at the console's)
     natural = console.measure(table, options=console.options.update(width=10**6)).maximum
-    Console(file=console.file, width=max(console.width, natural), color_system=console.color_system,
-            force_terminal=console.is_terminal, no_color=console.no_color).print(table, crop=False)  # fmt: skip
+    Console(
+        file=console.file,
+        width=max(console.width, natural),
+        color_system=console.color_system,
+        force_terminal=console.is_terminal,
+        no_color=console.no_color,
+    ).print(table, crop=False)
 
 
 def _print_down(names: list[str], cells: list[list[str]], styles: list[list[str]], console: Console) -> None:

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from fulmen.cli.base import UtcOption, WideOption, console, friendly, load_settings, read_query
-from fulmen.infra.errors import FulmenError
 from fulmen.infra.settings import CliProcessSettings
+from fulmen.schemas.errors import FulmenError
 from fulmen.versions import rollout_versions, version_label
 
 if TYPE_CHECKING:
@@ -48,25 +48,33 @@ def rollouts_command(
         return
     where, bound = ("WHERE GroupId = %(group)s", {"group": group}) if group else ("", {})
     # Aliases differ from the columns: ClickHouse would read Attempt in argMax(Status, Attempt) as max(Attempt).
-    latest = (f"SELECT RolloutId, max(Attempt) AS LastAttempt, argMax(Status, Attempt) AS State, "
-              f"argMax(Reward, Attempt) AS LastReward, argMax(ModelVersion, Attempt) AS Dispatched, any(GroupId) AS "
-              f"AnyGroup, max(Timestamp) AS Updated FROM {db}.rollouts {where} GROUP BY RolloutId")  # fmt: skip
+    latest = (
+        f"SELECT RolloutId, max(Attempt) AS LastAttempt, argMax(Status, Attempt) AS State, "
+        f"argMax(Reward, Attempt) AS LastReward, argMax(ModelVersion, Attempt) AS Dispatched, any(GroupId) AS "
+        f"AnyGroup, max(Timestamp) AS Updated FROM {db}.rollouts {where} GROUP BY RolloutId"
+    )
     counts = f"SELECT State AS Status, count() AS Rollouts FROM ({latest}) GROUP BY State ORDER BY State"
     render(read_query(reader, counts, bound), "table", console, style)
     page = read_query(reader, f"SELECT * FROM ({latest}) ORDER BY Updated DESC, RolloutId LIMIT {int(limit)}", bound)
     rows = [dict(zip(page.columns, row, strict=True)) for row in page.rows]
     rows = _with_served(reader, db, [r | {"Attempt": r["LastAttempt"]} for r in rows])
-    result = QueryResult(["RolloutId", "Attempt", "Status", "Reward", "Version", "GroupId", "Updated"], [
-        [r["RolloutId"], r["Attempt"], r["State"], r["LastReward"], _version(r), r["AnyGroup"], r["Updated"]]
-        for r in rows
-    ])  # fmt: skip
+    result = QueryResult(
+        ["RolloutId", "Attempt", "Status", "Reward", "Version", "GroupId", "Updated"],
+        [
+            [r["RolloutId"], r["Attempt"], r["State"], r["LastReward"], _version(r), r["AnyGroup"], r["Updated"]]
+            for r in rows
+        ],
+    )
     render(result, "table", console, style)
 
 
 def _resolve(reader: Any, db: str, prefix: str) -> str:
     """The one rollout id that starts with ``prefix`` (an exact id wins)."""
-    found = read_query(reader, f"SELECT DISTINCT RolloutId FROM {db}.rollouts WHERE startsWith(RolloutId, %(p)s) "
-                           "ORDER BY RolloutId LIMIT 6", {"p": prefix}).rows  # fmt: skip
+    found = read_query(
+        reader,
+        f"SELECT DISTINCT RolloutId FROM {db}.rollouts WHERE startsWith(RolloutId, %(p)s) ORDER BY RolloutId LIMIT 6",
+        {"p": prefix},
+    ).rows
     ids = [str(row[0]) for row in found]
     if prefix in ids:
         return prefix
@@ -83,19 +91,32 @@ def _show_attempts(reader: Any, db: str, rollout_id: str, style: TableStyle) -> 
     from fulmen.cli.render import render
     from fulmen.infra.store import QueryResult
 
-    rows = read_query(reader, f"SELECT Attempt, Status, Mode, Reward, ModelVersion AS Dispatched, TaskId, GroupId, "
-                              f"RunnerId, Error, Timestamp FROM {db}.rollouts WHERE RolloutId = %(id)s "
-                              "ORDER BY Attempt", {"id": rollout_id})  # fmt: skip
-    attempts = _with_served(reader, db, [dict(zip(rows.columns, row, strict=True)) | {"RolloutId": rollout_id}
-                                         for row in rows.rows])  # fmt: skip
+    rows = read_query(
+        reader,
+        f"SELECT Attempt, Status, Mode, Reward, ModelVersion AS Dispatched, TaskId, GroupId, "
+        f"RunnerId, Error, Timestamp FROM {db}.rollouts WHERE RolloutId = %(id)s "
+        "ORDER BY Attempt",
+        {"id": rollout_id},
+    )
+    attempts = _with_served(
+        reader, db, [dict(zip(rows.columns, row, strict=True)) | {"RolloutId": rollout_id} for row in rows.rows]
+    )
     first = attempts[0]
     console.print(f"rollout {rollout_id}  task {first['TaskId']}  group {first['GroupId'] or '-'}", highlight=False)
-    fields = [("status", lambda a: a["Status"]), ("mode", lambda a: a["Mode"]), ("reward", lambda a: a["Reward"]),
-              ("version", _version), ("dispatched", lambda a: version_label(a["Dispatched"])),
-              ("runner", lambda a: a["RunnerId"] or "-"), ("updated", lambda a: a["Timestamp"]),
-              ("error", lambda a: a["Error"] or "-")]  # fmt: skip
-    result = QueryResult(["", *(f"attempt {a['Attempt']}" for a in attempts)],
-                         [[name, *(get(a) for a in attempts)] for name, get in fields])  # fmt: skip
+    fields = [
+        ("status", lambda a: a["Status"]),
+        ("mode", lambda a: a["Mode"]),
+        ("reward", lambda a: a["Reward"]),
+        ("version", _version),
+        ("dispatched", lambda a: version_label(a["Dispatched"])),
+        ("runner", lambda a: a["RunnerId"] or "-"),
+        ("updated", lambda a: a["Timestamp"]),
+        ("error", lambda a: a["Error"] or "-"),
+    ]
+    result = QueryResult(
+        ["", *(f"attempt {a['Attempt']}" for a in attempts)],
+        [[name, *(get(a) for a in attempts)] for name, get in fields],
+    )
     render(result, "table", console, style, count=False)
 
 

@@ -75,22 +75,37 @@ def _events(run_id: str) -> dict[TopicKey, list[Any]]:
     ]
     calls = [
         Transition(
-            rollout_id=request.rollout_id, attempt=1, index=i, trace_id="ab" * 16, span_id=f"{i + 1:016x}",
-            agent_name=agent, model_version=0, prompt_token_ids=prompt, response_token_ids=response,
+            rollout_id=request.rollout_id,
+            attempt=1,
+            index=i,
+            trace_id="ab" * 16,
+            span_id=f"{i + 1:016x}",
+            agent_name=agent,
+            model_version=0,
+            prompt_token_ids=prompt,
+            response_token_ids=response,
             response_logprobs=[-0.1] * len(response),
         )
         for i, (agent, prompt, response) in enumerate(
             [("planner", [1, 2, 3], [4, 5]), ("solver", [1, 2, 3, 4, 5, 6], [7])]
         )
-    ]  # fmt: skip
+    ]
     batch = TransitionBatch(
         **common, status=RolloutStatus.SUCCEEDED, episode_reward=1.0, model_version=0, transitions=calls
     )
     model = ModelVersion(
         model_name=f"{run_id}-model", version=1, uri="/tmp/fulmen-smoke/model-v1", run_id=run_id, step=1
     )
-    step = TrainStep(run_id=run_id, step=1, model_version=1, num_transitions=2, num_groups=1, reward_mean=1.0,
-                     reward_std=0.0, loss=0.0)  # fmt: skip
+    step = TrainStep(
+        run_id=run_id,
+        step=1,
+        model_version=1,
+        num_transitions=2,
+        num_groups=1,
+        reward_mean=1.0,
+        reward_std=0.0,
+        loss=0.0,
+    )
     return {
         TopicKey.TASKS: [request],
         TopicKey.ROLLOUTS: lifecycle,
@@ -111,12 +126,20 @@ def _send_trace(url: str, run_id: str) -> None:
     provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=url, timeout=30)))
     tracer = provider.get_tracer("fulmen.smoke")
     rollout = {semconv.ROLLOUT_ID: f"{run_id}-r1", semconv.ROLLOUT_ATTEMPT: 1}
-    with tracer.start_as_current_span(
-        "invoke_agent solver", attributes={**rollout, semconv.GEN_AI_AGENT_NAME: "solver"}
-    ), tracer.start_as_current_span("chat tiny", attributes={
-        **rollout, semconv.GEN_AI_OPERATION_NAME: "chat", semconv.PROMPT_TOKEN_IDS: (1, 2, 3),
-        semconv.RESPONSE_TOKEN_IDS: (4, 5),
-    }):  # fmt: skip
+    with (
+        tracer.start_as_current_span(
+            "invoke_agent solver", attributes={**rollout, semconv.GEN_AI_AGENT_NAME: "solver"}
+        ),
+        tracer.start_as_current_span(
+            "chat tiny",
+            attributes={
+                **rollout,
+                semconv.GEN_AI_OPERATION_NAME: "chat",
+                semconv.PROMPT_TOKEN_IDS: (1, 2, 3),
+                semconv.RESPONSE_TOKEN_IDS: (4, 5),
+            },
+        ),
+    ):
         pass
     provider.shutdown()
 
@@ -124,14 +147,20 @@ def _send_trace(url: str, run_id: str) -> None:
 def _queries(store: Store, run_id: str) -> list[tuple[str, str]]:
     db = store.database
     return [
-        ("spans", f"SELECT SpanName, ServiceName, AgentName, PromptTokenIds, ResponseTokenIds, Duration "
-                  f"FROM {db}.otel_traces WHERE RolloutId = '{run_id}-r1' ORDER BY Timestamp"),
+        (
+            "spans",
+            f"SELECT SpanName, ServiceName, AgentName, PromptTokenIds, ResponseTokenIds, Duration "
+            f"FROM {db}.otel_traces WHERE RolloutId = '{run_id}-r1' ORDER BY Timestamp",
+        ),
         ("rollouts", f"SELECT RolloutId, Attempt, Status, Reward FROM {db}.rollouts WHERE RolloutId LIKE '{run_id}%'"),
-        ("transitions", f"SELECT RolloutId, CallIndex, AgentName, PromptTokenIds, ResponseTokenIds, EpisodeReward "
-                        f"FROM {db}.transitions WHERE RolloutId LIKE '{run_id}%' ORDER BY CallIndex"),
+        (
+            "transitions",
+            f"SELECT RolloutId, CallIndex, AgentName, PromptTokenIds, ResponseTokenIds, EpisodeReward "
+            f"FROM {db}.transitions WHERE RolloutId LIKE '{run_id}%' ORDER BY CallIndex",
+        ),
         ("model_versions", f"SELECT ModelName, Version, Uri FROM {db}.model_versions WHERE RunId = '{run_id}'"),
         ("train_steps", f"SELECT RunId, Step, ModelVersion, RewardMean FROM {db}.train_steps WHERE RunId = '{run_id}'"),
-    ]  # fmt: skip
+    ]
 
 
 async def run_smoke(settings: FulmenSettings, store: Store, timeout_s: float = 60.0) -> SmokeReport:

@@ -32,11 +32,11 @@ from typing import Any
 
 import httpx
 
-from fulmen.infra.errors import FulmenError
 from fulmen.infra.kafka.local import process_alive
 from fulmen.infra.processes import FULMEN, RestartPolicy, Services, ServiceSpec
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.stack import StackPorts, core_services, dashboard_available, dashboard_spec
+from fulmen.schemas.errors import FulmenError
 
 __all__ = ["StackOptions", "detach", "down", "ready_lines", "status_rows", "supervise"]
 
@@ -74,14 +74,23 @@ def supervise(settings: FulmenSettings, ports: StackPorts, options: StackOptions
     home = stack_dir(settings)
     _claim(home)
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    state: dict[str, Any] = {"pid": os.getpid(), "started_at": time.time(), "ready": False, "services": [],
-                             "agent": ports.agent_settings(), "model": options.model}  # fmt: skip
+    state: dict[str, Any] = {
+        "pid": os.getpid(),
+        "started_at": time.time(),
+        "ready": False,
+        "services": [],
+        "agent": ports.agent_settings(),
+        "model": options.model,
+    }
     ready, services = None, None
     try:
         say("starting Kafka (the first run downloads its jars) and the topics")
         ready = ensure_kafka(settings)
-        state["kafka"] = {"bootstrap": ready.bootstrap, "started": ready.started is not None,
-                          "data_dir": str(settings.broker_data_dir)}  # fmt: skip
+        state["kafka"] = {
+            "bootstrap": ready.bootstrap,
+            "started": ready.started is not None,
+            "data_dir": str(settings.broker_data_dir),
+        }
         _write_state(home, state)
         base_env = {k: v for k, v in os.environ.items() if k.startswith("FULMEN_")}
         base_env |= {"FULMEN_KAFKA_BOOTSTRAP": ready.bootstrap, "FULMEN_HOME": str(settings.home)}
@@ -133,13 +142,17 @@ def _watch(home: Path, state: dict[str, Any], services: Services, policy: Restar
             say(f"{spec.name} exited with {code}; the end of its log ({home / 'logs' / (spec.name + '.log')}):")
             say(services.tail(spec.name, 1500))
             if not policy.allow(spec.name, time.monotonic()):
-                say(f"{spec.name} exited {policy.max_restarts + 1} times within {policy.window_s:.0f}s: "
-                    "stopping the stack")  # fmt: skip
+                say(
+                    f"{spec.name} exited {policy.max_restarts + 1} times within {policy.window_s:.0f}s: "
+                    "stopping the stack"
+                )
                 state["failed"] = spec.name
                 _write_state(home, state)
                 return 1
-            say(f"restarting {spec.name} (restart {policy.recent(spec.name)} of at most {policy.max_restarts} "
-                f"within {policy.window_s:.0f}s)")  # fmt: skip
+            say(
+                f"restarting {spec.name} (restart {policy.recent(spec.name)} of at most {policy.max_restarts} "
+                f"within {policy.window_s:.0f}s)"
+            )
             try:
                 services.restart(spec.name)
             except FulmenError as exc:  # it exited or hung at start: counted again at the next look
@@ -154,16 +167,16 @@ def _watch(home: Path, state: dict[str, Any], services: Services, policy: Restar
 def _claim(home: Path) -> None:
     pid = _read_pid(home / "up.pid")
     if pid is not None and process_alive(pid):
-        raise FulmenError(f"a stack already runs (pid {pid}, {home}): `fulmen status` shows it, `fulmen down` "
-                          "stops it")  # fmt: skip
+        raise FulmenError(f"a stack already runs (pid {pid}, {home}): `fulmen status` shows it, `fulmen down` stops it")
     if pid is not None:
         _clear(home)  # stale: its process is gone
     home.mkdir(parents=True, exist_ok=True)
     _write(home / "up.pid", str(os.getpid()))
 
 
-def _record(home: Path, state: dict[str, Any], services: Services, spec: ServiceSpec, *,
-            restarted: bool = False) -> None:  # fmt: skip
+def _record(
+    home: Path, state: dict[str, Any], services: Services, spec: ServiceSpec, *, restarted: bool = False
+) -> None:
     pid = services.pids().get(spec.name)
     entries = {entry["name"]: entry for entry in state["services"]}
     entry = entries.get(spec.name) or {
@@ -256,8 +269,13 @@ def detach(settings: FulmenSettings, options: StackOptions, say: Say, timeout_s:
     (home / "state.json").unlink(missing_ok=True)
     log_path = home / "up.log"
     with open(log_path, "ab") as out:
-        daemon = subprocess.Popen([*FULMEN, "up", *options.args()], stdout=out, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        daemon = subprocess.Popen(
+            [*FULMEN, "up", *options.args()],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         state = read_state(settings)
@@ -337,8 +355,15 @@ def status_rows(settings: FulmenSettings) -> tuple[list[tuple[str, str, str, str
         rows.append(("kafka", "-", "up" if _answers(kafka["bootstrap"]) else "down", kafka["bootstrap"], "-"))
     for entry in state["services"]:
         restarts = f" ({entry['restarts']} restarts)" if entry["restarts"] else ""
-        rows.append((entry["name"], str(entry["pid"]), _service_state(entry), entry["url"] or "-",
-                     _uptime(now, entry) + restarts))  # fmt: skip
+        rows.append(
+            (
+                entry["name"],
+                str(entry["pid"]),
+                _service_state(entry),
+                entry["url"] or "-",
+                _uptime(now, entry) + restarts,
+            )
+        )
     if not alive:
         return rows, 3
     return rows, 0 if all(row[2] == "up" for row in rows) and state.get("ready") else 1

@@ -26,10 +26,10 @@ from typing import Any
 from aiohttp import web
 
 from fulmen.dashboard.queries import DashboardQueries, FilterError, Reader, jsonable
-from fulmen.infra.errors import ConfigurationError, FulmenError, RetryableError
 from fulmen.infra.http import is_loopback, server_options
 from fulmen.infra.settings import DashboardProcessSettings
 from fulmen.infra.store import ReadOnlyError, RemoteReader, Store
+from fulmen.schemas.errors import ConfigurationError, FulmenError, RetryableError
 
 __all__ = ["Dashboard", "dashboard_reader"]
 
@@ -39,9 +39,13 @@ STATIC = Path(__file__).parent / "static"
 UPLOT = STATIC / "vendor" / "uPlot.iife.min.js"
 # path -> (the page's name for the script, its title); every page is static/page.html, the script draws it
 PAGES = {
-    "/": ("runs", "Runs"), "/rollouts": ("rollouts", "Rollouts"), "/rollout": ("rollout", "Rollout"),
-    "/models": ("models", "Models"), "/prompts": ("prompts", "Prompts"), "/dead-letters": ("dead", "Dead letters"),
-}  # fmt: skip
+    "/": ("runs", "Runs"),
+    "/rollouts": ("rollouts", "Rollouts"),
+    "/rollout": ("rollout", "Rollout"),
+    "/models": ("models", "Models"),
+    "/prompts": ("prompts", "Prompts"),
+    "/dead-letters": ("dead", "Dead letters"),
+}
 _SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
@@ -137,8 +141,9 @@ class Dashboard:
         if is_loopback(self.host) and not is_loopback(request.url.host or ""):
             return _error(403, f"Host {request.host!r} is not this dashboard's loopback address")
         if request.path.startswith("/api/") and request.headers.get("Sec-Fetch-Site", "none") not in (
-            "none", "same-origin"
-        ):  # fmt: skip
+            "none",
+            "same-origin",
+        ):
             return _error(403, "cross-site requests of the API are refused")
         return await handler(request)
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from fulmen.algorithm.credit import CREDIT_STRATEGIES, assign_credit
-from fulmen.infra.errors import FulmenError
+from fulmen.algorithm.rl.credit import CREDIT_STRATEGIES, assign_credit
 from fulmen.prompt_queries import bundle_rewards, bundle_rows, serving_by_scope
 from fulmen.schemas import semconv
+from fulmen.schemas.errors import FulmenError
 from fulmen.schemas.events import RolloutMode, RolloutStatus
 from fulmen.versions import model_names, rollout_versions, version_label, version_rows
 
@@ -198,9 +198,11 @@ class DashboardQueries:
         bound = {**vars(filters), **self._run_window(filters.run)}
         counts = {row["Status"]: row["N"] for row in self._rows(_ROLLOUT_COUNTS, bound)}
         return {
-            "filters": vars(filters), "total": sum(counts.values()), "counts": counts,
+            "filters": vars(filters),
+            "total": sum(counts.values()),
+            "counts": counts,
             "rollouts": self._with_versions(self._rows(_ROLLOUTS, bound)),
-        }  # fmt: skip
+        }
 
     def _with_versions(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Rollout rows with ``Version``: what served their calls, as their spans and transitions say
@@ -242,9 +244,13 @@ class DashboardQueries:
             for transition, value in zip(transitions, credited, strict=True):
                 transition["Credited"] = value
         return {
-            "id": rollout_id, "attempt": attempt, "attempts": attempts, "spans": spans, "transitions": transitions,
+            "id": rollout_id,
+            "attempt": attempt,
+            "attempts": attempts,
+            "spans": spans,
+            "transitions": transitions,
             "credit": {"strategy": credit, "gamma": gamma, "strategies": CREDIT_STRATEGIES.names()},
-        }  # fmt: skip
+        }
 
     # --- model versions ---------------------------------------------------------------------------------
     def models(self, params: Mapping[str, str]) -> dict[str, Any]:
@@ -265,15 +271,24 @@ class DashboardQueries:
         rows = [row for row in stored if not run or row.run_id == run]
         rewards = bundle_rewards(self.reader)
         serving = serving_by_scope(self.reader)
-        bundles = [{
-            "bundle_id": row.bundle_id, "agent": row.agent, "source": row.source, "run_id": row.run_id,
-            "created_at": row.created_at, "parents": list(row.parents),
-            "slots": {slot: _shortened(text) for slot, text in sorted(row.slots.items())},
-            "templates": sorted(row.templates), "val_mean": row.mean, "val_tasks": len(row.scores),
-            "scores": dict(sorted(row.scores.items())),
-            "rollouts": {mode: vars(r) for mode, r in rewards.get(row.bundle_id, {}).items()},
-            "serving": sorted(scope for scope, bundle in serving.items() if bundle == row.bundle_id),
-        } for row in reversed(rows)]  # fmt: skip
+        bundles = [
+            {
+                "bundle_id": row.bundle_id,
+                "agent": row.agent,
+                "source": row.source,
+                "run_id": row.run_id,
+                "created_at": row.created_at,
+                "parents": list(row.parents),
+                "slots": {slot: _shortened(text) for slot, text in sorted(row.slots.items())},
+                "templates": sorted(row.templates),
+                "val_mean": row.mean,
+                "val_tasks": len(row.scores),
+                "scores": dict(sorted(row.scores.items())),
+                "rollouts": {mode: vars(r) for mode, r in rewards.get(row.bundle_id, {}).items()},
+                "serving": sorted(scope for scope, bundle in serving.items() if bundle == row.bundle_id),
+            }
+            for row in reversed(rows)
+        ]
         return {"bundles": bundles, "serving": serving, "runs": sorted({row.run_id for row in stored if row.run_id})}
 
     # --- dead letters -----------------------------------------------------------------------------------
@@ -338,11 +353,16 @@ def trace_tree(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         seen.add(id(span))
         began = datetime.fromisoformat(span["Timestamp"])
-        span.update({
-            "Depth": depth, "OffsetMs": (began - start).total_seconds() * 1000, "DurationMs": span["Duration"] / 1e6,
-            "InputMessages": _parsed(span["InputMessages"]), "OutputMessages": _parsed(span["OutputMessages"]),
-            "Attributes": dict(span["Attributes"] or []),
-        })  # fmt: skip
+        span.update(
+            {
+                "Depth": depth,
+                "OffsetMs": (began - start).total_seconds() * 1000,
+                "DurationMs": span["Duration"] / 1e6,
+                "InputMessages": _parsed(span["InputMessages"]),
+                "OutputMessages": _parsed(span["OutputMessages"]),
+                "Attributes": dict(span["Attributes"] or []),
+            }
+        )
         ordered.append(span)
         stack.extend((child, depth + 1) for child in reversed(children.get(span["SpanId"], [])))
     return ordered

@@ -11,9 +11,9 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from fulmen.infra.errors import ConfigurationError, RetryableError
 from fulmen.infra.kafka.clients import admin_client, call_or_raise, start_or_raise
 from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.errors import ConfigurationError, RetryableError
 from fulmen.schemas.topics import TOPICS, Topic, min_insync_replicas, topic_name
 
 __all__ = ["TopicState", "cluster_info", "describe_topics", "ensure_topics", "partition_count"]
@@ -191,8 +191,10 @@ async def _reconcile(admin: AIOKafkaAdminClient, t: Topic, state: TopicState) ->
     if state.partitions < t.partitions:
         log.warning(
             "topic %s has %d partitions, adding up to %d: keys may map to other partitions from now on",
-            state.name, state.partitions, t.partitions,
-        )  # fmt: skip
+            state.name,
+            state.partitions,
+            t.partitions,
+        )
         response = (await admin.create_partitions({state.name: NewPartitions(t.partitions)})).to_object()
         for error in response["topic_errors"]:
             if error["error_code"] != 0:

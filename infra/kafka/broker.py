@@ -67,7 +67,7 @@ def kafka_broker(settings: FulmenSettings, **overrides: Any) -> KafkaBroker:
     """A broker for ``settings``; ``overrides`` go to :class:`KafkaBroker` (e.g. ``linger_ms=0``,
     ``max_request_size``, ``consumer_only=True`` for a process that only subscribes).
 
-    Raises :class:`~fulmen.infra.errors.ConfigurationError` for SASL/SSL settings the clients cannot use.
+    Raises :class:`~fulmen.schemas.errors.ConfigurationError` for SASL/SSL settings the clients cannot use.
     """
     kwargs = connection_kwargs(settings)
     options: dict[str, Any] = {

@@ -19,8 +19,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaConnectionError, KafkaError, NodeNotReadyError
 from aiokafka.helpers import create_ssl_context
 
-from fulmen.infra.errors import BrokerUnavailableError, ConfigurationError
 from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.errors import BrokerUnavailableError, ConfigurationError
 from fulmen.schemas.topics import group_name
 
 __all__ = [

@@ -33,9 +33,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fulmen.infra.errors import BrokerUnavailableError, ConfigurationError
 from fulmen.infra.kafka.local import BrokerStatus, ClusterRole, LocalKafka, Voter, base64_uuid, process_alive
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
+from fulmen.schemas.errors import BrokerUnavailableError, ConfigurationError
 
 __all__ = ["ClusterStatus", "LocalCluster", "running_layouts", "stop_all"]
 
@@ -207,8 +207,10 @@ class LocalCluster:
             log.warning(
                 "a single-node Kafka's data is in %s: the %d-node cluster in %s is a new cluster without its "
                 "topics and offsets (it is kept; unset FULMEN_BROKER_NODES to run it again)",
-                self.data_dir, self.size, self.home,
-            )  # fmt: skip
+                self.data_dir,
+                self.size,
+                self.home,
+            )
         cluster_id = base64_uuid()
         quorum = ",".join(f"{n.node_id}@{n.broker.host}:{n.broker.controller_port}:{base64_uuid()}" for n in self.nodes)
         for node in self.nodes:
@@ -282,9 +284,9 @@ def _started_node(path: Path, *, cluster: bool) -> LocalKafka | None:
         return None
     props = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
     listeners = dict(
-        (name, address.rpartition(":")) for name, _, address in
-        (item.partition("://") for item in props.get("listeners", "").split(","))
-    )  # fmt: skip
+        (name, address.rpartition(":"))
+        for name, _, address in (item.partition("://") for item in props.get("listeners", "").split(","))
+    )
     try:
         host, _, port = listeners["PLAINTEXT"]
         controller = int(listeners["CONTROLLER"][2])
@@ -310,8 +312,9 @@ def _stop_nodes(nodes: list[LocalKafka], grace_s: float) -> bool:
         time.sleep(0.1)
     for node, pid in pids.items():
         if process_alive(pid):
-            log.warning("local Kafka node %d (pid %d) ignored SIGTERM for %.0fs: killing it", node.node_id, pid,
-                        grace_s)  # fmt: skip
+            log.warning(
+                "local Kafka node %d (pid %d) ignored SIGTERM for %.0fs: killing it", node.node_id, pid, grace_s
+            )
             os.kill(pid, signal.SIGKILL)
             while process_alive(pid):
                 time.sleep(0.05)

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from fulmen.infra.errors import BrokerUnavailableError, ConfigurationError
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
+from fulmen.schemas.errors import BrokerUnavailableError, ConfigurationError
 from fulmen.schemas.topics import min_insync_replicas
 
 __all__ = ["BrokerStatus", "ClusterRole", "LocalKafka", "Voter", "port_is_free", "process_alive"]
@@ -145,11 +145,21 @@ class LocalKafka:
         log.info("fetching Apache Kafka %s jars from Maven Central into %s", self.broker.version, self.libs_dir)
         with resources.as_file(pom) as pom_path:
             result = subprocess.run(
-                [mvn, "-q", "-B", "-f", str(pom_path), "dependency:copy-dependencies",
-                 f"-Dkafka.version={self.broker.version}", f"-DoutputDirectory={staging}",
-                 "-DincludeScope=runtime"],
-                capture_output=True, text=True, check=False,
-            )  # fmt: skip
+                [
+                    mvn,
+                    "-q",
+                    "-B",
+                    "-f",
+                    str(pom_path),
+                    "dependency:copy-dependencies",
+                    f"-Dkafka.version={self.broker.version}",
+                    f"-DoutputDirectory={staging}",
+                    "-DincludeScope=runtime",
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
         if result.returncode != 0 or not any(staging.glob("kafka_2.13-*.jar")):
             shutil.rmtree(staging, ignore_errors=True)
             tail = (result.stdout + result.stderr).strip().splitlines()[-_LOG_TAIL_LINES:]
@@ -201,8 +211,13 @@ class LocalKafka:
             self.format(base64_uuid())
         process = self._spawn(java, libs)
         self.pid_file.write_text(str(process.pid))
-        log.info("local Kafka node %d starting: pid %d on %s, log %s", self.node_id, process.pid, self.bootstrap,
-                 self.log_file)  # fmt: skip
+        log.info(
+            "local Kafka node %d starting: pid %d on %s, log %s",
+            self.node_id,
+            process.pid,
+            self.bootstrap,
+            self.log_file,
+        )
         return process
 
     def stop(self, grace_s: float = 30.0) -> bool:
@@ -311,10 +326,21 @@ class LocalKafka:
         self._write_properties()
         quorum = ["--standalone"] if initial_controllers is None else ["--initial-controllers", initial_controllers]
         result = subprocess.run(
-            [java, "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format", *quorum,
-             f"--cluster-id={cluster_id}", "-c", str(self.properties_file)],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
+            [
+                java,
+                "-cp",
+                f"{libs}/*",
+                "kafka.tools.StorageTool",
+                "format",
+                *quorum,
+                f"--cluster-id={cluster_id}",
+                "-c",
+                str(self.properties_file),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if result.returncode != 0:
             raise ConfigurationError(
                 f"formatting the Kafka storage in {self.logs_dir} failed: {(result.stdout + result.stderr).strip()}"
@@ -329,10 +355,20 @@ class LocalKafka:
         # Several nodes share the machine's cores: each JVM keeps its garbage collector to one thread.
         gc_threads = ["-XX:ParallelGCThreads=1", "-XX:ConcGCThreads=1"] if self.role is not None else []
         command = [
-            java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", *gc_threads,
-            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={log4j_copy}",
-            f"-Dkafka.logs.dir={self.data_dir}", "-cp", f"{libs}/*", "kafka.Kafka", str(self.properties_file),
-        ]  # fmt: skip
+            java,
+            f"-Xms{heap}",
+            f"-Xmx{heap}",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            *gc_threads,
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={log4j_copy}",
+            f"-Dkafka.logs.dir={self.data_dir}",
+            "-cp",
+            f"{libs}/*",
+            "kafka.Kafka",
+            str(self.properties_file),
+        ]
         with open(self.log_file, "ab") as log_out:
             return subprocess.Popen(
                 command, stdout=log_out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True

@@ -1,4 +1,4 @@
-"""The Kafka offset layer every consumer loop uses: what may be committed, committing it, retries, rebalances.
+"""The Kafka offset layer every consumer loop uses: what may be committed, committing it, rebalances.
 
 A loop that finishes records out of order (rollouts run concurrently, groups are trained on when complete,
 builds wait out a late window) tracks them in an :class:`OffsetTracker`: per partition, the committable offset
@@ -14,7 +14,7 @@ Lifecycle, per consumer::
 :func:`commit_offsets` sends only the offsets of partitions still assigned and turns the errors of a rebalance
 (``CommitFailedError``, ``IllegalStateError``, rebalance in progress, illegal generation, unknown member) into a
 warning and an empty result: the partitions' new owner reads from the last committed offset, and the loop goes
-on. Any other ``KafkaError`` is raised as :class:`~fulmen.infra.errors.RetryableError`.
+on. Any other ``KafkaError`` is raised as :class:`~fulmen.schemas.errors.RetryableError`.
 
 :class:`RebalanceListener` hands a rebalance to the loop that owns the offsets (a :class:`PartitionOwner`): on
 revoke it commits what is finished of the revoked partitions and forgets them; on assign it resets their
@@ -24,14 +24,11 @@ stop event is set.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import enum
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
-from typing import Any, Protocol, TypeVar, overload
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any, Protocol, TypeVar
 
 from aiokafka import ConsumerRebalanceListener
 from aiokafka.errors import (
@@ -44,22 +41,18 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
-from fulmen.infra.errors import RetryableError
+from fulmen.schemas.errors import RetryableError
 
 __all__ = [
     "REBALANCE_ERRORS",
-    "STOPPED",
     "Committer",
     "FinishedOffsets",
     "OffsetTracker",
     "PartitionOwner",
     "RebalanceListener",
-    "Stopped",
-    "backoff_s",
     "commit_finished",
     "commit_offsets",
     "describe_offsets",
-    "retrying",
 ]
 
 log = logging.getLogger(__name__)
@@ -73,8 +66,6 @@ REBALANCE_ERRORS: tuple[type[KafkaError], ...] = (
     UnknownMemberIdError,
 )
 """Commit errors that mean "the group moved on": the commit is dropped, never retried, never fatal."""
-
-_MAX_DOUBLINGS = 6  # backoff_s doubles the base at most this often (so the power never overflows)
 
 
 # --- lowest unfinished offset per partition ---------------------------------------------------------------------
@@ -217,8 +208,10 @@ async def commit_offsets(
     except REBALANCE_ERRORS as exc:
         logger.warning(
             "%s: commit of %s refused after a rebalance; the new owner reads from the last committed offset: %s",
-            what, describe_offsets(mine), exc,
-        )  # fmt: skip
+            what,
+            describe_offsets(mine),
+            exc,
+        )
         return {}
     except KafkaError as exc:
         raise RetryableError(f"{what}: committing {describe_offsets(mine)} failed: {exc}") from exc
@@ -287,74 +280,3 @@ class RebalanceListener(ConsumerRebalanceListener):
 
 def _describe_partitions(partitions: list[TopicPartition]) -> str:
     return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions) or "none"
-
-
-# --- retries ----------------------------------------------------------------------------------------------------
-class Stopped(enum.Enum):
-    """What :func:`retrying` returns when its stop event was set before an attempt succeeded."""
-
-    STOPPED = "stopped"
-
-
-STOPPED = Stopped.STOPPED
-
-
-def backoff_s(attempt: int, base_s: float, longest_s: float = 30.0) -> float:
-    """The wait before retry ``attempt`` (1 after the first failure): ``base_s`` doubled per attempt (at most
-    ``_MAX_DOUBLINGS`` times), at most ``longest_s``."""
-    return min(longest_s, base_s * 2 ** min(max(attempt, 0), _MAX_DOUBLINGS))
-
-
-@overload
-async def retrying(
-    fn: Callable[[], Awaitable[T]],
-    *,
-    what: str,
-    retry_on: tuple[type[BaseException], ...],
-    base_s: float,
-    longest_s: float = ...,
-    stop: None = None,
-    logger: logging.Logger = ...,
-) -> T: ...
-
-
-@overload
-async def retrying(
-    fn: Callable[[], Awaitable[T]],
-    *,
-    what: str,
-    retry_on: tuple[type[BaseException], ...],
-    base_s: float,
-    longest_s: float = ...,
-    stop: asyncio.Event,
-    logger: logging.Logger = ...,
-) -> T | Stopped: ...
-
-
-async def retrying(
-    fn: Callable[[], Awaitable[T]],
-    *,
-    what: str,
-    retry_on: tuple[type[BaseException], ...],
-    base_s: float,
-    longest_s: float = 30.0,
-    stop: asyncio.Event | None = None,
-    logger: logging.Logger = log,
-) -> T | Stopped:
-    """``await fn()`` until it returns without raising one of ``retry_on`` (anything else propagates), waiting
-    :func:`backoff_s` between attempts and logging each failure as a warning. Without ``stop`` it never gives
-    up; with it, :data:`STOPPED` once ``stop`` is set before an attempt succeeded (the wait is cut short)."""
-    attempt = 0
-    while stop is None or not stop.is_set():
-        try:
-            return await fn()
-        except retry_on as exc:
-            attempt += 1
-            delay = backoff_s(attempt, base_s, longest_s)
-            logger.warning("%s failed (attempt %d), retrying in %.1fs: %s", what, attempt, delay, exc)
-            if stop is None:
-                await asyncio.sleep(delay)
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
-    return STOPPED

@@ -70,8 +70,9 @@ async def read_prompt_promotions(settings: FulmenSettings) -> list[PromptPromoti
     return await read_to_end(settings, TopicKey.PROMPT_PROMOTIONS, PromptPromotion)
 
 
-async def decide_prompt(settings: FulmenSettings, action: PromotionAction, bundle_id: str | None, agent: str | None,
-                        reason: str) -> PromptPromotion:  # fmt: skip
+async def decide_prompt(
+    settings: FulmenSettings, action: PromotionAction, bundle_id: str | None, agent: str | None, reason: str
+) -> PromptPromotion:
     """Promote ``bundle_id`` (it must be on the prompts topic) or roll back (to the bundle that served in the scope
     before); the event, once Kafka acknowledged it. InvalidPromptError for an unknown bundle or nothing to roll
     back."""

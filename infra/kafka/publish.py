@@ -19,9 +19,9 @@ from typing import Any, Protocol
 from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
 
-from fulmen.infra.errors import BrokerUnavailableError
 from fulmen.infra.kafka.broker import broker_producer, endpoint_title
 from fulmen.schemas.codec import encode
+from fulmen.schemas.errors import BrokerUnavailableError
 from fulmen.schemas.events import Event
 from fulmen.schemas.topics import TOPICS, TopicKey, topic
 

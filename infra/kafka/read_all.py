@@ -14,11 +14,11 @@ from typing import TypeVar
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
-from fulmen.infra.errors import BrokerUnavailableError, DecodeError
 from fulmen.infra.kafka.admin import partition_count
 from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas.codec import decode
+from fulmen.schemas.errors import BrokerUnavailableError, DecodeError
 from fulmen.schemas.events import Event
 from fulmen.schemas.topics import TopicKey, topic_name
 
@@ -32,8 +32,9 @@ READ_TIMEOUT_S = 60.0
 """How long reading a topic to its end may take before it counts as a broker outage."""
 
 
-async def read_to_end(settings: FulmenSettings, key: TopicKey, event_type: type[E], *,
-                      timeout_s: float = READ_TIMEOUT_S) -> list[E]:  # fmt: skip
+async def read_to_end(
+    settings: FulmenSettings, key: TopicKey, event_type: type[E], *, timeout_s: float = READ_TIMEOUT_S
+) -> list[E]:
     """Every ``event_type`` on topic ``key`` now, in offset order per partition (partitions one after the other).
 
     Raises :class:`BrokerUnavailableError` when the broker does not answer within ``timeout_s``."""
@@ -65,8 +66,9 @@ def _decoded(records: list, event_type: type[E]) -> list[E]:
     events = []
     for record in records:
         try:
-            events.append(decode(event_type, record.value, topic=record.topic, partition=record.partition,
-                                 offset=record.offset))  # fmt: skip
+            events.append(
+                decode(event_type, record.value, topic=record.topic, partition=record.partition, offset=record.offset)
+            )
         except DecodeError as exc:
             log.error("skipping an unreadable %s: %s", event_type.__name__, exc)
     return events

@@ -6,8 +6,15 @@ from fulmen.infra.store.sql_guard import ReadOnlyError
 from fulmen.infra.store.store import EncodedRows, Store
 
 __all__ = [
-    "EncodedRows", "QueryResult", "ReadEndpoint", "ReadOnlyError", "RemoteReader", "SqlReader", "Store", "open_reader",
-]  # fmt: skip
+    "EncodedRows",
+    "QueryResult",
+    "ReadEndpoint",
+    "ReadOnlyError",
+    "RemoteReader",
+    "SqlReader",
+    "Store",
+    "open_reader",
+]
 
 
 def open_reader(settings):

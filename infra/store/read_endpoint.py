@@ -32,11 +32,11 @@ import httpx
 import pyarrow as pa
 from aiohttp import web
 
-from fulmen.infra.errors import ConfigurationError, PoisonInputError, RetryableError
 from fulmen.infra.http import bearer_auth_middleware, body_limit_middleware, is_loopback, read_body, server_options
 from fulmen.infra.store.reads import QueryResult, SqlReader
 from fulmen.infra.store.sql_guard import ReadOnlyError
 from fulmen.infra.store.store import Store
+from fulmen.schemas.errors import ConfigurationError, PoisonInputError, RetryableError
 
 __all__ = ["ReadEndpoint", "RemoteReader"]
 

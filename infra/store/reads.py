@@ -36,9 +36,9 @@ from clickhouse_connect.driver.binding import finalize_query
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
-from fulmen.infra.errors import PoisonInputError, RetryableError
 from fulmen.infra.settings import ClickHouseSettings
 from fulmen.infra.store.sql_guard import OUTPUT_FORMAT, ReadOnlyError, ReadStatement, check_read
+from fulmen.schemas.errors import PoisonInputError, RetryableError
 
 __all__ = ["Parameters", "QueryResult", "SqlReader", "bind_parameters", "read_limits"]
 

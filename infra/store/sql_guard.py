@@ -29,7 +29,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from fulmen.infra.errors import PoisonInputError
+from fulmen.schemas.errors import PoisonInputError
 
 __all__ = [
     "FORBIDDEN_FUNCTIONS",
@@ -56,22 +56,58 @@ _READ_ROOTS = frozenset(
 # Query nodes that may appear anywhere below a read root.
 _QUERY_NODES = _READ_ROOTS | {"SelectQuery", "SelectIntersectExceptQuery", "TablesInSelectQuery", "Explain"}
 _EXPLAIN_KINDS = frozenset(
-    {"EXPLAIN", "EXPLAIN AST", "EXPLAIN SYNTAX", "EXPLAIN QUERY TREE", "EXPLAIN PLAN", "EXPLAIN PIPELINE",
-     "EXPLAIN ESTIMATE"}
-)  # fmt: skip
+    {
+        "EXPLAIN",
+        "EXPLAIN AST",
+        "EXPLAIN SYNTAX",
+        "EXPLAIN QUERY TREE",
+        "EXPLAIN PLAN",
+        "EXPLAIN PIPELINE",
+        "EXPLAIN ESTIMATE",
+    }
+)
 
 TABLE_FUNCTIONS = frozenset(
     {"numbers", "numbers_mt", "zeros", "zeros_mt", "values", "generate_series", "generateseries", "view", "null"}
 )
 FORBIDDEN_FUNCTIONS = frozenset(
-    {"file", "sleep", "sleepeachrow", "catboostevaluate", "addresstoline", "addresstolinewithinlines",
-     "addresstosymbol", "demangle", "getmacro", "getserversetting"}
-)  # fmt: skip
+    {
+        "file",
+        "sleep",
+        "sleepeachrow",
+        "catboostevaluate",
+        "addresstoline",
+        "addresstolinewithinlines",
+        "addresstosymbol",
+        "demangle",
+        "getmacro",
+        "getserversetting",
+    }
+)
 SYSTEM_TABLES = frozenset(
-    {"tables", "columns", "databases", "parts", "parts_columns", "one", "functions", "table_functions",
-     "formats", "data_type_families", "settings", "merges", "mutations", "metrics", "events",
-     "asynchronous_metrics", "numbers", "numbers_mt", "zeros", "contributors"}
-)  # fmt: skip
+    {
+        "tables",
+        "columns",
+        "databases",
+        "parts",
+        "parts_columns",
+        "one",
+        "functions",
+        "table_functions",
+        "formats",
+        "data_type_families",
+        "settings",
+        "merges",
+        "mutations",
+        "metrics",
+        "events",
+        "asynchronous_metrics",
+        "numbers",
+        "numbers_mt",
+        "zeros",
+        "contributors",
+    }
+)
 OUTPUT_FORMAT = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,63}$")
 
 _NODE = re.compile(r"^(?P<indent> *)(?P<name>\S+)(?: (?P<arg>.*?))?(?: \(children \d+\))?$")

@@ -25,12 +25,12 @@ import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
-from fulmen.infra.errors import ConfigurationError, RetryableError
 from fulmen.infra.settings import ClickHouseSettings, FulmenSettings
 from fulmen.infra.store.params import bind_fast
 from fulmen.infra.store.reads import QueryResult, SqlReader, connect_embedded, connect_server, read_limits
 from fulmen.infra.store.sql_guard import ReadOnlyError
 from fulmen.schemas.ddl import MIGRATIONS, MIGRATIONS_TABLE, TABLES, Migration
+from fulmen.schemas.errors import ConfigurationError, RetryableError
 
 __all__ = ["EncodedRows", "QueryResult", "ReadOnlyError", "Store"]
 
@@ -101,9 +101,13 @@ class Store:
                     url = self.settings.read_url or self.settings.url
                     connect = connect_server(url.get_secret_value())  # type: ignore[union-attr]
                 self._reader = SqlReader(
-                    connect, self.client, self.database, read_limits(self.settings),
-                    embedded=self.embedded, concurrency=self.settings.read_concurrency,
-                )  # fmt: skip
+                    connect,
+                    self.client,
+                    self.database,
+                    read_limits(self.settings),
+                    embedded=self.embedded,
+                    concurrency=self.settings.read_concurrency,
+                )
             return self._reader
 
     # --- schema ---------------------------------------------------------------------------------------------
@@ -123,9 +127,10 @@ class Store:
             for statement in migration.render(self.database):
                 self.command(statement)
             self.client.insert(
-                f"{self.database}.{MIGRATIONS_TABLE}", [[migration.version, migration.name]],
+                f"{self.database}.{MIGRATIONS_TABLE}",
+                [[migration.version, migration.name]],
                 column_names=["Version", "Name"],
-            )  # fmt: skip
+            )
             log.info("store migration %d applied: %s", migration.version, migration.name)
             applied.append(migration)
         if self.embedded:
@@ -168,8 +173,13 @@ class Store:
         if batch.num_rows == 0:
             return 0
         try:
-            self.client.raw_insert(self.table(table), list(batch.columns), batch.data, fmt=batch.fmt,
-                                   settings=_INPUT_SETTINGS.get(batch.fmt))  # fmt: skip
+            self.client.raw_insert(
+                self.table(table),
+                list(batch.columns),
+                batch.data,
+                fmt=batch.fmt,
+                settings=_INPUT_SETTINGS.get(batch.fmt),
+            )
         except ClickHouseError as exc:
             raise RetryableError(f"insert into {self.table(table)} ({batch.num_rows} rows) failed: {exc}") from exc
         return batch.num_rows
@@ -249,9 +259,13 @@ def engine_options(settings: ClickHouseSettings) -> dict[str, int]:
 
 
 _ENGINE_CACHES = (
-    "mark_cache_size", "index_mark_cache_size", "primary_index_cache_size", "vector_similarity_index_cache_size",
-    "text_index_header_cache_size", "text_index_postings_cache_size",
-)  # fmt: skip
+    "mark_cache_size",
+    "index_mark_cache_size",
+    "primary_index_cache_size",
+    "vector_similarity_index_cache_size",
+    "text_index_header_cache_size",
+    "text_index_postings_cache_size",
+)
 
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8

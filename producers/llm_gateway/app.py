@@ -49,7 +49,6 @@ from aiohttp import web
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from fulmen.infra.errors import BrokerUnavailableError
 from fulmen.infra.http import read_body
 from fulmen.infra.kafka.clients import producer
 from fulmen.infra.seeds import SEED_LIMIT
@@ -79,6 +78,7 @@ from fulmen.producers.llm_gateway.settings import LlmGatewaySettings, LlmSection
 from fulmen.producers.llm_gateway.spans import CallContext, build_record, parse_traceparent
 from fulmen.schemas import ModelVersion, TopicKey, semconv, topic_name
 from fulmen.schemas.codec import encode
+from fulmen.schemas.errors import BrokerUnavailableError
 from fulmen.schemas.events import IDENTIFIER_PATTERN
 from fulmen.schemas.prompts import apply as apply_bundle
 
@@ -143,8 +143,11 @@ class LlmGateway(Gateway):
     # --- lifecycle hooks (the order is Gateway's) ---------------------------------------------------------------
     def _add_routes(self, app: web.Application) -> None:
         rollouts = ("/rollout/{rollout_id}/attempt/{attempt}", "/rollout/{rollout_id}/attempt/{attempt}/seed/{seed}")
-        scoped = [f"{rollout}{tail}" for rollout in rollouts
-                  for tail in ("", "/agent/{agent}", "/bundle/{bundle}", "/bundle/{bundle}/agent/{agent}")]  # fmt: skip
+        scoped = [
+            f"{rollout}{tail}"
+            for rollout in rollouts
+            for tail in ("", "/agent/{agent}", "/bundle/{bundle}", "/bundle/{bundle}/agent/{agent}")
+        ]
         for prefix in ("", "/agent/{agent}", *scoped):
             app.router.add_post(f"{prefix}/v1/chat/completions", self.handle_chat)
             app.router.add_post(f"{prefix}/v1/completions", self.handle_completion)
@@ -255,8 +258,9 @@ class LlmGateway(Gateway):
             except FeedbackRequestError as exc:
                 raise ApiError(400, exc.message, param=exc.param) from None
             labelled = [("content-type", b"application/json")]  # as EventPublisher labels events
-            await self._send(self.feedback_topic, feedback.target_id.encode(), encode(feedback), "the feedback",
-                             headers=labelled)  # fmt: skip
+            await self._send(
+                self.feedback_topic, feedback.target_id.encode(), encode(feedback), "the feedback", headers=labelled
+            )
         except ApiError as exc:
             return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
         except web.HTTPException as exc:  # 408/413/400 from reading the body
@@ -264,13 +268,19 @@ class LlmGateway(Gateway):
             response.force_close()
             return response
         self.stats.feedback += 1
-        log.info("feedback %s for %s %s: %s=%g", feedback.feedback_id, feedback.target.value, feedback.target_id,
-                 feedback.name, feedback.value)  # fmt: skip
+        log.info(
+            "feedback %s for %s %s: %s=%g",
+            feedback.feedback_id,
+            feedback.target.value,
+            feedback.target_id,
+            feedback.name,
+            feedback.value,
+        )
         return web.json_response({"feedback_id": feedback.feedback_id}, status=202)
 
-    async def _apply_prompts(self, named: str | None, agent: str | None, body: dict[str, Any], parsed: Any) -> tuple[
-        dict[str, Any], Any, str | None, tuple[str, ...]
-    ]:  # fmt: skip
+    async def _apply_prompts(
+        self, named: str | None, agent: str | None, body: dict[str, Any], parsed: Any
+    ) -> tuple[dict[str, Any], Any, str | None, tuple[str, ...]]:
         """The call with its prompt bundle applied (the one its rollout names, else the one in force for its agent):
         the body (what the span records) and the parsed request (what is tokenised) both carry the bundle's texts.
         Returns ``(body, parsed, bundle id or None, slots applied)``; 404 for a bundle that is not known in time.
@@ -289,8 +299,9 @@ class LlmGateway(Gateway):
         body = {**body, "messages": apply_bundle(bundle, body.get("messages", []))[0]}
         return body, dataclasses.replace(parsed, messages=messages, raw=body), bundle.bundle_id, tuple(slots)
 
-    def _seeded(self, request: web.Request, rollout_id: str | None, attempt: int | None, body: dict[str, Any],
-                parsed: Any) -> tuple[dict[str, Any], Any]:  # fmt: skip
+    def _seeded(
+        self, request: web.Request, rollout_id: str | None, attempt: int | None, body: dict[str, Any], parsed: Any
+    ) -> tuple[dict[str, Any], Any]:
         """The call with its own seed when its rollout is seeded (``/seed/{seed}`` in the path) and the call names
         none (:mod:`~fulmen.producers.llm_gateway.call_seeds`); the body carries it too, so the span records it and
         an upstream backend forwards it."""
@@ -377,8 +388,9 @@ def _agent(request: web.Request) -> str | None:
 def _bundle(request: web.Request) -> str | None:
     bundle = request.match_info.get("bundle")
     if bundle is not None and not _BUNDLE.fullmatch(bundle):
-        raise ApiError(400, f"prompt bundle {bundle[:200]!r} in the path is not a bundle id (pb-<12 hex>)",
-                       param="bundle")  # fmt: skip
+        raise ApiError(
+            400, f"prompt bundle {bundle[:200]!r} in the path is not a bundle id (pb-<12 hex>)", param="bundle"
+        )
     return bundle
 
 

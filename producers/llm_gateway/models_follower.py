@@ -15,7 +15,7 @@ that fails to load is logged and skipped: the gateway keeps serving the one it h
 and skipped (the gateway has no dead-letter topic of its own; the ``model_versions`` sink dead-letters it).
 
 :class:`PromotionsFollower` (``FULMEN_LLM_FOLLOW=promoted``: a gateway for agents in production) follows the
-compacted promotions topic instead (:mod:`fulmen.algorithm.promotion`): the version in force is the LATEST
+compacted promotions topic instead (:mod:`fulmen.algorithm.service.promotion`): the version in force is the LATEST
 ``promote`` or ``rollback`` of the model, older or newer than the one served (a rollback goes back), and it is
 loaded when it is not the one the gateway serves (compared by run and version: two runs both have a version 3).
 Rejections are skipped.
@@ -95,7 +95,7 @@ class TopicFollower:
         """Start following; return once every record up to the end offsets found now was handled (then
         :meth:`_on_caught_up` ran).
 
-        Raises :class:`~fulmen.infra.errors.BrokerUnavailableError` when the broker does not answer in time.
+        Raises :class:`~fulmen.schemas.errors.BrokerUnavailableError` when the broker does not answer in time.
         """
         partitions = [TopicPartition(self.topic, p) for p in range(await partition_count(self.settings, self.topic))]
         self._started = True
@@ -196,8 +196,9 @@ class ModelsFollower(TopicFollower):
                 await self.load(event)
             except Exception:
                 what = f"agent {event.adapter}'s adapter" if event.adapter else "model"
-                log.exception("could not load %s version %d from %s; still serving %s", what, event.version, event.uri,
-                              current)  # fmt: skip
+                log.exception(
+                    "could not load %s version %d from %s; still serving %s", what, event.version, event.uri, current
+                )
 
 
 class PromotionsFollower(ModelsFollower):
@@ -238,8 +239,13 @@ class PromotionsFollower(ModelsFollower):
             try:
                 await self.load(event)
             except Exception:
-                log.exception("could not load the promoted version %d (run %s) from %s; still serving %s",
-                              event.version, event.run_id, event.uri, self._applied.get(event.adapter))  # fmt: skip
+                log.exception(
+                    "could not load the promoted version %d (run %s) from %s; still serving %s",
+                    event.version,
+                    event.run_id,
+                    event.uri,
+                    self._applied.get(event.adapter),
+                )
                 return
             self._applied[event.adapter] = key
             log.info("serving the promoted version %d of %s (run %s)", event.version, event.model_name, event.run_id)

@@ -56,8 +56,12 @@ class PromptRegistry:
         for event in promotions:
             self.in_force[event.agent] = event
             scope = f"agent {event.agent}" if event.agent else "every agent"
-            log.info("prompt bundle in force for %s: %s (%s)", scope, event.bundle_id or "the agent's own prompts",
-                     event.action.value)  # fmt: skip
+            log.info(
+                "prompt bundle in force for %s: %s (%s)",
+                scope,
+                event.bundle_id or "the agent's own prompts",
+                event.action.value,
+            )
 
     def serving(self, agent: str | None) -> str:
         """The bundle id a call of ``agent`` naming none gets (``""``: none)."""
@@ -77,8 +81,11 @@ class PromptRegistry:
         if not named:  # a promotion whose bundle is not here (yet): calls go on unchanged rather than fail
             if bundle_id not in self._missing:
                 self._missing.add(bundle_id)
-                log.warning("the promoted prompt bundle %s is not on the prompts topic; calls are served unchanged "
-                            "until it arrives", bundle_id)  # fmt: skip
+                log.warning(
+                    "the promoted prompt bundle %s is not on the prompts topic; calls are served unchanged "
+                    "until it arrives",
+                    bundle_id,
+                )
             return None
         try:
             async with asyncio.timeout(self.wait_s), self._arrived:
@@ -95,8 +102,13 @@ class PromptRegistry:
 class _RegistryFollower(TopicFollower):
     """Feeds every readable event of one topic (``key``, carrying ``event_type``) into ``feed``, batch by batch."""
 
-    def __init__(self, settings: FulmenSettings, key: TopicKey, event_type: type[Event],
-                 feed: Callable[[list[Any]], Awaitable[None]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: FulmenSettings,
+        key: TopicKey,
+        event_type: type[Event],
+        feed: Callable[[list[Any]], Awaitable[None]],
+    ) -> None:
         self.key = key
         self.what = f"{key.value} follower"
         self.event_type = event_type

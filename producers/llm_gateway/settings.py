@@ -33,10 +33,13 @@ class LlmSection(BaseModel):
     served_model_name: str = Field(default="fulmen", description="the name agents ask for (also /v1/models)")
     model_version: int | None = Field(default=None, ge=0, description="version of the initial model, if known")
     follow_models: bool = Field(default=True, description="load each new version published on fulmen.models")
-    follow: Literal["newest", "promoted"] = Field(default="newest", description="newest: serve each new version "
-                                                  "(training); promoted: serve the version in force on "
-                                                  "fulmen.promotions, rollbacks included (agents in production; "
-                                                  "fulmen.algorithm.promotion)")  # fmt: skip
+    follow: Literal["newest", "promoted"] = Field(
+        default="newest",
+        description="newest: serve each new version "
+        "(training); promoted: serve the version in force on "
+        "fulmen.promotions, rollbacks included (agents in production; "
+        "fulmen.algorithm.service.promotion)",
+    )
     device: str = Field(
         default="auto",
         description="transformers: cpu, cuda, cuda:N or auto; a comma-separated list puts replica i on device i mod "
@@ -47,9 +50,12 @@ class LlmSection(BaseModel):
     )
     dtype: str = Field(default="auto", description="transformers: auto, float32, bfloat16 or float16")
     max_model_len: int | None = Field(default=None, ge=16, description="context limit; default: the model's")
-    chat_template: str = Field(default="", description="transformers/llamacpp: a Jinja chat template file that "
-                               "replaces the tokenizer's (as vLLM's --chat-template), or 'chatml-tools' (built in: "
-                               "tools as <tool_call> blocks); default: the model's own")  # fmt: skip
+    chat_template: str = Field(
+        default="",
+        description="transformers/llamacpp: a Jinja chat template file that "
+        "replaces the tokenizer's (as vLLM's --chat-template), or 'chatml-tools' (built in: "
+        "tools as <tool_call> blocks); default: the model's own",
+    )
     max_batch_rows: int = Field(default=32, ge=1, le=1024, description="transformers: sequences per batch")
     batch_wait_ms: float = Field(default=2.0, ge=0, le=1000, description="transformers: wait to fill a batch")
     default_max_tokens: int | None = Field(
@@ -73,16 +79,20 @@ class LlmSection(BaseModel):
         "at most 4096 (the f32 KV of every slot is allocated at start)",
     )
     llamacpp_coalesce_ms: float = Field(
-        default=10.0, ge=0, le=1000, description="llamacpp: concurrent calls with the same prompt and no seed wait "
+        default=10.0,
+        ge=0,
+        le=1000,
+        description="llamacpp: concurrent calls with the same prompt and no seed wait "
         "this long for the next such call (at most 4 times this in all) to share one prefill (0: off)",
-    )  # fmt: skip
+    )
     llamacpp_cache_ram_mb: int = Field(
         default=2048, ge=0, description="llamacpp: RAM for KV of prompts no slot holds any more (--cache-ram; 0: off)"
     )
     llamacpp_wait_policy: Literal["passive", "active"] = Field(
-        default="passive", description="llamacpp: llama-server's threads sleep (passive) or spin (active) at each "
+        default="passive",
+        description="llamacpp: llama-server's threads sleep (passive) or spin (active) at each "
         "step's barriers; spinning threads on cores the trainer or agents also use slowed it 4x (OMP_WAIT_POLICY)",
-    )  # fmt: skip
+    )
     llamacpp_start_timeout_s: float = Field(
         default=120.0, gt=0, description="llamacpp: how long llama-server may take to load a version"
     )

@@ -35,13 +35,13 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from google.rpc import status_pb2
 
-from fulmen.infra.errors import PoisonInputError
 from fulmen.infra.http import read_body
 from fulmen.infra.kafka.clients import producer
 from fulmen.producers.gateway import Gateway, GatewayStats
 from fulmen.producers.otlp_gateway.decoding import BodyDecoder, DecoderCrashedError
 from fulmen.producers.otlp_gateway.otlp import Prepared, encode_response
 from fulmen.producers.otlp_gateway.settings import OtlpGatewaySettings, OtlpSection
+from fulmen.schemas.errors import PoisonInputError
 from fulmen.schemas.topics import TopicKey, topic_name
 
 __all__ = ["OtlpGateway", "OtlpGatewayStats"]
@@ -175,8 +175,10 @@ class OtlpGateway(Gateway):
         callback per record in a single turn of the event loop (10,000 of those held it ~300 ms).
         """
         records = [(self.topic, key, value) for key, value in zip(prepared.keys, prepared.values, strict=True)]
-        records += [(self.feedback_topic, key, value)  # what the spans' evaluation events rate (evaluations.py)
-                    for key, value in zip(prepared.feedback_keys, prepared.feedback_values, strict=True)]  # fmt: skip
+        records += [
+            (self.feedback_topic, key, value)  # what the spans' evaluation events rate (evaluations.py)
+            for key, value in zip(prepared.feedback_keys, prepared.feedback_values, strict=True)
+        ]
         sizes = [len(value) for _, _, value in records]
         self.stats.inflight_bytes += sum(sizes)
         handed: list[asyncio.Future] = []

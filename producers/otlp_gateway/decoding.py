@@ -26,8 +26,8 @@ import signal
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from fulmen.infra.errors import FulmenError
 from fulmen.producers.otlp_gateway.otlp import Prepared, prepare
+from fulmen.schemas.errors import FulmenError
 
 __all__ = ["BodyDecoder", "DecoderCrashedError"]
 
@@ -67,8 +67,9 @@ class BodyDecoder:
             if executor is self._pool:
                 self._pool = None
                 executor.shutdown(wait=False, cancel_futures=True)
-            log.error("an OTLP decoding process died while decoding a %d-byte body (exit codes %s): %s",
-                      len(body), codes, exc)  # fmt: skip
+            log.error(
+                "an OTLP decoding process died while decoding a %d-byte body (exit codes %s): %s", len(body), codes, exc
+            )
             raise DecoderCrashedError(f"the decoding process died while decoding this body ({exc})") from None
 
     def close(self) -> None:
@@ -79,8 +80,11 @@ class BodyDecoder:
 
     def _process_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            log.info("starting %d OTLP decoding processes (bodies of %d bytes and up)", self.processes,
-                     self.process_body_bytes)  # fmt: skip
+            log.info(
+                "starting %d OTLP decoding processes (bodies of %d bytes and up)",
+                self.processes,
+                self.process_body_bytes,
+            )
             self._pool = ProcessPoolExecutor(
                 self.processes, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker
             )

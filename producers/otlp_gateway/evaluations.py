@@ -51,11 +51,18 @@ def evaluation_feedback(request: ExportTraceServiceRequest) -> list[Feedback]:
         comment = ": ".join(str(attributes[key]) for key in said if key in attributes)
         where = f"{span.trace_id.hex()}/{span.span_id.hex()}/{index}"
         try:
-            found.append(Feedback(
-                feedback_id=f"otel-{hashlib.sha256(where.encode()).hexdigest()[:32]}", target=FeedbackTarget.RESPONSE,
-                target_id=response_id, name="reward", value=float(score), source=SOURCE, comment=comment[:4096],
-                timestamp=datetime.fromtimestamp((event.time_unix_nano or span.end_time_unix_nano) / 1e9, UTC),
-            ))  # fmt: skip
+            found.append(
+                Feedback(
+                    feedback_id=f"otel-{hashlib.sha256(where.encode()).hexdigest()[:32]}",
+                    target=FeedbackTarget.RESPONSE,
+                    target_id=response_id,
+                    name="reward",
+                    value=float(score),
+                    source=SOURCE,
+                    comment=comment[:4096],
+                    timestamp=datetime.fromtimestamp((event.time_unix_nano or span.end_time_unix_nano) / 1e9, UTC),
+                )
+            )
         except (ValidationError, ValueError, OverflowError, OSError):
             continue  # not what the contract takes (an id with spaces, a timestamp out of range): the span stays
     return found

@@ -21,9 +21,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from fulmen.infra.errors import PoisonInputError
 from fulmen.producers.otlp_gateway.evaluations import EVALUATION_EVENT, evaluation_feedback
 from fulmen.schemas.codec import encode
+from fulmen.schemas.errors import PoisonInputError
 
 try:  # the split on the wire bytes (native/otlp_rows/src/wire.rs); without cargo at install, the reference below
     from fulmen.infra._otlp_rows import split_traces as _split_on_wire

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fulmen.infra.errors import ConfigurationError
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import IDENTIFIER_PATTERN
 
 _AGENT_SUFFIX = re.compile(r"/agent/[^/]+$")

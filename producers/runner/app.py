@@ -52,7 +52,6 @@ from aiokafka.structs import ConsumerRecord
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Status, StatusCode
 
-from fulmen.infra.errors import DecodeError
 from fulmen.infra.kafka.admin import partition_count
 from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.clients import admin_client, close_quietly, consumer, consumer_group, producer, start_or_raise
@@ -67,6 +66,7 @@ from fulmen.producers.runner.sync import sync_caller
 from fulmen.producers.runner.tracing import CURRENT_ROLLOUT, CoalescedFlush, build_tracer_provider
 from fulmen.schemas import semconv
 from fulmen.schemas.codec import decode
+from fulmen.schemas.errors import DecodeError
 from fulmen.schemas.events import RolloutEvent, RolloutRequest, RolloutStatus, utc_now
 from fulmen.schemas.topics import TopicKey, topic_name
 
@@ -106,9 +106,12 @@ class Runner:
         self.publisher = EventPublisher(self.broker, SENDER)
         self.producer = producer(settings, linger_ms=0)  # dead letters (an aiokafka loop's, like its consumers)
         self.tasks = consumer(
-            settings, self.options.group, client_id=self.runner_id, max_poll_records=self.options.concurrency,
+            settings,
+            self.options.group,
+            client_id=self.runner_id,
+            max_poll_records=self.options.concurrency,
             fetch_max_wait_ms=50,
-        )  # fmt: skip
+        )
         self.ledger = RolloutLedger(
             consumer(settings, None, fetch_max_wait_ms=20), topic_name(TopicKey.ROLLOUTS, prefix)
         )
@@ -116,10 +119,17 @@ class Runner:
         self.provider = tracer_provider or build_tracer_provider(self.options.otlp_endpoint or None)
         self.tracer = self.provider.get_tracer("fulmen.runner")
         self.flusher = CoalescedFlush(self.provider)
-        self.sync_agent = None if inspect.iscoroutinefunction(agent) else sync_caller(
-            self.options.sync_isolation, agent, self.options.agent,
-            max_threads=self.options.max_sync_threads, otlp_endpoint=self.options.otlp_endpoint or None,
-        )  # fmt: skip
+        self.sync_agent = (
+            None
+            if inspect.iscoroutinefunction(agent)
+            else sync_caller(
+                self.options.sync_isolation,
+                agent,
+                self.options.agent,
+                max_threads=self.options.max_sync_threads,
+                otlp_endpoint=self.options.otlp_endpoint or None,
+            )
+        )
         self.running: dict[str, asyncio.Task[None]] = {}  # rollout id -> its task
         self.reporting: set[str] = set()  # of those, the ones whose agent is done (flushing and reporting)
         self.watching: list[_Pending] = []
@@ -139,8 +149,13 @@ class Runner:
                 await start_or_raise(client, self.settings, f"runner {self.runner_id}")
             await self.ledger.start(await partition_count(self.settings, self.ledger.topic))
             self.tasks.subscribe([self.tasks_topic], listener=RebalanceListener(self, f"runner {self.runner_id}"))
-            log.info("runner %s: %s with %d slots on %s", self.runner_id, self.options.agent or "agent",
-                     self.options.concurrency, self.tasks_topic)  # fmt: skip
+            log.info(
+                "runner %s: %s with %d slots on %s",
+                self.runner_id,
+                self.options.agent or "agent",
+                self.options.concurrency,
+                self.tasks_topic,
+            )
             while not stop.is_set():
                 await self.poll_once()
             await self._shutdown()
@@ -358,10 +373,17 @@ class Runner:
 
     def _event(self, request: RolloutRequest, status: RolloutStatus, **fields: Any) -> RolloutEvent:
         return RolloutEvent(
-            rollout_id=request.rollout_id, attempt=request.attempt, status=status, task_id=request.task_id,
-            group_id=request.group_id, mode=request.mode, runner_id=self.runner_id,
-            model_version=request.model_version, prompt_bundle=request.prompt_bundle, **fields,
-        )  # fmt: skip
+            rollout_id=request.rollout_id,
+            attempt=request.attempt,
+            status=status,
+            task_id=request.task_id,
+            group_id=request.group_id,
+            mode=request.mode,
+            runner_id=self.runner_id,
+            model_version=request.model_version,
+            prompt_bundle=request.prompt_bundle,
+            **fields,
+        )
 
     async def _publish_event(self, event: RolloutEvent) -> None:
         await self._publish_events(event)
@@ -383,8 +405,9 @@ class Runner:
         if every_s and now - self._committed_at < every_s:
             return
         self._committed_at = now
-        await commit_finished(self.tasks, self.offsets, what=f"runner {self.runner_id}", partitions=partitions,
-                              logger=log)  # fmt: skip
+        await commit_finished(
+            self.tasks, self.offsets, what=f"runner {self.runner_id}", partitions=partitions, logger=log
+        )
 
     async def _alive(self, runner_id: str) -> bool:
         """Whether the runner that claimed an attempt is still a member of the runners' group."""

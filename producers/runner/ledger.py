@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from fulmen.infra.errors import ConfigurationError, DecodeError
 from fulmen.schemas.codec import decode
+from fulmen.schemas.errors import ConfigurationError, DecodeError
 from fulmen.schemas.events import RolloutEvent, RolloutStatus
 
 __all__ = ["AttemptState", "RolloutLedger"]

@@ -34,10 +34,12 @@ class RunnerSection(BaseModel):
         default="http://127.0.0.1:4318/v1/traces", description="where the agents' spans go (OTLP/HTTP); '' = nowhere"
     )
     retry_backoff_s: float = Field(
-        default=2.0, ge=0, le=3600,
+        default=2.0,
+        ge=0,
+        le=3600,
         description="wait before retrying a failed or timed-out attempt, doubled for each further attempt "
         "(carried on the retry as a not-before time; other rollouts run meanwhile); 0 = retry at once",
-    )  # fmt: skip
+    )
     retry_backoff_max_s: float = Field(default=60.0, ge=0, le=24 * 3600, description="longest wait before a retry")
     retry_jitter: float = Field(
         default=0.2, ge=0, le=1, description="up to this fraction of the wait is added at random (spreads retries)"
@@ -49,10 +51,11 @@ class RunnerSection(BaseModel):
         "process per rollout, killed on timeout)",
     )
     sync_threads: int = Field(
-        default=0, ge=0, le=4096,
-        description="thread isolation: most sync agents running at once, timed-out ones included; "
-        "0 = 2 x concurrency",
-    )  # fmt: skip
+        default=0,
+        ge=0,
+        le=4096,
+        description="thread isolation: most sync agents running at once, timed-out ones included; 0 = 2 x concurrency",
+    )
 
     @property
     def longest_retry_wait_s(self) -> float:

@@ -81,9 +81,11 @@ class ThreadAgent:
                 "rollout %s attempt %s: the sync agent was given up on (timed out or shutting down) but a thread "
                 "cannot be stopped: it runs on until the agent returns (%d of %d agent threads busy). Set "
                 "FULMEN_RUNNER_SYNC_ISOLATION=process to run sync agents in a process that is killed instead",
-                request.rollout_id if request else "?", request.attempt if request else "?",
-                self.busy, self.max_threads,
-            )  # fmt: skip
+                request.rollout_id if request else "?",
+                request.attempt if request else "?",
+                self.busy,
+                self.max_threads,
+            )
             raise
         except Exception as exc:
             raise AgentError(f"{type(exc).__name__}: {exc}") from exc
@@ -105,18 +107,28 @@ class ProcessAgent:
         request = CURRENT_ROLLOUT.get()
         carrier: dict[str, str] = {}
         propagate.inject(carrier)  # the rollout span, so the agent's spans nest under it
-        return json.dumps({
-            "agent": self.path, "sys_path": sys.path, "task": task, "llm": asdict(llm),
-            "request": request.model_dump(mode="json") if request is not None else None,
-            "carrier": carrier, "otlp_endpoint": self.otlp_endpoint,
-        }).encode()  # fmt: skip
+        return json.dumps(
+            {
+                "agent": self.path,
+                "sys_path": sys.path,
+                "task": task,
+                "llm": asdict(llm),
+                "request": request.model_dump(mode="json") if request is not None else None,
+                "carrier": carrier,
+                "otlp_endpoint": self.otlp_endpoint,
+            }
+        ).encode()
 
     async def call(self, task: dict[str, Any], llm: LLMEndpoint) -> float | None:
         payload = self._payload(task, llm)
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "fulmen.producers.runner.isolated",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, start_new_session=True,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "fulmen.producers.runner.isolated",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
         self.processes.add(process.pid)
         try:
             out, _ = await process.communicate(payload)

@@ -69,10 +69,14 @@ class RolloutStamper(SpanProcessor):
         request = CURRENT_ROLLOUT.get()
         if request is None:
             return
-        span.set_attributes({
-            semconv.ROLLOUT_ID: request.rollout_id, semconv.ROLLOUT_ATTEMPT: request.attempt,
-            semconv.ROLLOUT_GROUP_ID: request.group_id, semconv.TASK_ID: request.task_id,
-        })  # fmt: skip
+        span.set_attributes(
+            {
+                semconv.ROLLOUT_ID: request.rollout_id,
+                semconv.ROLLOUT_ATTEMPT: request.attempt,
+                semconv.ROLLOUT_GROUP_ID: request.group_id,
+                semconv.TASK_ID: request.task_id,
+            }
+        )
 
     def on_end(self, span: ReadableSpan) -> None:
         return None

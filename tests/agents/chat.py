@@ -45,8 +45,12 @@ def ask_twice_and_rate_the_first(task: dict, llm) -> float:
     first = client.chat.completions.create(model=llm.model, messages=messages, max_tokens=6)
     client.chat.completions.create(model=llm.model, messages=messages, max_tokens=6)
     with trace.get_tracer("tests.judge").start_as_current_span("judge") as span:
-        span.add_event("gen_ai.evaluation.result", {
-            "gen_ai.evaluation.name": "helpfulness", "gen_ai.evaluation.score.value": float(task["score"]),
-            "gen_ai.response.id": first.id,
-        })  # fmt: skip
+        span.add_event(
+            "gen_ai.evaluation.result",
+            {
+                "gen_ai.evaluation.name": "helpfulness",
+                "gen_ai.evaluation.score.value": float(task["score"]),
+                "gen_ai.response.id": first.id,
+            },
+        )
     return 1.0

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from fulmen.algorithm.dispatcher import DatasetTask
 from fulmen.algorithm.local import LocalPlan, LocalRun, run_locally
+from fulmen.algorithm.service.dispatcher import DatasetTask
 from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.processes import Services, ServiceSpec, free_port
 from fulmen.infra.settings import FulmenSettings
@@ -33,9 +33,17 @@ CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = "tests.agents.chat:ask_twice_and_rate_the_first"
 TRAIN = {
-    "steps": 1, "group_size": 2, "groups_per_step": 2, "val_group_size": 1, "rollout_timeout_s": 120.0,
-    "max_attempts": 2, "micro_batch_size": 8, "device": "cpu", "dtype": "float32", "seed": 3,
-}  # fmt: skip
+    "steps": 1,
+    "group_size": 2,
+    "groups_per_step": 2,
+    "val_group_size": 1,
+    "rollout_timeout_s": 120.0,
+    "max_attempts": 2,
+    "micro_batch_size": 8,
+    "device": "cpu",
+    "dtype": "float32",
+    "seed": 3,
+}
 WAIT_MS = 30_000
 
 
@@ -66,10 +74,24 @@ def test_the_dashboard_shows_a_run_in_chromium(
     settings = FulmenSettings(home=tmp_path, kafka={"bootstrap": kafka_broker.bootstrap})
     plan = LocalPlan(AGENT, tiny_model, concurrency=8, run_prefix="dash")
     checked: dict[str, Any] = {}
-    run_locally(settings, plan, TRAIN, tasks("t", 2), tasks("v", 1), run_dir=tmp_path / "run",
-                after=lambda run: checked.update(browse(run, chromium_path, tmp_path)))  # fmt: skip
-    assert checked["screenshots"] == ["runs.png", "rollouts.png", "rollouts-succeeded.png", "rollout.png",
-                                      "llm-call.png", "models.png", "dead-letters.png"]  # fmt: skip
+    run_locally(
+        settings,
+        plan,
+        TRAIN,
+        tasks("t", 2),
+        tasks("v", 1),
+        run_dir=tmp_path / "run",
+        after=lambda run: checked.update(browse(run, chromium_path, tmp_path)),
+    )
+    assert checked["screenshots"] == [
+        "runs.png",
+        "rollouts.png",
+        "rollouts-succeeded.png",
+        "rollout.png",
+        "llm-call.png",
+        "models.png",
+        "dead-letters.png",
+    ]
     for name in checked["screenshots"]:
         assert (tmp_path / name).stat().st_size > 10_000, name  # a drawn page, not a blank one
 
@@ -129,9 +151,11 @@ async def poison(run: LocalRun) -> None:
 
 def settle(sql: Any) -> None:
     """Wait until the store stops changing (rollouts finished, the poison record dead-lettered)."""
-    query = "SELECT (SELECT count() FROM {db}.rollouts), (SELECT count() FROM {db}.otel_traces), " \
-            "(SELECT count() FROM {db}.dead_letters), (SELECT countIf(Status IN ('queued', 'claimed', 'running')) " \
-            "FROM {db}.rollouts)"  # fmt: skip
+    query = (
+        "SELECT (SELECT count() FROM {db}.rollouts), (SELECT count() FROM {db}.otel_traces), "
+        "(SELECT count() FROM {db}.dead_letters), (SELECT countIf(Status IN ('queued', 'claimed', 'running')) "
+        "FROM {db}.rollouts)"
+    )
     last = None
     for _ in range(120):
         now = sql(query)[0]
@@ -149,8 +173,10 @@ def check_runs(page: Any, base: str, run: LocalRun, sql: Any, snap: Any) -> None
         f"SELECT Step, ModelVersion, RewardMean, Extra['val_accuracy'], Loss FROM {{db}}.train_steps "
         f"WHERE RunId = '{run.run_id}' ORDER BY Step"
     )
-    expected = (f"1 step(s); last: step {step}, version {version}, reward {shown(reward)}, "
-                f"held-out {shown(held_out)}, loss {shown(loss, 4)}")  # fmt: skip
+    expected = (
+        f"1 step(s); last: step {step}, version {version}, reward {shown(reward)}, "
+        f"held-out {shown(held_out)}, loss {shown(loss, 4)}"
+    )
     page.locator(".uplot").nth(4).wait_for(timeout=WAIT_MS)  # (the page's CSP forbids wait_for_function's eval)
     assert page.locator(".uplot canvas").count() == 5  # reward, loss, KL, clip fraction, tokens/s
     assert page.locator("#steps-summary").inner_text() == expected
@@ -194,8 +220,10 @@ def check_rollout(page: Any, sql: Any, snap: Any) -> None:
     detail = call.locator(".span-detail")
     detail.wait_for(timeout=WAIT_MS)
     text = detail.inner_text()
-    question = sql(f"SELECT SpanAttributes['gen_ai.input.messages'] FROM {{db}}.otel_traces WHERE RolloutId = "
-                   f"'{rollout}' AND Attempt = {attempt} AND SpanId = '{call.get_attribute('data-span')}'")[0][0]  # fmt: skip
+    question = sql(
+        f"SELECT SpanAttributes['gen_ai.input.messages'] FROM {{db}}.otel_traces WHERE RolloutId = "
+        f"'{rollout}' AND Attempt = {attempt} AND SpanId = '{call.get_attribute('data-span')}'"
+    )[0][0]
     assert "What is" in question and "prompt" in text and "response" in text
     assert text.count("What is") >= 1  # the decoded prompt, as the gateway recorded it
     snap("llm-call.png")

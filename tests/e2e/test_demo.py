@@ -60,10 +60,18 @@ def demo_home() -> Path:
 
 def run_demo(home: Path, broker: LocalKafka, steps: int, *extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
-        "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap, "FULMEN_HOME": str(home), "COLUMNS": "160",
-    }  # fmt: skip
-    done = subprocess.run([*FULMEN, "demo", "--json", "--steps", str(steps), *extra], env=env, capture_output=True,
-                          text=True, timeout=1500, check=False)  # fmt: skip
+        "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap,
+        "FULMEN_HOME": str(home),
+        "COLUMNS": "160",
+    }
+    done = subprocess.run(
+        [*FULMEN, "demo", "--json", "--steps", str(steps), *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["steps"] == steps and Path(report["final_model"], "config.json").is_file()

@@ -51,9 +51,21 @@ SCOPES = {
     "calc_agent": "autogen-core",
 }
 WARMUP_CACHE = Path(os.environ.get("FULMEN_TEST_MODEL_CACHE", Path.home() / ".cache" / "fulmen" / "test-models"))
-OPTIONS = ExampleOptions(model="tiny", steps=2, train=3, heldout=4, group_size=3, groups_per_step=2, max_tokens=64,
-                         concurrency=12, warmup_steps=120, warmup_tasks=3, warmup_lr=5e-3,
-                         warmup_cache=WARMUP_CACHE / "examples-warmups", extra_train={"val_every": 1})  # fmt: skip
+OPTIONS = ExampleOptions(
+    model="tiny",
+    steps=2,
+    train=3,
+    heldout=4,
+    group_size=3,
+    groups_per_step=2,
+    max_tokens=64,
+    concurrency=12,
+    warmup_steps=120,
+    warmup_tasks=3,
+    warmup_lr=5e-3,
+    warmup_cache=WARMUP_CACHE / "examples-warmups",
+    extra_train={"val_every": 1},
+)
 # The calc warm-up needs twice the steps: after 120 its loss was still 0.15 a token and two episodes in three answered
 # without calling the calculator (CI once saw no episode of the twelve call it); after 240 it is 0.0003 and each does.
 WARMUP_STEPS = {"calc_agent": 240}
@@ -67,22 +79,32 @@ def check_store(name: str, run: LocalRun, db: str) -> None:
     example = load_example(name)
     scope = rows(run, f"SELECT count() AS n FROM {db}.otel_traces WHERE ScopeName = '{SCOPES[name]}'")
     assert int(scope[0]["n"]) > 0, f"no {SCOPES[name]} spans"
-    transitions = rows(run, f"SELECT RolloutId, Attempt, groupArray(AgentName) AS agents, "
-                            f"groupArray(EpisodeReward) AS episode, groupArray(coalesce(IntermediateReward, 0.0)) AS intermediate "
-                            f"FROM (SELECT * FROM {db}.transitions FINAL WHERE Mode = 'train' ORDER BY CallIndex) "
-                            f"GROUP BY RolloutId, Attempt")  # fmt: skip
+    transitions = rows(
+        run,
+        f"SELECT RolloutId, Attempt, groupArray(AgentName) AS agents, "
+        f"groupArray(EpisodeReward) AS episode, groupArray(coalesce(IntermediateReward, 0.0)) AS intermediate "
+        f"FROM (SELECT * FROM {db}.transitions FINAL WHERE Mode = 'train' ORDER BY CallIndex) "
+        f"GROUP BY RolloutId, Attempt",
+    )
     assert transitions, "no transitions"
-    rewards = {(r["RolloutId"], int(r["Attempt"])): r["Reward"] for r in rows(
-        run, f"SELECT RolloutId, Attempt, Reward FROM {db}.rollouts FINAL WHERE Mode = 'train'")}  # fmt: skip
+    rewards = {
+        (r["RolloutId"], int(r["Attempt"])): r["Reward"]
+        for r in rows(run, f"SELECT RolloutId, Attempt, Reward FROM {db}.rollouts FINAL WHERE Mode = 'train'")
+    }
     expected = expected_agents(name, run, db, example.trained_agents[0])
     for row in transitions:
         key = (row["RolloutId"], int(row["Attempt"]))
         assert set(row["agents"]) <= set(example.trained_agents), row
         assert row["agents"] == expected[key], (key, row["agents"], expected[key])
         assert all(value == rewards[key] for value in row["episode"]), (row, rewards[key])
-    hits = {(r["RolloutId"], int(r["Attempt"])): float(r["total"]) for r in rows(
-        run, f"SELECT RolloutId, Attempt, sum(toFloat64OrZero(SpanAttributes['fulmen.reward.value'])) AS total "
-             f"FROM {db}.otel_traces WHERE SpanName = 'fulmen.reward' GROUP BY RolloutId, Attempt")}  # fmt: skip
+    hits = {
+        (r["RolloutId"], int(r["Attempt"])): float(r["total"])
+        for r in rows(
+            run,
+            f"SELECT RolloutId, Attempt, sum(toFloat64OrZero(SpanAttributes['fulmen.reward.value'])) AS total "
+            f"FROM {db}.otel_traces WHERE SpanName = 'fulmen.reward' GROUP BY RolloutId, Attempt",
+        )
+    }
     for row in transitions:
         key = (row["RolloutId"], int(row["Attempt"]))
         credited = sum(value for value in row["intermediate"] if value is not None)
@@ -96,9 +118,14 @@ def check_store(name: str, run: LocalRun, db: str) -> None:
         assert rewarded, "no search found a gold document"
         last = [(row["RolloutId"], row["intermediate"]) for row in rewarded if row["intermediate"][-1]]
         assert not last, f"rewards credited to an episode's last call: {last}"
-    served = {r["version"]: int(r["calls"]) for r in rows(
-        run, f"SELECT toString(ModelVersion) AS version, count() AS calls FROM {db}.otel_traces "
-             f"WHERE ServiceName = 'fulmen-llm-gateway' GROUP BY version")}  # fmt: skip
+    served = {
+        r["version"]: int(r["calls"])
+        for r in rows(
+            run,
+            f"SELECT toString(ModelVersion) AS version, count() AS calls FROM {db}.otel_traces "
+            f"WHERE ServiceName = 'fulmen-llm-gateway' GROUP BY version",
+        )
+    }
     published = rows(run, f"SELECT groupArray(Version) AS versions FROM {db}.model_versions")
     assert {1, 2} <= {int(v) for v in published[0]["versions"]}, published
     assert served.get("1", 0) > 0 and served.get("2", 0) > 0, served
@@ -107,14 +134,20 @@ def check_store(name: str, run: LocalRun, db: str) -> None:
 def check_adapters(run: LocalRun, db: str) -> None:
     """Per-agent adapters (SQL example): each gateway call was served as its node's adapter, the checker's by the
     base model."""
-    nodes = rows(run, f"SELECT RolloutId, Attempt, arrayMap(x -> x.2, arraySort(groupArray((Timestamp, "
-                      f"JSONExtractString(SpanAttributes['metadata'], 'langgraph_node'))))) AS nodes "
-                      f"FROM {db}.otel_traces WHERE ScopeName = '{SCOPES['sql_agent']}' "
-                      f"AND SpanAttributes['openinference.span.kind'] = 'LLM' GROUP BY RolloutId, Attempt")  # fmt: skip
-    served = rows(run, f"SELECT RolloutId, Attempt, arrayMap(x -> x.2, arraySort(groupArray((Timestamp, "
-                       f"(SpanAttributes['fulmen.llm.agent'], SpanAttributes['fulmen.llm.adapter'], "
-                       f"toString(ModelVersion)))))) AS calls FROM {db}.otel_traces "
-                       f"WHERE ServiceName = 'fulmen-llm-gateway' GROUP BY RolloutId, Attempt")  # fmt: skip
+    nodes = rows(
+        run,
+        f"SELECT RolloutId, Attempt, arrayMap(x -> x.2, arraySort(groupArray((Timestamp, "
+        f"JSONExtractString(SpanAttributes['metadata'], 'langgraph_node'))))) AS nodes "
+        f"FROM {db}.otel_traces WHERE ScopeName = '{SCOPES['sql_agent']}' "
+        f"AND SpanAttributes['openinference.span.kind'] = 'LLM' GROUP BY RolloutId, Attempt",
+    )
+    served = rows(
+        run,
+        f"SELECT RolloutId, Attempt, arrayMap(x -> x.2, arraySort(groupArray((Timestamp, "
+        f"(SpanAttributes['fulmen.llm.agent'], SpanAttributes['fulmen.llm.adapter'], "
+        f"toString(ModelVersion)))))) AS calls FROM {db}.otel_traces "
+        f"WHERE ServiceName = 'fulmen-llm-gateway' GROUP BY RolloutId, Attempt",
+    )
     by_rollout = {
         (r["RolloutId"], int(r["Attempt"])): [
             (c["1"], c["2"], c["3"]) if isinstance(c, dict) else tuple(c) for c in r["calls"]
@@ -132,7 +165,9 @@ def check_adapters(run: LocalRun, db: str) -> None:
     assert versions["check"] == {"0"} and {"1", "2"} <= versions["write"], versions
     published = rows(run, f"SELECT Adapter, groupArray(Version) AS versions FROM {db}.model_versions GROUP BY Adapter")
     assert {r["Adapter"]: sorted(map(int, r["versions"])) for r in published} == {
-        "write": [0, 1, 2], "rewrite": [0, 1, 2]}, published  # fmt: skip
+        "write": [0, 1, 2],
+        "rewrite": [0, 1, 2],
+    }, published
 
 
 def adapters_differ(run_dir: Path) -> bool:
@@ -147,21 +182,28 @@ def adapters_differ(run_dir: Path) -> bool:
 def expected_agents(name: str, run: LocalRun, db: str, agent: str) -> dict[tuple[str, int], list[str]]:
     """Per training rollout, the agent names of the calls that must be transitions, in the order they were made."""
     if name == "sql_agent":
-        calls = rows(run, f"SELECT RolloutId, Attempt, arrayMap(x -> x.2, arraySort(groupArray((Timestamp, "
-                          f"JSONExtractString(SpanAttributes['metadata'], 'langgraph_node'))))) AS nodes "
-                          f"FROM {db}.otel_traces WHERE ScopeName = '{SCOPES[name]}' "
-                          f"AND SpanAttributes['openinference.span.kind'] = 'LLM' GROUP BY RolloutId, Attempt")  # fmt: skip
+        calls = rows(
+            run,
+            f"SELECT RolloutId, Attempt, arrayMap(x -> x.2, arraySort(groupArray((Timestamp, "
+            f"JSONExtractString(SpanAttributes['metadata'], 'langgraph_node'))))) AS nodes "
+            f"FROM {db}.otel_traces WHERE ScopeName = '{SCOPES[name]}' "
+            f"AND SpanAttributes['openinference.span.kind'] = 'LLM' GROUP BY RolloutId, Attempt",
+        )
         return {
             (r["RolloutId"], int(r["Attempt"])): [n for n in r["nodes"] if n in ("write", "rewrite")] for r in calls
         }
-    calls = rows(run, f"SELECT RolloutId, Attempt, count() AS n FROM {db}.otel_traces "
-                      f"WHERE ServiceName = 'fulmen-llm-gateway' GROUP BY RolloutId, Attempt")  # fmt: skip
+    calls = rows(
+        run,
+        f"SELECT RolloutId, Attempt, count() AS n FROM {db}.otel_traces "
+        f"WHERE ServiceName = 'fulmen-llm-gateway' GROUP BY RolloutId, Attempt",
+    )
     return {(r["RolloutId"], int(r["Attempt"])): [agent] * int(r["n"]) for r in calls}
 
 
 @pytest.mark.parametrize("name", [pytest.param("sql_agent", marks=pytest.mark.multiagent), "rag_agent", "calc_agent"])
-def test_example_trains_through_the_system(name: str, kafka_broker: LocalKafka, tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_example_trains_through_the_system(
+    name: str, kafka_broker: LocalKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(Path(__file__).resolve().parents[2])  # the runners import examples.<name>.agent from here
     settings = FulmenSettings(home=tmp_path, kafka={"bootstrap": kafka_broker.bootstrap})
     checked: list[str] = []
@@ -174,8 +216,11 @@ def test_example_trains_through_the_system(name: str, kafka_broker: LocalKafka, 
             check_adapters(run, settings.clickhouse.database)
         checked.append(run.run_id)
 
-    options = dataclasses.replace(OPTIONS, warmup_steps=WARMUP_STEPS.get(name, OPTIONS.warmup_steps),
-                                  adapters="per_agent" if per_agent else OPTIONS.adapters)  # fmt: skip
+    options = dataclasses.replace(
+        OPTIONS,
+        warmup_steps=WARMUP_STEPS.get(name, OPTIONS.warmup_steps),
+        adapters="per_agent" if per_agent else OPTIONS.adapters,
+    )
     report = train_example(name, options, settings, after=after)
     assert checked, "the store was not checked"
     if per_agent:

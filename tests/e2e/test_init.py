@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from fulmen.cli.init import FILES, scaffold
-from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.kafka.local import LocalKafka
+from fulmen.schemas.errors import ConfigurationError
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -37,9 +37,14 @@ def test_the_scaffold_trains_one_step_unchanged(kafka_broker: LocalKafka, tiny_m
     readme = (project / "README.md").read_text()
     command = next(line for line in readme.splitlines() if line.startswith("fulmen train"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")}
-    env |= {"FULMEN_KAFKA_BOOTSTRAP": kafka_broker.bootstrap, "FULMEN_HOME": str(tmp_path / "home"),
-            "FULMEN_TRAIN_DEVICE": "cpu", "FULMEN_TRAIN_GROUP_SIZE": "2", "FULMEN_TRAIN_GROUPS_PER_STEP": "2",
-            "FULMEN_TRAIN_VAL_GROUP_SIZE": "1"}  # fmt: skip
+    env |= {
+        "FULMEN_KAFKA_BOOTSTRAP": kafka_broker.bootstrap,
+        "FULMEN_HOME": str(tmp_path / "home"),
+        "FULMEN_TRAIN_DEVICE": "cpu",
+        "FULMEN_TRAIN_GROUP_SIZE": "2",
+        "FULMEN_TRAIN_GROUPS_PER_STEP": "2",
+        "FULMEN_TRAIN_VAL_GROUP_SIZE": "1",
+    }
     checked = subprocess.run([sys.executable, "teacher.py"], cwd=project, capture_output=True, text=True, env=env)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert json.loads(checked.stdout.splitlines()[-1])["rewarded"] == 6

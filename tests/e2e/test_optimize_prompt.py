@@ -42,25 +42,50 @@ def _policy(request: RecordedRequest) -> Reply:
 
 
 def _sql(env: dict[str, str], query: str) -> list[dict]:
-    done = subprocess.run([*FULMEN, "sql", "-f", "jsonl", query], capture_output=True, text=True, env=env, timeout=120,
-                          cwd=REPO)  # fmt: skip
+    done = subprocess.run(
+        [*FULMEN, "sql", "-f", "jsonl", query], capture_output=True, text=True, env=env, timeout=120, cwd=REPO
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
 
-def test_optimize_prompt_finds_the_instruction_through_the_whole_system(kafka_broker: LocalKafka,
-                                                                         tmp_path: Path) -> None:  # fmt: skip
+def test_optimize_prompt_finds_the_instruction_through_the_whole_system(
+    kafka_broker: LocalKafka, tmp_path: Path
+) -> None:
     splits = write_splits(tmp_path / "data", (4, 4, 4))
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")}
     env |= {"FULMEN_KAFKA_BOOTSTRAP": kafka_broker.bootstrap, "FULMEN_HOME": str(tmp_path / "home")}
     with ScriptedOpenAI(_policy) as upstream, scripted_optimizer([*DISTRACTORS, GOOD]) as optimizer:
         env_run = env | {"FULMEN_LLM_BACKEND": "openai", "FULMEN_LLM_UPSTREAM_URL": upstream.url()}
         done = subprocess.run(
-            [*FULMEN, "optimize-prompt", "--agent", "bench.apo_agent:solve", "--dataset", str(splits["train"]),
-             "--val", str(splits["val"]), "--test", str(splits["test"]), "--optimizer-url", optimizer.url(),
-             "--max-rollouts", str(BUDGET), "--model", "scripted", "--minibatch", "2", "--promote", "--json"],
-            capture_output=True, text=True, env=env_run, timeout=540, cwd=REPO,
-        )  # fmt: skip
+            [
+                *FULMEN,
+                "optimize-prompt",
+                "--agent",
+                "bench.apo_agent:solve",
+                "--dataset",
+                str(splits["train"]),
+                "--val",
+                str(splits["val"]),
+                "--test",
+                str(splits["test"]),
+                "--optimizer-url",
+                optimizer.url(),
+                "--max-rollouts",
+                str(BUDGET),
+                "--model",
+                "scripted",
+                "--minibatch",
+                "2",
+                "--promote",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            env=env_run,
+            timeout=540,
+            cwd=REPO,
+        )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
         asked = len(optimizer.chat_requests())
         shown = list(optimizer.script.prompts)
@@ -77,42 +102,86 @@ def test_optimize_prompt_finds_the_instruction_through_the_whole_system(kafka_br
     store = env | {"FULMEN_CLICKHOUSE_PATH": str(Path(report["run_dir"]) / "chdb"), "FULMEN_CLICKHOUSE_READ_PORT": "0"}
     [counted] = _sql(store, "SELECT count(DISTINCT RolloutId) AS n, countIf(Status = 'succeeded') AS ok FROM rollouts")
     assert counted["n"] == report["rollouts_used"] == counted["ok"], counted  # every rollout dispatched is counted
-    [calls] = _sql(store, (
-        "SELECT count() AS calls, countIf(s.SpanAttributes['fulmen.prompt.bundle'] != r.b) AS mismatches "
-        "FROM otel_traces AS s INNER JOIN (SELECT RolloutId, Attempt, max(PromptBundle) AS b FROM rollouts "
-        "GROUP BY RolloutId, Attempt) AS r ON s.RolloutId = r.RolloutId AND s.Attempt = r.Attempt "
-        "WHERE s.SpanAttributes['gen_ai.operation.name'] = 'chat'"))  # fmt: skip
+    [calls] = _sql(
+        store,
+        (
+            "SELECT count() AS calls, countIf(s.SpanAttributes['fulmen.prompt.bundle'] != r.b) AS mismatches "
+            "FROM otel_traces AS s INNER JOIN (SELECT RolloutId, Attempt, max(PromptBundle) AS b FROM rollouts "
+            "GROUP BY RolloutId, Attempt) AS r ON s.RolloutId = r.RolloutId AND s.Attempt = r.Attempt "
+            "WHERE s.SpanAttributes['gen_ai.operation.name'] = 'chat'"
+        ),
+    )
     assert calls == {"calls": report["rollouts_used"], "mismatches": 0}, calls  # one call a rollout, its own bundle
-    [best] = _sql(store, f"SELECT Slots, Parents, Source, length(Scores) AS scored FROM prompt_bundles "
-                         f"WHERE BundleId = '{report['best_bundle']}'")  # fmt: skip
+    [best] = _sql(
+        store,
+        f"SELECT Slots, Parents, Source, length(Scores) AS scored FROM prompt_bundles "
+        f"WHERE BundleId = '{report['best_bundle']}'",
+    )
     assert dict(best["Slots"]) == {slot: GOOD} and best["Parents"] and best["Source"] == "gepa" and best["scored"] == 4
     promotions = _sql(store, "SELECT Action, BundleId, Agent FROM prompt_promotions")
     assert promotions == [{"Action": "promote", "BundleId": report["best_bundle"], "Agent": ""}], promotions
     test_ids = ", ".join(f"'{t.task_id}'" for t in load_task_file(splits["test"]))
-    test_runs = _sql(store, f"SELECT PromptBundle AS bundle, count() AS n, avg(Reward) AS reward FROM rollouts "
-                            f"WHERE TaskId IN ({test_ids}) GROUP BY PromptBundle ORDER BY reward")  # fmt: skip
-    assert test_runs == [{"bundle": report["base_bundle"], "n": 4, "reward": 0.0},
-                         {"bundle": report["best_bundle"], "n": 4, "reward": 1.0}], test_runs  # fmt: skip
+    test_runs = _sql(
+        store,
+        f"SELECT PromptBundle AS bundle, count() AS n, avg(Reward) AS reward FROM rollouts "
+        f"WHERE TaskId IN ({test_ids}) GROUP BY PromptBundle ORDER BY reward",
+    )
+    assert test_runs == [
+        {"bundle": report["base_bundle"], "n": 4, "reward": 0.0},
+        {"bundle": report["best_bundle"], "n": 4, "reward": 1.0},
+    ], test_runs
 
 
-def test_optimize_prompt_then_grpo_on_the_best_bundles_rollouts(kafka_broker: LocalKafka, tmp_path: Path,
-                                                                 tiny_model: Path) -> None:  # fmt: skip
+def test_optimize_prompt_then_grpo_on_the_best_bundles_rollouts(
+    kafka_broker: LocalKafka, tmp_path: Path, tiny_model: Path
+) -> None:
     """--train-steps: after the search (here on the tiny model, which earns no reward: plumbing, not learning), GRPO
     steps on the same stack whose every rollout names the best bundle; its rollouts and transitions record the bundle
     and the model version that served them."""
     splits = write_splits(tmp_path / "data", (2, 2, 2))
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")}
-    env |= {"FULMEN_KAFKA_BOOTSTRAP": kafka_broker.bootstrap, "FULMEN_HOME": str(tmp_path / "home"),
-            "FULMEN_TRAIN_GROUP_SIZE": "2", "FULMEN_TRAIN_GROUPS_PER_STEP": "1", "FULMEN_TRAIN_VAL_GROUP_SIZE": "1",
-            "FULMEN_TRAIN_MICRO_BATCH_SIZE": "8", "FULMEN_TRAIN_DTYPE": "float32", "FULMEN_TRAIN_DEVICE": "cpu",
-            "FULMEN_TRAIN_ROLLOUT_TIMEOUT_S": "120"}  # fmt: skip
+    env |= {
+        "FULMEN_KAFKA_BOOTSTRAP": kafka_broker.bootstrap,
+        "FULMEN_HOME": str(tmp_path / "home"),
+        "FULMEN_TRAIN_GROUP_SIZE": "2",
+        "FULMEN_TRAIN_GROUPS_PER_STEP": "1",
+        "FULMEN_TRAIN_VAL_GROUP_SIZE": "1",
+        "FULMEN_TRAIN_MICRO_BATCH_SIZE": "8",
+        "FULMEN_TRAIN_DTYPE": "float32",
+        "FULMEN_TRAIN_DEVICE": "cpu",
+        "FULMEN_TRAIN_ROLLOUT_TIMEOUT_S": "120",
+    }
     with scripted_optimizer([GOOD]) as optimizer:
         done = subprocess.run(
-            [*FULMEN, "optimize-prompt", "--agent", "bench.apo_agent:solve", "--dataset", str(splits["train"]),
-             "--val", str(splits["val"]), "--test", str(splits["test"]), "--optimizer-url", optimizer.url(),
-             "--max-rollouts", "12", "--model", str(tiny_model), "--minibatch", "2", "--train-steps", "1", "--json"],
-            capture_output=True, text=True, env=env, timeout=540, cwd=REPO,
-        )  # fmt: skip
+            [
+                *FULMEN,
+                "optimize-prompt",
+                "--agent",
+                "bench.apo_agent:solve",
+                "--dataset",
+                str(splits["train"]),
+                "--val",
+                str(splits["val"]),
+                "--test",
+                str(splits["test"]),
+                "--optimizer-url",
+                optimizer.url(),
+                "--max-rollouts",
+                "12",
+                "--model",
+                str(tiny_model),
+                "--minibatch",
+                "2",
+                "--train-steps",
+                "1",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=540,
+            cwd=REPO,
+        )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["train_steps"] == 1 and report["final_model"].endswith("/checkpoints/v1"), report

@@ -30,9 +30,11 @@ class Pipeline:
 
 def gateway_settings(settings: FulmenSettings, **otlp: object) -> OtlpGatewaySettings:
     return OtlpGatewaySettings(
-        home=settings.home, kafka=settings.kafka.model_dump(), clickhouse=settings.clickhouse.model_dump(),
+        home=settings.home,
+        kafka=settings.kafka.model_dump(),
+        clickhouse=settings.clickhouse.model_dump(),
         otlp={"port": 0, **otlp},
-    )  # fmt: skip
+    )
 
 
 @asynccontextmanager

@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.schemas import RolloutStatus
-from tests.integration.llm_pipeline import llm_gateway_running
+from fulmen.testing.llm_pipeline import llm_gateway_running
 from tests.integration.span_pipeline import span_pipeline
 from tests.integration.test_runner import request, submit, wait_terminal
 
@@ -32,14 +32,17 @@ FULMEN = [sys.executable, "-m", "fulmen.cli.main"]
 
 def spawn_runner(settings: FulmenSettings, agent: str, llm_port: int, otlp_url: str, log: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
-        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap, "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
-        "FULMEN_HOME": str(settings.home), "FULMEN_RUNNER_OTLP_ENDPOINT": otlp_url,
+        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap,
+        "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "FULMEN_HOME": str(settings.home),
+        "FULMEN_RUNNER_OTLP_ENDPOINT": otlp_url,
         "FULMEN_RUNNER_LLM_BASE_URL": f"http://127.0.0.1:{llm_port}",
         "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-    }  # fmt: skip
+    }
     with open(log, "ab") as out:
-        return subprocess.Popen([*FULMEN, "runner", "--agent", agent, "--concurrency", "2"], env=env, stdout=out,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        return subprocess.Popen(
+            [*FULMEN, "runner", "--agent", agent, "--concurrency", "2"], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 @pytest.mark.parametrize("agent", ["ask", "ask_instrumented"])

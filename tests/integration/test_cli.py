@@ -80,10 +80,16 @@ def test_kafka_topics_against_an_existing_cluster(env: dict[str, str]) -> None:
 
 
 def test_unreachable_cluster_is_a_clear_error(tmp_path: Path) -> None:
-    from tests.conftest import free_port
+    from fulmen.infra.processes import free_port
 
-    result = run(["kafka", "status"], {"FULMEN_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}",
-                                       "FULMEN_KAFKA_CONNECT_TIMEOUT_S": "2", "FULMEN_HOME": str(tmp_path)})  # fmt: skip
+    result = run(
+        ["kafka", "status"],
+        {
+            "FULMEN_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}",
+            "FULMEN_KAFKA_CONNECT_TIMEOUT_S": "2",
+            "FULMEN_HOME": str(tmp_path),
+        },
+    )
     assert result.returncode == 1
     assert "no Kafka broker answered" in result.stderr and "FULMEN_KAFKA_BOOTSTRAP" in result.stderr
 
@@ -93,7 +99,7 @@ def test_sql_reaches_the_store_through_the_consumers_process(env: dict[str, str]
 
     import httpx
 
-    from tests.conftest import free_port
+    from fulmen.infra.processes import free_port
 
     port = free_port()
     env = env | {"FULMEN_CLICKHOUSE_READ_PORT": str(port)}
@@ -137,7 +143,7 @@ def test_submit_then_rollouts_shows_them_queued(env: dict[str, str], tmp_path: P
     import signal
     import time
 
-    from tests.conftest import free_port
+    from fulmen.infra.processes import free_port
 
     port = free_port()
     env = env | {"FULMEN_CLICKHOUSE_READ_PORT": str(port)}
@@ -158,8 +164,13 @@ def test_submit_then_rollouts_shows_them_queued(env: dict[str, str], tmp_path: P
         # In a 100-column terminal: each rollout on one line, its id a unique prefix, its time to the second.
         lines = shown.stdout.splitlines()
         assert max(map(len, lines)) <= 100 and "ids are unique prefixes" in lines[-1], shown.stdout
-        assert sum(bool(re.match(r"│ [0-9a-f]{8,12} +│ 1 +│ queued +│ .* │ \d{4}-\d\d-\d\d \d\d:\d\d:\d\d │$", line))
-                   for line in lines) == 6, shown.stdout  # fmt: skip
+        assert (
+            sum(
+                bool(re.match(r"│ [0-9a-f]{8,12} +│ 1 +│ queued +│ .* │ \d{4}-\d\d-\d\d \d\d:\d\d:\d\d │$", line))
+                for line in lines
+            )
+            == 6
+        ), shown.stdout
     finally:
         consume.send_signal(signal.SIGTERM)
         consume.wait(timeout=60)
@@ -188,7 +199,7 @@ def test_consume_stops_on_sigint_while_a_long_read_runs(env: dict[str, str]) -> 
     import socket
     import time
 
-    from tests.conftest import free_port
+    from fulmen.infra.processes import free_port
 
     port = free_port()
     env = env | {"FULMEN_CLICKHOUSE_READ_PORT": str(port), "FULMEN_CLICKHOUSE_READ_MAX_EXECUTION_S": "120"}

@@ -16,15 +16,21 @@ from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.schemas import DeadLetterHeaders, RolloutEvent, RolloutStatus, TopicKey, topic_name
 from fulmen.schemas.codec import encode
+from fulmen.testing.publishing import event_publisher
 from tests.polling import count_reaches
-from tests.publishing import event_publisher
 
 pytestmark = pytest.mark.integration
 
 
 def running(i: int, status: RolloutStatus = RolloutStatus.RUNNING) -> RolloutEvent:
-    return RolloutEvent(rollout_id=f"r{i}", attempt=1, status=status, task_id=f"t{i}", group_id="g",
-                        reward=1.0 if status is RolloutStatus.SUCCEEDED else None)  # fmt: skip
+    return RolloutEvent(
+        rollout_id=f"r{i}",
+        attempt=1,
+        status=status,
+        task_id=f"t{i}",
+        group_id="g",
+        reward=1.0 if status is RolloutStatus.SUCCEEDED else None,
+    )
 
 
 @asynccontextmanager
@@ -71,10 +77,14 @@ async def test_a_poison_record_is_dead_lettered_on_its_own_and_the_records_aroun
     try:
         async with consumers_running(settings, linked_store) as app:
             sends = [await raw.send(rollouts, encode(running(i)), key=f"r{i}".encode(), partition=0) for i in range(3)]
-            sends.append(await raw.send(rollouts, poison, key=b"r1", partition=0,
-                                        headers=[("content-type", b"application/json")]))  # fmt: skip
-            sends.append(await raw.send(rollouts, encode(running(3)), key=b"r3", partition=0,
-                                        headers=[("origin", b"\xff\xfe")]))  # fmt: skip
+            sends.append(
+                await raw.send(
+                    rollouts, poison, key=b"r1", partition=0, headers=[("content-type", b"application/json")]
+                )
+            )
+            sends.append(
+                await raw.send(rollouts, encode(running(3)), key=b"r3", partition=0, headers=[("origin", b"\xff\xfe")])
+            )
             sends += [await raw.send(rollouts, encode(running(i)), key=f"r{i}".encode(), partition=0) for i in (4, 5)]
             await asyncio.gather(*sends)
             assert await wait_rows(linked_store, f"SELECT count() FROM {db}.rollouts", 6) == 6

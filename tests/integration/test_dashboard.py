@@ -15,7 +15,7 @@ import pytest
 from bench.dashboard_data import Filled, fill_store
 from fulmen.dashboard import Dashboard, DashboardQueries
 from fulmen.infra.store import RemoteReader, Store
-from tests.serving import Served, ServedEndpoint
+from fulmen.testing.served import Served, ServedEndpoint
 
 pytestmark = pytest.mark.integration
 
@@ -110,8 +110,10 @@ def test_models_show_each_version_its_score_and_decision_and_which_serves(http: 
     from fulmen.schemas import ModelPromotion, ModelVersion, PromotionAction
 
     versions = [ModelVersion(model_name="gated", version=n, uri=f"/ckpt/v{n}", run_id="g-run") for n in (1, 2)]
-    decisions = [ModelPromotion(action=PromotionAction.PROMOTE, model=versions[0], score=0.6),
-                 ModelPromotion(action=PromotionAction.REJECT, model=versions[1], score=0.4)]  # fmt: skip
+    decisions = [
+        ModelPromotion(action=PromotionAction.PROMOTE, model=versions[0], score=0.6),
+        ModelPromotion(action=PromotionAction.REJECT, model=versions[1], score=0.4),
+    ]
     for name, events in (("model_versions", versions), ("promotions", decisions)):
         sink = EVENT_SINKS[name]
         store.insert_batch(sink.table, sink.to_batch([sink.rows(e) for e in events]))
@@ -139,17 +141,33 @@ def insert_prompt_data(store: Store) -> PromptData:
     from fulmen.schemas.prompts import PromptBundle, PromptPromotion
 
     long = "Answer in French. " * 30  # shortened on the page
-    base = PromptBundle.create({"fp-0123456789ab": "You are helpful."}, source="gepa", run_id="s-run",
-                               scores={"v1": 0.0, "v2": 0.0})  # fmt: skip
-    child = PromptBundle.create({"fp-0123456789ab": long}, parents=[base.bundle_id], source="gepa", run_id="s-run",
-                                scores={"v1": 1.0, "v2": 0.5}, agent="write")  # fmt: skip
+    base = PromptBundle.create(
+        {"fp-0123456789ab": "You are helpful."}, source="gepa", run_id="s-run", scores={"v1": 0.0, "v2": 0.0}
+    )
+    child = PromptBundle.create(
+        {"fp-0123456789ab": long},
+        parents=[base.bundle_id],
+        source="gepa",
+        run_id="s-run",
+        scores={"v1": 1.0, "v2": 0.5},
+        agent="write",
+    )
     hand = PromptBundle.create({"fp-0123456789ab": "Be brief."})
     promoted = PromptPromotion(action=PromotionAction.PROMOTE, bundle_id=child.bundle_id, agent="write")
 
     def rollout(n: int, mode: RolloutMode, status: RolloutStatus, reward: float | None) -> RolloutEvent:
-        return RolloutEvent(rollout_id=f"pr{n}", attempt=1, status=status, task_id=f"t{n}", group_id=f"g{n}",
-                            mode=mode, reward=reward, model_version=3, prompt_bundle=child.bundle_id,
-                            error="agent raised" if status is RolloutStatus.FAILED else None)  # fmt: skip
+        return RolloutEvent(
+            rollout_id=f"pr{n}",
+            attempt=1,
+            status=status,
+            task_id=f"t{n}",
+            group_id=f"g{n}",
+            mode=mode,
+            reward=reward,
+            model_version=3,
+            prompt_bundle=child.bundle_id,
+            error="agent raised" if status is RolloutStatus.FAILED else None,
+        )
 
     rollouts = [
         rollout(1, RolloutMode.VAL, RolloutStatus.SUCCEEDED, 1.0),
@@ -158,8 +176,11 @@ def insert_prompt_data(store: Store) -> PromptData:
         rollout(4, RolloutMode.TRAIN, RolloutStatus.FAILED, None),
         rollout(5, RolloutMode.TRAIN, RolloutStatus.RUNNING, None),  # not ended: not counted
     ]
-    for name, events in (("prompt_bundles", [base, child, hand]), ("prompt_promotions", [promoted]),
-                         ("rollouts", rollouts)):  # fmt: skip
+    for name, events in (
+        ("prompt_bundles", [base, child, hand]),
+        ("prompt_promotions", [promoted]),
+        ("rollouts", rollouts),
+    ):
         sink = EVENT_SINKS[name]
         store.insert_batch(sink.table, sink.to_batch([sink.rows(e) for e in events]))
     return PromptData(base, child, hand, long)
@@ -185,8 +206,10 @@ def test_prompts_show_each_bundle_its_lineage_scores_rollouts_and_where_it_serve
     assert b["scores"] == {"v1": 1.0, "v2": 0.5}
     [text] = b["slots"].values()
     assert text.startswith("Answer in French.") and text.endswith("…") and len(text) < len(long)
-    assert b["rollouts"] == {"train": {"rollouts": 2, "rewarded": 1, "mean": 1.0},
-                             "val": {"rollouts": 2, "rewarded": 2, "mean": 0.5}}  # fmt: skip
+    assert b["rollouts"] == {
+        "train": {"rollouts": 2, "rewarded": 1, "mean": 1.0},
+        "val": {"rollouts": 2, "rewarded": 2, "mean": 0.5},
+    }
     made_by_hand = shown[hand.bundle_id]
     assert (made_by_hand["val_mean"], made_by_hand["rollouts"], made_by_hand["serving"]) == (None, {}, [])
     one_run = get(http, "/api/prompts", run="s-run")["bundles"]

@@ -18,8 +18,14 @@ from tests.integration.test_train_loop import FULMEN, read_topic, simulated_runn
 
 pytestmark = [pytest.mark.integration, pytest.mark.scale]
 
-CRASHING = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-            str(Path(__file__).with_name("crashing_rank.py"))]  # fmt: skip
+CRASHING = [
+    sys.executable,
+    "-m",
+    "torch.distributed.run",
+    "--standalone",
+    "--nproc-per-node=2",
+    str(Path(__file__).with_name("crashing_rank.py")),
+]
 
 
 async def run(command: list[str], env: dict[str, str]) -> tuple[int, str]:
@@ -37,11 +43,17 @@ async def test_a_dead_rank_ends_the_run_unpublished_and_a_restart_on_two_ranks_r
     dataset.write_text('{"question": "1 + 1"}\n{"question": "2 + 2"}\n')
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
-        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap, "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
-        "FULMEN_HOME": str(tmp_path), "FULMEN_TRAIN_RUN_DIR": str(run_dir), "FULMEN_TRAIN_GROUP_SIZE": "2",
-        "FULMEN_TRAIN_GROUPS_PER_STEP": "1", "FULMEN_TRAIN_DEVICE": "cpu", "FULMEN_TRAIN_RUN_ID": "dist-run",
-        "FULMEN_TRAIN_MICRO_BATCH_SIZE": "2", "FULMEN_TRAIN_DIST_TIMEOUT_S": "60",
-    }  # fmt: skip
+        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap,
+        "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "FULMEN_HOME": str(tmp_path),
+        "FULMEN_TRAIN_RUN_DIR": str(run_dir),
+        "FULMEN_TRAIN_GROUP_SIZE": "2",
+        "FULMEN_TRAIN_GROUPS_PER_STEP": "1",
+        "FULMEN_TRAIN_DEVICE": "cpu",
+        "FULMEN_TRAIN_RUN_ID": "dist-run",
+        "FULMEN_TRAIN_MICRO_BATCH_SIZE": "2",
+        "FULMEN_TRAIN_DIST_TIMEOUT_S": "60",
+    }
     args = ["train", "--dataset", str(dataset), "--model", "tiny"]
     stop = asyncio.Event()
     runners = asyncio.create_task(simulated_runners(settings, stop))
@@ -78,16 +90,32 @@ async def test_ctrl_c_on_two_ranks_finishes_the_step_it_is_in_and_every_rank_exi
     dataset.write_text('{"question": "1 + 1"}\n{"question": "2 + 2"}\n')
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
-        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap, "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
-        "FULMEN_HOME": str(tmp_path), "FULMEN_TRAIN_RUN_DIR": str(run_dir), "FULMEN_TRAIN_GROUP_SIZE": "2",
-        "FULMEN_TRAIN_GROUPS_PER_STEP": "1", "FULMEN_TRAIN_DEVICE": "cpu", "FULMEN_TRAIN_RUN_ID": "sigint-run",
-    }  # fmt: skip
+        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap,
+        "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "FULMEN_HOME": str(tmp_path),
+        "FULMEN_TRAIN_RUN_DIR": str(run_dir),
+        "FULMEN_TRAIN_GROUP_SIZE": "2",
+        "FULMEN_TRAIN_GROUPS_PER_STEP": "1",
+        "FULMEN_TRAIN_DEVICE": "cpu",
+        "FULMEN_TRAIN_RUN_ID": "sigint-run",
+    }
     stop = asyncio.Event()
     runners = asyncio.create_task(simulated_runners(settings, stop))
     process = await asyncio.create_subprocess_exec(
-        *FULMEN, "train", "--dataset", str(dataset), "--model", "tiny", "--steps", "50", "--nproc", "2", env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
+        *FULMEN,
+        "train",
+        "--dataset",
+        str(dataset),
+        "--model",
+        "tiny",
+        "--steps",
+        "50",
+        "--nproc",
+        "2",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     try:
         while not await read_topic(settings, TopicKey.MODELS, ModelVersion):
             await asyncio.sleep(0.5)

@@ -30,16 +30,18 @@ from fulmen.producers.feedback import SENDER
 from fulmen.producers.llm_gateway import LlmGateway
 from fulmen.schemas import DeadLetterHeaders, Feedback, RolloutStatus, TopicKey, semconv, topic, topic_name
 from fulmen.schemas.codec import decode
-from tests.integration.llm_pipeline import base_url, llm_gateway_running, llm_settings
+from fulmen.testing.llm_pipeline import base_url, llm_gateway_running, llm_settings
+from fulmen.testing.publishing import event_publisher
 from tests.integration.test_llm_gateway import _DeadProducer
 from tests.integration.transition_pipeline import ended, llm_call, produce_spans
 from tests.polling import count_reaches
-from tests.publishing import event_publisher
 
 pytestmark = [pytest.mark.integration, pytest.mark.continuous]
 
-LATEST = "SELECT RolloutId, SpanId, argMax(Value, Timestamp) FROM {db}.feedback FINAL WHERE Name = 'reward' " \
-         "GROUP BY RolloutId, SpanId ORDER BY RolloutId, SpanId"  # fmt: skip
+LATEST = (
+    "SELECT RolloutId, SpanId, argMax(Value, Timestamp) FROM {db}.feedback FINAL WHERE Name = 'reward' "
+    "GROUP BY RolloutId, SpanId ORDER BY RolloutId, SpanId"
+)
 """The query replay reads rewards with: per call (SpanId) or episode (SpanId ''), the latest feedback wins."""
 
 
@@ -94,25 +96,40 @@ async def test_feedback_on_a_response_a_rollout_and_a_trace_lands_resolved(
         event_publisher(settings) as publisher,
         httpx.AsyncClient(timeout=30) as http,
     ):
-        await publisher.publish_many(TopicKey.ROLLOUTS, [
-            ended("r-fb", RolloutStatus.FAILED, attempt=1), ended("r-fb", attempt=2, reward=0.0),
-        ])  # fmt: skip
-        client = AsyncOpenAI(base_url=base_url(gateway, "r-fb", attempt=2), api_key="x", max_retries=0,
-                             default_headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})  # fmt: skip
-        call = await client.chat.completions.create(model="fulmen", messages=[{"role": "user", "content": "hi"}],
-                                                    max_tokens=3)  # fmt: skip
+        await publisher.publish_many(
+            TopicKey.ROLLOUTS,
+            [
+                ended("r-fb", RolloutStatus.FAILED, attempt=1),
+                ended("r-fb", attempt=2, reward=0.0),
+            ],
+        )
+        client = AsyncOpenAI(
+            base_url=base_url(gateway, "r-fb", attempt=2),
+            api_key="x",
+            max_retries=0,
+            default_headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"},
+        )
+        call = await client.chat.completions.create(
+            model="fulmen", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
         # at once: the call's span may not be in the store yet (the consumer looks again until it is)
         sent = {}
-        for body in ({"response_id": call.id, "value": 0.5, "comment": "helpful"},
-                     {"rollout_id": "r-fb", "value": 1.0}, {"trace_id": trace_id, "value": -1, "name": "safety"}):  # fmt: skip
+        for body in (
+            {"response_id": call.id, "value": 0.5, "comment": "helpful"},
+            {"rollout_id": "r-fb", "value": 1.0},
+            {"trace_id": trace_id, "value": -1, "name": "safety"},
+        ):
             answer = await http.post(f"http://127.0.0.1:{gateway.port}/v1/feedback", json=body)
             assert answer.status_code == 202, answer.text
             sent[next(iter(body))] = answer.json()["feedback_id"]
         count = await count_reaches(linked_store, f"SELECT count() FROM {linked_store.database}.feedback", 3)
         assert count == 3
     [[span_id]] = rows(linked_store, f"SELECT SpanId FROM {{db}}.otel_traces WHERE TraceId = '{trace_id}'")
-    stored = rows(linked_store, "SELECT FeedbackId, Target, TargetId, RolloutId, Attempt, TraceId, SpanId, Name, Value, "
-                                "Comment, Source FROM {db}.feedback FINAL ORDER BY Target")  # fmt: skip
+    stored = rows(
+        linked_store,
+        "SELECT FeedbackId, Target, TargetId, RolloutId, Attempt, TraceId, SpanId, Name, Value, "
+        "Comment, Source FROM {db}.feedback FINAL ORDER BY Target",
+    )
     assert stored == [
         [sent["response_id"], "response", call.id, "r-fb", 2, trace_id, span_id, "reward", 0.5, "helpful", "api"],
         [sent["rollout_id"], "rollout", "r-fb", "r-fb", 2, "", "", "reward", 1.0, "", "api"],  # its latest attempt
@@ -166,11 +183,15 @@ async def test_an_unknown_target_is_dead_lettered_with_the_reason_after_the_grac
 ) -> None:
     raw = producer(settings)
     await start_or_raise(raw, settings)
-    unknown, late = Feedback(target="response", target_id="chatcmpl-nowhere", value=1.0), feedback(0, 0.5,
-        target="response", target_id="chatcmpl-late")  # fmt: skip
+    unknown, late = (
+        Feedback(target="response", target_id="chatcmpl-nowhere", value=1.0),
+        feedback(0, 0.5, target="response", target_id="chatcmpl-late"),
+    )
     try:
-        async with consumers_running(settings, linked_store, grace_s=2.0), \
-                event_publisher(settings, sender=SENDER) as publisher:  # fmt: skip
+        async with (
+            consumers_running(settings, linked_store, grace_s=2.0),
+            event_publisher(settings, sender=SENDER) as publisher,
+        ):
             await publisher.publish_many(TopicKey.FEEDBACK, [unknown, late])
             await asyncio.sleep(1.0)  # the late call's span arrives after its feedback, within the grace
             call = llm_call("chat", "r-late", 10, attributes={semconv.GEN_AI_RESPONSE_ID: "chatcmpl-late"})
@@ -215,8 +236,12 @@ async def test_the_endpoint_needs_the_token_and_answers_400_with_the_reason(
             error = answer.json()["error"]
             assert (answer.status_code, error["param"]) == (400, param), answer.text
             assert words in error["message"]
-        raws = [(b'{"rollout_id": "r1", "value": 1e999}', "too large"), (b'{"rollout_id": "r1", "value": NaN}', "NaN"),
-                (b"not json", "not valid JSON"), (b"[1]", "JSON object")]  # fmt: skip
+        raws = [
+            (b'{"rollout_id": "r1", "value": 1e999}', "too large"),
+            (b'{"rollout_id": "r1", "value": NaN}', "NaN"),
+            (b"not json", "not valid JSON"),
+            (b"[1]", "JSON object"),
+        ]
         for raw, words in raws:
             answer = await http.post(url, content=raw, headers=auth | {"Content-Type": "application/json"})
             assert answer.status_code == 400 and words in answer.json()["error"]["message"], answer.text
@@ -247,21 +272,31 @@ async def test_feedback_kafka_does_not_take_is_a_503(settings: FulmenSettings, t
 
 def run_cli(args: list[str], settings: FulmenSettings) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
-        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap, "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
-        "FULMEN_HOME": str(settings.home), "COLUMNS": "200",
-    }  # fmt: skip
-    return subprocess.run([sys.executable, "-m", "fulmen.cli.main", *args], env=env, capture_output=True, text=True,
-                          timeout=120, check=False)  # fmt: skip
+        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap,
+        "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "FULMEN_HOME": str(settings.home),
+        "COLUMNS": "200",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "fulmen.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 async def test_the_feedback_command_publishes_and_refuses_two_targets(settings: FulmenSettings) -> None:
     started = time.monotonic()
-    done = await asyncio.to_thread(run_cli, ["feedback", "--rollout-id", "r-7", "--value", "-0.5", "--comment",
-                                             "from the CLI"], settings)  # fmt: skip
+    done = await asyncio.to_thread(
+        run_cli, ["feedback", "--rollout-id", "r-7", "--value", "-0.5", "--comment", "from the CLI"], settings
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     feedback_id = done.stdout.strip()
-    refused = await asyncio.to_thread(run_cli, ["feedback", "--rollout-id", "r-7", "--trace-id", "ab" * 16,
-                                                "--value", "1"], settings)  # fmt: skip
+    refused = await asyncio.to_thread(
+        run_cli, ["feedback", "--rollout-id", "r-7", "--trace-id", "ab" * 16, "--value", "1"], settings
+    )
     assert refused.returncode == 1
     assert "give exactly one of --response-id, --rollout-id or --trace-id" in refused.stderr
     [record] = await records_of(settings, TopicKey.FEEDBACK, 1)

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from fulmen.algorithm.groups import ClosedGroup, credit_groups
+from fulmen.algorithm.service.groups import ClosedGroup, credit_groups
 from fulmen.consumers.transitions import TransitionsSection
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.schemas import semconv
-from tests.integration.llm_pipeline import llm_gateway_running, published_spans
+from fulmen.testing.llm_pipeline import llm_gateway_running, published_spans
 from tests.integration.span_pipeline import gateway_running
 from tests.integration.test_runner import request, submit
 from tests.integration.transition_pipeline import BatchReader, consumers_running
@@ -36,23 +36,34 @@ FULMEN = [sys.executable, "-m", "fulmen.cli.main"]
 # (None: all of the rollout's calls), and the credit strategy.
 CASES = {
     "langgraph": ("langgraph_agent:write_check_rewrite", {"topic": "rivers"}, "write|rewrite", 2, "broadcast"),
-    "openai_agents": ("openai_agents_agent:add_numbers", {"question": "What is 2 + 3?"}, "calculator", None,
-                      "discounted"),
+    "openai_agents": (
+        "openai_agents_agent:add_numbers",
+        {"question": "What is 2 + 3?"},
+        "calculator",
+        None,
+        "discounted",
+    ),
     "autogen": ("autogen_agent:multiply_numbers", {"question": "What is 3 times 4?"}, "multiplier", None, "broadcast"),
-}  # fmt: skip
+}
 
 
 def spawn_runner(settings: FulmenSettings, agent: str, llm_port: int, otlp_port: int, log: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
-        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap, "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
-        "FULMEN_HOME": str(settings.home), "FULMEN_RUNNER_LLM_BASE_URL": f"http://127.0.0.1:{llm_port}",
+        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap,
+        "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "FULMEN_HOME": str(settings.home),
+        "FULMEN_RUNNER_LLM_BASE_URL": f"http://127.0.0.1:{llm_port}",
         "FULMEN_RUNNER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp_port}/v1/traces",
         "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-    }  # fmt: skip
+    }
     with open(log, "ab") as out:
-        return subprocess.Popen([*FULMEN, "runner", "--agent", f"tests.agents.frameworks.{agent}", "--concurrency", "2"],
-                                env=env, stdout=out, stderr=subprocess.STDOUT,
-                                cwd=Path(__file__).resolve().parents[2])  # not tests/: its agents/ would shadow the SDK  # fmt: skip
+        return subprocess.Popen(
+            [*FULMEN, "runner", "--agent", f"tests.agents.frameworks.{agent}", "--concurrency", "2"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=Path(__file__).resolve().parents[2],
+        )  # not tests/: its agents/ would shadow the SDK
 
 
 @pytest.mark.parametrize("framework", sorted(CASES))
@@ -79,8 +90,15 @@ async def test_framework_agents_become_transitions_of_the_selected_calls(
         served = await published_spans(settings, llm.stats.spans)  # the agents' spans are on the topic too
     assert sorted(b.rollout_id for b in batches) == rollouts, log.read_text()[-3000:]
     for batch in batches:
-        calls = sorted((s for s in served if s["attributes"].get(semconv.ROLLOUT_ID) == batch.rollout_id
-                        and semconv.PROMPT_TOKEN_IDS in s["attributes"]), key=lambda s: s["start_ns"])  # fmt: skip
+        calls = sorted(
+            (
+                s
+                for s in served
+                if s["attributes"].get(semconv.ROLLOUT_ID) == batch.rollout_id
+                and semconv.PROMPT_TOKEN_IDS in s["attributes"]
+            ),
+            key=lambda s: s["start_ns"],
+        )
         by_span = {s["span_id"]: s["attributes"] for s in calls}
         transitions = batch.transitions
         expected = selected_calls if selected_calls is not None else len(calls)

@@ -8,12 +8,12 @@ import time
 import pytest
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from fulmen.infra.errors import BrokerUnavailableError
 from fulmen.infra.kafka.admin import describe_topics, ensure_topics
 from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.clients import admin_client, close_quietly, consumer, producer, start_or_raise
 from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.kafka.publish import EventPublisher, Sender
+from fulmen.infra.processes import free_port
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
 from fulmen.schemas import (
     TOPICS,
@@ -29,15 +29,23 @@ from fulmen.schemas import (
     topic,
     topic_name,
 )
-from tests.conftest import free_port
-from tests.publishing import event_publisher
+from fulmen.schemas.errors import BrokerUnavailableError
+from fulmen.testing.publishing import event_publisher
 
 pytestmark = pytest.mark.integration
 
 
 def one_of_each() -> dict[TopicKey, object]:
-    call = Transition(rollout_id="r1", attempt=2, index=0, trace_id="c" * 32, span_id="d" * 16,
-                      prompt_token_ids=[5, 6], response_token_ids=[7], response_logprobs=[-0.5])  # fmt: skip
+    call = Transition(
+        rollout_id="r1",
+        attempt=2,
+        index=0,
+        trace_id="c" * 32,
+        span_id="d" * 16,
+        prompt_token_ids=[5, 6],
+        response_token_ids=[7],
+        response_logprobs=[-0.5],
+    )
     return {
         TopicKey.TASKS: RolloutRequest(rollout_id="r1", task_id="t1", group_id="g1", input={"q": "2+2"}),
         TopicKey.ROLLOUTS: RolloutEvent(
@@ -103,10 +111,22 @@ async def test_compressed_batches_travel_and_are_stored_compressed(
     finally:
         await raw.stop()
     async with event_publisher(settings) as publisher:
-        await publisher.publish_many(TopicKey.METRICS, [
-            TrainStep(run_id="run", step=i, model_version=i, num_transitions=1, num_groups=1, reward_mean=0,
-                      reward_std=0, loss=0) for i in range(3)
-        ])  # fmt: skip
+        await publisher.publish_many(
+            TopicKey.METRICS,
+            [
+                TrainStep(
+                    run_id="run",
+                    step=i,
+                    model_version=i,
+                    num_transitions=1,
+                    num_groups=1,
+                    reward_mean=0,
+                    reward_std=0,
+                    loss=0,
+                )
+                for i in range(3)
+            ],
+        )
     reader = consumer(settings, "compressed", spans, topic_name(TopicKey.METRICS, prefix))
     await start_or_raise(reader, settings)
     try:
@@ -138,8 +158,9 @@ async def test_a_group_resumes_from_its_committed_offset(settings: FulmenSetting
     publisher = EventPublisher(broker)
 
     def step(i: int) -> TrainStep:
-        return TrainStep(run_id="run", step=i, model_version=i, num_transitions=1, num_groups=1, reward_mean=0,
-                         reward_std=0, loss=0)  # fmt: skip
+        return TrainStep(
+            run_id="run", step=i, model_version=i, num_transitions=1, num_groups=1, reward_mean=0, reward_std=0, loss=0
+        )
 
     await publisher.publish_many(TopicKey.METRICS, [step(i) for i in range(6)])
 
@@ -178,9 +199,9 @@ async def test_ensure_topics_repairs_drift_and_keeps_foreign_settings(settings: 
     admin = admin_client(settings)
     await start_or_raise(admin, settings)
     try:
-        await admin.alter_configs([ConfigResource(
-            ConfigResourceType.TOPIC, models, {"cleanup.policy": "delete", "segment.ms": "3600000"}
-        )])  # fmt: skip
+        await admin.alter_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, models, {"cleanup.policy": "delete", "segment.ms": "3600000"})]
+        )
     finally:
         await admin.close()
     async with asyncio.timeout(30):  # the broker applies a config change asynchronously

@@ -20,13 +20,13 @@ import pytest
 from bench.chaos_count import Phases, rollout_counts, rollout_facts, span_counts
 from bench.chaos_load import SpanLoad
 from fulmen.consumers import EVENT_SINKS, SpanSink
-from fulmen.infra.errors import BrokerUnavailableError
 from fulmen.infra.kafka.admin import cluster_info, describe_topics, ensure_topics
 from fulmen.infra.kafka.cluster import LocalCluster
 from fulmen.infra.kafka.local import port_is_free
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.schemas import TOPICS, RolloutRequest
+from fulmen.schemas.errors import BrokerUnavailableError
 from tests.conftest import make_settings
 from tests.integration.span_pipeline import span_pipeline
 from tests.integration.test_cli import run
@@ -63,8 +63,13 @@ def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
     stopped with `fulmen kafka down`."""
     home = tmp_path_factory.mktemp("cluster-home")
     base = free_port_run(6)
-    env = {"FULMEN_HOME": str(home), "FULMEN_BROKER_PORT": str(base), "FULMEN_BROKER_CONTROLLER_PORT": str(base + 1),
-           "FULMEN_BROKER_HEAP": HEAP, "FULMEN_CLICKHOUSE_READ_PORT": "0"}  # fmt: skip
+    env = {
+        "FULMEN_HOME": str(home),
+        "FULMEN_BROKER_PORT": str(base),
+        "FULMEN_BROKER_CONTROLLER_PORT": str(base + 1),
+        "FULMEN_BROKER_HEAP": HEAP,
+        "FULMEN_CLICKHOUSE_READ_PORT": "0",
+    }
     local = LocalCluster(BrokerSettings(port=base, controller_port=base + 1, heap=HEAP, nodes=3), home / "kafka")
     try:
         up = run(["kafka", "up", "--brokers", "3"], env)
@@ -122,8 +127,9 @@ class Scenario:
 
     async def wave(self, phase: str) -> None:
         """Submit WAVE rollouts; a publish that fails (the cluster is electing leaders) is sent again."""
-        requests = [RolloutRequest(task_id=f"{phase}-{i}", group_id=f"g-{phase}", input={"reward": 1.0})
-                    for i in range(WAVE)]  # fmt: skip
+        requests = [
+            RolloutRequest(task_id=f"{phase}-{i}", group_id=f"g-{phase}", input={"reward": 1.0}) for i in range(WAVE)
+        ]
         while True:
             try:
                 await submit(self.settings, requests)
@@ -173,8 +179,11 @@ async def test_kill_9_of_one_node_mid_ingest_loses_and_doubles_nothing(
         figures["rollouts_run_more_than_once"] = sum(
             1 for _, r in scenario.tasks if sum(e.status.value == "succeeded" for e in events[r.rollout_id]) > 1
         )
-        figures |= {"spans_acknowledged": spans.row()["sent"], "submit_retries": scenario.submit_retries,
-                    "span_statuses": dict(scenario.spans.statuses)}  # fmt: skip
+        figures |= {
+            "spans_acknowledged": spans.row()["sent"],
+            "submit_retries": scenario.submit_retries,
+            "span_statuses": dict(scenario.spans.statuses),
+        }
         log.warning("3-node kill -9 figures: %s", figures)  # shown with -rA; also in the junit properties
         for name, value in figures.items():
             record_property(name, value)

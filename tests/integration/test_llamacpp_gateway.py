@@ -2,7 +2,7 @@
 model (and SmolLM2-135M when its directory is there). What the spans record is what llama-server sampled, and its
 logprobs are the trainer's.
 
-The tiny model's server is started once for the module (on a thread's event loop, as :class:`tests.serving.Served`
+The tiny model's server is started once for the module (on a thread's event loop, as :class:`fulmen.testing.served.Served`
 runs services) and each test runs its own gateway over it; the tests that swap versions or kill the child start
 their own."""
 
@@ -28,15 +28,15 @@ from fulmen.producers.llm_gateway.backends.llamacpp_build import find_server
 from fulmen.producers.llm_gateway.settings import LlmSection
 from fulmen.schemas import ModelVersion, TopicKey, semconv
 from fulmen.schemas.errors import ConfigurationError
-from tests.integration.llm_pipeline import (
+from fulmen.testing.llm_pipeline import (
     RecordingTransport,
     base_url,
     llm_gateway_running,
     llm_settings,
     published_spans,
 )
-from tests.publishing import event_publisher
-from tests.serving import Served
+from fulmen.testing.publishing import event_publisher
+from fulmen.testing.served import Served
 
 pytestmark = [pytest.mark.integration, pytest.mark.llamacpp]
 
@@ -71,8 +71,9 @@ class SharedServer:
 
     def __init__(self, model: Path, home: Path, **llm: Any) -> None:
         self.model = model
-        self.options = LlmSection(backend="llamacpp", model=str(model), model_version=0, llamacpp_slots=4,
-                                  llamacpp_threads=2, **llm)  # fmt: skip
+        self.options = LlmSection(
+            backend="llamacpp", model=str(model), model_version=0, llamacpp_slots=4, llamacpp_threads=2, **llm
+        )
         self.transport = RecordingTransport()
         self.replica = LlamaCppBackend(self.options, 0, home, transport=self.transport)
         self.router = ReplicaRouter([self.replica], self.options)
@@ -166,8 +167,11 @@ def test_an_episodes_next_call_reuses_the_cached_prompt_and_a_group_shares_one_p
         client = OpenAI(base_url=base_url(gateway, "r-2"), api_key="x", max_retries=0)
         first = client.chat.completions.create(model="fulmen", messages=MESSAGES, max_tokens=16, temperature=0)
         before = len(tiny_server.transport.exchanges)
-        turn = [*MESSAGES, {"role": "assistant", "content": first.choices[0].message.content},
-                {"role": "user", "content": "And then?"}]  # fmt: skip
+        turn = [
+            *MESSAGES,
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "And then?"},
+        ]
         client.chat.completions.create(model="fulmen", messages=turn, max_tokens=4)
         [(_, answer)] = tiny_server.transport.exchanges[before:]
         assert answer["timings"]["cache_n"] >= first.usage.prompt_tokens  # the first prompt was not computed again
@@ -196,7 +200,7 @@ async def test_a_version_swap_under_load_fails_no_call(
         event_publisher(settings) as publisher,
         llm_gateway_running(
             settings, tiny_model, backend="llamacpp", model_version=0, llamacpp_slots=4, llamacpp_threads=2
-        ) as gateway,  # fmt: skip
+        ) as gateway,
     ):
         client = AsyncOpenAI(base_url=base_url(gateway), api_key="x", max_retries=0)
         v0 = logprobs(await client.chat.completions.create(**ask))
@@ -237,8 +241,15 @@ def logprobs(reply: Any) -> torch.Tensor:
 async def test_a_killed_child_is_replaced_and_the_replica_serves_again(
     settings: FulmenSettings, tiny_model: Path
 ) -> None:
-    async with llm_gateway_running(settings, tiny_model, backend="llamacpp", model_version=0, llamacpp_slots=2,
-                                   replica_retry_s=0.2, replica_retry_max_s=0.5) as gateway:  # fmt: skip
+    async with llm_gateway_running(
+        settings,
+        tiny_model,
+        backend="llamacpp",
+        model_version=0,
+        llamacpp_slots=2,
+        replica_retry_s=0.2,
+        replica_retry_max_s=0.5,
+    ) as gateway:
         client = AsyncOpenAI(base_url=base_url(gateway), api_key="x", max_retries=0)
         ask = {"model": "fulmen", "messages": MESSAGES, "max_tokens": 4}
         await client.chat.completions.create(**ask)

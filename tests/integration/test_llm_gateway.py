@@ -16,9 +16,9 @@ from transformers import AutoTokenizer
 from fulmen.infra.settings import FulmenSettings
 from fulmen.producers.llm_gateway import LlmGateway
 from fulmen.schemas import ModelVersion, TopicKey, semconv
-from tests.integration.llm_pipeline import base_url, llm_gateway_running, llm_settings, published_spans
+from fulmen.testing.llm_pipeline import base_url, llm_gateway_running, llm_settings, published_spans
+from fulmen.testing.publishing import event_publisher
 from tests.models import WEATHER_ANSWER, WEATHER_TOOL
-from tests.publishing import event_publisher
 
 pytestmark = pytest.mark.integration
 
@@ -197,8 +197,13 @@ async def test_follows_new_model_versions_without_failing_calls(
         llm_gateway_running(settings, tiny_model, model_version=0) as gateway,
     ):
         client = AsyncOpenAI(base_url=base_url(gateway), api_key="x", max_retries=0)
-        ask = {"model": "fulmen", "messages": [{"role": "user", "content": "Weather in Paris?"}],
-               "tools": [WEATHER_TOOL], "temperature": 0, "max_tokens": 100}  # fmt: skip
+        ask = {
+            "model": "fulmen",
+            "messages": [{"role": "user", "content": "Weather in Paris?"}],
+            "tools": [WEATHER_TOOL],
+            "temperature": 0,
+            "max_tokens": 100,
+        }
         before = [asyncio.create_task(client.chat.completions.create(**ask)) for _ in range(4)]
         await publisher.publish(TopicKey.MODELS, ModelVersion(model_name="fulmen", version=1, uri=str(tool_model)))
         await publisher.publish(TopicKey.MODELS, ModelVersion(model_name="other", version=9, uri="/nowhere"))
@@ -225,14 +230,19 @@ async def test_a_call_that_names_its_agent_gets_that_agents_adapter(
     from transformers import AutoModelForCausalLM
 
     adapter = tmp_path / "write"
-    get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model), LoraConfig(r=2, target_modules=["q_proj"]),
-                   adapter_name="default").save_pretrained(adapter)  # fmt: skip
+    get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model),
+        LoraConfig(r=2, target_modules=["q_proj"]),
+        adapter_name="default",
+    ).save_pretrained(adapter)
     async with (
         event_publisher(settings) as publisher,
         llm_gateway_running(settings, tiny_model, model_version=0) as gateway,
     ):
-        await publisher.publish(TopicKey.MODELS, ModelVersion(model_name="fulmen", version=3, uri=str(adapter),
-                                                              format="hf_lora_adapter", adapter="write"))  # fmt: skip
+        await publisher.publish(
+            TopicKey.MODELS,
+            ModelVersion(model_name="fulmen", version=3, uri=str(adapter), format="hf_lora_adapter", adapter="write"),
+        )
         async with asyncio.timeout(60):
             while gateway.backend.adapter_version("write") != 3:
                 await asyncio.sleep(0.05)

@@ -14,10 +14,10 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
+from fulmen.infra.processes import free_port
 from fulmen.infra.settings import FulmenSettings
 from fulmen.producers.llm_gateway.backends import transformers_backend
-from tests.conftest import free_port
-from tests.integration.llm_pipeline import base_url, llm_gateway_running
+from fulmen.testing.llm_pipeline import base_url, llm_gateway_running
 from tests.raw_http import send_raw
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
@@ -70,8 +70,11 @@ async def test_healthz_answers_while_a_10mb_prompt_is_handled(settings: FulmenSe
     async with llm_gateway_running(settings, tiny_model) as gateway, httpx.AsyncClient(timeout=120) as client:
         root = f"http://127.0.0.1:{gateway.port}"
         for path in ("/v1/completions", "/v1/chat/completions"):
-            body = {**GOOD, "prompt": prompt} if "chat" not in path else {
-                "model": "fulmen", "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
+            body = (
+                {**GOOD, "prompt": prompt}
+                if "chat" not in path
+                else {"model": "fulmen", "messages": [{"role": "user", "content": prompt}]}
+            )
             call = asyncio.create_task(client.post(f"{root}{path}", json=body))
             worst = 0.0
             while not call.done():
@@ -111,9 +114,11 @@ async def test_bearer_token_body_limit_and_read_timeout(settings: FulmenSettings
 def test_cli_llm_gateway_serves_the_tiny_model(settings: FulmenSettings, tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
-        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap, "FULMEN_HOME": str(tmp_path),
-        "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix, "FULMEN_LLM_FOLLOW_MODELS": "false",
-    }  # fmt: skip
+        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap,
+        "FULMEN_HOME": str(tmp_path),
+        "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "FULMEN_LLM_FOLLOW_MODELS": "false",
+    }
     command = [sys.executable, "-m", "fulmen.cli.main", "llm-gateway", "--model", "tiny", "--port", str(port)]
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

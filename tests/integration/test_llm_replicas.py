@@ -23,9 +23,9 @@ from openai import AsyncOpenAI
 from fulmen.infra.settings import FulmenSettings
 from fulmen.producers.llm_gateway import LlmGateway
 from fulmen.schemas import ModelVersion, TopicKey, semconv
-from tests.integration.llm_pipeline import all_published_spans, base_url, llm_gateway_running
-from tests.publishing import event_publisher
-from tests.vllm_standin import BASE_MODEL, VllmStandIn
+from fulmen.testing.llm_pipeline import all_published_spans, base_url, llm_gateway_running
+from fulmen.testing.publishing import event_publisher
+from fulmen.testing.vllm_standin import BASE_MODEL, VllmStandIn
 
 pytestmark = [pytest.mark.integration, pytest.mark.scale]
 
@@ -43,8 +43,14 @@ async def standins(count: int, root: Path, **options: Any) -> AsyncIterator[list
 
 
 def vllm_options(servers: list[VllmStandIn], **llm: Any) -> dict[str, Any]:
-    return {"backend": "vllm", "upstream_url": ",".join(s.url for s in servers), "model_version": 0,
-            "replica_retry_s": 0.2, "replica_retry_max_s": 1.0, **llm}  # fmt: skip
+    return {
+        "backend": "vllm",
+        "upstream_url": ",".join(s.url for s in servers),
+        "model_version": 0,
+        "replica_retry_s": 0.2,
+        "replica_retry_max_s": 1.0,
+        **llm,
+    }
 
 
 async def agent(gateway: LlmGateway, rollout_id: str | None, calls: int, pause_s: float = 0.0) -> list[str]:
@@ -153,8 +159,13 @@ async def test_two_in_process_replicas_share_calls_and_swap_together(
         event_publisher(settings) as publisher,
         llm_gateway_running(settings, tiny_model, model_version=0, replicas=2, device="cpu") as gateway,
     ):
-        ask = {"model": "fulmen", "messages": [{"role": "user", "content": "Say something"}], "temperature": 0,
-               "max_tokens": 4, "logprobs": True}  # fmt: skip
+        ask = {
+            "model": "fulmen",
+            "messages": [{"role": "user", "content": "Say something"}],
+            "temperature": 0,
+            "max_tokens": 4,
+            "logprobs": True,
+        }
         clients = {r: AsyncOpenAI(base_url=base_url(gateway, r), api_key="x", max_retries=0) for r in "abcd"}
         before = await asyncio.gather(*(clients[r].chat.completions.create(**ask) for r in "abcd" for _ in range(2)))
         await publisher.publish(TopicKey.MODELS, ModelVersion(model_name="fulmen", version=1, uri=str(other)))

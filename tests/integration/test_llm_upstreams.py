@@ -21,7 +21,7 @@ from openai import AsyncOpenAI
 
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas import semconv
-from tests.integration.llm_pipeline import base_url, llm_gateway_running, published_spans
+from fulmen.testing.llm_pipeline import base_url, llm_gateway_running, published_spans
 
 pytestmark = pytest.mark.integration
 
@@ -48,11 +48,20 @@ class StandIn:
             "message": {"role": "assistant", "content": "Hi!"},
             "finish_reason": "stop",
         }
-        data: dict[str, Any] = {"id": "chatcmpl-up", "object": "chat.completion", "model": body["model"],
-                                "choices": [choice], "usage": {"prompt_tokens": 4, "completion_tokens": 3}}  # fmt: skip
+        data: dict[str, Any] = {
+            "id": "chatcmpl-up",
+            "object": "chat.completion",
+            "model": body["model"],
+            "choices": [choice],
+            "usage": {"prompt_tokens": 4, "completion_tokens": 3},
+        }
         if body.get("logprobs"):
-            choice["logprobs"] = {"content": [{"token": t, "logprob": lp, "top_logprobs": []}
-                                              for t, lp in zip(["Hi", "!", ""], LOGPROBS, strict=True)]}  # fmt: skip
+            choice["logprobs"] = {
+                "content": [
+                    {"token": t, "logprob": lp, "top_logprobs": []}
+                    for t, lp in zip(["Hi", "!", ""], LOGPROBS, strict=True)
+                ]
+            }
         if self.vllm and body.get("return_token_ids"):
             data["prompt_token_ids"] = PROMPT_IDS
             choice["token_ids"] = TOKEN_IDS
@@ -61,14 +70,29 @@ class StandIn:
     async def completions(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.requests.append(body)
-        choice: dict[str, Any] = {"index": 0, "text": "Hi!", "finish_reason": "stop",
-                                  "logprobs": {"tokens": ["Hi", "!", ""], "token_logprobs": LOGPROBS,
-                                               "top_logprobs": None, "text_offset": [0, 2, 3]}}  # fmt: skip
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": "Hi!",
+            "finish_reason": "stop",
+            "logprobs": {
+                "tokens": ["Hi", "!", ""],
+                "token_logprobs": LOGPROBS,
+                "top_logprobs": None,
+                "text_offset": [0, 2, 3],
+            },
+        }
         if self.vllm and body.get("return_token_ids"):
             choice["prompt_token_ids"] = PROMPT_IDS
             choice["token_ids"] = TOKEN_IDS
-        return web.json_response({"id": "cmpl-up", "object": "text_completion", "model": body["model"],
-                                  "choices": [choice], "usage": {"prompt_tokens": 4, "completion_tokens": 3}})  # fmt: skip
+        return web.json_response(
+            {
+                "id": "cmpl-up",
+                "object": "text_completion",
+                "model": body["model"],
+                "choices": [choice],
+                "usage": {"prompt_tokens": 4, "completion_tokens": 3},
+            }
+        )
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "Qwen/Qwen2.5-0.5B", "max_model_len": 4096}]})
@@ -92,8 +116,13 @@ async def stand_in(upstream: StandIn) -> AsyncIterator[str]:
 
 
 def upstream_options(url: str, backend: str) -> dict[str, Any]:
-    return {"backend": backend, "model": "Qwen/Qwen2.5-0.5B", "upstream_url": url, "follow_models": False,
-            "model_version": 4}  # fmt: skip
+    return {
+        "backend": backend,
+        "model": "Qwen/Qwen2.5-0.5B",
+        "upstream_url": url,
+        "follow_models": False,
+        "model_version": 4,
+    }
 
 
 async def test_vllm_backend_records_the_upstreams_token_ids(settings: FulmenSettings) -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.processes import free_port
 from fulmen.infra.settings import BrokerSettings
-from tests.conftest import free_port
+from fulmen.schemas.errors import ConfigurationError
 
 pytestmark = pytest.mark.integration
 

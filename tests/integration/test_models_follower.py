@@ -9,7 +9,7 @@ import pytest
 from fulmen.infra.settings import FulmenSettings
 from fulmen.producers.llm_gateway.models_follower import ModelsFollower
 from fulmen.schemas import ModelVersion, TopicKey
-from tests.publishing import event_publisher
+from fulmen.testing.publishing import event_publisher
 
 pytestmark = pytest.mark.integration
 

@@ -45,12 +45,17 @@ async def test_hostile_bodies_get_a_4xx_with_an_encodable_reason(settings: Fulme
             (b"\x1f\x8bnot gzip", PROTOBUF | gz),
             (gzip.compress(b"\x0a\x05hello")[:12] + b"\xff" * 8, PROTOBUF | gz),
             (b'{"resourceSpans": ' + b"[" * 1000 + b"]" * 1000 + b"}", JSON),
-            (b'{"resourceSpans": [{"scopeSpans": [{"spans": [' + b'{"attributes": [{"value": {"kvlistValue": {"values": [' * 200
-             + b"]}}}]}" * 200 + b"]}]}]}", JSON),
+            (
+                b'{"resourceSpans": [{"scopeSpans": [{"spans": ['
+                + b'{"attributes": [{"value": {"kvlistValue": {"values": [' * 200
+                + b"]}}}]}" * 200
+                + b"]}]}]}",
+                JSON,
+            ),
             (_span_json(name="\\ud800").replace(b'"\\\\ud800"', b'"\\ud800"'), JSON),
             (_span_json(key="\\udfff").replace(b'"\\\\udfff"', b'"\\udfff"'), JSON),
             (b'{"resourceSpans": [{"\\ud800": 1}]}', JSON),
-        ]  # fmt: skip
+        ]
         for body, headers in cases:
             response = await client.post(url, content=body, headers=headers)
             assert 400 <= response.status_code < 500, (body[:60], response.status_code, response.text[:200])
@@ -163,8 +168,10 @@ async def test_healthz_answers_while_a_large_body_is_decoded(settings: FulmenSet
         assert (await post).status_code == 200
         assert gateway.stats.records == 10_000 and gateway.stats.spans_accepted == 10_000
         busiest = await turns
-    print(f"OTLP body {len(body)} bytes: worst /healthz latency {worst * 1000:.0f} ms, busiest loop turn "
-          f"{busiest * 1000:.0f} ms of CPU")  # fmt: skip
+    print(
+        f"OTLP body {len(body)} bytes: worst /healthz latency {worst * 1000:.0f} ms, busiest loop turn "
+        f"{busiest * 1000:.0f} ms of CPU"
+    )
     # The loop's thread never works 100 ms without a break (measured ~15 ms; before the decoding process and
     # the frozen heap, full garbage collections on that thread took 300-800 ms). Wall time gets a liveness bound
     # only (the issue measured a 6 s stall): it depends on how busy the machine is.

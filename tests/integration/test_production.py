@@ -15,7 +15,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from openai import AsyncOpenAI
 
-from fulmen.algorithm.replay import load_replay
+from fulmen.algorithm.service.replay import load_replay
 from fulmen.consumers import ConsumerOptions, ConsumersApp, default_sinks
 from fulmen.consumers.feedback import FeedbackSection, FeedbackSink
 from fulmen.consumers.production import ProductionEpisodesSink, ProductionSection, ProductionWorker
@@ -24,7 +24,7 @@ from fulmen.infra.kafka.clients import close_quietly, producer, start_or_raise
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.schemas import RolloutMode, semconv
-from tests.integration.llm_pipeline import base_url, llm_gateway_running
+from fulmen.testing.llm_pipeline import base_url, llm_gateway_running
 from tests.integration.transition_pipeline import FakeSpan, llm_call, produce_spans
 from tests.polling import count_reaches
 
@@ -42,8 +42,15 @@ async def consumers_running(
     yields the detector's worker."""
     production = ProductionEpisodesSink(ProductionSection(idle_s=idle_s))
     transitions = TransitionsSection(late_window_s=late_window_s, late_check_interval_s=0.2)
-    others = [*default_sinks(), TransitionBuilderSink(transitions),
-              FeedbackSink(FeedbackSection(retry_first_s=0.1, retry_max_s=0.5))] if all_sinks else []  # fmt: skip
+    others = (
+        [
+            *default_sinks(),
+            TransitionBuilderSink(transitions),
+            FeedbackSink(FeedbackSection(retry_first_s=0.1, retry_max_s=0.5)),
+        ]
+        if all_sinks
+        else []
+    )
     stop, ready = asyncio.Event(), asyncio.Event()
     app = ConsumersApp(settings, store, [*others, production], ConsumerOptions(max_wait_s=0.1))
     task = asyncio.create_task(app.run(stop, ready))
@@ -71,13 +78,21 @@ async def test_an_agent_in_production_becomes_a_rollout_that_feedback_makes_trai
         httpx.AsyncClient(timeout=30) as http,
     ):
         # an agent of its own: the plain endpoint, its trace propagated; no runner, no rollout id
-        agent = AsyncOpenAI(base_url=base_url(gateway), api_key="x", max_retries=0,
-                            default_headers={"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01"})  # fmt: skip
+        agent = AsyncOpenAI(
+            base_url=base_url(gateway),
+            api_key="x",
+            max_retries=0,
+            default_headers={"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01"},
+        )
         calls = []
         for question in ("hi", "and then?"):
-            calls.append(await agent.chat.completions.create(
-                model="fulmen", messages=[{"role": "user", "content": question}], max_tokens=3,
-            ))  # fmt: skip
+            calls.append(
+                await agent.chat.completions.create(
+                    model="fulmen",
+                    messages=[{"role": "user", "content": question}],
+                    max_tokens=3,
+                )
+            )
         built = f"SELECT count() FROM {db}.transitions FINAL WHERE RolloutId = '{rollout_id}'"
         assert await count_reaches(linked_store, built, 2, timeout_s=60) == 2
         # one end, or two when the machine took longer than idle_s between the calls: then the trace opened again
@@ -88,22 +103,36 @@ async def test_an_agent_in_production_becomes_a_rollout_that_feedback_makes_trai
             assert answer.status_code == 202, answer.text
         stored = f"SELECT count() FROM {db}.feedback WHERE RolloutId = '{rollout_id}'"
         assert await count_reaches(linked_store, stored, 2) == 2
-    assert rows(linked_store, "SELECT RolloutId, Attempt, TaskId, GroupId, Mode, Status, Reward FROM {db}.rollouts "
-                              "FINAL WHERE Mode = 'production'") == [[rollout_id, 1, rollout_id, "", "production",
-                                                                     "succeeded", None]]  # fmt: skip
-    transitions = rows(linked_store, "SELECT CallIndex, TraceId, SpanId, GroupId, length(ResponseTokenIds) > 0 FROM "
-                                     "{db}.transitions FINAL ORDER BY CallIndex")  # fmt: skip
+    assert rows(
+        linked_store,
+        "SELECT RolloutId, Attempt, TaskId, GroupId, Mode, Status, Reward FROM {db}.rollouts "
+        "FINAL WHERE Mode = 'production'",
+    ) == [[rollout_id, 1, rollout_id, "", "production", "succeeded", None]]
+    transitions = rows(
+        linked_store,
+        "SELECT CallIndex, TraceId, SpanId, GroupId, length(ResponseTokenIds) > 0 FROM "
+        "{db}.transitions FINAL ORDER BY CallIndex",
+    )
     assert [t[:2] for t in transitions] == [[0, TRACE_ID], [1, TRACE_ID]]
     assert all(group == "" and tokens for _, _, _, group, tokens in transitions)
     second_call = transitions[1][2]
-    assert rows(linked_store, "SELECT Target, RolloutId, Attempt, TraceId, SpanId, Value FROM {db}.feedback FINAL "
-                              "ORDER BY Target") == [
+    assert rows(
+        linked_store,
+        "SELECT Target, RolloutId, Attempt, TraceId, SpanId, Value FROM {db}.feedback FINAL ORDER BY Target",
+    ) == [
         ["response", rollout_id, 1, TRACE_ID, second_call, -0.5],
         ["trace", rollout_id, 1, TRACE_ID, "", 0.75],
-    ]  # fmt: skip
+    ]
     # replay's loader picks it up: the trace's feedback is its episode reward, the response's that call's reward
-    buffer = load_replay(linked_store, f"SELECT RolloutId FROM {db}.rollouts WHERE Mode = 'production'", database=db,
-                         model_name="fulmen", base_model="", vocab_size=None, group_size=4)  # fmt: skip
+    buffer = load_replay(
+        linked_store,
+        f"SELECT RolloutId FROM {db}.rollouts WHERE Mode = 'production'",
+        database=db,
+        model_name="fulmen",
+        base_model="",
+        vocab_size=None,
+        group_size=4,
+    )
     [group] = buffer.groups
     [episode] = group.rollouts
     assert (episode.rollout_id, episode.mode, episode.episode_reward) == (rollout_id, RolloutMode.PRODUCTION, 0.75)

@@ -16,9 +16,9 @@ from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.producers.llm_gateway.models_follower import PromotionsFollower
 from fulmen.schemas import ModelPromotion, ModelVersion, PromotionAction, TopicKey, TrainStep
+from fulmen.testing.publishing import event_publisher
 from tests.integration.test_models_follower import Backend, until
 from tests.integration.test_train_loop import FULMEN, read_topic
-from tests.publishing import event_publisher
 
 pytestmark = [pytest.mark.integration, pytest.mark.continuous]
 
@@ -33,10 +33,14 @@ def decided(action: PromotionAction, number: int, run: str = "run-a", score: flo
 
 async def test_a_gateway_following_promotions_serves_the_version_in_force(settings: FulmenSettings) -> None:
     async with event_publisher(settings) as publisher:
-        await publisher.publish_many(TopicKey.PROMOTIONS, [
-            decided(PromotionAction.PROMOTE, 1), decided(PromotionAction.PROMOTE, 2),
-            decided(PromotionAction.REJECT, 3),
-        ])  # fmt: skip
+        await publisher.publish_many(
+            TopicKey.PROMOTIONS,
+            [
+                decided(PromotionAction.PROMOTE, 1),
+                decided(PromotionAction.PROMOTE, 2),
+                decided(PromotionAction.REJECT, 3),
+            ],
+        )
         await publisher.publish(TopicKey.MODELS, version(3))  # the newest version: not what this gateway serves
         backend, stop = Backend(), asyncio.Event()
         follower = PromotionsFollower(settings, "m", lambda adapter: backend.version, backend.load)
@@ -53,10 +57,13 @@ async def test_a_gateway_following_promotions_serves_the_version_in_force(settin
 
 def cli(settings: FulmenSettings, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
-        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap, "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
-        "FULMEN_HOME": str(settings.home), "FULMEN_CLICKHOUSE_PATH": str(settings.clickhouse.path),
-        "FULMEN_CLICKHOUSE_DATABASE": settings.clickhouse.database, "FULMEN_CLICKHOUSE_READ_PORT": "0",
-    }  # fmt: skip
+        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap,
+        "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "FULMEN_HOME": str(settings.home),
+        "FULMEN_CLICKHOUSE_PATH": str(settings.clickhouse.path),
+        "FULMEN_CLICKHOUSE_DATABASE": settings.clickhouse.database,
+        "FULMEN_CLICKHOUSE_READ_PORT": "0",
+    }
     return subprocess.run([*FULMEN, *args], env=env, capture_output=True, text=True, timeout=180)
 
 
@@ -64,8 +71,10 @@ def test_models_promote_rollback_and_list(settings: FulmenSettings, tmp_path: Pa
     async def publish() -> None:
         async with event_publisher(settings) as publisher:
             await publisher.publish_many(TopicKey.MODELS, [version(1), version(2)])
-            await publisher.publish_many(TopicKey.PROMOTIONS, [decided(PromotionAction.PROMOTE, 1, score=0.5),
-                                                               decided(PromotionAction.REJECT, 2, score=0.25)])  # fmt: skip
+            await publisher.publish_many(
+                TopicKey.PROMOTIONS,
+                [decided(PromotionAction.PROMOTE, 1, score=0.5), decided(PromotionAction.REJECT, 2, score=0.25)],
+            )
 
     asyncio.run(publish())
     done = cli(settings, "models", "promote", "2", "--model", "m", "--reason", "reviewed")
@@ -76,16 +85,36 @@ def test_models_promote_rollback_and_list(settings: FulmenSettings, tmp_path: Pa
     assert missing.returncode != 0 and "no version 7 of m" in missing.stdout + missing.stderr
     decisions = asyncio.run(read_topic(settings, TopicKey.PROMOTIONS, ModelPromotion))
     assert [(d.action.value, d.model.version) for d in decisions] == [
-        ("promote", 1), ("reject", 2), ("promote", 2), ("rollback", 1)]  # fmt: skip
+        ("promote", 1),
+        ("reject", 2),
+        ("promote", 2),
+        ("rollback", 1),
+    ]
     assert decisions[2].reason == "reviewed" and decisions[3].serving_version == 2
 
     # what `fulmen consume` stores of those topics, then the list a person reads
     store = Store.open(settings)
     store.migrate()
-    for name, events in (("model_versions", [version(1), version(2)]), ("promotions", decisions),
-                         ("train_steps", [TrainStep(run_id="run-a", step=1, model_version=1, num_transitions=1,
-                                                    num_groups=1, reward_mean=0.5, reward_std=0.0, loss=0.1,
-                                                    extra={"val_accuracy": 0.5})])):  # fmt: skip
+    for name, events in (
+        ("model_versions", [version(1), version(2)]),
+        ("promotions", decisions),
+        (
+            "train_steps",
+            [
+                TrainStep(
+                    run_id="run-a",
+                    step=1,
+                    model_version=1,
+                    num_transitions=1,
+                    num_groups=1,
+                    reward_mean=0.5,
+                    reward_std=0.0,
+                    loss=0.1,
+                    extra={"val_accuracy": 0.5},
+                )
+            ],
+        ),
+    ):
         sink = EVENT_SINKS[name]
         store.insert_batch(sink.table, sink.to_batch([sink.rows(e) for e in events]))
     from fulmen.versions import version_rows

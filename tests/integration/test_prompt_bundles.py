@@ -23,7 +23,7 @@ from fulmen.producers.runner import Runner, RunnerSettings, load_agent
 from fulmen.prompt_queries import bundle_rows, scan_prompts, serving_by_scope
 from fulmen.schemas import PromotionAction, RolloutStatus, semconv
 from fulmen.schemas.prompts import PromptBundle, fingerprint
-from tests.integration.llm_pipeline import base_url, llm_gateway_running, published_spans
+from fulmen.testing.llm_pipeline import base_url, llm_gateway_running, published_spans
 from tests.integration.span_pipeline import span_pipeline
 from tests.integration.test_feedback import consumers_running, rows
 from tests.integration.test_models_follower import until
@@ -44,8 +44,9 @@ async def _call(gateway: LlmGateway, rollout_id: str, bundle: str | None = None,
     if bundle is not None:
         url = url.removesuffix("/v1") + f"/bundle/{bundle}/v1"
     async with AsyncOpenAI(base_url=url, api_key="x") as client:
-        raw = await client.chat.completions.with_raw_response.create(model="fulmen", messages=messages, max_tokens=3,
-                                                                     seed=1)  # fmt: skip
+        raw = await client.chat.completions.with_raw_response.create(
+            model="fulmen", messages=messages, max_tokens=3, seed=1
+        )
     return raw.headers.get(semconv.PROMPT_BUNDLE_HEADER)
 
 
@@ -53,8 +54,10 @@ async def test_a_bundle_rewrites_the_calls_of_the_rollouts_naming_it_and_a_promo
     settings: FulmenSettings, linked_store: Store, tiny_model: Path
 ) -> None:
     bundle = PromptBundle.create({fingerprint("system", SYSTEM): BETTER}, source="manual")
-    async with consumers_running(settings, linked_store), llm_gateway_running(settings, tiny_model,
-                                                                                follow_models=False) as gateway:  # fmt: skip
+    async with (
+        consumers_running(settings, linked_store),
+        llm_gateway_running(settings, tiny_model, follow_models=False) as gateway,
+    ):
         await publish_bundles(settings, [bundle])
         # may arrive before the gateway saw the bundle: it waits; the response names the bundle it was served with
         assert await _call(gateway, "named", bundle.bundle_id) == bundle.bundle_id
@@ -97,8 +100,9 @@ async def test_a_bundle_rewrites_the_calls_of_the_rollouts_naming_it_and_a_promo
     [listed] = bundle_rows(linked_store, linked_store.database)
     assert (listed.bundle_id, listed.slots, listed.parents) == (bundle.bundle_id, bundle.slots, ())
     assert serving_by_scope(linked_store, linked_store.database) == {"": ""}  # rolled back to the agent's own
-    decisions = rows(linked_store, "SELECT Action, BundleId, Previous FROM {db}.prompt_promotions FINAL "
-                                   "ORDER BY CreatedAt")  # fmt: skip
+    decisions = rows(
+        linked_store, "SELECT Action, BundleId, Previous FROM {db}.prompt_promotions FINAL ORDER BY CreatedAt"
+    )
     assert decisions == [["promote", bundle.bundle_id, ""], ["rollback", "", bundle.bundle_id]]
 
 
@@ -106,8 +110,9 @@ async def test_a_bundle_id_that_is_not_one_is_refused_with_400(settings: FulmenS
     async with llm_gateway_running(settings, tiny_model, follow_models=False) as gateway, httpx.AsyncClient() as http:
         answer = await http.post(
             base_url(gateway, "r").removesuffix("/v1") + "/bundle/not-a-bundle/v1/chat/completions",
-            json={"model": "fulmen", "messages": MESSAGES}, timeout=60,
-        )  # fmt: skip
+            json={"model": "fulmen", "messages": MESSAGES},
+            timeout=60,
+        )
     assert answer.status_code == 400 and "bundle" in answer.json()["error"]["message"]
 
 
@@ -130,10 +135,13 @@ def test_prompts_create_promote_and_rollback_from_the_command_line(settings: Ful
     dataset.write_text('{"input": {"q": 1}}\n')
     untrained = cli(settings, "train", "--dataset", str(dataset), "--prompt-bundle", "pb-000000000000")
     assert untrained.returncode != 0 and "pb-000000000000: not on this deployment's prompts topic" in (
-        untrained.stdout + untrained.stderr), untrained.stdout + untrained.stderr  # fmt: skip
+        untrained.stdout + untrained.stderr
+    ), untrained.stdout + untrained.stderr
     decisions = asyncio.run(read_prompt_promotions(settings))
     assert [(d.action.value, d.agent, d.bundle_id, d.previous) for d in decisions] == [
-        ("promote", "adder", bundle.bundle_id, ""), ("rollback", "adder", "", bundle.bundle_id)]  # fmt: skip
+        ("promote", "adder", bundle.bundle_id, ""),
+        ("rollback", "adder", "", bundle.bundle_id),
+    ]
 
 
 async def test_a_runner_gets_the_rollouts_bundle_to_the_gateway_with_no_change_to_the_agent(
@@ -148,16 +156,28 @@ async def test_a_runner_gets_the_rollouts_bundle_to_the_gateway_with_no_change_t
         llm_gateway_running(settings, tiny_model, follow_models=False) as gateway,
     ):
         options = RunnerSettings(
-            home=settings.home, kafka=settings.kafka.model_dump(), clickhouse=settings.clickhouse.model_dump(),
-            runner={"agent": "tests.agents.chat:ask", "concurrency": 2, "otlp_endpoint": "", "shutdown_grace_s": 5,
-                    "llm_base_url": f"http://127.0.0.1:{gateway.port}"},
-        )  # fmt: skip
+            home=settings.home,
+            kafka=settings.kafka.model_dump(),
+            clickhouse=settings.clickhouse.model_dump(),
+            runner={
+                "agent": "tests.agents.chat:ask",
+                "concurrency": 2,
+                "otlp_endpoint": "",
+                "shutdown_grace_s": 5,
+                "llm_base_url": f"http://127.0.0.1:{gateway.port}",
+            },
+        )
         runner = Runner(options, load_agent("tests.agents.chat:ask"), tracer_provider=TracerProvider())
         stop = asyncio.Event()
         running = asyncio.create_task(runner.run(stop))
         try:
-            await submit(settings, [request("with", {"question": "2+2?"}, prompt_bundle=bundle.bundle_id),
-                                    request("without", {"question": "2+2?"})])  # fmt: skip
+            await submit(
+                settings,
+                [
+                    request("with", {"question": "2+2?"}, prompt_bundle=bundle.bundle_id),
+                    request("without", {"question": "2+2?"}),
+                ],
+            )
             events = await wait_terminal(settings, {"with", "without"}, timeout_s=120)
         finally:
             stop.set()
@@ -167,9 +187,16 @@ async def test_a_runner_gets_the_rollouts_bundle_to_the_gateway_with_no_change_t
         await pipeline.wait_spans("ServiceName = 'fulmen-llm-gateway'", 2, timeout_s=60)
         db = linked_store.database
         await count_reaches(linked_store, f"SELECT count() FROM {db}.rollouts FINAL WHERE Status = 'succeeded'", 2)
-    calls = {row[0]: row[1:] for row in rows(linked_store, (
-        "SELECT RolloutId, SpanAttributes['fulmen.prompt.bundle'], SpanAttributes['gen_ai.input.messages'] "
-        "FROM {db}.otel_traces FINAL WHERE ServiceName = 'fulmen-llm-gateway'"))}  # fmt: skip
+    calls = {
+        row[0]: row[1:]
+        for row in rows(
+            linked_store,
+            (
+                "SELECT RolloutId, SpanAttributes['fulmen.prompt.bundle'], SpanAttributes['gen_ai.input.messages'] "
+                "FROM {db}.otel_traces FINAL WHERE ServiceName = 'fulmen-llm-gateway'"
+            ),
+        )
+    }
     assert calls["with"][0] == bundle.bundle_id and json.loads(calls["with"][1])[0]["content"] == BETTER
     assert calls["without"][0] == "" and json.loads(calls["without"][1])[0]["content"] == "Answer briefly."
     stored = rows(linked_store, "SELECT RolloutId, PromptBundle FROM {db}.rollouts FINAL ORDER BY RolloutId")
@@ -182,10 +209,13 @@ async def test_scan_names_the_agent_a_call_named_in_its_url_and_reads_chosen_rol
     """A framework's gateway span carries no agent name of its own: scan takes the one the URL named
     (``/agent/{name}``), which is what `fulmen optimize-prompt --only-agent` filters on; ``rollout_ids`` keeps
     only those rollouts' calls."""
-    async with consumers_running(settings, linked_store), llm_gateway_running(settings, tiny_model,
-                                                                                follow_models=False) as gateway:  # fmt: skip
-        async with AsyncOpenAI(base_url=base_url(gateway, "w1").removesuffix("/v1") + "/agent/writer/v1",
-                               api_key="x") as client:  # fmt: skip
+    async with (
+        consumers_running(settings, linked_store),
+        llm_gateway_running(settings, tiny_model, follow_models=False) as gateway,
+    ):
+        async with AsyncOpenAI(
+            base_url=base_url(gateway, "w1").removesuffix("/v1") + "/agent/writer/v1", api_key="x"
+        ) as client:
             await client.chat.completions.create(model="fulmen", messages=MESSAGES, max_tokens=2, seed=1)
         other = [{"role": "system", "content": "Another prompt."}, MESSAGES[1]]
         await _call(gateway, "o1", messages=other)

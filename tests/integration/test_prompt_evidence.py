@@ -31,10 +31,24 @@ def _span(store: Store, rollout: str, span: str, ts: str, operation: str, seen: 
 
 def test_evidence_lists_each_call_of_the_asked_rollouts_in_order(store: Store) -> None:
     system = {"role": "system", "content": "You are a helpful assistant."}
-    _span(store, "r1", "b", "2026-01-01 00:00:02", "chat", [system, {"role": "user", "content": "second?"}],
-          [{"role": "assistant", "content": "two"}])  # fmt: skip
-    _span(store, "r1", "a", "2026-01-01 00:00:01", "chat", [system, {"role": "user", "content": "capital of France?"}],
-          [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "lookup", "arguments": "{}"}}]}])  # fmt: skip
+    _span(
+        store,
+        "r1",
+        "b",
+        "2026-01-01 00:00:02",
+        "chat",
+        [system, {"role": "user", "content": "second?"}],
+        [{"role": "assistant", "content": "two"}],
+    )
+    _span(
+        store,
+        "r1",
+        "a",
+        "2026-01-01 00:00:01",
+        "chat",
+        [system, {"role": "user", "content": "capital of France?"}],
+        [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "lookup", "arguments": "{}"}}]}],
+    )
     _span(store, "r1", "c", "2026-01-01 00:00:03", "execute_tool", [], [])
     _span(store, "r2", "d", "2026-01-01 00:00:01", "chat", [{"role": "user", "content": "other"}], [])
     found = episode_evidence(store, store.database, ["r1", "missing"])

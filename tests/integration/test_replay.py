@@ -1,5 +1,5 @@
 """Replay against the real store and broker: rollouts stored as ``fulmen consume`` stores them are selected with SQL
-and trained on by ``train()`` (no rollout dispatched), the refusals counted; the selection goes through the
+and trained on by ``run_trainer()`` (no rollout dispatched), the refusals counted; the selection goes through the
 read-only guard; and ``fulmen train --replay`` tells what is wrong with a bad selection."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from fulmen.algorithm.service.run import run_trainer
 from fulmen.algorithm.settings import TrainSettings
-from fulmen.algorithm.train import train
 from fulmen.consumers.event_sinks import TRANSITION_SCHEMA, transition_rows
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
@@ -25,16 +25,33 @@ from tests.integration.test_train_loop import FULMEN, VOCAB, read_topic
 pytestmark = [pytest.mark.integration, pytest.mark.continuous]
 
 
-def stored_batch(rng: random.Random, rollout: str, group: str, reward: float | None, *,
-                 too_big: bool = False) -> TransitionBatch:  # fmt: skip
+def stored_batch(
+    rng: random.Random, rollout: str, group: str, reward: float | None, *, too_big: bool = False
+) -> TransitionBatch:
     response = [rng.randrange(VOCAB) for _ in range(4)]
     prompt = [rng.randrange(VOCAB) for _ in range(6)] + ([100_000] if too_big else [])
-    call = Transition(rollout_id=rollout, attempt=1, index=0, trace_id=f"{rng.getrandbits(128):032x}",
-                      span_id=f"{rng.getrandbits(64):016x}", model_version=0, prompt_token_ids=prompt,
-                      response_token_ids=response, response_logprobs=[-1.0] * 4, reward=reward)  # fmt: skip
-    return TransitionBatch(rollout_id=rollout, attempt=1, task_id=f"task-{group}", group_id=group,
-                           status=RolloutStatus.SUCCEEDED, episode_reward=reward, model_version=0,
-                           transitions=[call])  # fmt: skip
+    call = Transition(
+        rollout_id=rollout,
+        attempt=1,
+        index=0,
+        trace_id=f"{rng.getrandbits(128):032x}",
+        span_id=f"{rng.getrandbits(64):016x}",
+        model_version=0,
+        prompt_token_ids=prompt,
+        response_token_ids=response,
+        response_logprobs=[-1.0] * 4,
+        reward=reward,
+    )
+    return TransitionBatch(
+        rollout_id=rollout,
+        attempt=1,
+        task_id=f"task-{group}",
+        group_id=group,
+        status=RolloutStatus.SUCCEEDED,
+        episode_reward=reward,
+        model_version=0,
+        transitions=[call],
+    )
 
 
 def fill(store: Store) -> None:
@@ -48,9 +65,19 @@ def fill(store: Store) -> None:
 
 def replay_settings(settings: FulmenSettings, tmp_path: Path, sql: str, **train: object) -> TrainSettings:
     data = settings.model_dump()
-    data["train"] = {"run_id": "replay-run", "run_dir": tmp_path / "run", "model_path": "tiny", "steps": 2,
-                     "group_size": 4, "groups_per_step": 1, "device": "cpu", "micro_batch_size": 4,
-                     "replay_sql": sql, "max_staleness": 5, **train}  # fmt: skip
+    data["train"] = {
+        "run_id": "replay-run",
+        "run_dir": tmp_path / "run",
+        "model_path": "tiny",
+        "steps": 2,
+        "group_size": 4,
+        "groups_per_step": 1,
+        "device": "cpu",
+        "micro_batch_size": 4,
+        "replay_sql": sql,
+        "max_staleness": 5,
+        **train,
+    }
     return TrainSettings.model_validate(data)
 
 
@@ -60,12 +87,16 @@ def test_train_replays_the_selected_stored_rollouts_and_counts_what_it_refused(
     fill(linked_store)
     db = linked_store.database
     sql = f"SELECT DISTINCT RolloutId FROM {db}.transitions WHERE RolloutId != 'nothing' UNION ALL SELECT 'gone'"
-    steps: list[TrainStep] = asyncio.run(train(replay_settings(settings, tmp_path, sql), [], None))
+    steps: list[TrainStep] = asyncio.run(run_trainer(replay_settings(settings, tmp_path, sql), [], None))
     assert [s.step for s in steps] == [1, 2] and all(s.num_groups == 1 and s.num_transitions == 4 for s in steps)
     assert steps[0].extra["replayed_groups"] == 1.0 and steps[1].extra["replay_passes"] == 1.0  # g0 then g1
     refused = {k: v for k, v in steps[0].extra.items() if k.startswith("replay_refused_")}
-    assert refused == {"replay_refused_no_token_ids": 0.0, "replay_refused_no_reward": 1.0,
-                       "replay_refused_other_base_model": 1.0, "replay_refused_not_found": 1.0}  # fmt: skip
+    assert refused == {
+        "replay_refused_no_token_ids": 0.0,
+        "replay_refused_no_reward": 1.0,
+        "replay_refused_other_base_model": 1.0,
+        "replay_refused_not_found": 1.0,
+    }
     assert steps[0].extra["is_weight_mean"] > 0  # tis against the stored behaviour logprobs
     assert asyncio.run(read_topic(settings, TopicKey.TASKS, ModelVersion)) == []  # nothing was dispatched
     versions = asyncio.run(read_topic(settings, TopicKey.MODELS, ModelVersion))
@@ -77,10 +108,12 @@ def test_the_selection_is_read_only_and_must_name_rollouts(
 ) -> None:
     fill(linked_store)
     with pytest.raises(ReadOnlyError):
-        asyncio.run(train(replay_settings(settings, tmp_path, f"DROP TABLE {linked_store.database}.transitions"), []))
+        asyncio.run(
+            run_trainer(replay_settings(settings, tmp_path, f"DROP TABLE {linked_store.database}.transitions"), [])
+        )
     empty = f"SELECT RolloutId FROM {linked_store.database}.transitions WHERE 0"
     with pytest.raises(Exception, match="nothing to replay: 0 rollout"):
-        asyncio.run(train(replay_settings(settings, tmp_path, empty), []))
+        asyncio.run(run_trainer(replay_settings(settings, tmp_path, empty), []))
 
 
 def test_fulmen_train_without_a_dataset_or_a_replay_says_what_to_pass(tmp_path: Path) -> None:
@@ -99,10 +132,20 @@ def test_tasks_sql_dispatches_the_stored_tasks_a_selection_names(
     from fulmen.schemas import RolloutEvent, RolloutRequest
     from tests.integration.test_train_loop import simulated_runners
 
-    requests = [RolloutRequest(task_id=f"t{n}", group_id=f"g{n}", input={"question": f"{n} + {n}", "n": n})
-                for n in range(4)]  # fmt: skip
-    outcomes = [RolloutEvent(rollout_id=r.rollout_id, attempt=1, status=RolloutStatus.SUCCEEDED, task_id=r.task_id,
-                             group_id=r.group_id, reward=float(n % 2)) for n, r in enumerate(requests)]  # fmt: skip
+    requests = [
+        RolloutRequest(task_id=f"t{n}", group_id=f"g{n}", input={"question": f"{n} + {n}", "n": n}) for n in range(4)
+    ]
+    outcomes = [
+        RolloutEvent(
+            rollout_id=r.rollout_id,
+            attempt=1,
+            status=RolloutStatus.SUCCEEDED,
+            task_id=r.task_id,
+            group_id=r.group_id,
+            reward=float(n % 2),
+        )
+        for n, r in enumerate(requests)
+    ]
     for name, events in (("tasks", requests), ("rollouts", outcomes)):
         sink = EVENT_SINKS[name]
         linked_store.insert_batch(sink.table, sink.to_batch([sink.rows(e) for e in events]))
@@ -113,7 +156,7 @@ def test_tasks_sql_dispatches_the_stored_tasks_a_selection_names(
         stop = asyncio.Event()
         runners = asyncio.create_task(simulated_runners(settings, stop))
         try:
-            return await train(options, [])
+            return await run_trainer(options, [])
         finally:
             stop.set()
             await asyncio.wait_for(runners, 60)
@@ -130,4 +173,4 @@ def test_tasks_sql_without_stored_payloads_says_so(
 ) -> None:
     unknown = "SELECT arrayJoin(['never-dispatched', 'nor-this'])"
     with pytest.raises(Exception, match="none of the 2 selected task id"):
-        asyncio.run(train(replay_settings(settings, tmp_path, "", tasks_sql=unknown), []))
+        asyncio.run(run_trainer(replay_settings(settings, tmp_path, "", tasks_sql=unknown), []))

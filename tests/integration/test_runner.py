@@ -25,7 +25,7 @@ from fulmen.infra.settings import FulmenSettings
 from fulmen.producers.runner import Runner, RunnerSettings, load_agent
 from fulmen.producers.runner.tracing import RolloutStamper
 from fulmen.schemas import RolloutEvent, RolloutRequest, RolloutStatus, TopicKey, decode, semconv, topic, topic_name
-from tests.publishing import event_publisher
+from fulmen.testing.publishing import event_publisher
 
 pytestmark = pytest.mark.integration
 
@@ -34,14 +34,17 @@ FULMEN = [sys.executable, "-m", "fulmen.cli.main"]
 
 def runner_settings(settings: FulmenSettings, agent: str, concurrency: int = 4) -> RunnerSettings:
     return RunnerSettings(
-        home=settings.home, kafka=settings.kafka.model_dump(), clickhouse=settings.clickhouse.model_dump(),
+        home=settings.home,
+        kafka=settings.kafka.model_dump(),
+        clickhouse=settings.clickhouse.model_dump(),
         runner={"agent": agent, "concurrency": concurrency, "otlp_endpoint": "", "shutdown_grace_s": 5},
-    )  # fmt: skip
+    )
 
 
 @asynccontextmanager
-async def runner_running(settings: FulmenSettings, agent: str, provider: TracerProvider | None = None,
-                         concurrency: int = 4) -> AsyncIterator[Runner]:  # fmt: skip
+async def runner_running(
+    settings: FulmenSettings, agent: str, provider: TracerProvider | None = None, concurrency: int = 4
+) -> AsyncIterator[Runner]:
     options = runner_settings(settings, agent, concurrency)
     runner = Runner(options, load_agent(agent), tracer_provider=provider or TracerProvider())
     stop = asyncio.Event()
@@ -110,8 +113,9 @@ async def test_rollouts_run_with_their_lifecycle_rewards_and_stamped_spans(setti
     provider = global_provider_with(exporter)
     rollouts = {f"r{i}": i / 10 for i in range(6)}
     seeds = {"r5": 5}  # a seeded rollout's calls reach the gateway under /seed/<its seed>
-    await submit(settings, [request(r, {"reward": reward, "sleep": 0.2}, seed=seeds.get(r))
-                            for r, reward in rollouts.items()])  # fmt: skip
+    await submit(
+        settings, [request(r, {"reward": reward, "sleep": 0.2}, seed=seeds.get(r)) for r, reward in rollouts.items()]
+    )
     async with runner_running(settings, "tests.agents.simple:echo_reward", provider, concurrency=3) as runner:
         events = await wait_terminal(settings, set(rollouts))
     for rollout, reward in rollouts.items():
@@ -135,23 +139,28 @@ async def test_rollouts_run_with_their_lifecycle_rewards_and_stamped_spans(setti
 
 
 async def test_failures_and_timeouts_are_retried_with_new_attempts(settings: FulmenSettings, tmp_path: Path) -> None:
-    await submit(settings, [
-        request("flaky", {"dir": str(tmp_path), "name": "flaky"}, max_attempts=3),
-        request("bad", {}, max_attempts=2),
-    ])  # fmt: skip
+    await submit(
+        settings,
+        [
+            request("flaky", {"dir": str(tmp_path), "name": "flaky"}, max_attempts=3),
+            request("bad", {}, max_attempts=2),
+        ],
+    )
     async with runner_running(settings, "tests.agents.simple:flaky"):
         events = await wait_terminal(settings, {"flaky"}, final=2)  # the retry waits out its backoff first
     assert [(e.attempt, e.status) for e in events["flaky"] if e.status.terminal] == [
-        (1, RolloutStatus.FAILED), (2, RolloutStatus.SUCCEEDED)
-    ]  # fmt: skip
+        (1, RolloutStatus.FAILED),
+        (2, RolloutStatus.SUCCEEDED),
+    ]
     assert "first try fails" in next(e.error for e in events["flaky"] if e.status is RolloutStatus.FAILED)
     async with runner_running(settings, "tests.agents.simple:always_fails"):
         events = await wait_terminal(settings, {"bad"}, final=2)
         await asyncio.sleep(1.5)  # no third attempt comes
         events = await events_by_rollout(settings)
     assert [(e.attempt, e.status) for e in events["bad"] if e.status.terminal] == [
-        (1, RolloutStatus.FAILED), (2, RolloutStatus.FAILED)
-    ]  # fmt: skip
+        (1, RolloutStatus.FAILED),
+        (2, RolloutStatus.FAILED),
+    ]
 
 
 async def test_a_timeout_is_reported_then_retried(settings: FulmenSettings) -> None:
@@ -165,13 +174,19 @@ async def test_a_timeout_is_reported_then_retried(settings: FulmenSettings) -> N
 
 def _spawn_runner(settings: FulmenSettings, agent: str, log: Path, concurrency: int = 4) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
-        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap, "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
-        "FULMEN_HOME": str(settings.home), "FULMEN_RUNNER_OTLP_ENDPOINT": "",
+        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap,
+        "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "FULMEN_HOME": str(settings.home),
+        "FULMEN_RUNNER_OTLP_ENDPOINT": "",
         "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-    }  # fmt: skip
+    }
     with open(log, "ab") as out:
-        return subprocess.Popen([*FULMEN, "runner", "--agent", agent, "--concurrency", str(concurrency)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        return subprocess.Popen(
+            [*FULMEN, "runner", "--agent", agent, "--concurrency", str(concurrency)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 async def test_kill_9_mid_rollout_runs_the_next_attempt_on_another_runner(
@@ -265,13 +280,16 @@ async def test_an_agent_project_with_its_own_schemas_infra_and_consumers_runs(
         "async def solve(task, llm):\n    return Score(value=BASE + consumers.BONUS).value\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_") and k != "PYTHONPATH"} | {
-        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap, "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
-        "FULMEN_HOME": str(settings.home), "FULMEN_RUNNER_OTLP_ENDPOINT": "",
-    }  # fmt: skip
+        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap,
+        "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "FULMEN_HOME": str(settings.home),
+        "FULMEN_RUNNER_OTLP_ENDPOINT": "",
+    }
     log = tmp_path / "runner.log"
     with open(log, "ab") as out:
-        runner = subprocess.Popen([*FULMEN, "runner", "--agent", "agent:solve"], cwd=project, env=env, stdout=out,
-                                  stderr=subprocess.STDOUT)  # fmt: skip
+        runner = subprocess.Popen(
+            [*FULMEN, "runner", "--agent", "agent:solve"], cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         await submit(settings, [request("own-modules", {})])
         events = await wait_terminal(settings, {"own-modules"}, timeout_s=120)

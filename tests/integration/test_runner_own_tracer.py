@@ -20,7 +20,7 @@ from fulmen.infra.kafka.admin import partition_count
 from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas import TopicKey, semconv, topic_name
-from tests.integration.llm_pipeline import attribute_value
+from fulmen.testing.llm_pipeline import attribute_value
 from tests.integration.span_pipeline import gateway_running
 from tests.integration.test_runner import request, submit, wait_terminal
 
@@ -32,14 +32,19 @@ SPANS_PER_ROLLOUT = 3  # the agents' SPANS_PER_ROLLOUT
 
 def spawn_runner(settings: FulmenSettings, agent: str, otlp_endpoint: str, log: Path) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FULMEN_", "OTEL_"))} | {
-        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap, "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
-        "FULMEN_HOME": str(settings.home), "FULMEN_RUNNER_OTLP_ENDPOINT": otlp_endpoint, "PYTHONPATH": str(ROOT),
-    }  # fmt: skip
+        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap,
+        "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "FULMEN_HOME": str(settings.home),
+        "FULMEN_RUNNER_OTLP_ENDPOINT": otlp_endpoint,
+        "PYTHONPATH": str(ROOT),
+    }
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "fulmen.cli.main", "runner", "--agent", agent, "--concurrency", "2"],
-            env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 async def spans_on_topic(settings: FulmenSettings) -> list[dict[str, Any]]:
@@ -59,10 +64,14 @@ async def spans_on_topic(settings: FulmenSettings) -> list[dict[str, Any]]:
                     for resource_spans in ExportTraceServiceRequest.FromString(record.value).resource_spans:
                         for scope_spans in resource_spans.scope_spans:
                             spans.extend(
-                                {"name": span.name, "trace_id": span.trace_id.hex(), "span_id": span.span_id.hex(),
-                                 "attributes": {kv.key: attribute_value(kv.value) for kv in span.attributes}}
+                                {
+                                    "name": span.name,
+                                    "trace_id": span.trace_id.hex(),
+                                    "span_id": span.span_id.hex(),
+                                    "attributes": {kv.key: attribute_value(kv.value) for kv in span.attributes},
+                                }
                                 for span in scope_spans.spans
-                            )  # fmt: skip
+                            )
     finally:
         await close_quietly([reader])
     return spans

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.dispatcher import DispatchedGroup
-from fulmen.algorithm.groups import ClosedGroup, GroupBook
+from fulmen.algorithm.service.collector import Collector
+from fulmen.algorithm.service.dispatcher import DispatchedGroup
+from fulmen.algorithm.service.groups import ClosedGroup, GroupBook
 from fulmen.consumers.transitions import TransitionsSection
 from fulmen.infra.kafka.clients import consumer, start_or_raise
 from fulmen.infra.settings import FulmenSettings
@@ -64,8 +64,9 @@ async def test_a_retried_attempt_is_never_built_nor_trained_on(
         async with consumers_running(settings, linked_store, section) as app, BatchReader(settings) as reader:
             await submit(settings, requests)
             # 2 slots, 4 rollouts of 1 s: the retries wait for a free slot while the first attempts end
-            async with runner_running(settings, "tests.integration.test_runner_security:slow_then_flaky",
-                                      concurrency=2):  # fmt: skip
+            async with runner_running(
+                settings, "tests.integration.test_runner_security:slow_then_flaky", concurrency=2
+            ):
                 events = await wait_terminal(settings, set(rollouts), final=2)
                 closed = await closed_groups(collector)
             batches = await reader.until(4)
@@ -100,9 +101,11 @@ def fails_once_when_asked(task: dict, llm: object) -> float:
 @asynccontextmanager
 async def backoff_runner(settings: FulmenSettings, agent: str, **runner: object) -> AsyncIterator[Runner]:
     options = RunnerSettings(
-        home=settings.home, kafka=settings.kafka.model_dump(), clickhouse=settings.clickhouse.model_dump(),
+        home=settings.home,
+        kafka=settings.kafka.model_dump(),
+        clickhouse=settings.clickhouse.model_dump(),
         runner={"agent": agent, "otlp_endpoint": "", "shutdown_grace_s": 5, **runner},
-    )  # fmt: skip
+    )
     process = Runner(options, load_agent(agent), tracer_provider=TracerProvider())
     stop = asyncio.Event()
     task = asyncio.create_task(process.run(stop))

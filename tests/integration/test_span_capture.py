@@ -33,17 +33,32 @@ def run_python_agent(url: str, compression: Compression, rollout: str) -> dict[s
     provider = TracerProvider(resource=Resource.create({"service.name": "py-agent", "deployment.environment": "test"}))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("fulmen.tests", "1.2.3")
-    with tracer.start_as_current_span("invoke_agent solver", attributes={
-        semconv.GEN_AI_OPERATION_NAME: "invoke_agent", semconv.GEN_AI_AGENT_NAME: "solver", semconv.ROLLOUT_ID: rollout,
-        semconv.ROLLOUT_ATTEMPT: 3,
-    }) as root:  # fmt: skip
-        with tracer.start_as_current_span("chat tiny", kind=SpanKind.CLIENT, attributes={
-            semconv.GEN_AI_OPERATION_NAME: "chat", semconv.GEN_AI_REQUEST_MODEL: "tiny", semconv.ROLLOUT_ID: rollout,
-            semconv.GEN_AI_REQUEST_TEMPERATURE: 0.7, semconv.GEN_AI_USAGE_INPUT_TOKENS: 4, "stream": False,
-            semconv.GEN_AI_RESPONSE_FINISH_REASONS: ("stop",), semconv.MODEL_VERSION: 5,
-            semconv.PROMPT_TOKEN_IDS: (101, 102, 103, 104), semconv.RESPONSE_TOKEN_IDS: (7, 8),
-            semconv.RESPONSE_LOGPROBS: (-0.25, -1.5),
-        }) as chat:  # fmt: skip
+    with tracer.start_as_current_span(
+        "invoke_agent solver",
+        attributes={
+            semconv.GEN_AI_OPERATION_NAME: "invoke_agent",
+            semconv.GEN_AI_AGENT_NAME: "solver",
+            semconv.ROLLOUT_ID: rollout,
+            semconv.ROLLOUT_ATTEMPT: 3,
+        },
+    ) as root:
+        with tracer.start_as_current_span(
+            "chat tiny",
+            kind=SpanKind.CLIENT,
+            attributes={
+                semconv.GEN_AI_OPERATION_NAME: "chat",
+                semconv.GEN_AI_REQUEST_MODEL: "tiny",
+                semconv.ROLLOUT_ID: rollout,
+                semconv.GEN_AI_REQUEST_TEMPERATURE: 0.7,
+                semconv.GEN_AI_USAGE_INPUT_TOKENS: 4,
+                "stream": False,
+                semconv.GEN_AI_RESPONSE_FINISH_REASONS: ("stop",),
+                semconv.MODEL_VERSION: 5,
+                semconv.PROMPT_TOKEN_IDS: (101, 102, 103, 104),
+                semconv.RESPONSE_TOKEN_IDS: (7, 8),
+                semconv.RESPONSE_LOGPROBS: (-0.25, -1.5),
+            },
+        ) as chat:
             chat.add_event("gen_ai.choice", {"index": 0, "finish_reason": "stop"})
         with tracer.start_as_current_span(
             "execute_tool calculator", links=[Link(chat.get_span_context(), {"why": "uses"})]
@@ -55,8 +70,12 @@ def run_python_agent(url: str, compression: Compression, rollout: str) -> dict[s
         ):
             pass
     provider.shutdown()
-    ids = {"trace": root.get_span_context().trace_id, "root": root.get_span_context().span_id,
-           "chat": chat.get_span_context().span_id, "tool": tool.get_span_context().span_id}  # fmt: skip
+    ids = {
+        "trace": root.get_span_context().trace_id,
+        "root": root.get_span_context().span_id,
+        "chat": chat.get_span_context().span_id,
+        "tool": tool.get_span_context().span_id,
+    }
     return {k: f"{v:032x}" if k == "trace" else f"{v:016x}" for k, v in ids.items()}
 
 
@@ -68,13 +87,16 @@ async def test_python_sdk_protobuf_spans_land_with_their_shape(
     async with span_pipeline(settings, linked_store) as pipeline:
         ids = await asyncio.to_thread(run_python_agent, pipeline.url, compression, "rollout-py")
         assert await pipeline.wait_spans(f"TraceId = '{ids['trace']}'", 4) == 4
-    rows = {r[0]: r for r in linked_store.query(
-        "SELECT SpanName, SpanId, ParentSpanId, SpanKind, ServiceName, ScopeName, ScopeVersion, StatusCode, "
-        "StatusMessage, Duration, SpanAttributes, ResourceAttributes, Events.Name, Events.Attributes, "
-        "Links.SpanId, Links.Attributes, RolloutId, Attempt, AgentName, ModelVersion, PromptTokenIds, "
-        "ResponseTokenIds, ResponseLogprobs, Reward, Timestamp "
-        f"FROM {db}.otel_traces WHERE TraceId = '{ids['trace']}'"
-    ).rows}  # fmt: skip
+    rows = {
+        r[0]: r
+        for r in linked_store.query(
+            "SELECT SpanName, SpanId, ParentSpanId, SpanKind, ServiceName, ScopeName, ScopeVersion, StatusCode, "
+            "StatusMessage, Duration, SpanAttributes, ResourceAttributes, Events.Name, Events.Attributes, "
+            "Links.SpanId, Links.Attributes, RolloutId, Attempt, AgentName, ModelVersion, PromptTokenIds, "
+            "ResponseTokenIds, ResponseLogprobs, Reward, Timestamp "
+            f"FROM {db}.otel_traces WHERE TraceId = '{ids['trace']}'"
+        ).rows
+    }
     root, chat = rows["invoke_agent solver"], rows["chat tiny"]
     tool, reward = rows["execute_tool calculator"], rows[semconv.SPAN_REWARD]
     assert root[1] == ids["root"] and root[2] == ""
@@ -111,11 +133,14 @@ async def test_js_sdk_json_exporter_spans_land(
         assert result.returncode == 0, result.stderr
         ids = json.loads(result.stdout.strip().splitlines()[-1])
         assert await pipeline.wait_spans(f"TraceId = '{ids['trace_id']}'", 2) == 2
-    rows = {r[0]: r for r in linked_store.query(
-        "SELECT SpanName, SpanId, ParentSpanId, ServiceName, StatusCode, StatusMessage, PromptTokenIds, "
-        "ResponseTokenIds, ResponseLogprobs, RolloutId, Attempt, SpanAttributes, Events.Name, AgentName "
-        f"FROM {linked_store.database}.otel_traces WHERE TraceId = '{ids['trace_id']}'"
-    ).rows}  # fmt: skip
+    rows = {
+        r[0]: r
+        for r in linked_store.query(
+            "SELECT SpanName, SpanId, ParentSpanId, ServiceName, StatusCode, StatusMessage, PromptTokenIds, "
+            "ResponseTokenIds, ResponseLogprobs, RolloutId, Attempt, SpanAttributes, Events.Name, AgentName "
+            f"FROM {linked_store.database}.otel_traces WHERE TraceId = '{ids['trace_id']}'"
+        ).rows
+    }
     root, chat = rows["invoke_agent planner"], rows["chat tiny"]
     assert root[1] == ids["root"] and chat[1] == ids["chat"] and chat[2] == ids["root"]
     assert root[3] == "js-agent" and (root[4], root[5]) == ("Error", "tool failed")

@@ -24,10 +24,10 @@ from bench.otlp_payloads import make_request
 from fulmen.infra.kafka.admin import ensure_topics
 from fulmen.infra.kafka.clients import consumer, producer, start_or_raise
 from fulmen.infra.kafka.local import LocalKafka
+from fulmen.infra.processes import free_port
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
 from fulmen.infra.store import RemoteReader, Store
 from fulmen.schemas import DeadLetterHeaders, TopicKey, topic, topic_name
-from tests.conftest import free_port
 from tests.integration.span_pipeline import gateway_running, span_pipeline
 from tests.polling import count_reaches
 
@@ -59,14 +59,29 @@ async def test_bad_requests_get_the_right_status_and_publish_nothing(settings: F
                 (await client.post(url, content=body, headers=PROTOBUF | {"Authorization": "Bearer nope"}), 401),
                 (await client.post(url, content=body, headers=PROTOBUF | {"Authorization": "Basic czNjcmV0"}), 401),
                 (await client.post(url, content=b"\x0a\xff\xff\xff", headers=PROTOBUF | auth), 400),
-                (await client.post(url, content=b"{not json", headers={"Content-Type": "application/json"} | auth), 400),
-                (await client.post(url, content=b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz"}]}]}]}',
-                                   headers={"Content-Type": "application/json"} | auth), 400),
+                (
+                    await client.post(url, content=b"{not json", headers={"Content-Type": "application/json"} | auth),
+                    400,
+                ),
+                (
+                    await client.post(
+                        url,
+                        content=b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz"}]}]}]}',
+                        headers={"Content-Type": "application/json"} | auth,
+                    ),
+                    400,
+                ),
                 (await client.post(url, content=body, headers={"Content-Type": "text/plain"} | auth), 415),
                 (await client.post(url, content=b"x" * (65 * 1024), headers=PROTOBUF | auth), 413),
-                (await client.post(url, content=gzip.compress(b"\0" * (1024 * 1024)),
-                                   headers=PROTOBUF | auth | {"Content-Encoding": "gzip"}), 413),
-            ]  # fmt: skip
+                (
+                    await client.post(
+                        url,
+                        content=gzip.compress(b"\0" * (1024 * 1024)),
+                        headers=PROTOBUF | auth | {"Content-Encoding": "gzip"},
+                    ),
+                    413,
+                ),
+            ]
             for response, expected in cases:
                 assert response.status_code == expected, (expected, response.text)
             assert "invalid" not in cases[3][0].text and b"not an OTLP" in cases[3][0].content
@@ -140,9 +155,11 @@ async def test_kill_9_of_the_consumers_mid_stream_loses_and_doubles_nothing(
 ) -> None:
     read_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
-        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap, "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
-        "FULMEN_HOME": str(tmp_path), "FULMEN_CLICKHOUSE_READ_PORT": str(read_port),
-    }  # fmt: skip
+        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap,
+        "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "FULMEN_HOME": str(tmp_path),
+        "FULMEN_CLICKHOUSE_READ_PORT": str(read_port),
+    }
     log = tmp_path / "consume.log"
     process = _start_consumers(env, log)
     batches, per_batch = 60, 200
@@ -189,8 +206,11 @@ async def _wait_count(reader: RemoteReader, marker: str, expected: int, timeout_
 async def test_a_stopped_broker_means_503_and_the_exporter_retry_delivers(tmp_path: Path, store_path: Path) -> None:
     broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), tmp_path / "kafka")
     await asyncio.to_thread(broker.start)
-    settings = FulmenSettings(home=tmp_path, kafka={"bootstrap": broker.bootstrap},
-                              clickhouse={"path": store_path, "database": f"t{tmp_path.name[-8:]}", "read_port": 0})  # fmt: skip
+    settings = FulmenSettings(
+        home=tmp_path,
+        kafka={"bootstrap": broker.bootstrap},
+        clickhouse={"path": store_path, "database": f"t{tmp_path.name[-8:]}", "read_port": 0},
+    )
     await ensure_topics(settings)
     store = Store.open(settings)
     store.migrate()

@@ -14,9 +14,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from bench.otlp_payloads import make_request
 from fulmen.consumers.otlp_rows import SPAN_SCHEMA
 from fulmen.consumers.spans import SpanSink, native_flattener
-from fulmen.infra.errors import DecodeError
 from fulmen.infra.store import Store
 from fulmen.schemas import semconv
+from fulmen.schemas.errors import DecodeError
 
 pytestmark = [
     pytest.mark.integration,
@@ -63,10 +63,21 @@ values = st.recursive(
     ),
     max_leaves=6,
 )
-keys = st.sampled_from([
-    "k1", "k2", "ünï", semconv.ROLLOUT_ID, semconv.ROLLOUT_ATTEMPT, semconv.MODEL_VERSION, semconv.GEN_AI_AGENT_NAME,
-    semconv.AGENT_NAME, semconv.REWARD_VALUE, semconv.GEN_AI_EVALUATION_SCORE_VALUE, semconv.SERVICE_NAME,
-])  # fmt: skip
+keys = st.sampled_from(
+    [
+        "k1",
+        "k2",
+        "ünï",
+        semconv.ROLLOUT_ID,
+        semconv.ROLLOUT_ATTEMPT,
+        semconv.MODEL_VERSION,
+        semconv.GEN_AI_AGENT_NAME,
+        semconv.AGENT_NAME,
+        semconv.REWARD_VALUE,
+        semconv.GEN_AI_EVALUATION_SCORE_VALUE,
+        semconv.SERVICE_NAME,
+    ]
+)
 token_arrays = st.one_of(
     st.lists(st.integers(0, 2**32 - 1), max_size=6).map(lambda ids: _array([AnyValue(int_value=i) for i in ids])),
     st.lists(st.integers(-5, 2**33), min_size=1, max_size=3).map(

@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fulmen.infra.errors import ConfigurationError, PoisonInputError
 from fulmen.infra.store import ReadEndpoint, ReadOnlyError, RemoteReader, Store
+from fulmen.schemas.errors import ConfigurationError, PoisonInputError
+from fulmen.testing.served import ServedEndpoint
 from tests.conftest import make_settings
-from tests.serving import ServedEndpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
 
@@ -108,8 +108,9 @@ def db_store(tmp_path: Path, store_path: Path) -> Iterator[Store]:
 
 def _insert_version(store: Store, version: int) -> None:
     """An insert on the store's own handle, as the consumers make them."""
-    store.client.insert(store.table("model_versions"), [["m", version, f"/c/{version}"]],
-                        column_names=["ModelName", "Version", "Uri"])  # fmt: skip
+    store.client.insert(
+        store.table("model_versions"), [["m", version, f"/c/{version}"]], column_names=["ModelName", "Version", "Uri"]
+    )
 
 
 def _count(store: Store) -> int:

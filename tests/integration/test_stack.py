@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from fulmen.infra.kafka.local import LocalKafka, process_alive
-from tests.conftest import free_port
+from fulmen.infra.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -87,7 +87,9 @@ def test_up_status_agent_restart_down(env: dict[str, str], tiny_model: Path, tmp
         assert shown.returncode == 0, shown.stdout + shown.stderr
         for name in ["supervisor", "kafka", *names]:
             assert any(line.split()[1:2] == [name] and " up " in line for line in shown.stdout.splitlines()), (
-                name, shown.stdout)  # fmt: skip
+                name,
+                shown.stdout,
+            )
 
         _agent_answers_and_its_spans_land(env, otlp, base_url)
         old = {name: int((stack / f"{name}.pid").read_text()) for name in names} | {"up": state["pid"]}

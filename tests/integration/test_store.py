@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from fulmen.consumers.event_sinks import EVENT_SINKS
-from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import ReadOnlyError, Store
 from fulmen.schemas import (
@@ -22,6 +21,7 @@ from fulmen.schemas import (
     TransitionBatch,
 )
 from fulmen.schemas.ddl import MIGRATIONS, TABLES
+from fulmen.schemas.errors import ConfigurationError
 
 pytestmark = pytest.mark.integration
 
@@ -37,9 +37,9 @@ def _insert(store: Store, sink_name: str, *events: object) -> None:
 def test_migrations_are_idempotent(store: Store) -> None:
     assert store.migrate() == []
     assert store.applied_versions() == {m.version for m in MIGRATIONS}
-    engines = dict(store.query(
-        "SELECT name, engine FROM system.tables WHERE database = {db:String}", {"db": store.database}
-    ).rows)  # fmt: skip
+    engines = dict(
+        store.query("SELECT name, engine FROM system.tables WHERE database = {db:String}", {"db": store.database}).rows
+    )
     for table in TABLES.values():
         assert engines[table] == "ReplacingMergeTree"
     store.command(f"DELETE FROM {store.database}.schema_migrations WHERE Version = 3")  # as if interrupted
@@ -68,13 +68,30 @@ def test_rollouts_keep_the_latest_state_per_attempt(store: Store) -> None:
 
 def test_transitions_store_token_arrays_exactly(store: Store) -> None:
     calls = [
-        Transition(rollout_id="r", attempt=1, index=i, trace_id="a" * 32, span_id=f"{i:016x}",
-                   prompt_token_ids=[0, 151_643, 2**31], response_token_ids=[i + 1] * (i + 1),
-                   response_logprobs=[-0.25] * (i + 1), reward=0.5 * i, agent_name="solver")
+        Transition(
+            rollout_id="r",
+            attempt=1,
+            index=i,
+            trace_id="a" * 32,
+            span_id=f"{i:016x}",
+            prompt_token_ids=[0, 151_643, 2**31],
+            response_token_ids=[i + 1] * (i + 1),
+            response_logprobs=[-0.25] * (i + 1),
+            reward=0.5 * i,
+            agent_name="solver",
+        )
         for i in range(3)
-    ]  # fmt: skip
-    batch = TransitionBatch(rollout_id="r", attempt=1, task_id="t", group_id="g", status=RolloutStatus.SUCCEEDED,
-                            episode_reward=1.0, transitions=calls, created_at=WHEN)  # fmt: skip
+    ]
+    batch = TransitionBatch(
+        rollout_id="r",
+        attempt=1,
+        task_id="t",
+        group_id="g",
+        status=RolloutStatus.SUCCEEDED,
+        episode_reward=1.0,
+        transitions=calls,
+        created_at=WHEN,
+    )
     _insert(store, "transitions", batch)
     _insert(store, "transitions", batch)  # redelivered
     rows = store.query(
@@ -87,10 +104,23 @@ def test_transitions_store_token_arrays_exactly(store: Store) -> None:
 
 def test_model_versions_and_train_steps(store: Store) -> None:
     _insert(store, "model_versions", ModelVersion(model_name="m", version=2, uri="/c/2", created_at=WHEN))
-    _insert(store, "train_steps", TrainStep(
-        run_id="run", step=7, model_version=2, num_transitions=64, num_groups=8, reward_mean=0.4, reward_std=0.2,
-        loss=0.1, kl=None, extra={"grad_norm": 1.5, "lr": 1e-4}, created_at=WHEN,
-    ))  # fmt: skip
+    _insert(
+        store,
+        "train_steps",
+        TrainStep(
+            run_id="run",
+            step=7,
+            model_version=2,
+            num_transitions=64,
+            num_groups=8,
+            reward_mean=0.4,
+            reward_std=0.2,
+            loss=0.1,
+            kl=None,
+            extra={"grad_norm": 1.5, "lr": 1e-4},
+            created_at=WHEN,
+        ),
+    )
     assert store.query(f"SELECT ModelName, Version, Uri, CreatedAt FROM {store.database}.model_versions").rows == [
         ["m", 2, "/c/2", NAIVE_WHEN]
     ]
@@ -145,7 +175,7 @@ def test_a_second_process_gets_a_clear_error(store: Store, store_path: Path) -> 
     code = (
         "from fulmen.infra.settings import FulmenSettings\n"
         "from fulmen.infra.store import ReadOnlyError, Store\n"
-        "from fulmen.infra.errors import ConfigurationError\n"
+        "from fulmen.schemas.errors import ConfigurationError\n"
         f"try:\n    Store.open(FulmenSettings(clickhouse={{'path': {str(store_path)!r}}}))\n"
         "except ConfigurationError as e:\n    print('CONFIG:', e)\n"
     )
@@ -162,17 +192,21 @@ def test_otel_traces_has_the_collector_exporter_s_columns_and_types(store: Store
     described = {row[0]: row[1] for row in store.query(f"DESCRIBE TABLE {store.database}.otel_traces").rows}
     ours = {name: kind.replace("DateTime64(9, 'UTC')", "DateTime64(9)") for name, kind in described.items()}
     assert {name: ours.get(name) for name in COLUMNS} == COLUMNS
-    store.command(f"INSERT INTO {store.database}.otel_traces (TraceId, SpanId, SpanAttributes) "
-                  "VALUES ('t', 's', map('gen_ai.system', 'fulmen', 'k', 'v'))")  # fmt: skip
+    store.command(
+        f"INSERT INTO {store.database}.otel_traces (TraceId, SpanId, SpanAttributes) "
+        "VALUES ('t', 's', map('gen_ai.system', 'fulmen', 'k', 'v'))"
+    )
     items = store.query(f"SELECT SpanAttributeItems FROM {store.database}.otel_traces WHERE TraceId = 't'").rows
     assert [list(row) for row in items] == [[["gen_ai.system=fulmen", "k=v"]]]
 
 
 def test_the_embedded_engine_runs_with_bounded_caches_and_spans_writers(store: Store) -> None:
     """The engine options of ClickHouseSettings reach the engine; the spans table's writers are bounded."""
-    server = dict(store.query(
-        "SELECT name, value FROM system.server_settings WHERE name IN ('mark_cache_size', 'max_server_memory_usage')"
-    ).rows)  # fmt: skip
+    server = dict(
+        store.query(
+            "SELECT name, value FROM system.server_settings WHERE name IN ('mark_cache_size', 'max_server_memory_usage')"
+        ).rows
+    )
     assert int(server["mark_cache_size"]) == store.settings.engine_cache_bytes
     assert int(server["max_server_memory_usage"]) == store.settings.engine_max_memory_bytes
     ddl = store.query(
@@ -185,8 +219,9 @@ def test_the_embedded_engine_runs_with_bounded_caches_and_spans_writers(store: S
 
 def test_a_long_array_parameter_finds_its_rows(store: Store) -> None:
     ids = [f"r-{i}'" for i in range(200)]  # quotes in them: the literal escapes them
-    rows = store.query("SELECT count() FROM numbers(1) WHERE concat('r-', '7', '''') IN {ids:Array(String)}",
-                       {"ids": ids}, final=False).rows  # fmt: skip
+    rows = store.query(
+        "SELECT count() FROM numbers(1) WHERE concat('r-', '7', '''') IN {ids:Array(String)}", {"ids": ids}, final=False
+    ).rows
     keys = [(f"r-{i}'", i) for i in range(200)]
     found = store.query("SELECT ('r-7''', 7) IN {keys:Array(Tuple(String, UInt32))}", {"keys": keys}, final=False)
     assert rows == [[1]] and found.rows == [[1]]

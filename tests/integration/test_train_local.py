@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import fulmen
-from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.store import Store
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import TrainStep
 from fulmen.schemas.prompts import PromptBundle, fingerprint
 
@@ -40,10 +40,21 @@ def test_train_in_one_call_returns_the_report(env: None, tiny_model: Path, tmp_p
     dataset = tmp_path / "train.jsonl"
     dataset.write_text("".join(f'{{"input": {{"question": "{q}"}}}}\n' for q in QUESTIONS))
     seen: list[TrainStep] = []
-    report = fulmen.train(agent="tests.agents.chat:ask", dataset=dataset, model=tiny_model,
-                          val=[{"question": "Say yes.", "greedy": True}, {"question": "What is 1+1?"}], steps=2,
-                          on_step=seen.append, group_size=2, groups_per_step=2, val_group_size=1, lr=1e-5,
-                          micro_batch_size=8, dtype="float32", rollout_timeout_s=120.0)  # fmt: skip
+    report = fulmen.train(
+        agent="tests.agents.chat:ask",
+        dataset=dataset,
+        model=tiny_model,
+        val=[{"question": "Say yes.", "greedy": True}, {"question": "What is 1+1?"}],
+        steps=2,
+        on_step=seen.append,
+        group_size=2,
+        groups_per_step=2,
+        val_group_size=1,
+        lr=1e-5,
+        micro_batch_size=8,
+        dtype="float32",
+        rollout_timeout_s=120.0,
+    )
     assert isinstance(report, fulmen.TrainReport)
     assert report.steps == 2 and [step for step, _ in report.reward_curve] == [1, 2]
     assert [reward for _, reward in report.reward_curve] == [1.0, 1.0]  # the agent's reward: it answered
@@ -59,8 +70,14 @@ def test_train_in_one_call_returns_the_report(env: None, tiny_model: Path, tmp_p
 def stored(run_dir: Path, query: str) -> list[dict]:
     """``fulmen sql`` on a finished run's own store."""
     env = os.environ | {"FULMEN_CLICKHOUSE_PATH": str(run_dir / "chdb"), "FULMEN_CLICKHOUSE_READ_PORT": "0"}
-    done = subprocess.run([sys.executable, "-m", "fulmen.cli.main", "sql", "-f", "jsonl", query], capture_output=True,
-                          text=True, env=env, timeout=120, cwd=ROOT)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "fulmen.cli.main", "sql", "-f", "jsonl", query],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
@@ -69,10 +86,20 @@ def test_grpo_on_a_prompt_bundles_rollouts(env: None, tiny_model: Path, tmp_path
     """prompt_bundle=: every training and validation rollout names the bundle (published on the run's own topic);
     the gateway applied it to every call, and each rollout and transition records the bundle and a model version."""
     bundle = PromptBundle.create({fingerprint("system", "Answer briefly."): "Answer in one word."})
-    report = fulmen.train(agent="tests.agents.chat:ask", dataset=[{"question": q} for q in QUESTIONS[:2]],
-                          model=tiny_model, val=[{"question": "Say yes."}], steps=1, prompt_bundle=bundle,
-                          group_size=2, groups_per_step=1, val_group_size=1, micro_batch_size=8, dtype="float32",
-                          rollout_timeout_s=120.0)  # fmt: skip
+    report = fulmen.train(
+        agent="tests.agents.chat:ask",
+        dataset=[{"question": q} for q in QUESTIONS[:2]],
+        model=tiny_model,
+        val=[{"question": "Say yes."}],
+        steps=1,
+        prompt_bundle=bundle,
+        group_size=2,
+        groups_per_step=1,
+        val_group_size=1,
+        micro_batch_size=8,
+        dtype="float32",
+        rollout_timeout_s=120.0,
+    )
     assert report.steps == 1
     rollouts = stored(report.run_dir, "SELECT Mode, PromptBundle, ModelVersion, Status FROM rollouts FINAL")
     assert {r["Mode"] for r in rollouts} == {"train", "val"} and len(rollouts) >= 4, rollouts
@@ -81,24 +108,52 @@ def test_grpo_on_a_prompt_bundles_rollouts(env: None, tiny_model: Path, tmp_path
     transitions = stored(report.run_dir, "SELECT Mode, PromptBundle, ModelVersion FROM transitions FINAL")
     assert {t["Mode"] for t in transitions} == {"train", "val"}, transitions
     assert all(t["PromptBundle"] == bundle.bundle_id and t["ModelVersion"] is not None for t in transitions)
-    [calls] = stored(report.run_dir, (
-        "SELECT count() AS calls, countIf(SpanAttributes['fulmen.prompt.bundle'] = '" + bundle.bundle_id + "') AS "
-        "named, countIf(SpanAttributes['gen_ai.input.messages'] LIKE '%Answer in one word.%') AS replaced "
-        "FROM otel_traces WHERE SpanAttributes['gen_ai.operation.name'] = 'chat'"))  # fmt: skip
+    [calls] = stored(
+        report.run_dir,
+        (
+            "SELECT count() AS calls, countIf(SpanAttributes['fulmen.prompt.bundle'] = '" + bundle.bundle_id + "') AS "
+            "named, countIf(SpanAttributes['gen_ai.input.messages'] LIKE '%Answer in one word.%') AS replaced "
+            "FROM otel_traces WHERE SpanAttributes['gen_ai.operation.name'] = 'chat'"
+        ),
+    )
     assert calls["calls"] == calls["named"] == calls["replaced"] == len(rollouts), calls
 
     # the command line names it by id: --local reads it from --source-store and publishes it on its own topics
     dataset = tmp_path / "again.jsonl"
     dataset.write_text('{"input": {"question": "Say hi."}}\n')
     again = subprocess.run(
-        [sys.executable, "-m", "fulmen.cli.main", "train", "--local", "--agent", "tests.agents.chat:ask",
-         "--dataset", str(dataset), "--model", str(tiny_model), "--steps", "1", "--prompt-bundle", bundle.bundle_id,
-         "--source-store", str(report.run_dir / "chdb")],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-        env=os.environ | {"FULMEN_TRAIN_GROUP_SIZE": "2", "FULMEN_TRAIN_GROUPS_PER_STEP": "1",
-                          "FULMEN_TRAIN_MICRO_BATCH_SIZE": "8", "FULMEN_TRAIN_DTYPE": "float32",
-                          "FULMEN_TRAIN_ROLLOUT_TIMEOUT_S": "120"},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "fulmen.cli.main",
+            "train",
+            "--local",
+            "--agent",
+            "tests.agents.chat:ask",
+            "--dataset",
+            str(dataset),
+            "--model",
+            str(tiny_model),
+            "--steps",
+            "1",
+            "--prompt-bundle",
+            bundle.bundle_id,
+            "--source-store",
+            str(report.run_dir / "chdb"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=os.environ
+        | {
+            "FULMEN_TRAIN_GROUP_SIZE": "2",
+            "FULMEN_TRAIN_GROUPS_PER_STEP": "1",
+            "FULMEN_TRAIN_MICRO_BATCH_SIZE": "8",
+            "FULMEN_TRAIN_DTYPE": "float32",
+            "FULMEN_TRAIN_ROLLOUT_TIMEOUT_S": "120",
+        },
+    )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     run_dir = Path(next(line for line in again.stdout.splitlines() if "run dir" in line).rsplit("run dir ", 1)[1])
     named = stored(run_dir, "SELECT DISTINCT PromptBundle AS b FROM transitions FINAL")
@@ -110,9 +165,15 @@ def test_a_stored_bundle_comes_back_as_the_event_that_published_it(store: Store)
     from fulmen.consumers.event_sinks import EVENT_SINKS
     from fulmen.prompt_queries import stored_bundle
 
-    bundle = PromptBundle.create({"tpl:ask": "Q: {question} (in French)"}, templates={"ask": "Q: {question}"},
-                                 parents=["pb-0123456789ab"], scores={"v1": 0.5}, agent="write", source="gepa",
-                                 run_id="s-run")  # fmt: skip
+    bundle = PromptBundle.create(
+        {"tpl:ask": "Q: {question} (in French)"},
+        templates={"ask": "Q: {question}"},
+        parents=["pb-0123456789ab"],
+        scores={"v1": 0.5},
+        agent="write",
+        source="gepa",
+        run_id="s-run",
+    )
     sink = EVENT_SINKS["prompt_bundles"]
     store.insert_batch(sink.table, sink.to_batch([sink.rows(bundle)]))
     again = stored_bundle(store, store.database, bundle.bundle_id)

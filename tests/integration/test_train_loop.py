@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from aiokafka import TopicPartition
 
-from fulmen.algorithm.dispatcher import DatasetTask
+from fulmen.algorithm.service.dispatcher import DatasetTask
+from fulmen.algorithm.service.run import run_trainer
 from fulmen.algorithm.settings import TrainSettings
-from fulmen.algorithm.train import train
 from fulmen.infra.kafka.clients import consumer, start_or_raise
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas import (
@@ -31,7 +31,7 @@ from fulmen.schemas import (
     topic,
     topic_name,
 )
-from tests.publishing import event_publisher
+from fulmen.testing.publishing import event_publisher
 
 pytestmark = pytest.mark.integration
 
@@ -46,17 +46,31 @@ def answer(request: RolloutRequest, rng: random.Random) -> TransitionBatch:
     calls = []
     for index in range(rng.randint(1, 2)):
         response = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 5))]
-        calls.append(Transition(
-            rollout_id=request.rollout_id, attempt=request.attempt, index=index, trace_id=f"{rng.getrandbits(128):032x}",
-            span_id=f"{rng.getrandbits(64):016x}", model_version=request.model_version,
-            prompt_token_ids=[rng.randrange(VOCAB) for _ in range(rng.randint(2, 8))], response_token_ids=response,
-            response_logprobs=[-rng.random() * 3 for _ in response], reward=reward,
-        ))  # fmt: skip
+        calls.append(
+            Transition(
+                rollout_id=request.rollout_id,
+                attempt=request.attempt,
+                index=index,
+                trace_id=f"{rng.getrandbits(128):032x}",
+                span_id=f"{rng.getrandbits(64):016x}",
+                model_version=request.model_version,
+                prompt_token_ids=[rng.randrange(VOCAB) for _ in range(rng.randint(2, 8))],
+                response_token_ids=response,
+                response_logprobs=[-rng.random() * 3 for _ in response],
+                reward=reward,
+            )
+        )
     return TransitionBatch(
-        rollout_id=request.rollout_id, attempt=request.attempt, task_id=request.task_id, group_id=request.group_id,
-        mode=request.mode, status=RolloutStatus.SUCCEEDED, episode_reward=reward, model_version=request.model_version,
+        rollout_id=request.rollout_id,
+        attempt=request.attempt,
+        task_id=request.task_id,
+        group_id=request.group_id,
+        mode=request.mode,
+        status=RolloutStatus.SUCCEEDED,
+        episode_reward=reward,
+        model_version=request.model_version,
         transitions=calls,
-    )  # fmt: skip
+    )
 
 
 async def simulated_runners(settings: FulmenSettings, stop: asyncio.Event) -> int:
@@ -97,11 +111,24 @@ async def read_topic(settings: FulmenSettings, key: TopicKey, model: type) -> li
 
 def train_settings(settings: FulmenSettings, model: Path, run_dir: Path) -> TrainSettings:
     return TrainSettings(
-        home=settings.home, kafka=settings.kafka.model_dump(), clickhouse=settings.clickhouse.model_dump(),
-        train={"model_path": str(model), "run_dir": run_dir, "run_id": "test-run", "steps": 2, "group_size": 3,
-               "groups_per_step": 2, "lr": 1e-4, "device": "cpu", "dtype": "float32", "group_timeout_s": 120,
-               "consumer_group": "test.trainer", "val_group_size": 2},
-    )  # fmt: skip
+        home=settings.home,
+        kafka=settings.kafka.model_dump(),
+        clickhouse=settings.clickhouse.model_dump(),
+        train={
+            "model_path": str(model),
+            "run_dir": run_dir,
+            "run_id": "test-run",
+            "steps": 2,
+            "group_size": 3,
+            "groups_per_step": 2,
+            "lr": 1e-4,
+            "device": "cpu",
+            "dtype": "float32",
+            "group_timeout_s": 120,
+            "consumer_group": "test.trainer",
+            "val_group_size": 2,
+        },
+    )
 
 
 async def test_two_steps_publish_two_loadable_versions_and_two_train_steps(
@@ -113,7 +140,7 @@ async def test_two_steps_publish_two_loadable_versions_and_two_train_steps(
     stop = asyncio.Event()
     runners = asyncio.create_task(simulated_runners(settings, stop))
     try:
-        returned = await asyncio.wait_for(train(options, tasks, val), 300)
+        returned = await asyncio.wait_for(run_trainer(options, tasks, val), 300)
     finally:
         stop.set()
         answered = await asyncio.wait_for(runners, 60)
@@ -165,10 +192,15 @@ async def test_fulmen_train_runs_the_loop_on_the_tiny_model_and_resumes(
     dataset = tmp_path / "train.jsonl"
     dataset.write_text('{"question": "1 + 1"}\n{"input": {"question": "2 + 2"}, "task_id": "two"}\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
-        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap, "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
-        "FULMEN_HOME": str(tmp_path), "FULMEN_TRAIN_RUN_DIR": str(tmp_path / "run"), "FULMEN_TRAIN_GROUP_SIZE": "2",
-        "FULMEN_TRAIN_GROUPS_PER_STEP": "1", "FULMEN_TRAIN_DEVICE": "cpu", "FULMEN_TRAIN_RUN_ID": "cli-run",
-    }  # fmt: skip
+        "FULMEN_KAFKA_BOOTSTRAP": settings.bootstrap,
+        "FULMEN_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "FULMEN_HOME": str(tmp_path),
+        "FULMEN_TRAIN_RUN_DIR": str(tmp_path / "run"),
+        "FULMEN_TRAIN_GROUP_SIZE": "2",
+        "FULMEN_TRAIN_GROUPS_PER_STEP": "1",
+        "FULMEN_TRAIN_DEVICE": "cpu",
+        "FULMEN_TRAIN_RUN_ID": "cli-run",
+    }
     args = ["--dataset", str(dataset), "--model", "tiny", "--agent", "agents:solve"]
     stop = asyncio.Event()
     runners = asyncio.create_task(simulated_runners(settings, stop))

@@ -2,7 +2,7 @@
 acknowledged is retried and lands exactly once, also when the broker is stopped as it is sent and its record is
 still in the producer's buffer when the retry begins; a run stopped during the outage publishes its saved checkpoint
 when it restarts, once; a restart whose version is already on the models topic sends nothing again; a Kafka
-failure ends ``train()`` with a readable FulmenError."""
+failure ends ``run_trainer()`` with a readable FulmenError."""
 
 from __future__ import annotations
 
@@ -15,18 +15,18 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
 
-import fulmen.algorithm.train as train_module
-from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.dispatcher import DatasetTask
-from fulmen.algorithm.loop import TrainingLoop
+import fulmen.algorithm.service.run as train_module
+from fulmen.algorithm.service.collector import Collector
+from fulmen.algorithm.service.dispatcher import DatasetTask
+from fulmen.algorithm.service.loop import TrainingLoop
+from fulmen.algorithm.service.run import run_trainer
 from fulmen.algorithm.settings import TrainSettings
-from fulmen.algorithm.train import train
 from fulmen.algorithm.trainer.base import StepMetrics
-from fulmen.infra.errors import BrokerUnavailableError
 from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas import ModelVersion, TopicKey, TrainStep
+from fulmen.schemas.errors import BrokerUnavailableError
 from tests.integration.test_train_loop import read_topic, simulated_runners
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
@@ -42,8 +42,9 @@ class RecordingBackend:
 
     def step(self, samples) -> StepMetrics:
         self.steps += 1
-        return StepMetrics(step=self.steps, loss=0.1, grad_norm=1.0, tokens=4, input_tokens=8, tokens_per_s=1.0,
-                           train_s=0.01)  # fmt: skip
+        return StepMetrics(
+            step=self.steps, loss=0.1, grad_norm=1.0, tokens=4, input_tokens=8, tokens_per_s=1.0, train_s=0.01
+        )
 
     def sft_step(self, samples) -> StepMetrics:  # pragma: no cover - not used by the loop
         raise AssertionError("the training loop never warms a backend up")
@@ -77,27 +78,40 @@ def failing_models(failures: int, *, written: bool = False, stop: asyncio.Event 
 
 def options(settings: FulmenSettings, run_dir: Path, steps: int) -> TrainSettings:
     return TrainSettings(
-        home=settings.home, kafka=settings.kafka.model_dump(), clickhouse=settings.clickhouse.model_dump(),
-        train={"model_path": "base-weights", "run_dir": run_dir, "run_id": "crash-run", "steps": steps,
-               "group_size": 2, "groups_per_step": 1, "consumer_group": "test.trainer", "group_timeout_s": 60},
-    )  # fmt: skip
+        home=settings.home,
+        kafka=settings.kafka.model_dump(),
+        clickhouse=settings.clickhouse.model_dump(),
+        train={
+            "model_path": "base-weights",
+            "run_dir": run_dir,
+            "run_id": "crash-run",
+            "steps": steps,
+            "group_size": 2,
+            "groups_per_step": 1,
+            "consumer_group": "test.trainer",
+            "group_timeout_s": 60,
+        },
+    )
 
 
-async def train_with_runners(settings: FulmenSettings, run_dir: Path, steps: int,
-                             stop: asyncio.Event | None = None) -> list[TrainStep]:  # fmt: skip
+async def train_with_runners(
+    settings: FulmenSettings, run_dir: Path, steps: int, stop: asyncio.Event | None = None
+) -> list[TrainStep]:
     done = asyncio.Event()
     runners = asyncio.create_task(simulated_runners(settings, done))
     try:
-        return await asyncio.wait_for(train(options(settings, run_dir, steps), TASKS, None, stop,
-                                            backend=RecordingBackend()), 180)  # fmt: skip
+        return await asyncio.wait_for(
+            run_trainer(options(settings, run_dir, steps), TASKS, None, stop, backend=RecordingBackend()), 180
+        )
     finally:
         done.set()
         await asyncio.wait_for(runners, 60)
 
 
 async def versions(settings: FulmenSettings) -> list[tuple[int, str, str, str]]:
-    return [(v.version, v.uri, v.run_id, v.base_model) for v in await read_topic(settings, TopicKey.MODELS,
-                                                                               ModelVersion)]  # fmt: skip
+    return [
+        (v.version, v.uri, v.run_id, v.base_model) for v in await read_topic(settings, TopicKey.MODELS, ModelVersion)
+    ]
 
 
 def expected(run_dir: Path, *numbers: int) -> list[tuple[int, str, str, str]]:
@@ -158,8 +172,12 @@ async def test_a_version_sent_as_the_broker_stops_and_restarts_lands_exactly_onc
     monkeypatch.setattr(train_module, "EventPublisher", restarted_mid_publish(kafka_broker, settings, state))
     monkeypatch.setattr(train_module, "TrainingLoop", functools.partial(TrainingLoop, retry_backoff_s=(0.2, 1.0)))
     try:
-        assert await asyncio.wait_for(train(options(settings, run_dir, steps=1), TASKS, None,
-                                            backend=RecordingBackend()), 180) == []  # fmt: skip
+        assert (
+            await asyncio.wait_for(
+                run_trainer(options(settings, run_dir, steps=1), TASKS, None, backend=RecordingBackend()), 180
+            )
+            == []
+        )
     finally:
         await asyncio.to_thread(kafka_broker.start)  # running again for the next tests, whatever happened
     assert state["buffered_when_back"], "the broker took longer than PRODUCER_RETRY_S to restart: raise it"

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from fulmen.algorithm.groups import ClosedGroup, credit_groups
+from fulmen.algorithm.service.groups import ClosedGroup, credit_groups
 from fulmen.algorithm.settings import TrainSettings
 from fulmen.consumers.transitions import TransitionsSection
 from fulmen.infra.kafka.clients import producer, start_or_raise
@@ -15,6 +15,7 @@ from fulmen.infra.store import Store
 from fulmen.schemas import semconv
 from fulmen.schemas.events import RolloutStatus, TransitionBatch
 from fulmen.schemas.topics import TopicKey, topic_name
+from fulmen.testing.publishing import event_publisher
 from tests.integration.transition_pipeline import (
     BASE_NS,
     BatchReader,
@@ -26,7 +27,6 @@ from tests.integration.transition_pipeline import (
     produce_spans,
 )
 from tests.polling import count_reaches
-from tests.publishing import event_publisher
 
 pytestmark = pytest.mark.integration
 
@@ -37,11 +37,25 @@ def agent_rollout(rollout: str, calls: int = 3, *, attempt: int = 1, agent: str 
     """The runner's span, an agent span, ``calls`` LLM calls nested under it, and a reward after the first."""
     spans = [
         FakeSpan(semconv.SPAN_ROLLOUT, rollout, attempt, start_ms=0, end_ms=1000),
-        FakeSpan("invoke_agent", rollout, attempt, parent=semconv.SPAN_ROLLOUT, start_ms=1, end_ms=999,
-                 attributes={semconv.GEN_AI_AGENT_NAME: agent}),
-        FakeSpan(semconv.SPAN_REWARD, rollout, attempt, parent="invoke_agent", start_ms=95, end_ms=95,
-                 attributes={semconv.REWARD_VALUE: 0.25}),
-    ]  # fmt: skip
+        FakeSpan(
+            "invoke_agent",
+            rollout,
+            attempt,
+            parent=semconv.SPAN_ROLLOUT,
+            start_ms=1,
+            end_ms=999,
+            attributes={semconv.GEN_AI_AGENT_NAME: agent},
+        ),
+        FakeSpan(
+            semconv.SPAN_REWARD,
+            rollout,
+            attempt,
+            parent="invoke_agent",
+            start_ms=95,
+            end_ms=95,
+            attributes={semconv.REWARD_VALUE: 0.25},
+        ),
+    ]
     for i in range(calls):
         spans.append(llm_call(f"call-{i}", rollout, 10 + 100 * i, attempt=attempt, parent="invoke_agent"))
     return spans
@@ -97,10 +111,14 @@ async def test_no_llm_call_failed_and_poison(settings: FulmenSettings, linked_st
         await produce_spans(client, settings, agent_rollout("no-calls", calls=0) + agent_rollout("broken", calls=2))
         rollouts = f"{settings.kafka.topic_prefix}fulmen.rollouts"
         await client.send_and_wait(rollouts, b'{"rollout_id": "x"}', key=b"x")
-        await publisher.publish_many(TopicKey.ROLLOUTS, [
-            ended("no-calls", RolloutStatus.RUNNING), ended("no-calls", reward=1.0),
-            ended("broken", RolloutStatus.FAILED),
-        ])  # fmt: skip
+        await publisher.publish_many(
+            TopicKey.ROLLOUTS,
+            [
+                ended("no-calls", RolloutStatus.RUNNING),
+                ended("no-calls", reward=1.0),
+                ended("broken", RolloutStatus.FAILED),
+            ],
+        )
         batches = by_rollout(await reader.until(2))
         worker = builders(app)[0]
         assert worker.stats.dead_lettered == 1
@@ -115,16 +133,22 @@ async def test_no_llm_call_failed_and_poison(settings: FulmenSettings, linked_st
 async def test_only_the_latest_attempt_is_used(settings: FulmenSettings, linked_store: Store, kafka: tuple) -> None:
     client, publisher = kafka
     spans = [
-        *agent_rollout("raced", calls=2, attempt=1), *agent_rollout("raced", calls=1, attempt=2),
-        *agent_rollout("retried", calls=2, attempt=1), *agent_rollout("retried", calls=3, attempt=2),
-    ]  # fmt: skip
+        *agent_rollout("raced", calls=2, attempt=1),
+        *agent_rollout("raced", calls=1, attempt=2),
+        *agent_rollout("retried", calls=2, attempt=1),
+        *agent_rollout("retried", calls=3, attempt=2),
+    ]
     async with consumers_running(settings, linked_store, SECTION) as app, BatchReader(settings) as reader:
         await produce_spans(client, settings, spans)
         # "raced": attempt 2 was claimed before attempt 1's end was published; attempt 1 is never built.
-        await publisher.publish_many(TopicKey.ROLLOUTS, [
-            ended("raced", RolloutStatus.CLAIMED, attempt=2), ended("raced", RolloutStatus.FAILED, attempt=1),
-            ended("raced", attempt=2, reward=1.0),
-        ])  # fmt: skip
+        await publisher.publish_many(
+            TopicKey.ROLLOUTS,
+            [
+                ended("raced", RolloutStatus.CLAIMED, attempt=2),
+                ended("raced", RolloutStatus.FAILED, attempt=1),
+                ended("raced", attempt=2, reward=1.0),
+            ],
+        )
         # "retried": attempt 1 ends (built as failed), then attempt 2 runs and succeeds.
         await publisher.publish(TopicKey.ROLLOUTS, ended("retried", RolloutStatus.FAILED, attempt=1))
         await reader.until(2)
@@ -215,22 +239,49 @@ async def test_the_llm_gateway_s_own_records_become_transitions(
     client, publisher = kafka
     agent = [
         FakeSpan(semconv.SPAN_ROLLOUT, "r1", start_ms=0, end_ms=1000),
-        FakeSpan("invoke_agent", "r1", parent=semconv.SPAN_ROLLOUT, start_ms=1, end_ms=999,
-                 attributes={semconv.GEN_AI_AGENT_NAME: "solver"}),
-    ]  # fmt: skip
+        FakeSpan(
+            "invoke_agent",
+            "r1",
+            parent=semconv.SPAN_ROLLOUT,
+            start_ms=1,
+            end_ms=999,
+            attributes={semconv.GEN_AI_AGENT_NAME: "solver"},
+        ),
+    ]
     served = [  # one call, then a call with n = 2 (one span per choice), as the gateway records them
-        CallResult("chatcmpl-a", "tiny", [Choice(0, "hi", "stop", [5, 6, 7], [-0.5, -0.25, -0.125])], [1, 2, 3], 3, 3,
-                   model_version=4),
-        CallResult("chatcmpl-b", "tiny", [Choice(0, "x", "stop", [8], [-1.0]), Choice(1, "y", "length", [9, 10], None)],
-                   [1, 2, 3, 5, 6, 7, 4], 7, 3, model_version=4),
-    ]  # fmt: skip
+        CallResult(
+            "chatcmpl-a",
+            "tiny",
+            [Choice(0, "hi", "stop", [5, 6, 7], [-0.5, -0.25, -0.125])],
+            [1, 2, 3],
+            3,
+            3,
+            model_version=4,
+        ),
+        CallResult(
+            "chatcmpl-b",
+            "tiny",
+            [Choice(0, "x", "stop", [8], [-1.0]), Choice(1, "y", "length", [9, 10], None)],
+            [1, 2, 3, 5, 6, 7, 4],
+            7,
+            3,
+            model_version=4,
+        ),
+    ]
     spans_topic = topic_name(TopicKey.SPANS, settings.kafka.topic_prefix)
     async with consumers_running(settings, linked_store, SECTION), BatchReader(settings) as reader:
         await produce_spans(client, settings, agent)
         for i, result in enumerate(served):
             start = BASE_NS + (100 + 300 * i) * 1_000_000
-            context = CallContext("chat", {"model": "tiny", "messages": []}, "fulmen", start, start + 50_000_000,
-                                  rollout_id="r1", attempt=1)  # fmt: skip
+            context = CallContext(
+                "chat",
+                {"model": "tiny", "messages": []},
+                "fulmen",
+                start,
+                start + 50_000_000,
+                rollout_id="r1",
+                attempt=1,
+            )
             key, value = build_record(context, result)
             await client.send_and_wait(spans_topic, value, key=key)
         await publisher.publish(TopicKey.ROLLOUTS, ended("r1", reward=1.0))

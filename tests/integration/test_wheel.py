@@ -24,8 +24,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip(f"uv is not installed next to {sys.executable} (make install puts it there)")
     out = tmp_path_factory.mktemp("dist")
     # sdist first, then the wheel from it (nothing is written into the source tree; the sdist is checked too)
-    done = subprocess.run([str(UV), "build", "--out-dir", str(out), str(ROOT)], capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [str(UV), "build", "--out-dir", str(out), str(ROOT)], capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (built,) = out.glob("fulmen-*.whl")
     return built

@@ -58,11 +58,14 @@ def _digest(text: str, size: int) -> bytes:
 def llm_call(name: str, rollout: str, start_ms: int, **fields: Any) -> FakeSpan:
     """An LLM gateway span: token ids derived from the start, so each call is recognisable."""
     attributes = {
-        semconv.GEN_AI_OPERATION_NAME: semconv.OPERATION_CHAT, semconv.GEN_AI_REQUEST_MODEL: "tiny",
-        semconv.PROMPT_TOKEN_IDS: [start_ms, start_ms + 1, 7], semconv.RESPONSE_TOKEN_IDS: [start_ms + 2, 9],
-        semconv.RESPONSE_LOGPROBS: [-0.5, -0.25], semconv.MODEL_VERSION: 2,
+        semconv.GEN_AI_OPERATION_NAME: semconv.OPERATION_CHAT,
+        semconv.GEN_AI_REQUEST_MODEL: "tiny",
+        semconv.PROMPT_TOKEN_IDS: [start_ms, start_ms + 1, 7],
+        semconv.RESPONSE_TOKEN_IDS: [start_ms + 2, 9],
+        semconv.RESPONSE_LOGPROBS: [-0.5, -0.25],
+        semconv.MODEL_VERSION: 2,
         **fields.pop("attributes", {}),
-    }  # fmt: skip
+    }
     return FakeSpan(name, rollout, start_ms=start_ms, end_ms=start_ms + 5, attributes=attributes, **fields)
 
 
@@ -113,13 +116,24 @@ async def produce_spans(
         await producer.send_and_wait(name, encode(group, base_ns), key=trace_id.hex().encode(), partition=partition)
 
 
-def ended(rollout: str, status: RolloutStatus = RolloutStatus.SUCCEEDED, *, attempt: int = 1,
-          reward: float | None = 1.0, group: str = "g1") -> RolloutEvent:  # fmt: skip
+def ended(
+    rollout: str,
+    status: RolloutStatus = RolloutStatus.SUCCEEDED,
+    *,
+    attempt: int = 1,
+    reward: float | None = 1.0,
+    group: str = "g1",
+) -> RolloutEvent:
     error = None if status in (RolloutStatus.SUCCEEDED, RolloutStatus.CLAIMED, RolloutStatus.RUNNING) else "boom"
     return RolloutEvent(
-        rollout_id=rollout, attempt=attempt, status=status, task_id=f"task-{rollout}", group_id=group,
-        reward=reward if status is RolloutStatus.SUCCEEDED else None, error=error,
-    )  # fmt: skip
+        rollout_id=rollout,
+        attempt=attempt,
+        status=status,
+        task_id=f"task-{rollout}",
+        group_id=group,
+        reward=reward if status is RolloutStatus.SUCCEEDED else None,
+        error=error,
+    )
 
 
 def builders(app: ConsumersApp) -> list[TransitionWorker]:

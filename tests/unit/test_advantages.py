@@ -8,14 +8,14 @@ import statistics
 import pytest
 import torch
 
-from fulmen.algorithm.advantages import (
+from fulmen.algorithm.rl.advantages import (
     AdvantageEstimator,
     compute_advantages,
     encode_group_ids,
     get_advantage_fn,
     register_advantage,
 )
-from fulmen.algorithm.errors import ConfigurationError
+from fulmen.schemas.errors import ConfigurationError
 
 EPS = 1e-6
 

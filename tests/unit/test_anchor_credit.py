@@ -16,12 +16,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from fulmen.algorithm.anchor import anchor_advantages, episode_length_weights, prompt_key, step_group_ids
 from fulmen.algorithm.batch import collate
-from fulmen.algorithm.credit import CreditStrategy, assign_credit
-from fulmen.algorithm.groups import ClosedGroup, credit_groups
-from fulmen.algorithm.losses import ppo_clip
-from fulmen.algorithm.samples import build_samples
+from fulmen.algorithm.rl.anchor import anchor_advantages, episode_length_weights, prompt_key, step_group_ids
+from fulmen.algorithm.rl.credit import CreditStrategy, assign_credit
+from fulmen.algorithm.rl.losses import ppo_clip
+from fulmen.algorithm.service.groups import ClosedGroup, credit_groups
+from fulmen.algorithm.service.samples import build_samples
 from fulmen.algorithm.settings import TrainSettings
 from fulmen.cli.main import app
 from fulmen.schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
@@ -31,24 +31,50 @@ pytestmark = pytest.mark.multiagent
 SQRT3_2 = math.sqrt(3) / 2  # GRPO's advantage of R = [1, 1, 0, 0] (or [1, 0, 1, 0]): +-0.866 (unbiased std)
 
 
-def _episode(group: str, rollout: str, reward: float | None, prompts: list[list[int]], length: int = 1,
-             intermediate: list[float | None] | None = None) -> TransitionBatch:  # fmt: skip
+def _episode(
+    group: str,
+    rollout: str,
+    reward: float | None,
+    prompts: list[list[int]],
+    length: int = 1,
+    intermediate: list[float | None] | None = None,
+) -> TransitionBatch:
     observed = intermediate or [None] * len(prompts)
     transitions = [
-        Transition(rollout_id=rollout, attempt=1, index=i, trace_id="a" * 32, span_id=f"{i + 1:016x}",
-                   prompt_token_ids=p, response_token_ids=[7] * length, intermediate_reward=observed[i])
+        Transition(
+            rollout_id=rollout,
+            attempt=1,
+            index=i,
+            trace_id="a" * 32,
+            span_id=f"{i + 1:016x}",
+            prompt_token_ids=p,
+            response_token_ids=[7] * length,
+            intermediate_reward=observed[i],
+        )
         for i, p in enumerate(prompts)
-    ]  # fmt: skip
-    return TransitionBatch(rollout_id=rollout, attempt=1, task_id=group, group_id=group,
-                           status=RolloutStatus.SUCCEEDED, episode_reward=reward, transitions=transitions)  # fmt: skip
+    ]
+    return TransitionBatch(
+        rollout_id=rollout,
+        attempt=1,
+        task_id=group,
+        group_id=group,
+        status=RolloutStatus.SUCCEEDED,
+        episode_reward=reward,
+        transitions=transitions,
+    )
 
 
 def _group(group: str, *episodes: TransitionBatch) -> ClosedGroup:
     return ClosedGroup(group, group, RolloutMode.TRAIN, len(episodes), tuple(episodes))
 
 
-def _advantages(groups: list[ClosedGroup], credit: str = "anchor", gamma: float = 1.0, weight: float | None = 1.0,
-                estimator: str = "grpo") -> list[list[list[float]]]:  # fmt: skip
+def _advantages(
+    groups: list[ClosedGroup],
+    credit: str = "anchor",
+    gamma: float = 1.0,
+    weight: float | None = 1.0,
+    estimator: str = "grpo",
+) -> list[list[list[float]]]:
     """Per group, per rollout, per call: the advantage ``build_samples`` gives (the trainer's path)."""
     credited = credit_groups(groups, credit, gamma)
     flat = iter(build_samples(credited, estimator=estimator, step_weight=weight).advantages)
@@ -92,12 +118,21 @@ def test_step_groups_are_equal_prompts_within_one_group() -> None:
 def test_a_shared_later_state_tells_the_calls_apart() -> None:
     # R = [1, 0, 1, 0]; all four start at p0; a and b then reach the same state pX (their second calls are
     # compared: returns 1 vs 0 -> +-1/sqrt(2)); c and d reach states of their own (no peer: episode advantage).
-    group = _group("g", _episode("g", "a", 1.0, [[1], [2]]), _episode("g", "b", 0.0, [[1], [2]]),
-                   _episode("g", "c", 1.0, [[1], [3]]), _episode("g", "d", 0.0, [[1], [4]]))  # fmt: skip
+    group = _group(
+        "g",
+        _episode("g", "a", 1.0, [[1], [2]]),
+        _episode("g", "b", 0.0, [[1], [2]]),
+        _episode("g", "c", 1.0, [[1], [3]]),
+        _episode("g", "d", 0.0, [[1], [4]]),
+    )
     (advantages,) = _advantages([group])
     half = 1 / math.sqrt(2)
-    expected = [[2 * SQRT3_2, SQRT3_2 + half], [-2 * SQRT3_2, -SQRT3_2 - half], [2 * SQRT3_2, SQRT3_2],
-                [-2 * SQRT3_2, -SQRT3_2]]  # fmt: skip
+    expected = [
+        [2 * SQRT3_2, SQRT3_2 + half],
+        [-2 * SQRT3_2, -SQRT3_2 - half],
+        [2 * SQRT3_2, SQRT3_2],
+        [-2 * SQRT3_2, -SQRT3_2],
+    ]
     assert advantages == [pytest.approx(e, abs=1e-5) for e in expected]
     (weighted,) = _advantages([group], weight=0.5)
     assert weighted[0] == pytest.approx([1.5 * SQRT3_2, SQRT3_2 + 0.5 * half], abs=1e-5)
@@ -135,8 +170,10 @@ def test_calls_without_peers_fall_back_to_the_episode_advantage() -> None:
 def test_weight_zero_is_the_length_normalised_episode_advantage() -> None:
     group = _group("g", _episode("g", "a", 1.0, [[1]]), _episode("g", "b", 0.0, [[1], [2], [3]]))
     (advantages,) = _advantages([group], weight=0.0)
-    assert advantages == [pytest.approx([2 * (1 / math.sqrt(2))], abs=1e-5),
-                          pytest.approx([-2 / 3 * (1 / math.sqrt(2))] * 3, abs=1e-5)]  # fmt: skip
+    assert advantages == [
+        pytest.approx([2 * (1 / math.sqrt(2))], abs=1e-5),
+        pytest.approx([-2 / 3 * (1 / math.sqrt(2))] * 3, abs=1e-5),
+    ]
 
 
 # --- no bias toward longer episodes ----------------------------------------------------------------------------
@@ -159,8 +196,13 @@ def test_useless_calls_gain_no_advantage_mass() -> None:
 
 
 def test_useless_calls_in_one_group_and_under_discount_only_lose() -> None:
-    group = _group("g", _episode("g", "short", 1.0, [[1]]), _episode("g", "long", 1.0, [[1], [5], [6], [7]]),
-                   _episode("g", "x", 0.0, [[1]]), _episode("g", "y", 0.0, [[1]]))  # fmt: skip
+    group = _group(
+        "g",
+        _episode("g", "short", 1.0, [[1]]),
+        _episode("g", "long", 1.0, [[1], [5], [6], [7]]),
+        _episode("g", "x", 0.0, [[1]]),
+        _episode("g", "y", 0.0, [[1]]),
+    )
     for gamma in (1.0, 0.9):
         (advantages,) = _advantages([group], gamma=gamma)
         assert _mass(advantages[1]) < _mass(advantages[0])
@@ -173,8 +215,9 @@ def test_useless_calls_gain_no_gradient_weight(aggregation: str) -> None:
     data = build_samples(groups, step_weight=1.0)
     batch = collate(data.samples, pad_id=0)
     logprobs = torch.full(batch.old_logprobs.shape, -1.0, requires_grad=True)
-    loss, _ = ppo_clip(logprobs, logprobs.detach().clone(), batch.advantages, batch.response_mask,
-                       aggregation=aggregation)  # fmt: skip
+    loss, _ = ppo_clip(
+        logprobs, logprobs.detach().clone(), batch.advantages, batch.response_mask, aggregation=aggregation
+    )
     loss.backward()
     per_row = (logprobs.grad * batch.response_mask).sum(dim=1).tolist()  # rows: s1, s0, l1 x4, l0 x4
     short_winner, long_winner = per_row[0], sum(per_row[2:6])
@@ -206,8 +249,9 @@ def _reference(groups: list[ClosedGroup], gamma: float, weight: float, estimator
         rollouts = [r for r in group.rollouts if r.transitions]
         outcomes = [r.episode_reward for r in rollouts]
         for k, rollout in enumerate(rollouts):
-            returns = assign_credit("anchor", rollout.episode_reward,
-                                    [t.intermediate_reward for t in rollout.transitions], gamma)  # fmt: skip
+            returns = assign_credit(
+                "anchor", rollout.episode_reward, [t.intermediate_reward for t in rollout.transitions], gamma
+            )
             for t, g in zip(rollout.transitions, returns, strict=True):
                 calls.append((group.group_id, episodes, tuple(t.prompt_token_ids), g, normalise(outcomes, k)))
             episodes += 1
@@ -242,8 +286,12 @@ def _random_groups(rng: random.Random) -> list[ClosedGroup]:
 def test_vectorised_matches_the_loop_reference(seed: int, estimator: str) -> None:
     rng = random.Random(seed)
     groups, gamma, weight = _random_groups(rng), rng.choice([1.0, 0.8]), rng.choice([1.0, 0.5])
-    flat = [a for group in _advantages(groups, gamma=gamma, weight=weight, estimator=estimator)
-            for rollout in group for a in rollout]  # fmt: skip
+    flat = [
+        a
+        for group in _advantages(groups, gamma=gamma, weight=weight, estimator=estimator)
+        for rollout in group
+        for a in rollout
+    ]
     assert flat == pytest.approx(_reference(groups, gamma, weight, estimator), abs=1e-5)
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fulmen.algorithm.batch import Sample, TrainBatch, collate
-from fulmen.algorithm.errors import PoisonInputError
+from fulmen.schemas.errors import PoisonInputError
 
 SAMPLES = [
     Sample([5, 6, 7], [8, 9], advantage=1.0, old_logprobs=[-0.5, -0.25], group_id="g1", model_version=3),

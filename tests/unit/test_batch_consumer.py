@@ -26,9 +26,15 @@ def _build(
     producer = FakeProducer(consumer.events)
     store = FakeStore(consumer.events, failures)
     worker = BatchConsumer(
-        EVENT_SINKS["rollouts"], consumer, store, DeadLetters(producer, consumer_group="g"),  # type: ignore[arg-type]
-        max_records=max_records, max_bytes=max_bytes, max_wait_s=0.05, retry_backoff_s=0.001,
-    )  # fmt: skip
+        EVENT_SINKS["rollouts"],
+        consumer,
+        store,
+        DeadLetters(producer, consumer_group="g"),  # type: ignore[arg-type]
+        max_records=max_records,
+        max_bytes=max_bytes,
+        max_wait_s=0.05,
+        retry_backoff_s=0.001,
+    )
     return worker, consumer, producer, store
 
 

@@ -44,13 +44,27 @@ class CannedReader:
         if "WHERE RolloutId = %(id)s" in sql:
             error = "agent raised ValueError: " + "the answer was not a number " * 4
             return QueryResult(
-                ["Attempt", "Status", "Mode", "Reward", "Dispatched", "TaskId", "GroupId", "RunnerId", "Error",
-                 "Timestamp"],
-                [[1, "failed", "train", None, None, "task-17", GROUP, "runner-" + "c" * 24, error, AT],
-                 [2, "succeeded", "train", 1.0, None, "task-17", GROUP, "runner-" + "c" * 24, "", AT]],
-            )  # fmt: skip
-        rows = [[rollout, 1 + n % 2, "succeeded", 0.123456789, None, GROUP, AT - timedelta(seconds=n)]
-                for n, rollout in enumerate([*IDS, TRACE_ID])]  # fmt: skip
+                [
+                    "Attempt",
+                    "Status",
+                    "Mode",
+                    "Reward",
+                    "Dispatched",
+                    "TaskId",
+                    "GroupId",
+                    "RunnerId",
+                    "Error",
+                    "Timestamp",
+                ],
+                [
+                    [1, "failed", "train", None, None, "task-17", GROUP, "runner-" + "c" * 24, error, AT],
+                    [2, "succeeded", "train", 1.0, None, "task-17", GROUP, "runner-" + "c" * 24, "", AT],
+                ],
+            )
+        rows = [
+            [rollout, 1 + n % 2, "succeeded", 0.123456789, None, GROUP, AT - timedelta(seconds=n)]
+            for n, rollout in enumerate([*IDS, TRACE_ID])
+        ]
         rows[-1][4] = 3  # dispatched under 3, no LLM span stored yet
         columns = ["RolloutId", "LastAttempt", "State", "LastReward", "Dispatched", "AnyGroup", "Updated"]
         return QueryResult(columns, rows)
@@ -133,9 +147,11 @@ def test_sql_tables_fit_and_keep_other_values_whole(reader: CannedReader, monkey
     message = "[bold]not markup[/bold] " + "a long status message that has to wrap inside its cell " * 2
     spans = QueryResult(
         ["TraceId", "SpanId", "RolloutId", "SpanName", "Timestamp", "Duration", "StatusMessage"],
-        [[IDS[n].replace("3f9c", "7a11"), IDS[n][:16], IDS[n], "gen_ai.chat", AT, 1_234_567, message]
-         for n in range(3)],
-    )  # fmt: skip
+        [
+            [IDS[n].replace("3f9c", "7a11"), IDS[n][:16], IDS[n], "gen_ai.chat", AT, 1_234_567, message]
+            for n in range(3)
+        ],
+    )
     monkeypatch.setattr(reader, "query", lambda *args, **kwargs: spans)
     lines = fulmen("sql", "SELECT * FROM otel_traces")
     fits(lines)
@@ -180,14 +196,34 @@ def test_status_fits(reader: CannedReader, tmp_path: Path) -> None:
     stack.mkdir()
     (stack / "up.pid").write_text(str(os.getpid()))  # this process stands in for the supervisor
     started = time.time() - 3725
-    services = [{"name": name, "pid": os.getpid(), "url": f"http://127.0.0.1:{port}{path}", "ready_url": None,
-                 "started_at": started, "restarts": restarts, "log": "x"}
-                for name, port, path, restarts in [("consume", 18124, "", 0), ("otlp-gateway", 14318, "/v1/traces", 2),
-                                                   ("llm-gateway", 18000, "/v1", 0), ("dashboard", 18890, "", 0)]]  # fmt: skip
-    (stack / "state.json").write_text(json.dumps({
-        "pid": os.getpid(), "started_at": started, "ready": True, "services": services,
-        "kafka": {"bootstrap": "127.0.0.1:1", "started": True, "data_dir": str(tmp_path)},
-    }))  # fmt: skip
+    services = [
+        {
+            "name": name,
+            "pid": os.getpid(),
+            "url": f"http://127.0.0.1:{port}{path}",
+            "ready_url": None,
+            "started_at": started,
+            "restarts": restarts,
+            "log": "x",
+        }
+        for name, port, path, restarts in [
+            ("consume", 18124, "", 0),
+            ("otlp-gateway", 14318, "/v1/traces", 2),
+            ("llm-gateway", 18000, "/v1", 0),
+            ("dashboard", 18890, "", 0),
+        ]
+    ]
+    (stack / "state.json").write_text(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "started_at": started,
+                "ready": True,
+                "services": services,
+                "kafka": {"bootstrap": "127.0.0.1:1", "started": True, "data_dir": str(tmp_path)},
+            }
+        )
+    )
     lines = fulmen("status", code=1)  # kafka does not answer on port 1
     fits(lines)
     on_one_line(lines, "http://127.0.0.1:14318/v1/traces", "(2 restarts)", "1h02m0", str(stack))

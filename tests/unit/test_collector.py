@@ -8,10 +8,10 @@ from datetime import timedelta
 import pytest
 from aiokafka.structs import TopicPartition
 
-from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.dispatcher import DispatchedGroup
-from fulmen.algorithm.groups import GroupBook, drop_stale
-from fulmen.algorithm.samples import build_samples
+from fulmen.algorithm.service.collector import Collector
+from fulmen.algorithm.service.dispatcher import DispatchedGroup
+from fulmen.algorithm.service.groups import GroupBook, drop_stale
+from fulmen.algorithm.service.samples import build_samples
 from fulmen.algorithm.settings import AdvantageScope, IncompletePolicy
 from fulmen.schemas.codec import encode
 from fulmen.schemas.errors import ConfigurationError
@@ -35,20 +35,44 @@ def spec(group: str = "g1", size: int = 3, max_attempts: int = 2, mode: RolloutM
     return DispatchedGroup(group, f"task-{group}", mode, size, max_attempts, 0, rollouts)
 
 
-def batch(group: str, rollout: int, reward: float | None = 1.0, *, attempt: int = 1, calls: int = 1,
-          status: RolloutStatus = RolloutStatus.SUCCEEDED, version: int | None = 0,
-          call_versions: list[int | None] | None = None) -> TransitionBatch:  # fmt: skip
+def batch(
+    group: str,
+    rollout: int,
+    reward: float | None = 1.0,
+    *,
+    attempt: int = 1,
+    calls: int = 1,
+    status: RolloutStatus = RolloutStatus.SUCCEEDED,
+    version: int | None = 0,
+    call_versions: list[int | None] | None = None,
+) -> TransitionBatch:
     rollout_id = f"{group}-r{rollout}"
     versions = call_versions or [version] * calls
     transitions = [
-        Transition(rollout_id=rollout_id, attempt=attempt, index=i, trace_id="a" * 32, span_id=f"{i:016x}",
-                   model_version=v, prompt_token_ids=[1, 2, 3], response_token_ids=[4, 5 + i],
-                   response_logprobs=[-0.5, -0.7], reward=reward)
+        Transition(
+            rollout_id=rollout_id,
+            attempt=attempt,
+            index=i,
+            trace_id="a" * 32,
+            span_id=f"{i:016x}",
+            model_version=v,
+            prompt_token_ids=[1, 2, 3],
+            response_token_ids=[4, 5 + i],
+            response_logprobs=[-0.5, -0.7],
+            reward=reward,
+        )
         for i, v in enumerate(versions)
-    ]  # fmt: skip
-    return TransitionBatch(rollout_id=rollout_id, attempt=attempt, task_id=f"task-{group}", group_id=group,
-                           status=status, episode_reward=reward if status is RolloutStatus.SUCCEEDED else None,
-                           model_version=version, transitions=transitions)  # fmt: skip
+    ]
+    return TransitionBatch(
+        rollout_id=rollout_id,
+        attempt=attempt,
+        task_id=f"task-{group}",
+        group_id=group,
+        status=status,
+        episode_reward=reward if status is RolloutStatus.SUCCEEDED else None,
+        model_version=version,
+        transitions=transitions,
+    )
 
 
 def collector(policy: str = IncompletePolicy.TRAIN_PARTIAL, timeout_s: float = 60.0, min_group_size: int = 2):
@@ -121,8 +145,12 @@ def test_a_failure_on_the_last_attempt_is_final() -> None:
 def test_an_older_attempt_after_a_newer_one_is_ignored() -> None:
     c, source, _ = collector()
     c.expect([spec("g1", size=2, max_attempts=3)])
-    send(source, batch("g1", 1, 0.5, attempt=2, status=RolloutStatus.SUCCEEDED), batch("g1", 1, None, attempt=1,
-         status=RolloutStatus.FAILED), batch("g1", 0))  # fmt: skip
+    send(
+        source,
+        batch("g1", 1, 0.5, attempt=2, status=RolloutStatus.SUCCEEDED),
+        batch("g1", 1, None, attempt=1, status=RolloutStatus.FAILED),
+        batch("g1", 0),
+    )
     [group] = poll(c)
     assert {r.rollout_id: r.attempt for r in group.rollouts} == {"g1-r0": 1, "g1-r1": 2}
 
@@ -209,8 +237,12 @@ def test_episode_advantages_are_broadcast_to_every_call_of_a_rollout() -> None:
     groups = poll(c)
     data = build_samples(groups, estimator="dr_grpo", scope=AdvantageScope.EPISODE)
     assert [(s.group_id, s.advantage) for s in data.samples] == [
-        ("g1", 0.5), ("g1", 0.5), ("g1", -0.5), ("g2", 0.0), ("g2", 0.0)
-    ]  # fmt: skip
+        ("g1", 0.5),
+        ("g1", 0.5),
+        ("g1", -0.5),
+        ("g2", 0.0),
+        ("g2", 0.0),
+    ]
     assert data.returns == [1.0, 0.0, 0.5, 0.5]
     assert data.samples[0].old_logprobs == [-0.5, -0.7]
     per_call = build_samples(groups, estimator="dr_grpo", scope=AdvantageScope.TRANSITION)

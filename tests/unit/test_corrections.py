@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 
-from fulmen.algorithm.corrections import (
+from fulmen.algorithm.rl.corrections import (
     Correction,
     CorrectionLevel,
     ImportanceStats,
     get_correction_fn,
     register_correction,
 )
-from fulmen.algorithm.errors import ConfigurationError
+from fulmen.schemas.errors import ConfigurationError
 from tests.unit.test_losses import random_inputs
 
 
@@ -26,8 +26,9 @@ def random_logprobs(seed: int, rows: int = 6) -> tuple[torch.Tensor, torch.Tenso
     return (inputs["logprobs"] - inputs["old_logprobs"]) * 2, inputs["mask"]
 
 
-def reference_weights(name: str, log_ratio: torch.Tensor, mask: torch.Tensor, level: str, low: float,
-                      high: float) -> list[list[float]]:  # fmt: skip
+def reference_weights(
+    name: str, log_ratio: torch.Tensor, mask: torch.Tensor, level: str, low: float, high: float
+) -> list[list[float]]:
     """The weights of the module docstring with math.*, token by token; 1 outside the mask."""
     out = []
     for lr_row, mask_row in zip(log_ratio.tolist(), mask.tolist(), strict=True):
@@ -49,8 +50,10 @@ def reference_weights(name: str, log_ratio: torch.Tensor, mask: torch.Tensor, le
 
 
 @pytest.mark.parametrize("level", list(CorrectionLevel))
-@pytest.mark.parametrize(("name", "low", "high"), [("tis", 0.0, 2.0), ("tis", 0.0, 1.2), ("mis", 0.0, 2.0),
-                                                   ("mis", 0.5, 1.5), ("decoupled", 0.0, 2.0)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "low", "high"),
+    [("tis", 0.0, 2.0), ("tis", 0.0, 1.2), ("mis", 0.0, 2.0), ("mis", 0.5, 1.5), ("decoupled", 0.0, 2.0)],
+)
 def test_weights_and_statistics_match_the_loop_reference(name: str, low: float, high: float, level: str) -> None:
     fn = get_correction_fn(name)
     for seed in range(10):
@@ -58,9 +61,12 @@ def test_weights_and_statistics_match_the_loop_reference(name: str, low: float, 
         weights, stats = fn(log_ratio, mask, level=level, low=low, high=high)
         expected = reference_weights(name, log_ratio, mask, level, low, high)
         torch.testing.assert_close(weights, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=0)
-        covered = [(w, math.exp(sum(v for v, k in zip(lr, m, strict=True) if k) if level == "sequence" else v))
-                   for w_row, lr, m in zip(expected, log_ratio.tolist(), mask.tolist(), strict=True)
-                   for w, v, k in zip(w_row, lr, m, strict=True) if k]  # fmt: skip
+        covered = [
+            (w, math.exp(sum(v for v, k in zip(lr, m, strict=True) if k) if level == "sequence" else v))
+            for w_row, lr, m in zip(expected, log_ratio.tolist(), mask.tolist(), strict=True)
+            for w, v, k in zip(w_row, lr, m, strict=True)
+            if k
+        ]
         floats = stats.as_floats()
         assert floats["tokens"] == len(covered)
         assert floats["weight_mean"] == pytest.approx(sum(w for w, _ in covered) / len(covered), rel=1e-12)
@@ -116,8 +122,14 @@ def test_combining_micro_batches_equals_the_whole_batch() -> None:
         combined = ImportanceStats.combine(parts).as_floats()
         assert combined == pytest.approx(whole, rel=1e-12)
     empty = get_correction_fn("tis")(log_ratio[:1], torch.zeros_like(mask[:1]))[1]
-    assert empty.as_floats() == {"weight_mean": 1.0, "weight_max": 1.0, "ratio_max": 1.0, "truncated_fraction": 0.0,
-                                 "masked_fraction": 0.0, "tokens": 0.0}  # fmt: skip
+    assert empty.as_floats() == {
+        "weight_mean": 1.0,
+        "weight_max": 1.0,
+        "ratio_max": 1.0,
+        "truncated_fraction": 0.0,
+        "masked_fraction": 0.0,
+        "tokens": 0.0,
+    }
     assert ImportanceStats.combine([empty, empty]).as_floats() == empty.as_floats()
 
 

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from fulmen.algorithm.credit import CREDIT_STRATEGIES, CreditStrategy, assign_credit, credit_strategy, register_credit
-from fulmen.algorithm.groups import ClosedGroup, credit_groups, shuffle_rewards
+from fulmen.algorithm.rl.credit import (
+    CREDIT_STRATEGIES,
+    CreditStrategy,
+    assign_credit,
+    credit_strategy,
+    register_credit,
+)
+from fulmen.algorithm.service.groups import ClosedGroup, credit_groups, shuffle_rewards
 from fulmen.algorithm.settings import TrainSettings
 from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
@@ -101,8 +107,15 @@ def _batch(rollout: str, status: RolloutStatus, episode: float | None, observed:
         )
         for i, value in enumerate(observed)
     ]
-    return TransitionBatch(rollout_id=rollout, attempt=1, task_id="t", group_id="g", status=status,
-                           episode_reward=episode, transitions=transitions)  # fmt: skip
+    return TransitionBatch(
+        rollout_id=rollout,
+        attempt=1,
+        task_id="t",
+        group_id="g",
+        status=status,
+        episode_reward=episode,
+        transitions=transitions,
+    )
 
 
 def _group(*batches: TransitionBatch) -> ClosedGroup:
@@ -110,10 +123,14 @@ def _group(*batches: TransitionBatch) -> ClosedGroup:
 
 
 def test_credit_groups_applies_the_runs_strategy_to_succeeded_rollouts_only() -> None:
-    group = _group(_batch("a", RolloutStatus.SUCCEEDED, 1.0, [0.2, None, None]),
-                   _batch("b", RolloutStatus.FAILED, None, [0.2, None]))  # fmt: skip
-    rewards = {s: [[t.reward for t in b.transitions] for b in credit_groups([group], s, 0.5)[0].rollouts]
-               for s in ("broadcast", "discounted", "intermediate")}  # fmt: skip
+    group = _group(
+        _batch("a", RolloutStatus.SUCCEEDED, 1.0, [0.2, None, None]),
+        _batch("b", RolloutStatus.FAILED, None, [0.2, None]),
+    )
+    rewards = {
+        s: [[t.reward for t in b.transitions] for b in credit_groups([group], s, 0.5)[0].rollouts]
+        for s in ("broadcast", "discounted", "intermediate")
+    }
     assert rewards["broadcast"] == [[1.0, 1.0, 1.0], [None, None]]
     assert rewards["discounted"] == [[0.25, 0.5, 1.0], [None, None]]
     assert rewards["intermediate"][0] == pytest.approx([0.45, 0.5, 1.0]) and rewards["intermediate"][1] == [None] * 2
@@ -123,8 +140,9 @@ def test_credit_groups_applies_the_runs_strategy_to_succeeded_rollouts_only() ->
 def test_shuffled_control_permutes_what_was_observed_then_credit_follows_it() -> None:
     groups = [_group(*(_batch(f"r{k}", RolloutStatus.SUCCEEDED, float(k), [float(k), None]) for k in range(8)))]
     shuffled = credit_groups(shuffle_rewards(groups, seed=3), "intermediate", 1.0)
-    pairs = [(b.episode_reward, b.transitions[0].intermediate_reward, b.transitions[0].reward)
-             for b in shuffled[0].rollouts]  # fmt: skip
+    pairs = [
+        (b.episode_reward, b.transitions[0].intermediate_reward, b.transitions[0].reward) for b in shuffled[0].rollouts
+    ]
     assert sorted(p[0] for p in pairs) == [float(k) for k in range(8)]  # the same rewards, moved
     assert [p[0] for p in pairs] != [float(k) for k in range(8)]
     assert all(intermediate == episode and credited == 2 * episode for episode, intermediate, credited in pairs)

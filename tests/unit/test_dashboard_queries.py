@@ -28,8 +28,16 @@ def test_filters_are_validated_and_defaulted() -> None:
     assert parse_filters({"status": "failed", "mode": "val", "run": "demo-1a", "attempt": "2", "limit": "10"}) == (
         RolloutFilters(status="failed", mode="val", run="demo-1a", attempt=2, limit=10)
     )
-    for bad in ({"status": "done"}, {"mode": "TRAIN"}, {"attempt": "-1"}, {"attempt": "101"}, {"limit": "0"},
-                {"run": "a b"}, {"run": "x" * 129}, {"offset": "1e3"}):  # fmt: skip
+    for bad in (
+        {"status": "done"},
+        {"mode": "TRAIN"},
+        {"attempt": "-1"},
+        {"attempt": "101"},
+        {"limit": "0"},
+        {"run": "a b"},
+        {"run": "x" * 129},
+        {"offset": "1e3"},
+    ):
         with pytest.raises(FilterError, match=next(iter(bad))):
             parse_filters(bad)
 
@@ -45,18 +53,33 @@ def test_values_reach_sql_as_parameters_only() -> None:
 def test_jsonable_turns_what_json_cannot_carry_into_what_it_can() -> None:
     moment = datetime(2026, 12, 1, tzinfo=UTC)
     assert jsonable({"a": math.nan, "b": [math.inf, 1.5], "c": (1, moment)}) == {
-        "a": None, "b": [None, 1.5], "c": [1, "2026-12-01T00:00:00+00:00"],
-    }  # fmt: skip
+        "a": None,
+        "b": [None, 1.5],
+        "c": [1, "2026-12-01T00:00:00+00:00"],
+    }
 
 
 def span(span_id: str, parent: str, second: int, **extra: Any) -> dict[str, Any]:
-    return {"SpanId": span_id, "ParentSpanId": parent, "Timestamp": f"2026-12-01T00:00:{second:02d}+00:00",
-            "Duration": 2_000_000, "InputMessages": None, "OutputMessages": None, "Attributes": [], **extra}  # fmt: skip
+    return {
+        "SpanId": span_id,
+        "ParentSpanId": parent,
+        "Timestamp": f"2026-12-01T00:00:{second:02d}+00:00",
+        "Duration": 2_000_000,
+        "InputMessages": None,
+        "OutputMessages": None,
+        "Attributes": [],
+        **extra,
+    }
 
 
 def test_the_trace_tree_puts_children_under_parents_in_time_order() -> None:
-    spans = [span("root", "", 0), span("a", "root", 1), span("b", "root", 3), span("a1", "a", 2),
-             span("call", "elsewhere", 4, InputMessages='[{"role": "user", "content": "hi"}]', Attributes=[("k", "v")])]  # fmt: skip
+    spans = [
+        span("root", "", 0),
+        span("a", "root", 1),
+        span("b", "root", 3),
+        span("a1", "a", 2),
+        span("call", "elsewhere", 4, InputMessages='[{"role": "user", "content": "hi"}]', Attributes=[("k", "v")]),
+    ]
     tree = trace_tree(spans)
     assert [(s["SpanId"], s["Depth"]) for s in tree] == [("root", 0), ("a", 1), ("a1", 2), ("b", 1), ("call", 0)]
     assert tree[1]["OffsetMs"] == 1000 and tree[1]["DurationMs"] == 2.0

@@ -13,8 +13,14 @@ def record(value: bytes | None, headers: list[tuple[str, bytes]], offset: int = 
 
 
 def test_a_dead_letter_becomes_a_row_with_where_and_why() -> None:
-    headers = DeadLetterHeaders(source_topic="p.otlp_spans", source_partition=2, source_offset=41,
-                                error_type="DecodeError", error="not valid OTLP protobuf", consumer_group="g.spans")  # fmt: skip
+    headers = DeadLetterHeaders(
+        source_topic="p.otlp_spans",
+        source_partition=2,
+        source_offset=41,
+        error_type="DecodeError",
+        error="not valid OTLP protobuf",
+        consumer_group="g.spans",
+    )
     sink = DeadLetterSink()
     [row] = sink.to_batch([sink.decode(record(b"\x00" * (PREVIEW_BYTES + 10), headers.to_kafka()))]).to_pylist()
     assert (row["Topic"], row["Partition"], row["Offset"]) == ("p.fulmen.dlq", 0, 5)

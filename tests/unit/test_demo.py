@@ -21,7 +21,7 @@ from fulmen.algorithm.demo.tasks import (
     train_tasks,
     warmup_problems,
 )
-from fulmen.algorithm.groups import ClosedGroup, shuffle_rewards
+from fulmen.algorithm.service.groups import ClosedGroup, shuffle_rewards
 from fulmen.schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
 
 
@@ -101,16 +101,34 @@ def test_warmup_samples_match_the_rendered_conversation() -> None:
     wrong = conversation_samples(problem, tokenizer, other)[1]
     answer = tokenizer.decode(wrong.response_token_ids, skip_special_tokens=True)
     assert answer == str(apply(problem.a, other, problem.b)) != str(problem.answer)
-    assert '"name": "calc"' in tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tools=TOOLS,
-                                                             tokenize=False)  # fmt: skip
+    assert '"name": "calc"' in tokenizer.apply_chat_template(
+        [{"role": "user", "content": "x"}], tools=TOOLS, tokenize=False
+    )
 
 
 def _batch(rollout: str, reward: float, calls: int) -> TransitionBatch:
-    transitions = [Transition(rollout_id=rollout, attempt=1, index=i, trace_id="a" * 32, span_id=f"{i:016x}",
-                              prompt_token_ids=[1], response_token_ids=[2], intermediate_reward=reward)
-                   for i in range(calls)]  # fmt: skip
-    return TransitionBatch(rollout_id=rollout, attempt=1, task_id="t", group_id="g", status=RolloutStatus.SUCCEEDED,
-                           episode_reward=reward, transitions=transitions)  # fmt: skip
+    transitions = [
+        Transition(
+            rollout_id=rollout,
+            attempt=1,
+            index=i,
+            trace_id="a" * 32,
+            span_id=f"{i:016x}",
+            prompt_token_ids=[1],
+            response_token_ids=[2],
+            intermediate_reward=reward,
+        )
+        for i in range(calls)
+    ]
+    return TransitionBatch(
+        rollout_id=rollout,
+        attempt=1,
+        task_id="t",
+        group_id="g",
+        status=RolloutStatus.SUCCEEDED,
+        episode_reward=reward,
+        transitions=transitions,
+    )
 
 
 def test_shuffle_rewards_permutes_whole_reward_records_across_the_step() -> None:
@@ -173,9 +191,9 @@ def test_demo_options_select_the_algorithm_and_the_mode(algorithm: str, mode: st
     demo agent's call limit, so the recipe is complete)."""
     from fulmen.algorithm.demo.agent import CALL_TOKENS
     from fulmen.algorithm.demo.run import DemoOptions, train_fields
-    from fulmen.algorithm.recipes import ALGORITHMS
+    from fulmen.algorithm.rl.recipes import ALGORITHMS
+    from fulmen.algorithm.service.run import check_training_settings
     from fulmen.algorithm.settings import TrainSection
-    from fulmen.algorithm.train import check_training_settings
 
     section = TrainSection(**train_fields(DemoOptions(algorithm=algorithm, mode=mode, max_staleness=2)))
     check_training_settings(section)  # every piece resolves (overlong shaping has its limit)
@@ -190,9 +208,9 @@ def test_a_taken_broker_port_fails_the_demo_before_its_warm_up(tmp_path: Path) -
     import socket
 
     from fulmen.algorithm.demo.run import DemoOptions, run_demo
-    from fulmen.infra.errors import ConfigurationError
+    from fulmen.infra.processes import free_port
     from fulmen.infra.settings import BrokerSettings, FulmenSettings
-    from tests.conftest import free_port
+    from fulmen.schemas.errors import ConfigurationError
 
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

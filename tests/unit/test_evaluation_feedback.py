@@ -40,17 +40,23 @@ def export(*events: dict[str, object], span_response: str | None = None) -> Expo
 
 def test_an_evaluation_naming_a_response_is_a_reward_for_that_call() -> None:
     request = export(
-        {"gen_ai.evaluation.name": "helpfulness", "gen_ai.evaluation.score.value": 0.75,
-         "gen_ai.evaluation.explanation": "solved it", "gen_ai.response.id": "chatcmpl-1"},
+        {
+            "gen_ai.evaluation.name": "helpfulness",
+            "gen_ai.evaluation.score.value": 0.75,
+            "gen_ai.evaluation.explanation": "solved it",
+            "gen_ai.response.id": "chatcmpl-1",
+        },
         {"gen_ai.evaluation.score.value": 1},  # no response id on the event: the span's
         {"gen_ai.evaluation.score.value": float("nan"), "gen_ai.response.id": "chatcmpl-1"},  # not a score
         {"gen_ai.evaluation.score.value": "high", "gen_ai.response.id": "chatcmpl-1"},  # a label, not a number
         {"name": "other.event", "gen_ai.evaluation.score.value": 1.0, "gen_ai.response.id": "chatcmpl-1"},
         span_response="chatcmpl-span",
-    )  # fmt: skip
+    )
     found = evaluation_feedback(request)
     assert [(f.target.value, f.target_id, f.name, f.value, f.source) for f in found] == [
-        ("response", "chatcmpl-1", "reward", 0.75, "otel"), ("response", "chatcmpl-span", "reward", 1.0, "otel")]  # fmt: skip
+        ("response", "chatcmpl-1", "reward", 0.75, "otel"),
+        ("response", "chatcmpl-span", "reward", 1.0, "otel"),
+    ]
     assert found[0].comment == "helpfulness: solved it" and found[0].timestamp.year == 2025
     assert [f.feedback_id for f in evaluation_feedback(request)] == [f.feedback_id for f in found]  # a retry: same ids
     assert len({f.feedback_id for f in found}) == 2

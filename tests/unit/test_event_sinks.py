@@ -31,8 +31,12 @@ def _build() -> tuple[SinkHandler, FakeConsumer, FakeProducer, FakeStore]:
     consumer = FakeConsumer()
     producer = FakeProducer(consumer.events)
     store = FakeStore(consumer.events)
-    handler = SinkHandler(EVENT_SINKS["rollouts"], store, DeadLetters(producer, consumer_group="g"),  # type: ignore[arg-type]
-                          retry_backoff_s=0.001)  # fmt: skip
+    handler = SinkHandler(
+        EVENT_SINKS["rollouts"],
+        store,
+        DeadLetters(producer, consumer_group="g"),  # type: ignore[arg-type]
+        retry_backoff_s=0.001,
+    )
     return handler, consumer, producer, store
 
 
@@ -94,14 +98,22 @@ def test_the_broker_carries_the_prefix_and_the_subscribers_an_explicit_policy() 
     assert subscriber.ack_policy is AckPolicy.MANUAL  # never faststream's ACK_FIRST (auto-commit) default
     options = subscriber._connection_args  # what the subscriber's aiokafka consumer is built with
     assert (options["enable_auto_commit"], options["auto_offset_reset"], options["isolation_level"]) == (
-        False, "earliest", "read_committed"
-    )  # fmt: skip
+        False,
+        "earliest",
+        "read_committed",
+    )
     assert not subscriber.topics_to_create  # topics come from ensure_topics, with their settings
 
 
 def test_sasl_and_ssl_settings_map_onto_the_broker() -> None:
-    settings = FulmenSettings(kafka={"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-512",
-                                     "sasl_username": "u", "sasl_password": "pw"})  # fmt: skip
+    settings = FulmenSettings(
+        kafka={
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_username": "u",
+            "sasl_password": "pw",
+        }
+    )
     security = kafka_broker(settings).specification.security
     assert isinstance(security, SASLScram512) and (security.username, security.password) == ("u", "pw")
     assert not security.use_ssl
@@ -122,8 +134,14 @@ async def test_a_published_event_is_one_keyed_json_record_on_the_prefixed_topic(
     publisher = EventPublisher(FakeBroker(producer, prefix="p."), Sender("runner", (TopicKey.ROLLOUTS,)))  # type: ignore[arg-type]
     event = RolloutEvent(rollout_id="r1", attempt=1, status=RolloutStatus.RUNNING, task_id="t1", group_id="g1")
     await publisher.publish(TopicKey.ROLLOUTS, event)
-    assert producer.sent == [{"topic": "p.fulmen.rollouts", "value": encode(event), "key": b"r1",
-                              "headers": [("content-type", b"application/json")]}]  # fmt: skip
+    assert producer.sent == [
+        {
+            "topic": "p.fulmen.rollouts",
+            "value": encode(event),
+            "key": b"r1",
+            "headers": [("content-type", b"application/json")],
+        }
+    ]
 
 
 async def test_publishing_before_the_broker_started_is_refused() -> None:

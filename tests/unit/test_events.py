@@ -39,25 +39,37 @@ json_values = st.recursive(
 def rollout_requests(draw: st.DrawFn) -> RolloutRequest:
     max_attempts = draw(st.integers(1, 10))
     return RolloutRequest(
-        rollout_id=draw(ids), task_id=draw(ids), group_id=draw(ids),
-        attempt=draw(st.integers(1, max_attempts)), max_attempts=max_attempts,
-        timeout_s=draw(st.floats(0.1, 1e5)), mode=draw(st.sampled_from(["train", "val"])),
+        rollout_id=draw(ids),
+        task_id=draw(ids),
+        group_id=draw(ids),
+        attempt=draw(st.integers(1, max_attempts)),
+        max_attempts=max_attempts,
+        timeout_s=draw(st.floats(0.1, 1e5)),
+        mode=draw(st.sampled_from(["train", "val"])),
         input=draw(st.dictionaries(st.text(max_size=10), json_values, max_size=5)),
         model_version=draw(st.none() | st.integers(0, 10**6)),
         metadata=draw(st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3)),
         created_at=draw(times),
-    )  # fmt: skip
+    )
 
 
 @st.composite
 def rollout_events(draw: st.DrawFn) -> RolloutEvent:
     status = draw(st.sampled_from(list(RolloutStatus)))
     return RolloutEvent(
-        rollout_id=draw(ids), attempt=draw(st.integers(1, 100)), status=status, task_id=draw(ids),
-        group_id=draw(ids), reward=draw(st.none() | finite) if status is RolloutStatus.SUCCEEDED else None,
-        error=draw(st.text(min_size=1, max_size=50)) if status in (RolloutStatus.FAILED, RolloutStatus.TIMED_OUT) else None,
-        runner_id=draw(st.text(max_size=10)), model_version=draw(st.none() | st.integers(0, 1000)), timestamp=draw(times),
-    )  # fmt: skip
+        rollout_id=draw(ids),
+        attempt=draw(st.integers(1, 100)),
+        status=status,
+        task_id=draw(ids),
+        group_id=draw(ids),
+        reward=draw(st.none() | finite) if status is RolloutStatus.SUCCEEDED else None,
+        error=draw(st.text(min_size=1, max_size=50))
+        if status in (RolloutStatus.FAILED, RolloutStatus.TIMED_OUT)
+        else None,
+        runner_id=draw(st.text(max_size=10)),
+        model_version=draw(st.none() | st.integers(0, 1000)),
+        timestamp=draw(times),
+    )
 
 
 @st.composite
@@ -66,39 +78,67 @@ def transition_batches(draw: st.DrawFn) -> TransitionBatch:
     calls = []
     for index in range(draw(st.integers(0, 4))):
         response = draw(st.lists(st.integers(0, 200_000), min_size=1, max_size=20))
-        calls.append(Transition(
-            rollout_id=rollout_id, attempt=attempt, index=index,
-            trace_id=draw(st.from_regex(r"[0-9a-f]{32}", fullmatch=True)),
-            span_id=draw(st.from_regex(r"[0-9a-f]{16}", fullmatch=True)),
-            agent_name=draw(st.text(max_size=10)), model_version=draw(st.none() | st.integers(0, 100)),
-            prompt_token_ids=draw(st.lists(st.integers(0, 200_000), min_size=1, max_size=30)),
-            response_token_ids=response,
-            response_logprobs=draw(st.none() | st.lists(st.floats(-50, 0), min_size=len(response), max_size=len(response))),
-            reward=draw(st.none() | finite), intermediate_reward=draw(st.none() | finite),
-        ))  # fmt: skip
+        calls.append(
+            Transition(
+                rollout_id=rollout_id,
+                attempt=attempt,
+                index=index,
+                trace_id=draw(st.from_regex(r"[0-9a-f]{32}", fullmatch=True)),
+                span_id=draw(st.from_regex(r"[0-9a-f]{16}", fullmatch=True)),
+                agent_name=draw(st.text(max_size=10)),
+                model_version=draw(st.none() | st.integers(0, 100)),
+                prompt_token_ids=draw(st.lists(st.integers(0, 200_000), min_size=1, max_size=30)),
+                response_token_ids=response,
+                response_logprobs=draw(
+                    st.none() | st.lists(st.floats(-50, 0), min_size=len(response), max_size=len(response))
+                ),
+                reward=draw(st.none() | finite),
+                intermediate_reward=draw(st.none() | finite),
+            )
+        )
     return TransitionBatch(
-        rollout_id=rollout_id, attempt=attempt, task_id=draw(ids), group_id=draw(ids),
+        rollout_id=rollout_id,
+        attempt=attempt,
+        task_id=draw(ids),
+        group_id=draw(ids),
         status=draw(st.sampled_from([RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.TIMED_OUT])),
-        episode_reward=draw(st.none() | finite), transitions=calls, created_at=draw(times),
-    )  # fmt: skip
+        episode_reward=draw(st.none() | finite),
+        transitions=calls,
+        created_at=draw(times),
+    )
 
 
 model_versions = st.builds(
-    ModelVersion, model_name=ids, version=st.integers(0, 10**9), uri=st.text(min_size=1, max_size=30),
-    format=st.sampled_from(["hf", "hf_lora_adapter"]), step=st.integers(0, 10**6), created_at=times,
-)  # fmt: skip
+    ModelVersion,
+    model_name=ids,
+    version=st.integers(0, 10**9),
+    uri=st.text(min_size=1, max_size=30),
+    format=st.sampled_from(["hf", "hf_lora_adapter"]),
+    step=st.integers(0, 10**6),
+    created_at=times,
+)
 train_steps = st.builds(
-    TrainStep, run_id=ids, step=st.integers(0, 10**6), model_version=st.integers(0, 10**6),
-    num_transitions=st.integers(0, 10**6), num_groups=st.integers(0, 10**4), reward_mean=finite,
-    reward_std=st.floats(0, 1e6), loss=finite, clip_fraction=st.floats(0, 1), kl=st.none() | finite,
-    extra=st.dictionaries(st.text(max_size=8), finite, max_size=3), created_at=times,
-)  # fmt: skip
+    TrainStep,
+    run_id=ids,
+    step=st.integers(0, 10**6),
+    model_version=st.integers(0, 10**6),
+    num_transitions=st.integers(0, 10**6),
+    num_groups=st.integers(0, 10**4),
+    reward_mean=finite,
+    reward_std=st.floats(0, 1e6),
+    loss=finite,
+    clip_fraction=st.floats(0, 1),
+    kl=st.none() | finite,
+    extra=st.dictionaries(st.text(max_size=8), finite, max_size=3),
+    created_at=times,
+)
 
 
 @pytest.mark.parametrize(
-    "strategy", [rollout_requests(), rollout_events(), transition_batches(), model_versions, train_steps],
+    "strategy",
+    [rollout_requests(), rollout_events(), transition_batches(), model_versions, train_steps],
     ids=["RolloutRequest", "RolloutEvent", "TransitionBatch", "ModelVersion", "TrainStep"],
-)  # fmt: skip
+)
 def test_every_contract_round_trips(strategy: st.SearchStrategy) -> None:
     @settings(max_examples=60, deadline=None)
     @given(strategy)
@@ -108,10 +148,18 @@ def test_every_contract_round_trips(strategy: st.SearchStrategy) -> None:
     check()
 
 
-@given(st.builds(
-    DeadLetterHeaders, source_topic=ids, source_partition=st.integers(0, 1000), source_offset=st.integers(0, 2**62),
-    error_type=ids, error=st.text(min_size=0, max_size=100), consumer_group=st.text(max_size=10), failed_at=times,
-))  # fmt: skip
+@given(
+    st.builds(
+        DeadLetterHeaders,
+        source_topic=ids,
+        source_partition=st.integers(0, 1000),
+        source_offset=st.integers(0, 2**62),
+        error_type=ids,
+        error=st.text(min_size=0, max_size=100),
+        consumer_group=st.text(max_size=10),
+        failed_at=times,
+    )
+)
 def test_dead_letter_headers_round_trip(headers: DeadLetterHeaders) -> None:
     kafka_headers = headers.to_kafka()
     assert all(isinstance(v, bytes) for _, v in kafka_headers)
@@ -175,15 +223,31 @@ def test_request_attempt_cannot_exceed_budget() -> None:
 
 def test_transition_logprobs_must_match_response() -> None:
     with pytest.raises(DecodeError, match="2 logprobs for 3 response tokens"):
-        decode_obj(Transition, {
-            "rollout_id": "r", "attempt": 1, "index": 0, "trace_id": "a" * 32, "span_id": "b" * 16,
-            "prompt_token_ids": [1], "response_token_ids": [1, 2, 3], "response_logprobs": [-1.0, -2.0],
-        })  # fmt: skip
+        decode_obj(
+            Transition,
+            {
+                "rollout_id": "r",
+                "attempt": 1,
+                "index": 0,
+                "trace_id": "a" * 32,
+                "span_id": "b" * 16,
+                "prompt_token_ids": [1],
+                "response_token_ids": [1, 2, 3],
+                "response_logprobs": [-1.0, -2.0],
+            },
+        )
 
 
 def test_transition_batch_checks_order_and_ownership() -> None:
-    call = {"rollout_id": "r", "attempt": 1, "index": 1, "trace_id": "a" * 32, "span_id": "b" * 16,
-            "prompt_token_ids": [1], "response_token_ids": [2]}  # fmt: skip
+    call = {
+        "rollout_id": "r",
+        "attempt": 1,
+        "index": 1,
+        "trace_id": "a" * 32,
+        "span_id": "b" * 16,
+        "prompt_token_ids": [1],
+        "response_token_ids": [2],
+    }
     batch = {"rollout_id": "r", "attempt": 1, "task_id": "t", "group_id": "g", "status": "succeeded"}
     with pytest.raises(DecodeError, match=r"transitions\.0\.index: is 1, expected 0"):
         decode_obj(TransitionBatch, {**batch, "transitions": [call]})
@@ -207,8 +271,10 @@ def test_status_ranks_follow_the_lifecycle() -> None:
     order = [RolloutStatus.QUEUED, RolloutStatus.CLAIMED, RolloutStatus.RUNNING, RolloutStatus.SUCCEEDED]
     assert [s.rank for s in order] == sorted(s.rank for s in order)
     assert {s for s in RolloutStatus if s.terminal} == {
-        RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.TIMED_OUT
-    }  # fmt: skip
+        RolloutStatus.SUCCEEDED,
+        RolloutStatus.FAILED,
+        RolloutStatus.TIMED_OUT,
+    }
 
 
 def test_only_a_production_rollout_has_no_group() -> None:

@@ -73,8 +73,14 @@ def test_calc_reward_reads_the_last_number() -> None:
 def test_sql_queries_run_read_only_with_a_time_limit_and_never_raise() -> None:
     path = database_path()
     assert run_query(path, "SELECT COUNT(*) FROM orders").rows == [(300,)]
-    for bad in ("DELETE FROM orders", "DROP TABLE orders", "SELEC nothing", "", "SELECT 1; SELECT 2",
-                "ATTACH DATABASE 'x.db' AS x"):  # fmt: skip
+    for bad in (
+        "DELETE FROM orders",
+        "DROP TABLE orders",
+        "SELEC nothing",
+        "",
+        "SELECT 1; SELECT 2",
+        "ATTACH DATABASE 'x.db' AS x",
+    ):
         assert run_query(path, bad).rows is None, bad
     slow = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT COUNT(*) FROM n"
     assert run_query(path, slow, time_limit_s=0.2).error == "query took too long"
@@ -116,8 +122,11 @@ async def test_sql_agent_nodes_are_named_and_bounded(exporter, script: str) -> N
     with FakeOpenAI(script) as server:
         rollout = await run_rollout(exporter, server, run, task, f"sql-{script}")
     assert rollout.reward == 0.0 and 2 <= len(rollout.requests) <= MAX_CALLS
-    nodes = [json.loads(s.attributes[semconv.OPENINFERENCE_METADATA])["langgraph_node"] for s in rollout.spans
-             if (s.attributes or {}).get("openinference.span.kind") == "LLM"]  # fmt: skip
+    nodes = [
+        json.loads(s.attributes[semconv.OPENINFERENCE_METADATA])["langgraph_node"]
+        for s in rollout.spans
+        if (s.attributes or {}).get("openinference.span.kind") == "LLM"
+    ]
     assert nodes[:2] == ["write", "check"] and set(nodes) <= {"write", "check", "rewrite"}
     assert len(nodes) == len(rollout.requests)
 
@@ -126,8 +135,11 @@ async def test_sql_agent_gets_the_reward_for_the_right_query(exporter, monkeypat
     from examples.sql_agent.agent import run
 
     task = load_example("sql_agent").train_tasks(1)[0]
-    monkeypatch.setitem(SCRIPTS, "gold", lambda body: Reply(content="OK" if "review" in json.dumps(body) else
-                                                            f"```sql\n{task['gold_sql']}\n```"))  # fmt: skip
+    monkeypatch.setitem(
+        SCRIPTS,
+        "gold",
+        lambda body: Reply(content="OK" if "review" in json.dumps(body) else f"```sql\n{task['gold_sql']}\n```"),
+    )
     with FakeOpenAI("gold") as server:
         rollout = await run_rollout(exporter, server, run, task, "sql-gold")
     assert rollout.reward == 1.0 and len(rollout.requests) == 2  # write, then check says OK

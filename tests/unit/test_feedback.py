@@ -128,9 +128,15 @@ class Rig:
         self.resolver, self.barrier, self.clock = FakeResolver(), FakeBarrier(), Clock()
         section = FeedbackSection(resolve_grace_s=grace_s, retry_first_s=0.5, retry_max_s=2.0)
         self.worker = FeedbackWorker(
-            FeedbackSink(section), self.consumer, self.store, DeadLetters(self.producer), self.barrier, section,  # type: ignore[arg-type]
-            resolver=self.resolver, clock=self.clock,
-        )  # fmt: skip
+            FeedbackSink(section),
+            self.consumer,
+            self.store,
+            DeadLetters(self.producer),
+            self.barrier,
+            section,  # type: ignore[arg-type]
+            resolver=self.resolver,
+            clock=self.clock,
+        )
 
     def send(self, feedback: Feedback | bytes) -> None:
         value = feedback if isinstance(feedback, bytes) else encode(feedback)
@@ -163,8 +169,9 @@ async def test_a_found_target_is_stored_then_committed_and_poison_is_dead_letter
     assert len(rig.resolver.lookups) == 1  # one query for the round, not one per record
     rows = rig.rows()
     assert [(r["Target"], r["RolloutId"], r["Attempt"], r["SpanId"], r["Name"], r["Value"]) for r in rows] == [
-        ("response", "r1", 2, "cd" * 8, "reward", 0.5), ("rollout", "r1", 2, "", "thumbs", 1.0),
-    ]  # fmt: skip
+        ("response", "r1", 2, "cd" * 8, "reward", 0.5),
+        ("rollout", "r1", 2, "", "thumbs", 1.0),
+    ]
     assert rows[1]["Comment"] == "nice" and rows[0]["TraceId"] == "ab" * 16
     assert rig.consumer.committed == {TP: 3}
     assert rig.consumer.events == ["dlq-send", "insert", "commit"]  # committed after the insert and the dead letter

@@ -272,9 +272,9 @@ AGENTS = {
 async def test_concurrent_rollouts_keep_their_own_spans(exporter: InMemorySpanExporter, framework: str) -> None:
     """Two rollouts at once in one process (as a runner runs them): no span lands in the other's trace."""
     with FakeOpenAI("tool_then_text") as server:
-        first, second = await asyncio.gather(*(
-            run_rollout(exporter, server, AGENTS[framework], {}, f"{framework}-{n}") for n in (1, 2)
-        ))  # fmt: skip
+        first, second = await asyncio.gather(
+            *(run_rollout(exporter, server, AGENTS[framework], {}, f"{framework}-{n}") for n in (1, 2))
+        )
     for rollout in (first, second):
         assert rollout.reward == 1.0
         assert len(rollout.spans) > 1

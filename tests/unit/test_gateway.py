@@ -8,10 +8,10 @@ import httpx
 import pytest
 from aiohttp import web
 
-from fulmen.infra.errors import BrokerUnavailableError
 from fulmen.infra.settings import FulmenSettings
 from fulmen.producers.gateway import Gateway, GatewayStats
 from fulmen.producers.otlp_gateway.settings import OtlpSection
+from fulmen.schemas.errors import BrokerUnavailableError
 
 
 class FakeProducer:

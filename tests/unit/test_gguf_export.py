@@ -32,9 +32,17 @@ def tiny_llama(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(tiny)
-    config = LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     directory = tmp_path_factory.mktemp("llama")
     LlamaForCausalLM(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
@@ -111,8 +119,9 @@ def test_permute_qk_pairs_each_heads_halves() -> None:
     assert permute_qk(rows, 2).flatten().tolist() == [0, 2, 1, 3, 4, 6, 5, 7]
 
 
-@pytest.mark.parametrize(("kind", "ggml"), [("f16", gguf.GGMLQuantizationType.F16),
-                                            ("bf16", gguf.GGMLQuantizationType.BF16)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "ggml"), [("f16", gguf.GGMLQuantizationType.F16), ("bf16", gguf.GGMLQuantizationType.BF16)]
+)
 def test_half_types_keep_norms_and_biases_in_float32(tiny: Path, tmp_path: Path, kind: str, ggml: object) -> None:
     fields, tensors = read(export_gguf(tiny, tmp_path / f"{kind}.gguf", kind))
     weights = load_file(tiny / "model.safetensors")
@@ -169,8 +178,10 @@ def test_a_lora_version_is_written_merged_into_its_base(tiny: Path, tmp_path: Pa
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    adapted = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny),
-                             LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))  # fmt: skip
+    adapted = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny),
+        LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )
     adapted.save_pretrained(tmp_path / "adapter")
     merged = adapted.merge_and_unload().state_dict()
     cache = GgufCache(tmp_path / "cache", "f32")

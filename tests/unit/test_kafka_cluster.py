@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.kafka.admin import TopicState, _durability_drift
 from fulmen.infra.kafka.clients import connection_kwargs
 from fulmen.infra.kafka.cluster import LocalCluster, running_layouts, stop_all
 from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.topics import min_insync_replicas
 
 pytestmark = pytest.mark.scale
@@ -56,7 +56,7 @@ def test_a_cluster_has_a_directory_ports_and_quorum_per_node(tmp_path: Path) -> 
             "transaction.state.log.replication.factor",
             "share.coordinator.state.topic.replication.factor",
         ):
-            assert props[key] == "3", key  # fmt: skip
+            assert props[key] == "3", key
         for key in ("min.insync.replicas", "transaction.state.log.min.isr", "share.coordinator.state.topic.min.isr"):
             assert props[key] == "2", key
         assert "controller.quorum.voters" not in props  # a dynamic quorum: bootstrap servers + --initial-controllers
@@ -113,8 +113,10 @@ def stand_ins() -> Iterator[list[subprocess.Popen[bytes]]]:
 def pretend_running(node: LocalKafka, processes: list[subprocess.Popen[bytes]]) -> int:
     """Start a stand-in for ``node`` that exits 0 on SIGTERM; its pid, once its handler is in place."""
     properties(node)
-    code = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); print('ready', "
-            "flush=True); time.sleep(120)")  # fmt: skip
+    code = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); print('ready', "
+        "flush=True); time.sleep(120)"
+    )
     process = subprocess.Popen(
         [sys.executable, "-c", code, "kafka.Kafka", str(node.properties_file)], stdout=subprocess.PIPE
     )
@@ -131,8 +133,10 @@ def test_other_layouts_are_found_refused_and_stopped(tmp_path: Path, stand_ins: 
     assert cluster.status().running and [s.pid for s in cluster.status().nodes] == pids
     found = running_layouts(tmp_path)
     assert list(found) == [3] and [(s.node_id, s.bootstrap) for s in found[3]] == [
-        (1, "127.0.0.1:19092"), (2, "127.0.0.1:19094"), (3, "127.0.0.1:19096")
-    ]  # fmt: skip
+        (1, "127.0.0.1:19092"),
+        (2, "127.0.0.1:19094"),
+        (3, "127.0.0.1:19096"),
+    ]
     with pytest.raises(ConfigurationError, match=r"a local Kafka cluster of 3 nodes runs from .*FULMEN_BROKER_NODES=3"):
         LocalCluster(broker, tmp_path).start()
     stopped = stop_all(tmp_path, grace_s=10)

@@ -18,16 +18,9 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
-from fulmen.infra.errors import RetryableError
-from fulmen.infra.kafka.offsets import (
-    STOPPED,
-    OffsetTracker,
-    RebalanceListener,
-    backoff_s,
-    commit_finished,
-    commit_offsets,
-    retrying,
-)
+from fulmen.infra.kafka.offsets import OffsetTracker, RebalanceListener, commit_finished, commit_offsets
+from fulmen.infra.retry import STOPPED, backoff_s, retrying
+from fulmen.schemas.errors import RetryableError
 
 TP0, TP1, TP2 = (TopicPartition("fulmen.tasks", p) for p in range(3))
 
@@ -154,10 +147,15 @@ async def test_offsets_of_a_partition_no_longer_assigned_are_not_sent() -> None:
 
 @pytest.mark.parametrize(
     "error",
-    [CommitFailedError("rebalanced"), IllegalStateError("not assigned"), RebalanceInProgressError(),
-     IllegalGenerationError(), UnknownMemberIdError()],
+    [
+        CommitFailedError("rebalanced"),
+        IllegalStateError("not assigned"),
+        RebalanceInProgressError(),
+        IllegalGenerationError(),
+        UnknownMemberIdError(),
+    ],
     ids=lambda e: type(e).__name__,
-)  # fmt: skip
+)
 async def test_a_commit_refused_by_a_rebalance_is_logged_and_offered_again(
     error: Exception, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -279,9 +277,10 @@ async def test_retrying_gives_up_when_stop_is_set_during_the_wait() -> None:
         stop.set()  # set while the attempt runs: the wait is cut short, no further attempt
         raise RetryableError("broker down")
 
-    assert await asyncio.wait_for(
-        retrying(down, what="publish", retry_on=(RetryableError,), base_s=60.0, stop=stop), 5
-    ) is STOPPED  # fmt: skip
+    assert (
+        await asyncio.wait_for(retrying(down, what="publish", retry_on=(RetryableError,), base_s=60.0, stop=stop), 5)
+        is STOPPED
+    )
     assert calls == [1]
     assert await retrying(down, what="publish", retry_on=(RetryableError,), base_s=60.0, stop=stop) is STOPPED
     assert calls == [1]  # already stopped: not even tried

@@ -59,10 +59,17 @@ class FakeServer:
 
 def answer(body: dict[str, Any], index: int = 0, tokens: list[int] | None = None, stop: str = "limit") -> dict:
     tokens = tokens if tokens is not None else [100 + index, 101 + index, 102 + index][: body["n_predict"]]
-    probs = [{"id": t, "logprob": -0.5 - i, "top_logprobs": [{"id": t, "logprob": -0.5 - i}, {"id": 7, "logprob": -3.0}]}
-             for i, t in enumerate(tokens)]  # fmt: skip
-    return {"index": index, "tokens": tokens, "completion_probabilities": probs, "stop_type": stop,
-            "timings": {"cache_n": 0}}  # fmt: skip
+    probs = [
+        {"id": t, "logprob": -0.5 - i, "top_logprobs": [{"id": t, "logprob": -0.5 - i}, {"id": 7, "logprob": -3.0}]}
+        for i, t in enumerate(tokens)
+    ]
+    return {
+        "index": index,
+        "tokens": tokens,
+        "completion_probabilities": probs,
+        "stop_type": stop,
+        "timings": {"cache_n": 0},
+    }
 
 
 def fake_llama(reply: Callable[[dict[str, Any]], Any] | None = None) -> tuple[httpx.MockTransport, list[dict]]:
@@ -89,8 +96,9 @@ async def started(tiny: Path, tmp_path: Path, transport: httpx.MockTransport, **
     binary = tmp_path / "llama-server"
     binary.write_text("#!/bin/sh\n")
     binary.chmod(0o755)
-    options = LlmSection(backend="llamacpp", model=str(tiny), llamacpp_server=str(binary), llamacpp_slots=4,
-                         model_version=0, **llm)  # fmt: skip
+    options = LlmSection(
+        backend="llamacpp", model=str(tiny), llamacpp_server=str(binary), llamacpp_slots=4, model_version=0, **llm
+    )
     backend = LlamaCppBackend(options, 0, tmp_path / "home", transport=transport, server=FakeServer)
     await backend.start()
     return backend
@@ -260,8 +268,9 @@ async def test_a_version_loads_beside_the_one_serving_which_finishes_its_calls(t
             await backend.load_version(ModelVersion(model_name="fulmen", version=2, uri=str(tmp_path / "nope")))
         assert backend.model_version == 1 and new.alive
         with pytest.raises(ConfigurationError, match="does not serve per-agent adapters yet"):
-            backend.swaps_in_place(ModelVersion(model_name="fulmen", version=3, uri=str(copy),
-                                                format="hf_lora_adapter", adapter="solver"))  # fmt: skip
+            backend.swaps_in_place(
+                ModelVersion(model_name="fulmen", version=3, uri=str(copy), format="hf_lora_adapter", adapter="solver")
+            )
     finally:
         release.set()
         await backend.close()

@@ -16,18 +16,32 @@ USER = [{"role": "user", "content": "hi"}]
 
 
 def test_chat_request_is_normalised() -> None:
-    request = parse_chat({
-        "model": "m", "max_completion_tokens": 7, "stop": "x", "seed": 3, "n": 2, "temperature": 0,
-        "messages": [
-            {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-            {"role": "user", "content": "q", "name": "ann"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]},
-            {"role": "tool", "tool_call_id": "c", "content": "2"},
-        ],
-        "tools": [{"type": "function", "function": {"name": "f", "strict": True}}], "tool_choice": "auto",
-        "user": "ignored", "parallel_tool_calls": True, "stream_options": {"include_usage": True},
-    }, max_n=4)  # fmt: skip
+    request = parse_chat(
+        {
+            "model": "m",
+            "max_completion_tokens": 7,
+            "stop": "x",
+            "seed": 3,
+            "n": 2,
+            "temperature": 0,
+            "messages": [
+                {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                {"role": "user", "content": "q", "name": "ann"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}],
+                },
+                {"role": "tool", "tool_call_id": "c", "content": "2"},
+            ],
+            "tools": [{"type": "function", "function": {"name": "f", "strict": True}}],
+            "tool_choice": "auto",
+            "user": "ignored",
+            "parallel_tool_calls": True,
+            "stream_options": {"include_usage": True},
+        },
+        max_n=4,
+    )
     assert request.messages[0] == {"role": "system", "content": "ab"}
     assert request.messages[1]["name"] == "ann"
     assert request.messages[2]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
@@ -49,11 +63,18 @@ def test_chat_request_is_normalised() -> None:
         ({"model": "m", "messages": USER, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"model": "m", "messages": USER, "top_logprobs": 2}, "top_logprobs"),
         ({"model": "m", "messages": USER, "tools": [{"type": "function"}]}, "tools.0"),
-        ({"model": "m", "messages": USER, "tools": [{"function": {"name": "f"}}],
-          "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+        (
+            {
+                "model": "m",
+                "messages": USER,
+                "tools": [{"function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+            },
+            "tool_choice",
+        ),
         ({"model": "m", "messages": USER, "stream": "yes"}, "stream"),
     ],
-)  # fmt: skip
+)
 def test_bad_chat_requests_name_the_field(body: dict, param: str) -> None:
     with pytest.raises(ApiError) as error:
         parse_chat(body, max_n=8)
@@ -86,19 +107,29 @@ def test_tool_calls_are_extracted_and_bad_ones_stay_text() -> None:
 def test_traceparent() -> None:
     parent = parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
     assert parent is not None and parent.trace_id.hex() == "4bf92f3577b34da6a3ce929d0e0e4736"
-    for bad in [None, "", "garbage", "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-                "00-00000000000000000000000000000000-00f067aa0ba902b7-01"]:  # fmt: skip
+    for bad in [
+        None,
+        "",
+        "garbage",
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+    ]:
         assert parse_traceparent(bad) is None
 
 
 def test_stream_chunks_add_up_to_the_response() -> None:
     tokens = [TokenLogprob("He", -0.1), TokenLogprob("", -0.2), TokenLogprob("llo", -0.3)]
-    result = CallResult("id", "m", [Choice(0, "Hello", "stop", [1, 2, 3], [-0.1, -0.2, -0.3], [], tokens,
-                                           ["He", "", "llo"])], [9], 1, 3)  # fmt: skip
+    result = CallResult(
+        "id", "m", [Choice(0, "Hello", "stop", [1, 2, 3], [-0.1, -0.2, -0.3], [], tokens, ["He", "", "llo"])], [9], 1, 3
+    )
     chunks = list(chat_chunks(result, include_usage=True))
     content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
-    logprobs = [lp["logprob"] for c in chunks if c["choices"] and c["choices"][0]["logprobs"]
-                for lp in c["choices"][0]["logprobs"]["content"]]  # fmt: skip
+    logprobs = [
+        lp["logprob"]
+        for c in chunks
+        if c["choices"] and c["choices"][0]["logprobs"]
+        for lp in c["choices"][0]["logprobs"]["content"]
+    ]
     whole = chat_response(result)
     assert content == whole["choices"][0]["message"]["content"] == "Hello"
     assert logprobs == [-0.1, -0.2, -0.3]

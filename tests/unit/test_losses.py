@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 
-from fulmen.algorithm.errors import ConfigurationError
-from fulmen.algorithm.losses import (
+from fulmen.algorithm.rl.losses import (
     Aggregation,
     LossAggregation,
     aggregate,
@@ -19,6 +18,7 @@ from fulmen.algorithm.losses import (
     ppo_clip,
     register_aggregation,
 )
+from fulmen.schemas.errors import ConfigurationError
 
 
 def random_inputs(seed: int, rows: int = 6, width: int = 9) -> dict[str, torch.Tensor]:
@@ -116,9 +116,12 @@ def surrogate_grad(ratio: float, advantage: float, clip: float = 0.2) -> float:
     """d loss / d logprob for one token whose ratio to the old policy is ``ratio``."""
     logprobs = torch.tensor([[0.0, math.log(ratio)]], dtype=torch.float64, requires_grad=True)
     loss, _ = ppo_clip(
-        logprobs, torch.zeros(1, 2, dtype=torch.float64), torch.tensor([advantage], dtype=torch.float64),
-        torch.tensor([[0.0, 1.0]]), clip_eps=clip,
-    )  # fmt: skip
+        logprobs,
+        torch.zeros(1, 2, dtype=torch.float64),
+        torch.tensor([advantage], dtype=torch.float64),
+        torch.tensor([[0.0, 1.0]]),
+        clip_eps=clip,
+    )
     loss.backward()
     return logprobs.grad[0, 1].item()
 
@@ -212,8 +215,9 @@ def reduce_rows(rows: list[list[float]], mode: str) -> float:
     return sum(means) / len(means)
 
 
-def reference_policy_loss(name: str, inputs: dict[str, torch.Tensor], mode: str, low: float, high: float,
-                          weights: torch.Tensor | None) -> float:  # fmt: skip
+def reference_policy_loss(
+    name: str, inputs: dict[str, torch.Tensor], mode: str, low: float, high: float, weights: torch.Tensor | None
+) -> float:
     """ppo_clip / dapo, gspo and cispo token by token with math.*: the formulas of their docstrings."""
     new, old, mask = inputs["logprobs"].tolist(), inputs["old_logprobs"].tolist(), inputs["mask"].tolist()
     adv = inputs["advantages"].tolist()
@@ -237,11 +241,19 @@ def reference_policy_loss(name: str, inputs: dict[str, torch.Tensor], mode: str,
 
 @pytest.mark.parametrize("mode", list(LossAggregation))
 @pytest.mark.parametrize(
-    ("name", "low", "high"), [("ppo_clip", 0.2, 0.2), ("dapo", 0.2, 0.28), ("gspo", 3e-4, 4e-4), ("gspo", 0.1, 0.2),
-                              ("cispo", 1.0, 3.0), ("cispo", 0.2, 0.28)],
-)  # fmt: skip
-def test_every_loss_matches_its_loop_reference_with_and_without_weights(name: str, low: float, high: float,
-                                                                         mode: str) -> None:  # fmt: skip
+    ("name", "low", "high"),
+    [
+        ("ppo_clip", 0.2, 0.2),
+        ("dapo", 0.2, 0.28),
+        ("gspo", 3e-4, 4e-4),
+        ("gspo", 0.1, 0.2),
+        ("cispo", 1.0, 3.0),
+        ("cispo", 0.2, 0.28),
+    ],
+)
+def test_every_loss_matches_its_loop_reference_with_and_without_weights(
+    name: str, low: float, high: float, mode: str
+) -> None:
     loss_fn = get_policy_loss_fn(name)
     for seed in range(10):
         inputs = {k: v for k, v in random_inputs(seed).items() if k != "ref_logprobs"}
@@ -269,8 +281,9 @@ def test_gspo_gradient_is_the_sequence_objective_gradient() -> None:
     for seed in range(5):
         inputs = random_inputs(seed)
         ours = inputs["logprobs"].clone().requires_grad_(True)
-        loss, _ = get_policy_loss_fn("gspo")(ours, inputs["old_logprobs"], inputs["advantages"], inputs["mask"],
-                                             clip_eps=0.05, clip_eps_high=0.08)  # fmt: skip
+        loss, _ = get_policy_loss_fn("gspo")(
+            ours, inputs["old_logprobs"], inputs["advantages"], inputs["mask"], clip_eps=0.05, clip_eps_high=0.08
+        )
         loss.backward()
         theirs = inputs["logprobs"].clone().requires_grad_(True)
         terms = []
@@ -317,8 +330,9 @@ def test_weights_scale_the_gradient_and_are_not_differentiated() -> None:
         plain = inputs["logprobs"].clone().requires_grad_(True)
         weighted = inputs["logprobs"].clone().requires_grad_(True)
         get_policy_loss_fn(name)(plain, *(inputs[k] for k in ("old_logprobs", "advantages", "mask")))[0].backward()
-        loss, _ = get_policy_loss_fn(name)(weighted, *(inputs[k] for k in ("old_logprobs", "advantages", "mask")),
-                                           weights=weights)  # fmt: skip
+        loss, _ = get_policy_loss_fn(name)(
+            weighted, *(inputs[k] for k in ("old_logprobs", "advantages", "mask")), weights=weights
+        )
         loss.backward()
         assert weights.grad is None  # detached inside: importance weights change the measure, not the objective
         if name != "gspo":  # per-token terms: each token's gradient scales by its own weight
@@ -334,6 +348,8 @@ def test_micro_batches_sum_to_the_full_batch_for_every_loss(name: str, mode: str
     loss_fn = get_policy_loss_fn(name)
     full, _ = loss_fn(**inputs, aggregation=mode, kl_coef=0.1)
     normalizer = batch_normalizer(inputs["mask"], mode)
-    pieces = [loss_fn(**{k: v[i : i + 3] for k, v in inputs.items()}, aggregation=mode, kl_coef=0.1,
-                      normalizer=normalizer)[0] for i in range(0, 8, 3)]  # fmt: skip
+    pieces = [
+        loss_fn(**{k: v[i : i + 3] for k, v in inputs.items()}, aggregation=mode, kl_coef=0.1, normalizer=normalizer)[0]
+        for i in range(0, 8, 3)
+    ]
     assert sum(pieces).item() == pytest.approx(full.item(), rel=1e-12)

@@ -11,7 +11,6 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from bench.otlp_payloads import make_request
 from fulmen.consumers.otlp_rows import SpanColumns, any_value_text
-from fulmen.infra.errors import PoisonInputError
 from fulmen.producers.otlp_gateway.decoding import BodyDecoder, DecoderCrashedError
 from fulmen.producers.otlp_gateway.otlp import (
     decode_json,
@@ -22,6 +21,7 @@ from fulmen.producers.otlp_gateway.otlp import (
     validate,
 )
 from fulmen.schemas import semconv
+from fulmen.schemas.errors import PoisonInputError
 
 
 def _otlp_json(request: ExportTraceServiceRequest) -> bytes:
@@ -44,9 +44,13 @@ def test_json_and_protobuf_decode_to_the_same_request() -> None:
 
 @pytest.mark.parametrize(
     ("body", "words"),
-    [(b"[1]", "JSON object"), (b"{", "not JSON"), (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"spanId": "xyz"}]}]}]}', "spans[0].spanId"),
-     (b'{"resourceSpans": 5}', None)],
-)  # fmt: skip
+    [
+        (b"[1]", "JSON object"),
+        (b"{", "not JSON"),
+        (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"spanId": "xyz"}]}]}]}', "spans[0].spanId"),
+        (b'{"resourceSpans": 5}', None),
+    ],
+)
 def test_bad_json_is_poison_with_a_reason(body: bytes, words: str | None) -> None:
     if words is None:
         with pytest.raises(PoisonInputError):
@@ -154,11 +158,15 @@ def test_partial_success_response() -> None:
 @pytest.mark.parametrize(
     ("value", "text"),
     [
-        (AnyValue(string_value="héllo"), "héllo"), (AnyValue(int_value=-3), "-3"), (AnyValue(double_value=0.1), "0.1"),
-        (AnyValue(double_value=1e16), "1e+16"), (AnyValue(bool_value=False), "false"), (AnyValue(), ""),
+        (AnyValue(string_value="héllo"), "héllo"),
+        (AnyValue(int_value=-3), "-3"),
+        (AnyValue(double_value=0.1), "0.1"),
+        (AnyValue(double_value=1e16), "1e+16"),
+        (AnyValue(bool_value=False), "false"),
+        (AnyValue(), ""),
         (AnyValue(bytes_value=b"\x00\x01"), '"AAE="'),
     ],
-)  # fmt: skip
+)
 def test_attribute_text_matches_the_collector(value: AnyValue, text: str) -> None:
     assert any_value_text(value) == text
 

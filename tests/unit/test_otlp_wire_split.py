@@ -9,9 +9,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from bench.fuzz_otlp import field, protobuf_variant, wrap_span
 from bench.otlp_payloads import make_request
-from fulmen.infra.errors import PoisonInputError
 from fulmen.producers.otlp_gateway import otlp
 from fulmen.producers.otlp_gateway.otlp import decode_protobuf, split_by_trace, validate
+from fulmen.schemas.errors import PoisonInputError
 
 MAX_SPAN, MAX_RECORD = 7 * 1024, 8 * 1024
 

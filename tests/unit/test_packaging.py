@@ -96,11 +96,23 @@ def test_no_module_is_importable_under_two_names(tmp_path: Path) -> None:
     """Outside the source tree (as a user's process is), only the ``fulmen.*`` names import."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
     for layer in LAYERS:
-        done = subprocess.run([sys.executable, "-c", f"import fulmen.{layer}"], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", f"import fulmen.{layer}"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr
-        done = subprocess.run([sys.executable, "-c", f"import {layer}"], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", f"import {layer}"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode != 0 and "ModuleNotFoundError" in done.stderr, f"`import {layer}` worked"
 
 

@@ -16,9 +16,8 @@ import pytest
 import torch
 
 from fulmen.algorithm.batch import Sample
-from fulmen.algorithm.errors import PoisonInputError
-from fulmen.algorithm.groups import ClosedGroup
-from fulmen.algorithm.samples import build_agent_samples
+from fulmen.algorithm.service.groups import ClosedGroup
+from fulmen.algorithm.service.samples import build_agent_samples
 from fulmen.algorithm.settings import TrainSection
 from fulmen.algorithm.tiny_model import TinyModelConfig, build_tiny_model
 from fulmen.algorithm.trainer.adapters import PerAgentTrainer, is_adapter_checkpoint
@@ -27,13 +26,14 @@ from fulmen.producers.llm_gateway.backends.transformers_backend import Transform
 from fulmen.producers.llm_gateway.protocol import parse_chat
 from fulmen.producers.llm_gateway.settings import LlmSection
 from fulmen.schemas import ModelVersion
-from fulmen.schemas.errors import ConfigurationError
+from fulmen.schemas.errors import ConfigurationError, PoisonInputError
 from fulmen.schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
 
 pytestmark = pytest.mark.multiagent
 
-TINY = TinyModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                       intermediate_size=128)  # fmt: skip
+TINY = TinyModelConfig(
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128
+)
 
 
 @pytest.fixture(scope="module")
@@ -95,20 +95,46 @@ def test_each_adapter_learns_from_its_own_agent_only_and_the_base_stays_frozen(b
 
 
 def _rollout(rollout: str, reward: float, agents: list[str]) -> TransitionBatch:
-    calls = [Transition(rollout_id=rollout, attempt=1, index=i, trace_id="0" * 31 + "1", span_id="0" * 15 + "1",
-                        agent_name=agent, prompt_token_ids=[1, 2, i + 3], response_token_ids=[4])
-             for i, agent in enumerate(agents)]  # fmt: skip
-    return TransitionBatch(rollout_id=rollout, attempt=1, task_id="t", group_id="g", mode=RolloutMode.TRAIN,
-                           status=RolloutStatus.SUCCEEDED, episode_reward=reward, transitions=calls)  # fmt: skip
+    calls = [
+        Transition(
+            rollout_id=rollout,
+            attempt=1,
+            index=i,
+            trace_id="0" * 31 + "1",
+            span_id="0" * 15 + "1",
+            agent_name=agent,
+            prompt_token_ids=[1, 2, i + 3],
+            response_token_ids=[4],
+        )
+        for i, agent in enumerate(agents)
+    ]
+    return TransitionBatch(
+        rollout_id=rollout,
+        attempt=1,
+        task_id="t",
+        group_id="g",
+        mode=RolloutMode.TRAIN,
+        status=RolloutStatus.SUCCEEDED,
+        episode_reward=reward,
+        transitions=calls,
+    )
 
 
 def test_an_agents_advantages_come_from_the_rollouts_in_which_it_acted() -> None:
     """The rewriter acted in two of the four rollouts (rewards 1 and 0): its advantages compare those two only;
     the writer's compare all four; calls of an agent without an adapter are not trained."""
-    group = ClosedGroup("g", "t", RolloutMode.TRAIN, 4, (
-        _rollout("a", 1.0, ["write"]), _rollout("b", 0.0, ["write", "check", "rewrite"]),
-        _rollout("c", 1.0, ["write", "check", "rewrite"]), _rollout("d", 0.0, ["write", "check"]),
-    ))  # fmt: skip
+    group = ClosedGroup(
+        "g",
+        "t",
+        RolloutMode.TRAIN,
+        4,
+        (
+            _rollout("a", 1.0, ["write"]),
+            _rollout("b", 0.0, ["write", "check", "rewrite"]),
+            _rollout("c", 1.0, ["write", "check", "rewrite"]),
+            _rollout("d", 0.0, ["write", "check"]),
+        ),
+    )
     data = build_agent_samples([group], ["write", "rewrite"], estimator="rloo")
     by_agent = {}
     for sample in data.samples:
@@ -122,9 +148,12 @@ def test_an_agents_advantages_come_from_the_rollouts_in_which_it_acted() -> None
 def test_the_settings_need_the_agents_and_one_torch_process() -> None:
     section = TrainSection(adapters="per_agent", adapter_agents="write, rewrite")
     assert section.per_agent == ["write", "rewrite"] and TrainSection().per_agent is None
-    for bad, message in (({}, "needs the agents to train"), ({"adapter_agents": "a,a"}, "listed twice"),
-                         ({"adapter_agents": "a b"}, "not a valid identifier"),
-                         ({"adapter_agents": "a", "backend": "verl"}, "torch backend in one process")):  # fmt: skip
+    for bad, message in (
+        ({}, "needs the agents to train"),
+        ({"adapter_agents": "a,a"}, "listed twice"),
+        ({"adapter_agents": "a b"}, "not a valid identifier"),
+        ({"adapter_agents": "a", "backend": "verl"}, "torch backend in one process"),
+    ):
         with pytest.raises(ValueError, match=message):
             TrainSection(adapters="per_agent", **bad)
 
@@ -158,8 +187,16 @@ async def test_the_gateway_serves_each_agent_its_adapter_in_one_batch(base: Path
     await backend.start()
     try:
         for agent in ("write", "re.write"):
-            await backend.load_version(ModelVersion(model_name="m", version=1, uri=str(saved / agent),
-                                                    format="hf_lora_adapter", adapter=agent, base_model=str(base)))  # fmt: skip
+            await backend.load_version(
+                ModelVersion(
+                    model_name="m",
+                    version=1,
+                    uri=str(saved / agent),
+                    format="hf_lora_adapter",
+                    adapter=agent,
+                    base_model=str(base),
+                )
+            )
         assert backend.adapter_version("write") == 1 and backend.adapter_version("check") is None
         prompts = [("write", "one two"), ("re.write", "one two"), ("check", "one two"), (None, "one two")]
         results = await asyncio.gather(*(backend.chat(_chat(agent, text)) for agent, text in prompts))
@@ -170,8 +207,7 @@ async def test_the_gateway_serves_each_agent_its_adapter_in_one_batch(base: Path
             reference = AutoModelForCausalLM.from_pretrained(base)
             if agent is not None:
                 reference = PeftModel.from_pretrained(reference, str(saved / agent)).merge_and_unload()
-            out = reference.generate(torch.tensor([prompt_ids]), max_new_tokens=6, do_sample=False,
-                                     pad_token_id=0)  # fmt: skip
+            out = reference.generate(torch.tensor([prompt_ids]), max_new_tokens=6, do_sample=False, pad_token_id=0)
             return out[0, len(prompt_ids) :].tolist()
 
         for (agent, _), result in zip(prompts, results, strict=True):
@@ -180,13 +216,24 @@ async def test_the_gateway_serves_each_agent_its_adapter_in_one_batch(base: Path
 
         model.step(samples("write", 9))
         newer = model.save(tmp_path / "v2")
-        await backend.load_version(ModelVersion(model_name="m", version=2, uri=str(newer / "write"),
-                                                format="hf_lora_adapter", adapter="write", base_model=str(base)))  # fmt: skip
+        await backend.load_version(
+            ModelVersion(
+                model_name="m",
+                version=2,
+                uri=str(newer / "write"),
+                format="hf_lora_adapter",
+                adapter="write",
+                base_model=str(base),
+            )
+        )
         assert backend.adapter_version("write") == 2 and backend.adapter_version("re.write") == 1
         assert len(backend._loaded.model.peft_config) == 2  # the writer's first version was dropped
         with pytest.raises(Exception, match="does not exist"):
-            await backend.load_version(ModelVersion(model_name="m", version=3, uri=str(tmp_path / "nowhere"),
-                                                    format="hf_lora_adapter", adapter="write"))  # fmt: skip
+            await backend.load_version(
+                ModelVersion(
+                    model_name="m", version=3, uri=str(tmp_path / "nowhere"), format="hf_lora_adapter", adapter="write"
+                )
+            )
         assert backend.adapter_version("write") == 2
     finally:
         await backend.close()
@@ -212,16 +259,21 @@ async def test_the_models_follower_loads_the_newest_version_of_each_adapter_apar
         return SimpleNamespace(value=encode(event), topic="fulmen.models", partition=0, offset=offset)
 
     lora = {"format": "hf_lora_adapter"}
-    await follower.handle([record(0, version=0), record(1, version=1, adapter="write", **lora),
-                           record(2, version=2, adapter="write", **lora), record(3, version=1, adapter="rewrite",
-                           **lora)])  # fmt: skip
+    await follower.handle(
+        [
+            record(0, version=0),
+            record(1, version=1, adapter="write", **lora),
+            record(2, version=2, adapter="write", **lora),
+            record(3, version=1, adapter="rewrite", **lora),
+        ]
+    )
     assert loaded == [("", 0), ("write", 2), ("rewrite", 1)]  # the model first, then each adapter's newest
     await follower.handle([record(4, version=1, adapter="write", **lora)])  # older than what serves: ignored
     assert loaded[-1] == ("rewrite", 1) and served == {"": 0, "write": 2, "rewrite": 1}
 
 
 def test_a_per_agent_run_cannot_resume_a_whole_model_checkpoint(tmp_path: Path) -> None:
-    from fulmen.algorithm.train import _per_agent_backend
+    from fulmen.algorithm.service.run import _per_agent_backend
 
     (tmp_path / "v3").mkdir()
     (tmp_path / "v3" / "config.json").write_text("{}")

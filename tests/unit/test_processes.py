@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fulmen.infra.errors import FulmenError
 from fulmen.infra.processes import RestartPolicy, Services, ServiceSpec
+from fulmen.schemas.errors import FulmenError
 
 
 def test_the_policy_allows_max_restarts_within_the_window() -> None:

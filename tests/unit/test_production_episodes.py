@@ -16,12 +16,12 @@ from fulmen.consumers.production import (
     ProductionWorker,
     scan_record,
 )
-from fulmen.infra.errors import RetryableError
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.producers.llm_gateway.backends.base import CallResult, Choice
 from fulmen.producers.llm_gateway.spans import CallContext, TraceParent, build_record
 from fulmen.schemas import RolloutEvent, RolloutMode, RolloutStatus, semconv
 from fulmen.schemas.codec import decode
+from fulmen.schemas.errors import RetryableError
 from tests.fakes import FakeBroker, FakeProducer, PausingConsumer
 
 pytestmark = pytest.mark.continuous
@@ -34,11 +34,26 @@ TRACE_A, TRACE_B = "a" * 31 + "1", "b" * 31 + "2"
 def gateway_record(trace_id: str | None, rollout_id: str | None = None, token_ids: bool = True) -> tuple[bytes, bytes]:
     """The record the LLM gateway publishes for one call (the plain endpoint when ``rollout_id`` is None)."""
     parent = TraceParent(bytes.fromhex(trace_id), bytes.fromhex("1" * 16)) if trace_id else None
-    call = CallContext(semconv.OPERATION_CHAT, {"model": "tiny", "messages": []}, "fulmen", 1, 2, parent=parent,
-                       rollout_id=rollout_id, attempt=1 if rollout_id else None)  # fmt: skip
+    call = CallContext(
+        semconv.OPERATION_CHAT,
+        {"model": "tiny", "messages": []},
+        "fulmen",
+        1,
+        2,
+        parent=parent,
+        rollout_id=rollout_id,
+        attempt=1 if rollout_id else None,
+    )
     ids = [5, 6] if token_ids else None
-    result = CallResult("chatcmpl-1", "tiny", [Choice(0, "hi", "stop", ids, None)], [1, 2, 3] if token_ids else None,
-                        3, 2, token_ids_absent=None if token_ids else "an openai upstream")  # fmt: skip
+    result = CallResult(
+        "chatcmpl-1",
+        "tiny",
+        [Choice(0, "hi", "stop", ids, None)],
+        [1, 2, 3] if token_ids else None,
+        3,
+        2,
+        token_ids_absent=None if token_ids else "an openai upstream",
+    )
     return build_record(call, result)
 
 
@@ -127,9 +142,14 @@ def build(
     now = [0.0]
     section = ProductionSection(idle_s=1.0, max_open=max_open)
     worker = ProductionWorker(
-        ProductionEpisodesSink(section), None, consumer, EventPublisher(FakeBroker(producer)), section,  # type: ignore[arg-type]
-        retry_backoff_s=0.001, clock=lambda: now[0],
-    )  # fmt: skip
+        ProductionEpisodesSink(section),
+        None,
+        consumer,
+        EventPublisher(FakeBroker(producer)),
+        section,  # type: ignore[arg-type]
+        retry_backoff_s=0.001,
+        clock=lambda: now[0],
+    )
     return worker, consumer, producer, now
 
 

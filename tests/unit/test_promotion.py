@@ -1,4 +1,4 @@
-"""Gated promotion (``fulmen.algorithm.promotion``): the gate's rule, what is in force, what a rollback goes back to,
+"""Gated promotion (``fulmen.algorithm.service.promotion``): the gate's rule, what is in force, what a rollback goes back to,
 and the training loop judging every version on the held-out set and publishing each decision before its metrics."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.dispatcher import DatasetTask, Dispatcher
-from fulmen.algorithm.groups import GroupBook
-from fulmen.algorithm.loop import LoopPlan, TrainingLoop
-from fulmen.algorithm.promotion import PromotionGate, Serving, in_force, manual, previous_promoted
+from fulmen.algorithm.service.collector import Collector
+from fulmen.algorithm.service.dispatcher import DatasetTask, Dispatcher
+from fulmen.algorithm.service.groups import GroupBook
+from fulmen.algorithm.service.loop import LoopPlan, TrainingLoop
+from fulmen.algorithm.service.promotion import PromotionGate, Serving, in_force, manual, previous_promoted
 from fulmen.algorithm.settings import TrainSection
-from fulmen.infra.errors import ConfigurationError
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import ModelPromotion, ModelVersion, PromotionAction, RolloutMode, RolloutRequest
 from fulmen.schemas.topics import TopicKey
 from tests.fakes import FakeConsumer
@@ -47,8 +47,12 @@ def test_what_is_in_force_and_what_a_rollback_goes_back_to() -> None:
     def decided(action: PromotionAction, n: int, model: str = "fulmen") -> ModelPromotion:
         return ModelPromotion(action=action, model=version(n, model=model))
 
-    history = [decided(PromotionAction.PROMOTE, 1), decided(PromotionAction.REJECT, 2),
-               decided(PromotionAction.PROMOTE, 3), decided(PromotionAction.PROMOTE, 9, model="other")]  # fmt: skip
+    history = [
+        decided(PromotionAction.PROMOTE, 1),
+        decided(PromotionAction.REJECT, 2),
+        decided(PromotionAction.PROMOTE, 3),
+        decided(PromotionAction.PROMOTE, 9, model="other"),
+    ]
     assert in_force(history, "fulmen").model.version == 3 and in_force(history, "nothing") is None
     assert previous_promoted(history, "fulmen").model.version == 1  # the rejected 2 never served
     history.append(manual(PromotionAction.ROLLBACK, version(1), in_force(history, "fulmen"), "bad answers"))
@@ -76,15 +80,31 @@ def test_a_gated_run_judges_every_version_and_publishes_each_decision_before_its
     publisher = FakePublisher(source, answer)
     collector = Collector(source, GroupBook(timeout_s=60, policy=options.incomplete_policy), poll_timeout_ms=0)
     train = Dispatcher(publisher, [DatasetTask("t", {"n": 1})], group_size=2, max_in_flight=2)  # type: ignore[arg-type]
-    val = Dispatcher(publisher, [DatasetTask(f"v{i}", {"n": i}) for i in range(2)], group_size=1,  # type: ignore[arg-type]
-                     max_in_flight=2, mode=RolloutMode.VAL, cycle=False)  # fmt: skip
+    val = Dispatcher(
+        publisher,
+        [DatasetTask(f"v{i}", {"n": i}) for i in range(2)],
+        group_size=1,  # type: ignore[arg-type]
+        max_in_flight=2,
+        mode=RolloutMode.VAL,
+        cycle=False,
+    )
     gate = PromotionGate(Serving(0, None), options.promote_tolerance)
-    loop = TrainingLoop(LoopPlan(options, tmp_path, "base"), FakeBackend(), publisher, collector, train, val,  # type: ignore[arg-type]
-                        gate=gate)  # fmt: skip
+    loop = TrainingLoop(
+        LoopPlan(options, tmp_path, "base"),
+        FakeBackend(),
+        publisher,
+        collector,
+        train,
+        val,  # type: ignore[arg-type]
+        gate=gate,
+    )
     steps = asyncio.run(asyncio.wait_for(loop.run(), 30))
     decisions: list[ModelPromotion] = publisher.events[TopicKey.PROMOTIONS]
     assert [(d.model.version, d.action.value, d.score) for d in decisions] == [
-        (1, "promote", 1.0), (2, "reject", 0.0), (3, "promote", 1.0)]  # fmt: skip
+        (1, "promote", 1.0),
+        (2, "reject", 0.0),
+        (3, "promote", 1.0),
+    ]
     assert decisions[0].serving_score == 0.5 and decisions[1].serving_version == 1
     assert [(s.extra["promoted"], s.extra["serving_version"]) for s in steps] == [(1.0, 1.0), (0.0, 1.0), (1.0, 3.0)]
     assert all("val_accuracy" in s.extra for s in steps)  # every version judged, not only every val_every

@@ -134,10 +134,16 @@ def test_a_transition_and_its_row_record_the_bundle_its_call_was_served_with() -
 def test_the_bundle_in_force_per_scope_and_what_a_rollback_goes_back_to() -> None:
     a, b = "pb-aaaaaaaaaaaa", "pb-bbbbbbbbbbbb"
     promote, rollback = PromotionAction.PROMOTE, PromotionAction.ROLLBACK
-    history = [PromptPromotion(action=promote, bundle_id=a), PromptPromotion(action=promote, bundle_id=b, previous=a),
-               PromptPromotion(action=promote, bundle_id=b, agent="solver")]  # fmt: skip
+    history = [
+        PromptPromotion(action=promote, bundle_id=a),
+        PromptPromotion(action=promote, bundle_id=b, previous=a),
+        PromptPromotion(action=promote, bundle_id=b, agent="solver"),
+    ]
     assert (serving_bundle(history, None), serving_bundle(history, "solver"), serving_bundle(history, "other")) == (
-        b, b, b)  # fmt: skip
+        b,
+        b,
+        b,
+    )
     assert rollback_target(history, None) == a and rollback_target(history, "solver") == ""
     history.append(PromptPromotion(action=rollback, bundle_id=a, previous=b))
     assert (serving_bundle(history, None), serving_bundle(history, "solver")) == (a, b)  # an agent's own scope wins

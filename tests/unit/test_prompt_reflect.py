@@ -83,9 +83,16 @@ def test_gepa_finds_the_good_instruction_through_the_url():
 
     with scripted_optimizer([*DISTRACTORS, GOOD]) as server:
         proposer = ReflectiveProposer(server.url())
-        result = optimize(Evaluator(), proposer, {"sys": "You are an assistant."},
-                          train=[f"t{i}" for i in range(6)], val=["v0", "v1", "v2"], test=["x0", "x1"],
-                          max_rollouts=60, config=SearchConfig(seed=0, minibatch=2))  # fmt: skip
+        result = optimize(
+            Evaluator(),
+            proposer,
+            {"sys": "You are an assistant."},
+            train=[f"t{i}" for i in range(6)],
+            val=["v0", "v1", "v2"],
+            test=["x0", "x1"],
+            max_rollouts=60,
+            config=SearchConfig(seed=0, minibatch=2),
+        )
     assert result.best.slots == {"sys": GOOD}
     assert result.report["heldout_before"] == 0.0 and result.report["heldout_after"] == 1.0
     assert result.report["rollouts_used"] <= 60

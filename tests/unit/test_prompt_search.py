@@ -110,15 +110,27 @@ def test_gepa_accepts_only_a_child_that_beats_its_parent_on_the_same_minibatch()
 def test_gepa_never_exceeds_the_budget_and_stops_on_it():
     for budget in range(4, 30):
         ev = TableEvaluator(TABLE)
-        result = gepa(Scorer(ev, RolloutBudget(budget)), ScriptedProposer(["bad"] * 50), BASE, TRAIN, VAL,
-                      SearchConfig(minibatch=3))  # fmt: skip
+        result = gepa(
+            Scorer(ev, RolloutBudget(budget)),
+            ScriptedProposer(["bad"] * 50),
+            BASE,
+            TRAIN,
+            VAL,
+            SearchConfig(minibatch=3),
+        )
         dispatched = sum(len(tasks) for _, tasks in ev.calls)
         assert dispatched == result.rollouts_used <= budget
 
 
 def test_gepa_stops_at_the_optimiser_token_cap():
-    result = gepa(Scorer(TableEvaluator(TABLE), RolloutBudget(1000)), ScriptedProposer(["bad"] * 99, tokens=30),
-                  BASE, TRAIN, VAL, SearchConfig())  # fmt: skip
+    result = gepa(
+        Scorer(TableEvaluator(TABLE), RolloutBudget(1000)),
+        ScriptedProposer(["bad"] * 99, tokens=30),
+        BASE,
+        TRAIN,
+        VAL,
+        SearchConfig(),
+    )
     assert result.stopped_by == "OptimizerExhausted"
 
 
@@ -127,8 +139,17 @@ def _lineage(seed: int, search: str = "gepa"):
     table["base"] = {}
     script = [f"p{i}" for i in range(12)]
     cfg = SearchConfig(seed=seed, minibatch=3, width=2, branch=2, rounds=3)
-    return optimize(TableEvaluator(table), ScriptedProposer(script), BASE, train=TRAIN, val=VAL, test=TEST,
-                    max_rollouts=80, search=search, config=cfg)  # fmt: skip
+    return optimize(
+        TableEvaluator(table),
+        ScriptedProposer(script),
+        BASE,
+        train=TRAIN,
+        val=VAL,
+        test=TEST,
+        max_rollouts=80,
+        search=search,
+        config=cfg,
+    )
 
 
 @pytest.mark.parametrize("search", ["gepa", "beam"])
@@ -142,8 +163,16 @@ def test_same_seed_same_lineage(search):
 
 def test_report_is_on_the_test_split_within_the_budget():
     ev = TableEvaluator({**TABLE, "good": {"t": 1.0, "v": 1.0, "x": 0.5}})
-    result = optimize(ev, ScriptedProposer(["good"]), BASE, train=TRAIN, val=VAL, test=TEST, max_rollouts=40,
-                      config=SearchConfig(minibatch=2))  # fmt: skip
+    result = optimize(
+        ev,
+        ScriptedProposer(["good"]),
+        BASE,
+        train=TRAIN,
+        val=VAL,
+        test=TEST,
+        max_rollouts=40,
+        config=SearchConfig(minibatch=2),
+    )
     assert result.report["heldout_before"] == 0.0
     assert result.report["heldout_after"] == 0.5  # the test score, not the validation score (1.0)
     assert result.best.mean == 1.0
@@ -154,8 +183,14 @@ def test_report_is_on_the_test_split_within_the_budget():
 
 def test_beam_keeps_the_top_width_and_records_rounds():
     table = {"base": {}, "a": {"v": 0.5}, "b": {"v": 1.0}, "c": {"v": 0.25}, "d": {}}
-    result = beam(Scorer(TableEvaluator(table), RolloutBudget(100)), ScriptedProposer(["a", "b", "c", "d"]),
-                  BASE, TRAIN, VAL, SearchConfig(width=1, branch=2, rounds=2))  # fmt: skip
+    result = beam(
+        Scorer(TableEvaluator(table), RolloutBudget(100)),
+        ScriptedProposer(["a", "b", "c", "d"]),
+        BASE,
+        TRAIN,
+        VAL,
+        SearchConfig(width=1, branch=2, rounds=2),
+    )
     assert result.best.slots == {"sys": "b"}
     assert all(c.accepted_by.get("round") in (0, 1) for c in result.candidates[1:])
     # round 1 expands only the best of round 0
@@ -168,8 +203,14 @@ def test_configuration_errors_say_what_to_set():
     with pytest.raises(ConfigurationError, match="at least 12"):
         optimize(TableEvaluator(TABLE), ScriptedProposer([]), BASE, train=TRAIN, val=VAL, test=TEST, max_rollouts=11)
     with pytest.raises(ConfigurationError, match="no slots"):
-        gepa(Scorer(TableEvaluator(TABLE), RolloutBudget(10)), ScriptedProposer([]), BASE, TRAIN, VAL,
-             SearchConfig(slots=["user"]))  # fmt: skip
+        gepa(
+            Scorer(TableEvaluator(TABLE), RolloutBudget(10)),
+            ScriptedProposer([]),
+            BASE,
+            TRAIN,
+            VAL,
+            SearchConfig(slots=["user"]),
+        )
 
 
 class SlotEcho:
@@ -202,9 +243,17 @@ def test_the_end_to_end_task_reward_reads_french_replies():
     from bench.apo_agent import is_french
 
     # replies SmolLM2-135M-Instruct gave (greedy) with and without "Always reply in French."
-    french = ["La femme de France est la femme de France.", "La lumière dans le ciel est un lieur de la lumière, c'",
-              "Bees sont les amants, les amants de l'hippe. Les am"]  # fmt: skip
-    english = ["The capital of France is Paris.", "The opposite of hot is cold.", "The planet we live on is called Earth.",
-               "The animal that says \"moo\" is a kangaroo.", "bees make a waxen body part called a stinger."]  # fmt: skip
+    french = [
+        "La femme de France est la femme de France.",
+        "La lumière dans le ciel est un lieur de la lumière, c'",
+        "Bees sont les amants, les amants de l'hippe. Les am",
+    ]
+    english = [
+        "The capital of France is Paris.",
+        "The opposite of hot is cold.",
+        "The planet we live on is called Earth.",
+        'The animal that says "moo" is a kangaroo.',
+        "bees make a waxen body part called a stinger.",
+    ]
     assert all(is_french(t) for t in french)
     assert not any(is_french(t) for t in english)

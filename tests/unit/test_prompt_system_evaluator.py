@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
-from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.groups import GroupBook
 from fulmen.algorithm.prompts import Proposal, SearchConfig, optimize
 from fulmen.algorithm.prompts.system import EvaluatorOptions, SystemEvaluator
+from fulmen.algorithm.service.collector import Collector
+from fulmen.algorithm.service.groups import GroupBook
 from fulmen.algorithm.settings import IncompletePolicy
 from fulmen.schemas.codec import encode
 from fulmen.schemas.events import RolloutMode, RolloutRequest, RolloutStatus, TransitionBatch
@@ -52,9 +52,15 @@ class FakeSystem:
             raise AssertionError(f"{request.rollout_id} names {request.prompt_bundle}, not published before it")
         slots = self.bundles[request.prompt_bundle].slots if request.prompt_bundle else {}
         reward = 1.0 if slots.get(SLOT) == GOOD else 0.0
-        batch = TransitionBatch(rollout_id=request.rollout_id, attempt=1, task_id=request.task_id,
-                                group_id=request.group_id, mode=request.mode, status=RolloutStatus.SUCCEEDED,
-                                episode_reward=reward)  # fmt: skip
+        batch = TransitionBatch(
+            rollout_id=request.rollout_id,
+            attempt=1,
+            task_id=request.task_id,
+            group_id=request.group_id,
+            mode=request.mode,
+            status=RolloutStatus.SUCCEEDED,
+            episode_reward=reward,
+        )
         self.source.append("transitions", 0, encode(batch), batch.group_id.encode())
 
 
@@ -89,10 +95,16 @@ def test_a_search_through_the_evaluator_dispatches_bundles_and_counts_every_roll
         evaluator = _evaluator(system, source, asyncio.get_running_loop(), evidence)
         proposer = Script()
         result = await asyncio.to_thread(
-            optimize, evaluator, proposer, {SLOT: "You are a helpful assistant."},
-            train=[t.task_id for t in TASKS[:4]], val=[t.task_id for t in TASKS[4:8]],
-            test=[t.task_id for t in TASKS[8:]], max_rollouts=40, config=SearchConfig(minibatch=2),
-        )  # fmt: skip
+            optimize,
+            evaluator,
+            proposer,
+            {SLOT: "You are a helpful assistant."},
+            train=[t.task_id for t in TASKS[:4]],
+            val=[t.task_id for t in TASKS[4:8]],
+            test=[t.task_id for t in TASKS[8:]],
+            max_rollouts=40,
+            config=SearchConfig(minibatch=2),
+        )
         return evaluator, proposer, result
 
     evaluator, proposer, result = asyncio.run(main())

@@ -3,6 +3,7 @@ show`` prints the pieces in force, and the trainer refuses names its registries 
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -11,17 +12,24 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from fulmen.algorithm import train as train_module
-from fulmen.algorithm.advantages import get_advantage_fn
-from fulmen.algorithm.losses import get_aggregation, get_policy_loss_fn
-from fulmen.algorithm.recipes import ALGORITHMS, Algorithm
+from fulmen.algorithm.rl.advantages import get_advantage_fn
+from fulmen.algorithm.rl.losses import get_aggregation, get_policy_loss_fn
+from fulmen.algorithm.rl.recipes import ALGORITHMS, Algorithm
+from fulmen.algorithm.service import run as train_module
+from fulmen.algorithm.service.run import build_backend, check_training_settings
 from fulmen.algorithm.settings import TrainSection, TrainSettings
-from fulmen.algorithm.train import build_backend, check_training_settings
 from fulmen.cli.main import app
 from fulmen.schemas.errors import ConfigurationError
 
-PIECES = ("estimator", "policy_loss", "loss_aggregation", "clip_eps", "clip_eps_high", "dynamic_sampling",
-          "overlong_shaping")  # fmt: skip
+PIECES = (
+    "estimator",
+    "policy_loss",
+    "loss_aggregation",
+    "clip_eps",
+    "clip_eps_high",
+    "dynamic_sampling",
+    "overlong_shaping",
+)
 EXPECTED = {
     "grpo": ("grpo", "ppo_clip", "token_mean", 0.2, None, False, False),
     "dr_grpo": ("dr_grpo", "ppo_clip", "token_mean", 0.2, None, False, False),
@@ -77,8 +85,10 @@ def test_config_show_prints_the_pieces_in_force(monkeypatch: pytest.MonkeyPatch)
     assert result.exit_code == 0, result.output
     train = json.loads(result.output)["train"]
     assert {k: train[k] for k in ("algorithm", "correction", *PIECES)} == {
-        "algorithm": "gspo", "correction": "tis", **dict(zip(PIECES, EXPECTED["gspo"], strict=True))
-    }  # fmt: skip
+        "algorithm": "gspo",
+        "correction": "tis",
+        **dict(zip(PIECES, EXPECTED["gspo"], strict=True)),
+    }
     for name in (
         "correction_level",
         "correction_low",
@@ -89,7 +99,7 @@ def test_config_show_prints_the_pieces_in_force(monkeypatch: pytest.MonkeyPatch)
         "overlong_buffer_tokens",
         "overlong_penalty",
     ):
-        assert name in train, name  # fmt: skip
+        assert name in train, name
 
 
 def test_config_show_with_an_algorithm_imports_no_torch() -> None:
@@ -103,15 +113,24 @@ def test_config_show_with_an_algorithm_imports_no_torch() -> None:
     assert done.returncode == 0, done.stderr
 
 
-@pytest.mark.parametrize(("settings", "message"), [
-    ({"estimator": "dapo"}, "FULMEN_TRAIN_ESTIMATOR: unknown advantage estimator 'dapo'; valid: grpo, dr_grpo, rloo "
-                            r"\(dapo is an algorithm: set FULMEN_TRAIN_ALGORITHM=dapo"),
-    ({"policy_loss": "grpo"}, r"FULMEN_TRAIN_POLICY_LOSS: .*valid: ppo_clip, dapo, gspo, cispo \(grpo is an algorithm"),
-    ({"loss_aggregation": "sum"}, "FULMEN_TRAIN_LOSS_AGGREGATION: .*valid: token_mean, seq_mean$"),
-    ({"correction": "ips"}, "FULMEN_TRAIN_CORRECTION: .*valid: tis, mis, decoupled"),
-    ({"correction_level": "batch"}, "FULMEN_TRAIN_CORRECTION_LEVEL: .*valid: token, sequence"),
-    ({"algorithm": "dapo"}, "needs the response length limit: set FULMEN_TRAIN_OVERLONG_MAX_TOKENS"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (
+            {"estimator": "dapo"},
+            "FULMEN_TRAIN_ESTIMATOR: unknown advantage estimator 'dapo'; valid: grpo, dr_grpo, rloo "
+            r"\(dapo is an algorithm: set FULMEN_TRAIN_ALGORITHM=dapo",
+        ),
+        (
+            {"policy_loss": "grpo"},
+            r"FULMEN_TRAIN_POLICY_LOSS: .*valid: ppo_clip, dapo, gspo, cispo \(grpo is an algorithm",
+        ),
+        ({"loss_aggregation": "sum"}, "FULMEN_TRAIN_LOSS_AGGREGATION: .*valid: token_mean, seq_mean$"),
+        ({"correction": "ips"}, "FULMEN_TRAIN_CORRECTION: .*valid: tis, mis, decoupled"),
+        ({"correction_level": "batch"}, "FULMEN_TRAIN_CORRECTION_LEVEL: .*valid: token, sequence"),
+        ({"algorithm": "dapo"}, "needs the response length limit: set FULMEN_TRAIN_OVERLONG_MAX_TOKENS"),
+    ],
+)
 def test_the_trainer_refuses_what_its_registries_lack(settings: dict, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         check_training_settings(TrainSection(**settings))
@@ -126,16 +145,32 @@ def test_complete_settings_pass_the_check() -> None:
 
 
 def test_build_backend_hands_every_piece_to_the_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
+    # build_backend may import the sharded trainer, whose class subclasses TorchTrainer: import it before the
+    # stand-in replaces TorchTrainer (alone, this test failed with "function() argument 'code' must be code").
+    importlib.import_module("fulmen.algorithm.trainer.distributed")
     monkeypatch.setattr("fulmen.algorithm.trainer.torch_backend.TorchTrainer", lambda config: config)
     assert train_module.build_backend is build_backend
-    options = TrainSection(algorithm="gspo", correction="decoupled", correction_level="sequence", correction_low=0.1,
-                           correction_high=5.0, recompute_old_logprobs=True, kl_coef=0.01)  # fmt: skip
+    options = TrainSection(
+        algorithm="gspo",
+        correction="decoupled",
+        correction_level="sequence",
+        correction_low=0.1,
+        correction_high=5.0,
+        recompute_old_logprobs=True,
+        kl_coef=0.01,
+    )
     config = build_backend(options, "some/model")
     assert (config.policy_loss, config.aggregation, config.clip_eps, config.clip_eps_high) == (
-        "gspo", "seq_mean", 3e-4, 4e-4
-    )  # fmt: skip
+        "gspo",
+        "seq_mean",
+        3e-4,
+        4e-4,
+    )
     assert (config.correction, config.correction_level, config.correction_low, config.correction_high) == (
-        "decoupled", "sequence", 0.1, 5.0
-    )  # fmt: skip
+        "decoupled",
+        "sequence",
+        0.1,
+        5.0,
+    )
     assert config.recompute_old_logprobs and config.kl_coef == 0.01
     assert build_backend(TrainSection(), "m").correction is None  # '' in the settings is no correction

@@ -61,9 +61,22 @@ def test_migrations_are_ordered_and_unique() -> None:
 
 def test_spans_table_keeps_the_collector_columns() -> None:
     ddl = MIGRATIONS[0].statements[0]
-    for column in ("Timestamp", "TraceId", "SpanId", "ParentSpanId", "SpanName", "SpanKind", "ServiceName",
-                   "ResourceAttributes", "SpanAttributes", "Duration", "StatusCode", "StatusMessage",
-                   "`Events.Timestamp`", "`Links.TraceId`"):  # fmt: skip
+    for column in (
+        "Timestamp",
+        "TraceId",
+        "SpanId",
+        "ParentSpanId",
+        "SpanName",
+        "SpanKind",
+        "ServiceName",
+        "ResourceAttributes",
+        "SpanAttributes",
+        "Duration",
+        "StatusCode",
+        "StatusMessage",
+        "`Events.Timestamp`",
+        "`Links.TraceId`",
+    ):
         assert f"\n    {column} " in ddl, column
 
 
@@ -114,9 +127,11 @@ def test_asyncapi_follows_a_new_declaration(prefixed: FulmenSettings) -> None:
     broker.subscriber("fulmen.metrics", title="auditor:receive:metrics", description="reads the metrics")
     doc = from_broker(broker, "p.")
     assert doc["operations"]["auditor:receive:metrics"] == {
-        "action": "receive", "channel": {"$ref": "#/channels/metrics"}, "description": "reads the metrics",
+        "action": "receive",
+        "channel": {"$ref": "#/channels/metrics"},
+        "description": "reads the metrics",
         "messages": [{"$ref": "#/channels/metrics/messages/metricsMessage"}],
-    }  # fmt: skip
+    }
 
 
 def test_asyncapi_keeps_every_event_schema_and_topic_description(asyncapi: dict) -> None:

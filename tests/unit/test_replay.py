@@ -1,4 +1,4 @@
-"""Replay from stored rows (``fulmen.algorithm.replay``): groups, the batch baseline for rollouts without a group,
+"""Replay from stored rows (``fulmen.algorithm.service.replay``): groups, the batch baseline for rollouts without a group,
 late feedback (latest wins, call vs episode), refusals by reason, and the training loop taking replayed groups
 (alone, or mixed with dispatched ones by ``replay_fraction``)."""
 
@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.dispatcher import DatasetTask, Dispatcher
-from fulmen.algorithm.groups import GroupBook, credit_groups
-from fulmen.algorithm.loop import LoopPlan, TrainingLoop
-from fulmen.algorithm.replay import ReplayRows, build_buffer, load_replay
-from fulmen.algorithm.samples import build_samples
+from fulmen.algorithm.service.collector import Collector
+from fulmen.algorithm.service.dispatcher import DatasetTask, Dispatcher
+from fulmen.algorithm.service.groups import GroupBook, credit_groups
+from fulmen.algorithm.service.loop import LoopPlan, TrainingLoop
+from fulmen.algorithm.service.replay import ReplayRows, build_buffer, load_replay
+from fulmen.algorithm.service.samples import build_samples
 from fulmen.algorithm.settings import TrainSection
-from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.store.reads import QueryResult
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.topics import TopicKey
 from tests.fakes import FakeConsumer
 from tests.unit.test_train_loop import FakeBackend, FakePublisher, reply
@@ -29,16 +29,40 @@ pytestmark = pytest.mark.continuous
 T0 = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 
 
-def row(rollout: str, group: str = "g1", *, attempt: int = 1, call: int = 0, version: int | None = 0,
-        reward: float | None = None, episode: float | None = 1.0, span: str | None = None, at: int = 0,
-        prompt: list[int] | None = None, logprobs: list[float] | None = None) -> dict[str, Any]:  # fmt: skip
+def row(
+    rollout: str,
+    group: str = "g1",
+    *,
+    attempt: int = 1,
+    call: int = 0,
+    version: int | None = 0,
+    reward: float | None = None,
+    episode: float | None = 1.0,
+    span: str | None = None,
+    at: int = 0,
+    prompt: list[int] | None = None,
+    logprobs: list[float] | None = None,
+) -> dict[str, Any]:
     return {
-        "RolloutId": rollout, "Attempt": attempt, "TaskId": f"task-{group}", "GroupId": group, "Mode": "train",
-        "Status": "succeeded", "CallIndex": call, "TraceId": "a" * 32, "SpanId": span or f"{call:016x}",
-        "AgentName": "", "ModelVersion": version, "PromptTokenIds": prompt or [1, 2, 3], "ResponseTokenIds": [4, 5],
-        "ResponseLogprobs": logprobs if logprobs is not None else [-0.5, -0.25], "Reward": reward,
-        "IntermediateReward": None, "EpisodeReward": episode, "CreatedAt": T0 + dt.timedelta(seconds=at),
-    }  # fmt: skip
+        "RolloutId": rollout,
+        "Attempt": attempt,
+        "TaskId": f"task-{group}",
+        "GroupId": group,
+        "Mode": "train",
+        "Status": "succeeded",
+        "CallIndex": call,
+        "TraceId": "a" * 32,
+        "SpanId": span or f"{call:016x}",
+        "AgentName": "",
+        "ModelVersion": version,
+        "PromptTokenIds": prompt or [1, 2, 3],
+        "ResponseTokenIds": [4, 5],
+        "ResponseLogprobs": logprobs if logprobs is not None else [-0.5, -0.25],
+        "Reward": reward,
+        "IntermediateReward": None,
+        "EpisodeReward": episode,
+        "CreatedAt": T0 + dt.timedelta(seconds=at),
+    }
 
 
 def buffer_of(transitions: list[dict[str, Any]], **rows: Any):
@@ -48,10 +72,15 @@ def buffer_of(transitions: list[dict[str, Any]], **rows: Any):
 
 
 def test_rollouts_keep_their_group_in_stored_order_and_only_the_latest_attempt() -> None:
-    buffer = buffer_of([
-        row("r3", "g2", at=5), row("r4", "g2", at=6, episode=0.0),
-        row("r1", "g1", at=1), row("r2", "g1", attempt=1, at=2, episode=0.0), row("r2", "g1", attempt=2, at=3),
-    ])  # fmt: skip
+    buffer = buffer_of(
+        [
+            row("r3", "g2", at=5),
+            row("r4", "g2", at=6, episode=0.0),
+            row("r1", "g1", at=1),
+            row("r2", "g1", attempt=1, at=2, episode=0.0),
+            row("r2", "g1", attempt=2, at=3),
+        ]
+    )
     assert [g.group_id for g in buffer.groups] == ["g1", "g2"]  # by their earliest stored transition
     first = buffer.groups[0]
     assert [(b.rollout_id, b.attempt, b.episode_reward) for b in first.rollouts] == [("r1", 1, 1.0), ("r2", 2, 1.0)]
@@ -91,8 +120,12 @@ def test_refusals_are_counted_by_reason() -> None:
         row("alien", prompt=[1, 500]),  # a token id outside this model's vocabulary (100): another base model
         row("old", version=3),  # served by version 3 of another base model
     ]
-    buffer = buffer_of(rows, selected=["ok", "silent", "alien", "old", "gone", "openai"],
-                       no_token_ids={"openai": 2}, version_bases={3: {"other-base"}, 0: {"base"}})  # fmt: skip
+    buffer = buffer_of(
+        rows,
+        selected=["ok", "silent", "alien", "old", "gone", "openai"],
+        no_token_ids={"openai": 2},
+        version_bases={3: {"other-base"}, 0: {"base"}},
+    )
     assert buffer.refused == {"no_token_ids": 2, "no_reward": 1, "other_base_model": 2, "not_found": 1}
     assert [b.rollout_id for g in buffer.groups for b in g.rollouts] == ["ok"]
     assert "2 other base model" in buffer.summary() and "1 not found" in buffer.summary()
@@ -121,15 +154,36 @@ class RowsReader:
 def test_load_replay_wants_one_column_and_something_trainable() -> None:
     two = RowsReader(QueryResult(["RolloutId", "Reward"], [["r1", 1.0]]), [])
     with pytest.raises(ConfigurationError, match="one column"):
-        load_replay(two, "SELECT RolloutId, Reward FROM fulmen.rollouts", database="fulmen", model_name="fulmen",
-                    base_model="base", vocab_size=None, group_size=2)  # fmt: skip
+        load_replay(
+            two,
+            "SELECT RolloutId, Reward FROM fulmen.rollouts",
+            database="fulmen",
+            model_name="fulmen",
+            base_model="base",
+            vocab_size=None,
+            group_size=2,
+        )
     nothing = RowsReader(QueryResult(["RolloutId"], [["r9"]]), [])
     with pytest.raises(ConfigurationError, match="nothing to replay: 1 rollout.*1 not found"):
-        load_replay(nothing, "SELECT RolloutId FROM fulmen.rollouts;", database="fulmen", model_name="fulmen",
-                    base_model="base", vocab_size=None, group_size=2)  # fmt: skip
+        load_replay(
+            nothing,
+            "SELECT RolloutId FROM fulmen.rollouts;",
+            database="fulmen",
+            model_name="fulmen",
+            base_model="base",
+            vocab_size=None,
+            group_size=2,
+        )
     ok = RowsReader(QueryResult(["RolloutId"], [["r1"], ["r2"]]), [row("r1"), row("r2", episode=0.0)])
-    buffer = load_replay(ok, "SELECT RolloutId FROM fulmen.rollouts", database="fulmen", model_name="fulmen",
-                         base_model="base", vocab_size=None, group_size=2)  # fmt: skip
+    buffer = load_replay(
+        ok,
+        "SELECT RolloutId FROM fulmen.rollouts",
+        database="fulmen",
+        model_name="fulmen",
+        base_model="base",
+        vocab_size=None,
+        group_size=2,
+    )
     assert buffer.rollouts == 2 and ok.asked[1][1] == {"ids": ["r1", "r2"]}  # ids travel as bound parameters
 
 
@@ -140,14 +194,26 @@ def loop_with(tmp_path: Path, buffer, tasks: list[DatasetTask] | None, **train: 
     backend = FakeBackend()
     collector = Collector(source, GroupBook(timeout_s=60, policy=options.incomplete_policy), poll_timeout_ms=0)
     dispatcher = Dispatcher(publisher, tasks, group_size=2, max_in_flight=options.groups_in_flight) if tasks else None  # type: ignore[arg-type]
-    loop = TrainingLoop(LoopPlan(options, tmp_path, "base"), backend, publisher, collector, dispatcher,  # type: ignore[arg-type]
-                        replay=buffer)  # fmt: skip
+    loop = TrainingLoop(
+        LoopPlan(options, tmp_path, "base"),
+        backend,
+        publisher,
+        collector,
+        dispatcher,  # type: ignore[arg-type]
+        replay=buffer,
+    )
     return loop, publisher, backend
 
 
 def two_groups():
-    return buffer_of([row("r1", "g1", at=1), row("r2", "g1", at=2, episode=0.0),
-                      row("r3", "g2", at=3), row("r4", "g2", at=4, episode=0.0)])  # fmt: skip
+    return buffer_of(
+        [
+            row("r1", "g1", at=1),
+            row("r2", "g1", at=2, episode=0.0),
+            row("r3", "g2", at=3),
+            row("r4", "g2", at=4, episode=0.0),
+        ]
+    )
 
 
 def test_a_replay_only_run_trains_on_the_buffer_and_dispatches_nothing(tmp_path: Path) -> None:
@@ -163,8 +229,9 @@ def test_a_replay_only_run_trains_on_the_buffer_and_dispatches_nothing(tmp_path:
 
 def test_replay_fraction_mixes_replayed_and_dispatched_groups(tmp_path: Path) -> None:
     tasks = [DatasetTask(f"t{i}", {"n": i}) for i in range(3)]
-    loop, publisher, _ = loop_with(tmp_path, two_groups(), tasks, steps=1, groups_per_step=4,
-                                         replay_fraction=0.5, max_staleness=5)  # fmt: skip
+    loop, publisher, _ = loop_with(
+        tmp_path, two_groups(), tasks, steps=1, groups_per_step=4, replay_fraction=0.5, max_staleness=5
+    )
     (step,) = asyncio.run(asyncio.wait_for(loop.run(), 30))
     assert step.extra["replayed_groups"] == 2.0 and step.num_groups == 4
     assert len(publisher.events[TopicKey.TASKS]) >= 4  # the other two groups were dispatched and run

@@ -9,19 +9,23 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from fulmen.infra.errors import ConfigurationError
 from fulmen.producers.runner.agent import AgentError, LLMEndpoint, call_agent, load_agent
 from fulmen.producers.runner.tracing import CURRENT_ROLLOUT, RolloutStamper
 from fulmen.schemas import RolloutRequest, semconv
+from fulmen.schemas.errors import ConfigurationError
 
 LLM = LLMEndpoint(base_url="http://gw/rollout/r/attempt/1/v1", model="m")
 
 
 @pytest.mark.parametrize(
     ("path", "words"),
-    [("nocolon", "package.module:function"), ("no_such_module_xyz:f", "cannot import"),
-     ("tests.agents.simple:missing", "has no 'missing'"), ("tests.agents.simple:tracer", "not a function")],
-)  # fmt: skip
+    [
+        ("nocolon", "package.module:function"),
+        ("no_such_module_xyz:f", "cannot import"),
+        ("tests.agents.simple:missing", "has no 'missing'"),
+        ("tests.agents.simple:tracer", "not a function"),
+    ],
+)
 def test_bad_agent_paths_say_what_is_wrong(path: str, words: str) -> None:
     with pytest.raises(ConfigurationError, match=words):
         load_agent(path)

@@ -19,7 +19,6 @@ import pytest
 from typer.testing import CliRunner
 
 from fulmen.cli.main import app
-from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.kafka.clients import connection_kwargs, consumer, consumer_group
 from fulmen.infra.kafka.dlq import DeadLetters
 from fulmen.infra.settings import FulmenSettings
@@ -35,6 +34,7 @@ from fulmen.producers.runner.backoff import (
 from fulmen.producers.runner.settings import RunnerSection
 from fulmen.producers.runner.sync import ProcessAgent, ThreadAgent
 from fulmen.schemas import RolloutRequest
+from fulmen.schemas.errors import ConfigurationError
 
 pytestmark = pytest.mark.security
 
@@ -109,12 +109,20 @@ def test_oauthbearer_is_a_configuration_error_saying_what_to_set() -> None:
 
 def test_oauthbearer_from_the_cli_is_one_message_not_a_traceback(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")}
-    env.update(FULMEN_KAFKA_BOOTSTRAP="127.0.0.1:1", FULMEN_KAFKA_SECURITY_PROTOCOL="SASL_PLAINTEXT",
-               FULMEN_KAFKA_SASL_MECHANISM="OAUTHBEARER", FULMEN_HOME=str(tmp_path))  # fmt: skip
+    env.update(
+        FULMEN_KAFKA_BOOTSTRAP="127.0.0.1:1",
+        FULMEN_KAFKA_SECURITY_PROTOCOL="SASL_PLAINTEXT",
+        FULMEN_KAFKA_SASL_MECHANISM="OAUTHBEARER",
+        FULMEN_HOME=str(tmp_path),
+    )
     done = subprocess.run(
         [sys.executable, "-m", "fulmen.cli.main", "kafka", "topics"],
-        cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr and "FULMEN_KAFKA_SASL_MECHANISM" in done.stderr
 
@@ -125,7 +133,8 @@ def test_runner_help_lists_every_runner_setting() -> None:
     assert result.exit_code == 0
     for name in RunnerSection.model_fields:
         assert f"FULMEN_RUNNER_{name.upper()}" in result.output
-    assert "FULMEN_RUNNER_LLM_BASE_URL (default http://127.0.0.1:8000)" in result.output
+    assert "FULMEN_RUNNER_LLM_BASE_URL; default http://127.0.0.1:8000" in result.output
+    assert "--llm-base-url" in result.output and "--concurrency" in result.output
 
 
 # --- sync agents ----------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fulmen.algorithm.dispatcher import Dispatcher
+from fulmen.algorithm.service.dispatcher import Dispatcher
 from fulmen.infra.seeds import SEED_LIMIT, derive_seed
 from fulmen.producers.llm_gateway.call_seeds import CallSeeds
 from fulmen.schemas.events import RolloutRequest

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fulmen.algorithm.groups import ClosedGroup
-from fulmen.algorithm.samples import build_samples, has_signal, scope_rewards
+from fulmen.algorithm.rl.shaping import OverlongShaping, overlong_penalty
+from fulmen.algorithm.service.groups import ClosedGroup
+from fulmen.algorithm.service.samples import build_samples, has_signal, scope_rewards
 from fulmen.algorithm.settings import AdvantageScope
-from fulmen.algorithm.shaping import OverlongShaping, overlong_penalty
 from fulmen.schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
 
 
@@ -41,12 +41,27 @@ def test_overlong_settings_are_checked() -> None:
 def rollout(group: str, index: int, reward: float, lengths: list[int]) -> TransitionBatch:
     rollout_id = f"{group}-r{index}"
     calls = [
-        Transition(rollout_id=rollout_id, attempt=1, index=i, trace_id="a" * 32, span_id=f"{i:016x}",
-                   prompt_token_ids=[1, 2], response_token_ids=[7] * n, reward=reward)
+        Transition(
+            rollout_id=rollout_id,
+            attempt=1,
+            index=i,
+            trace_id="a" * 32,
+            span_id=f"{i:016x}",
+            prompt_token_ids=[1, 2],
+            response_token_ids=[7] * n,
+            reward=reward,
+        )
         for i, n in enumerate(lengths)
-    ]  # fmt: skip
-    return TransitionBatch(rollout_id=rollout_id, attempt=1, task_id=f"task-{group}", group_id=group,
-                           status=RolloutStatus.SUCCEEDED, episode_reward=reward, transitions=calls)  # fmt: skip
+    ]
+    return TransitionBatch(
+        rollout_id=rollout_id,
+        attempt=1,
+        task_id=f"task-{group}",
+        group_id=group,
+        status=RolloutStatus.SUCCEEDED,
+        episode_reward=reward,
+        transitions=calls,
+    )
 
 
 def group(name: str, *rollouts: tuple[float, list[int]]) -> ClosedGroup:

@@ -104,12 +104,45 @@ def test_shards_balance_tokens_and_keep_every_row_once_in_order() -> None:
 
 
 def test_metrics_of_the_ranks_combine_into_the_whole_batch() -> None:
-    a = StepMetrics(step=3, loss=0.25, grad_norm=2.0, tokens=30, input_tokens=50, tokens_per_s=0.0, train_s=2.0,
-                    epochs=2, clip_fraction=0.1, kl=0.02, approx_kl=0.001, ratio_mean=1.1)  # fmt: skip
-    b = StepMetrics(step=3, loss=-0.05, grad_norm=2.0, tokens=10, input_tokens=30, tokens_per_s=0.0, train_s=4.0,
-                    epochs=2, clip_fraction=0.5, kl=0.06, approx_kl=0.005, ratio_mean=0.9)  # fmt: skip
-    empty = StepMetrics(step=3, loss=0.0, grad_norm=2.0, tokens=0, input_tokens=0, tokens_per_s=0.0, train_s=1.0,
-                        epochs=2, ratio_mean=1.0)  # fmt: skip
+    a = StepMetrics(
+        step=3,
+        loss=0.25,
+        grad_norm=2.0,
+        tokens=30,
+        input_tokens=50,
+        tokens_per_s=0.0,
+        train_s=2.0,
+        epochs=2,
+        clip_fraction=0.1,
+        kl=0.02,
+        approx_kl=0.001,
+        ratio_mean=1.1,
+    )
+    b = StepMetrics(
+        step=3,
+        loss=-0.05,
+        grad_norm=2.0,
+        tokens=10,
+        input_tokens=30,
+        tokens_per_s=0.0,
+        train_s=4.0,
+        epochs=2,
+        clip_fraction=0.5,
+        kl=0.06,
+        approx_kl=0.005,
+        ratio_mean=0.9,
+    )
+    empty = StepMetrics(
+        step=3,
+        loss=0.0,
+        grad_norm=2.0,
+        tokens=0,
+        input_tokens=0,
+        tokens_per_s=0.0,
+        train_s=1.0,
+        epochs=2,
+        ratio_mean=1.0,
+    )
     whole = combine_metrics([a, b, empty])
     assert whole.loss == pytest.approx(0.2) and whole.grad_norm == 2.0 and whole.step == 3
     assert (whole.tokens, whole.input_tokens, whole.train_s) == (40, 80, 4.0)
@@ -123,16 +156,23 @@ def test_relaunch_is_standalone_unless_torchrun_variables_name_several_machines(
 ) -> None:
     for name in ("PET_NNODES", "PET_RDZV_ENDPOINT", "PET_MASTER_ADDR"):
         monkeypatch.delenv(name, raising=False)
-    assert relaunch_command(4, ["-m", "x"]) == [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4",
-                                                "--standalone", "-m", "x"]  # fmt: skip
+    assert relaunch_command(4, ["-m", "x"]) == [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=4",
+        "--standalone",
+        "-m",
+        "x",
+    ]
     monkeypatch.setenv("PET_NNODES", "2")
     assert "--standalone" not in relaunch_command(4, ["-m", "x"])
 
 
 def test_an_unknown_trainer_backend_is_a_configuration_error_listing_the_valid_ones() -> None:
-    from fulmen.algorithm.errors import ConfigurationError
+    from fulmen.algorithm.service.run import build_backend
     from fulmen.algorithm.settings import TrainSection
-    from fulmen.algorithm.train import build_backend
+    from fulmen.schemas.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match=r"unknown trainer backend 'deepspeed'; valid: torch, verl"):
         build_backend(TrainSection(backend="deepspeed"), "unused")

@@ -12,24 +12,37 @@ from pathlib import Path
 import pytest
 
 from fulmen.cli.stack import StackOptions, _claim, down, ready_lines, stack_dir, status_rows
-from fulmen.infra.errors import FulmenError
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.stack import StackPorts
+from fulmen.schemas.errors import FulmenError
 
 
 def dead_pid() -> int:
     """The pid of a process that has exited (and was reaped)."""
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     return int(done.stdout)
 
 
 def state(pid: int, service_pid: int) -> dict:
     ports = StackPorts(1, 2, 3, 4)
-    service = {"name": "consume", "pid": service_pid, "url": "http://127.0.0.1:1", "ready_url": None,
-               "started_at": time.time(), "restarts": 0, "log": "x"}  # fmt: skip
-    return {"pid": pid, "started_at": time.time(), "ready": True, "services": [service],
-            "agent": ports.agent_settings()}  # fmt: skip
+    service = {
+        "name": "consume",
+        "pid": service_pid,
+        "url": "http://127.0.0.1:1",
+        "ready_url": None,
+        "started_at": time.time(),
+        "restarts": 0,
+        "log": "x",
+    }
+    return {
+        "pid": pid,
+        "started_at": time.time(),
+        "ready": True,
+        "services": [service],
+        "agent": ports.agent_settings(),
+    }
 
 
 def write_stack(home: Path, up_pid: int, service_pid: int) -> Path:
@@ -107,8 +120,9 @@ def test_a_service_past_its_restarts_stops_the_stack(tmp_path: Path, monkeypatch
         assert _watch(home, run_state, services, RestartPolicy(max_restarts=2, window_s=600.0), said.append) == 1
     assert run_state["failed"] == "flaky"
     assert [line for line in said if line.startswith("restarting")] == [
-        "restarting flaky (restart 1 of at most 2 within 600s)", "restarting flaky (restart 2 of at most 2 within 600s)"
-    ]  # fmt: skip
+        "restarting flaky (restart 1 of at most 2 within 600s)",
+        "restarting flaky (restart 2 of at most 2 within 600s)",
+    ]
     assert sum(line.startswith("flaky exited with 3") for line in said) == 3
     assert sum("boom" in line for line in said) == 3
     assert said[-1] == "flaky exited 3 times within 600s: stopping the stack"

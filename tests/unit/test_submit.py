@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from fulmen.infra.errors import ConfigurationError
 from fulmen.producers.submit import requests_for
 from fulmen.schemas import RolloutMode
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.task_file import load_task_file
 
 

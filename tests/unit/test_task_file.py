@@ -19,8 +19,14 @@ def write(tmp_path: Path, text: str | bytes) -> Path:
 
 
 def test_a_line_is_a_task_description_or_the_input_itself(tmp_path: Path) -> None:
-    described = {"input": {"q": 2}, "task_id": "two", "metadata": {"k": "v"}, "mode": "val", "timeout_s": 30,
-                 "max_attempts": 5}  # fmt: skip
+    described = {
+        "input": {"q": 2},
+        "task_id": "two",
+        "metadata": {"k": "v"},
+        "mode": "val",
+        "timeout_s": 30,
+        "max_attempts": 5,
+    }
     text = json.dumps({"q": 1}) + "\n\n  \n" + json.dumps(described) + "\r\n" + '{"input": {"q": "a\u2028b"}}'
     first, second, third = load_task_file(write(tmp_path, text))
     assert first == TaskSpec(stable_task_id({"q": 1}), {"q": 1}, line=1) and first.options() == {}

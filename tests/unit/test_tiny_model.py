@@ -68,8 +68,10 @@ def test_saved_tokenizer_loads_back_identical(tmp_path: Path) -> None:
 
 
 def test_merges_learnt_from_a_corpus_shorten_text_and_reload_identical(tmp_path: Path) -> None:
-    corpus = [f'<|im_start|>user\nAnn has {n} pears and finds {n % 7} more.<|im_end|>\n{{"expr": "{n}+1"}}'
-              for n in range(10, 400)]  # fmt: skip
+    corpus = [
+        f'<|im_start|>user\nAnn has {n} pears and finds {n % 7} more.<|im_end|>\n{{"expr": "{n}+1"}}'
+        for n in range(10, 400)
+    ]
     directory = build_tiny_model(tmp_path / "bpe", TinyModelConfig(bpe_vocab_size=400), corpus=corpus)
     loaded = AutoTokenizer.from_pretrained(directory)
     plain = build_tiny_tokenizer()

@@ -13,17 +13,18 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from fulmen.algorithm.advantages import compute_advantages, encode_group_ids
 from fulmen.algorithm.batch import Sample, collate
-from fulmen.algorithm.errors import ConfigurationError, PoisonInputError
+from fulmen.algorithm.rl.advantages import compute_advantages, encode_group_ids
 from fulmen.algorithm.tiny_model import TinyModelConfig, build_tiny_model
 from fulmen.algorithm.trainer import TrainerBackend, token_logprobs
 from fulmen.algorithm.trainer import logprobs as logprobs_module
 from fulmen.algorithm.trainer.logprobs import gather_logprobs
 from fulmen.algorithm.trainer.torch_backend import LoraSettings, TorchTrainer, TorchTrainerConfig
+from fulmen.schemas.errors import ConfigurationError, PoisonInputError
 
-TINY = TinyModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                       intermediate_size=128)  # fmt: skip
+TINY = TinyModelConfig(
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128
+)
 
 
 @pytest.fixture(scope="module")
@@ -311,9 +312,9 @@ def test_trainer_side_runs_without_pydantic() -> None:
         "import sys\n"
         "for name in ('pydantic', 'pydantic_core', 'pydantic_settings'):\n"
         "    sys.modules[name] = None  # import of these now fails\n"
-        "import fulmen.algorithm.advantages, fulmen.algorithm.losses, fulmen.algorithm.batch, fulmen.algorithm.trainer.torch_backend\n"
-        "from fulmen.algorithm.errors import ConfigurationError, PoisonInputError\n"
-        "assert ConfigurationError.__module__ == 'fulmen.algorithm.errors', ConfigurationError.__module__\n"
+        "import fulmen.algorithm.rl.advantages, fulmen.algorithm.rl.losses, fulmen.algorithm.batch, fulmen.algorithm.trainer.torch_backend\n"
+        "from fulmen.schemas.errors import ConfigurationError, PoisonInputError\n"
+        "assert ConfigurationError.__module__ == 'fulmen.schemas.errors', ConfigurationError.__module__\n"
         "assert issubclass(PoisonInputError, Exception)\n"
     )
     root = Path(__file__).resolve().parents[2]
@@ -328,13 +329,21 @@ def test_with_pydantic_the_errors_are_those_of_schemas() -> None:
     assert PoisonInputError is fulmen.schemas.errors.PoisonInputError
 
 
-@pytest.mark.parametrize(("loss", "clip_eps", "clip_eps_high", "aggregation"),
-                         [("dapo", 0.2, 0.28, "token_mean"), ("gspo", 3e-4, 4e-4, "seq_mean"),
-                          ("cispo", 1.0, 3.0, "token_mean")])  # fmt: skip
-def test_every_policy_loss_trains_every_parameter(model_dir: Path, loss: str, clip_eps: float,
-                                                  clip_eps_high: float, aggregation: str) -> None:  # fmt: skip
-    trainer = make_trainer(model_dir, policy_loss=loss, clip_eps=clip_eps, clip_eps_high=clip_eps_high,
-                           aggregation=aggregation, epochs_per_batch=2)  # fmt: skip
+@pytest.mark.parametrize(
+    ("loss", "clip_eps", "clip_eps_high", "aggregation"),
+    [("dapo", 0.2, 0.28, "token_mean"), ("gspo", 3e-4, 4e-4, "seq_mean"), ("cispo", 1.0, 3.0, "token_mean")],
+)
+def test_every_policy_loss_trains_every_parameter(
+    model_dir: Path, loss: str, clip_eps: float, clip_eps_high: float, aggregation: str
+) -> None:
+    trainer = make_trainer(
+        model_dir,
+        policy_loss=loss,
+        clip_eps=clip_eps,
+        clip_eps_high=clip_eps_high,
+        aggregation=aggregation,
+        epochs_per_batch=2,
+    )
     before = trainable(trainer)
     metrics = trainer.step(make_samples(20))
     assert [n for n, p in trainer.model.named_parameters() if torch.equal(p.detach(), before[n])] == []
@@ -349,23 +358,30 @@ def with_behaviour(trainer: TorchTrainer, samples: list[Sample], shift: float, r
     with torch.no_grad():
         own = token_logprobs(trainer.model, batch.input_ids, batch.attention_mask)
     return [
-        Sample(s.prompt_token_ids, s.response_token_ids, s.advantage,
-               (own[i, len(s.prompt_token_ids) : s.length] - shift).tolist() if i in rows else None)
+        Sample(
+            s.prompt_token_ids,
+            s.response_token_ids,
+            s.advantage,
+            (own[i, len(s.prompt_token_ids) : s.length] - shift).tolist() if i in rows else None,
+        )
         for i, s in enumerate(samples)
-    ]  # fmt: skip
+    ]
 
 
 def grads(trainer: TorchTrainer) -> list[torch.Tensor]:
     return [p.grad.detach().clone() for p in trainer.model.parameters()]
 
 
-@pytest.mark.parametrize(("correction", "options", "scale", "truncated", "masked"), [
-    ("decoupled", {}, 1.5, 0.0, 0.0),
-    ("tis", {"correction_high": 1.2}, 1.2, 1.0, 0.0),
-    ("tis", {"correction_high": 2.0}, 1.5, 0.0, 0.0),
-    ("mis", {"correction_level": "sequence", "correction_high": 1e9}, None, 0.0, 0.0),  # products of 1.5s
-    ("mis", {"correction_high": 1.2}, 0.0, 0.0, 1.0),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("correction", "options", "scale", "truncated", "masked"),
+    [
+        ("decoupled", {}, 1.5, 0.0, 0.0),
+        ("tis", {"correction_high": 1.2}, 1.2, 1.0, 0.0),
+        ("tis", {"correction_high": 2.0}, 1.5, 0.0, 0.0),
+        ("mis", {"correction_level": "sequence", "correction_high": 1e9}, None, 0.0, 0.0),  # products of 1.5s
+        ("mis", {"correction_high": 1.2}, 0.0, 0.0, 1.0),
+    ],
+)
 def test_corrections_weigh_the_gradient_by_proximal_over_behaviour(
     model_dir: Path, correction: str, options: dict, scale: float | None, truncated: float, masked: float
 ) -> None:
@@ -382,8 +398,9 @@ def test_corrections_weigh_the_gradient_by_proximal_over_behaviour(
         assert metrics.loss == pytest.approx(scale * plain.loss, rel=1e-5, abs=1e-9)
         for a, b in zip(grads(baseline), grads(corrected), strict=True):
             torch.testing.assert_close(b, scale * a, rtol=1e-4, atol=1e-7)
-    assert metrics.is_ratio_max == pytest.approx(1.5 ** (1 if "correction_level" not in options else max(
-        len(s.response_token_ids) for s in samples)), rel=1e-4)  # fmt: skip
+    assert metrics.is_ratio_max == pytest.approx(
+        1.5 ** (1 if "correction_level" not in options else max(len(s.response_token_ids) for s in samples)), rel=1e-4
+    )
     assert (metrics.is_truncated_fraction, metrics.is_masked_fraction) == (truncated, masked)
     assert metrics.ratio_mean == pytest.approx(1.0) and plain.is_weight_mean is None
 
@@ -399,11 +416,17 @@ def test_rows_without_behaviour_logprobs_keep_weight_one_and_stay_out_of_the_sta
     # the loss of the first (on-policy) epoch is sum_b -A_b * n_b * w_b / N, with w_b = 1.5 only where recorded
     lengths = [len(s.response_token_ids) for s in samples]
     total = sum(lengths)
-    expected = sum(-s.advantage * n * (1.5 if i in recorded_rows else 1.0)
-                   for i, (s, n) in enumerate(zip(samples, lengths, strict=True))) / total  # fmt: skip
+    expected = (
+        sum(
+            -s.advantage * n * (1.5 if i in recorded_rows else 1.0)
+            for i, (s, n) in enumerate(zip(samples, lengths, strict=True))
+        )
+        / total
+    )
     assert metrics.loss == pytest.approx(expected, rel=1e-5, abs=1e-7)
-    assert plain.loss == pytest.approx(sum(-s.advantage * n for s, n in zip(samples, lengths, strict=True)) / total,
-                                       rel=1e-5, abs=1e-7)  # fmt: skip
+    assert plain.loss == pytest.approx(
+        sum(-s.advantage * n for s, n in zip(samples, lengths, strict=True)) / total, rel=1e-5, abs=1e-7
+    )
     assert metrics.is_weight_mean == pytest.approx(1.5, rel=1e-5)  # over the recorded rows' tokens only
     assert metrics.is_weight_max == pytest.approx(1.5, rel=1e-5)
 
@@ -437,8 +460,16 @@ def test_prefix_tree_merges_shared_prefixes_and_masks_ancestors_only() -> None:
         assert tree.depth[nodes].tolist() == list(range(len(nodes)))
     assert bool((tree.node_of[mask == 0] == -1).all())
     seen = tree.attention_mask()
-    ancestors = {0: [0], 1: [0, 1], 2: [0, 1, 2], 3: [0, 1, 2, 3], 4: [0, 1, 2, 4], 5: [0, 1, 2, 4, 5],
-                 6: [0, 1, 6], 7: [7]}  # fmt: skip
+    ancestors = {
+        0: [0],
+        1: [0, 1],
+        2: [0, 1, 2],
+        3: [0, 1, 2, 3],
+        4: [0, 1, 2, 4],
+        5: [0, 1, 2, 4, 5],
+        6: [0, 1, 6],
+        7: [7],
+    }
     for node, expected in ancestors.items():
         assert torch.nonzero(seen[node]).flatten().tolist() == expected
 
@@ -464,8 +495,9 @@ def test_step_counts_the_tokens_it_computed_and_their_flops(model_dir: Path, lor
     once each); the FLOPs are 2 per weight and token: the no-gradient pass once, the training pass 3 times (2 with
     LoRA: no weight gradients of the frozen base)."""
     samples = make_samples(5)
-    trainer = make_trainer(model_dir, micro_batch_tokens=4096, recompute_old_logprobs=True,
-                           lora=LoraSettings(r=4) if lora else None)  # fmt: skip
+    trainer = make_trainer(
+        model_dir, micro_batch_tokens=4096, recompute_old_logprobs=True, lora=LoraSettings(r=4) if lora else None
+    )
     metrics = trainer.step(samples)
     batch = collate(samples, trainer.pad_id)
     tree = logprobs_module.build_prefix_tree(

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import fulmen.training
 from fulmen.algorithm.local import TrainReport
 from fulmen.cli.main import app
-from fulmen.infra.errors import ConfigurationError
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import TrainStep
 
 
@@ -28,20 +28,57 @@ def dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-def test_the_options_reach_fulmen_train_and_the_report_is_printed(dataset: Path, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_the_options_reach_fulmen_train_and_the_report_is_printed(
+    dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     seen: dict[str, Any] = {}
 
     def fake_train(agent: str, data: Path, model: str, **options: Any) -> TrainReport:
         seen.update(agent=agent, dataset=data, model=model, **options)
-        options["on_step"](TrainStep(run_id="train-x", step=1, reward_mean=0.5, reward_std=0.0, loss=0.25, model_version=1, num_transitions=2, num_groups=1,
-                                     extra={"val_accuracy": 0.75}))  # fmt: skip
-        return TrainReport("train-x", tmp_path / "run", 1, tmp_path / "run" / "checkpoints" / "v1", [(1, 0.5)],
-                           [(0, 0.25), (1, 0.75)], [(1, 0.25)], 12.0)  # fmt: skip
+        options["on_step"](
+            TrainStep(
+                run_id="train-x",
+                step=1,
+                reward_mean=0.5,
+                reward_std=0.0,
+                loss=0.25,
+                model_version=1,
+                num_transitions=2,
+                num_groups=1,
+                extra={"val_accuracy": 0.75},
+            )
+        )
+        return TrainReport(
+            "train-x",
+            tmp_path / "run",
+            1,
+            tmp_path / "run" / "checkpoints" / "v1",
+            [(1, 0.5)],
+            [(0, 0.25), (1, 0.75)],
+            [(1, 0.25)],
+            12.0,
+        )
 
     monkeypatch.setattr(fulmen.training, "train", fake_train)
-    done = CliRunner().invoke(app, ["train", "--local", "--dataset", str(dataset), "--agent", "tests.agents.chat:ask",
-                                    "--model", "tiny", "--runners", "2", "--concurrency", "4", "--steps", "1"])  # fmt: skip
+    done = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--local",
+            "--dataset",
+            str(dataset),
+            "--agent",
+            "tests.agents.chat:ask",
+            "--model",
+            "tiny",
+            "--runners",
+            "2",
+            "--concurrency",
+            "4",
+            "--steps",
+            "1",
+        ],
+    )
     assert done.exit_code == 0, done.output
     assert seen["agent"] == "tests.agents.chat:ask" and seen["dataset"] == dataset and seen["model"] == "tiny"
     assert seen["runners"] == 2 and seen["concurrency"] == 4 and seen["settings"].train.steps == 1
@@ -68,9 +105,26 @@ def test_replay_and_promotion_options_reach_the_settings_and_nothing_to_train_on
         return TrainReport("train-x", tmp_path / "run", 0, None, [], [], [], 1.0)
 
     monkeypatch.setattr(fulmen.training, "train", fake_train)
-    done = CliRunner().invoke(app, ["train", "--local", "--agent", "a:b", "--replay", "SELECT RolloutId FROM r",
-                                    "--source-store", str(tmp_path), "--replay-fraction", "0.5", "--max-staleness",
-                                    "3", "--promote-if-better", "--promote-tolerance", "0.05"])  # fmt: skip
+    done = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--local",
+            "--agent",
+            "a:b",
+            "--replay",
+            "SELECT RolloutId FROM r",
+            "--source-store",
+            str(tmp_path),
+            "--replay-fraction",
+            "0.5",
+            "--max-staleness",
+            "3",
+            "--promote-if-better",
+            "--promote-tolerance",
+            "0.05",
+        ],
+    )
     assert done.exit_code == 0, done.output
     options = seen["train"]
     assert seen["dataset"] is None and options.replay_sql == "SELECT RolloutId FROM r"

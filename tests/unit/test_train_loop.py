@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.dispatcher import DatasetTask, Dispatcher
-from fulmen.algorithm.groups import GroupBook
-from fulmen.algorithm.loop import LoopPlan, TrainingLoop
+from fulmen.algorithm.service.collector import Collector
+from fulmen.algorithm.service.dispatcher import DatasetTask, Dispatcher
+from fulmen.algorithm.service.groups import GroupBook
+from fulmen.algorithm.service.loop import LoopPlan, TrainingLoop
+from fulmen.algorithm.service.run import latest_checkpoint
 from fulmen.algorithm.settings import TrainSection, TrainSettings
-from fulmen.algorithm.train import latest_checkpoint
 from fulmen.algorithm.trainer.base import StepMetrics
 from fulmen.schemas.codec import encode
 from fulmen.schemas.errors import ConfigurationError
@@ -63,8 +63,16 @@ class FakeBackend:
 
     def step(self, samples):
         self.batches.append(list(samples))
-        return StepMetrics(step=len(self.batches), loss=0.5, grad_norm=1.0, tokens=10, input_tokens=20,
-                           tokens_per_s=100.0, train_s=0.2, clip_fraction=0.1)  # fmt: skip
+        return StepMetrics(
+            step=len(self.batches),
+            loss=0.5,
+            grad_norm=1.0,
+            tokens=10,
+            input_tokens=20,
+            tokens_per_s=100.0,
+            train_s=0.2,
+            clip_fraction=0.1,
+        )
 
     def sft_step(self, samples):  # pragma: no cover - the loop must never call it
         raise AssertionError("the training loop takes RL steps only; sft_step is for warm-ups")
@@ -76,30 +84,62 @@ class FakeBackend:
 
 def reply(request: RolloutRequest, number: int, *, version: int | None = None, reward: float | None = None):
     reward = float(number % 2) if reward is None else reward
-    call = Transition(rollout_id=request.rollout_id, attempt=1, index=0, trace_id="b" * 32, span_id="c" * 16,
-                      model_version=request.model_version if version is None else version,
-                      prompt_token_ids=[1, 2], response_token_ids=[3, 4, 5], reward=reward)  # fmt: skip
-    return TransitionBatch(rollout_id=request.rollout_id, attempt=1, task_id=request.task_id,
-                           group_id=request.group_id, mode=request.mode, status=RolloutStatus.SUCCEEDED,
-                           episode_reward=reward, model_version=call.model_version, transitions=[call])  # fmt: skip
+    call = Transition(
+        rollout_id=request.rollout_id,
+        attempt=1,
+        index=0,
+        trace_id="b" * 32,
+        span_id="c" * 16,
+        model_version=request.model_version if version is None else version,
+        prompt_token_ids=[1, 2],
+        response_token_ids=[3, 4, 5],
+        reward=reward,
+    )
+    return TransitionBatch(
+        rollout_id=request.rollout_id,
+        attempt=1,
+        task_id=request.task_id,
+        group_id=request.group_id,
+        mode=request.mode,
+        status=RolloutStatus.SUCCEEDED,
+        episode_reward=reward,
+        model_version=call.model_version,
+        transitions=[call],
+    )
 
 
-def build(tmp_path: Path, answer: Answer = reply, val: list[DatasetTask] | None = None, initial_version: int = 0,
-          **train: object):  # fmt: skip
+def build(
+    tmp_path: Path,
+    answer: Answer = reply,
+    val: list[DatasetTask] | None = None,
+    initial_version: int = 0,
+    **train: object,
+):
     options = TrainSection(**{"steps": 2, "group_size": 2, "groups_per_step": 2, "run_id": "r1", **train})
     source = FakeConsumer()
     publisher = FakePublisher(source, answer)
     backend = FakeBackend()
     tasks = [DatasetTask(f"t{i}", {"n": i}) for i in range(3)]
     collector = Collector(source, GroupBook(timeout_s=60, policy=options.incomplete_policy), poll_timeout_ms=0)
-    train_dispatcher = Dispatcher(publisher, tasks, group_size=options.group_size,  # type: ignore[arg-type]
-                                  max_in_flight=options.groups_in_flight)  # fmt: skip
+    train_dispatcher = Dispatcher(
+        publisher,
+        tasks,
+        group_size=options.group_size,  # type: ignore[arg-type]
+        max_in_flight=options.groups_in_flight,
+    )
     val_dispatcher = (
         Dispatcher(publisher, val, group_size=1, max_in_flight=2, mode=RolloutMode.VAL, cycle=False)  # type: ignore[arg-type]
-        if val else None
-    )  # fmt: skip
-    loop = TrainingLoop(LoopPlan(options, tmp_path, "base", initial_version), backend, publisher, collector,  # type: ignore[arg-type]
-                        train_dispatcher, val_dispatcher)  # fmt: skip
+        if val
+        else None
+    )
+    loop = TrainingLoop(
+        LoopPlan(options, tmp_path, "base", initial_version),
+        backend,
+        publisher,
+        collector,  # type: ignore[arg-type]
+        train_dispatcher,
+        val_dispatcher,
+    )
     return loop, publisher, backend, source
 
 
@@ -111,8 +151,9 @@ def test_each_step_trains_publishes_a_version_then_its_metrics_then_commits(tmp_
     loop, publisher, backend, source = build(tmp_path, steps=3)
     steps = run(loop)
     versions: list[ModelVersion] = publisher.events[TopicKey.MODELS]
-    assert [(v.version, v.uri, v.step) for v in versions] == [(n, str(tmp_path / "checkpoints" / f"v{n}"), n)
-                                                                for n in (1, 2, 3)]  # fmt: skip
+    assert [(v.version, v.uri, v.step) for v in versions] == [
+        (n, str(tmp_path / "checkpoints" / f"v{n}"), n) for n in (1, 2, 3)
+    ]
     assert publisher.events[TopicKey.METRICS] == steps and [s.step for s in steps] == [1, 2, 3]
     assert [len(batch) for batch in backend.batches] == [4, 4, 4]  # 2 groups x 2 rollouts x 1 call
     assert all(s.kl is None and s.loss == 0.5 and s.num_groups == 2 for s in steps)
@@ -192,10 +233,22 @@ def test_zero_steps_validate_the_served_model_once_and_train_nothing(tmp_path: P
     requests: list[RolloutRequest] = publisher.events[TopicKey.TASKS]
     assert sorted(r.task_id for r in requests) == ["v0", "v1"] and {r.mode for r in requests} == {RolloutMode.VAL}
     with pytest.raises(ValueError, match="steps=0"):  # with steps to take, something must be trained on
-        TrainingLoop(LoopPlan(TrainSection(steps=1, run_id="r1"), tmp_path, "base", 0), backend, publisher,  # type: ignore[arg-type]
-                     loop.collector, None, None)  # fmt: skip
-    TrainingLoop(LoopPlan(TrainSection(steps=0, run_id="r1"), tmp_path, "base", 0), backend, publisher,  # type: ignore[arg-type]
-                 loop.collector, None, None)  # fmt: skip
+        TrainingLoop(
+            LoopPlan(TrainSection(steps=1, run_id="r1"), tmp_path, "base", 0),
+            backend,
+            publisher,  # type: ignore[arg-type]
+            loop.collector,
+            None,
+            None,
+        )
+    TrainingLoop(
+        LoopPlan(TrainSection(steps=0, run_id="r1"), tmp_path, "base", 0),
+        backend,
+        publisher,  # type: ignore[arg-type]
+        loop.collector,
+        None,
+        None,
+    )
 
 
 def test_a_task_file_is_dispatched_with_the_runs_own_request_settings(
@@ -205,8 +258,15 @@ def test_a_task_file_is_dispatched_with_the_runs_own_request_settings(
     lines = [{"q": 1}, {"input": {"q": 2}, "task_id": "two", "metadata": {"k": "v"}, "timeout_s": 5, "mode": "val"}]
     path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     publisher = FakePublisher(FakeConsumer(), lambda r, n: None)
-    dispatcher = Dispatcher(publisher, load_task_file(path), group_size=2, max_in_flight=2, rollout_timeout_s=60,  # type: ignore[arg-type]
-                            max_attempts=2, metadata={"agent": "a:b"})  # fmt: skip
+    dispatcher = Dispatcher(
+        publisher,
+        load_task_file(path),
+        group_size=2,
+        max_in_flight=2,
+        rollout_timeout_s=60,  # type: ignore[arg-type]
+        max_attempts=2,
+        metadata={"agent": "a:b"},
+    )
     assert "1 task(s) set mode/timeout_s (lines 2)" in caplog.text  # the run's settings win, and it says so
     asyncio.run(dispatcher.fill(0))
     requests: list[RolloutRequest] = publisher.events[TopicKey.TASKS]
@@ -229,8 +289,14 @@ def test_a_resumed_run_continues_its_numbering_up_to_its_last_step(tmp_path: Pat
 
 
 def test_train_settings_come_from_fulmen_train_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name, value in {"HOME": str(tmp_path), "TRAIN_GROUP_SIZE": "4", "TRAIN_INCOMPLETE_POLICY": "drop",
-                        "TRAIN_MAX_STALENESS": "0", "TRAIN_ESTIMATOR": "rloo", "TRAIN_RUN_ID": "r-7"}.items():  # fmt: skip
+    for name, value in {
+        "HOME": str(tmp_path),
+        "TRAIN_GROUP_SIZE": "4",
+        "TRAIN_INCOMPLETE_POLICY": "drop",
+        "TRAIN_MAX_STALENESS": "0",
+        "TRAIN_ESTIMATOR": "rloo",
+        "TRAIN_RUN_ID": "r-7",
+    }.items():
         monkeypatch.setenv(f"FULMEN_{name}", value)
     settings = TrainSettings()
     train = settings.train
@@ -271,8 +337,13 @@ def test_dynamic_sampling_trains_only_on_groups_whose_rewards_differ(tmp_path: P
 
 
 def test_dynamic_sampling_waits_a_bounded_number_of_groups(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    loop, _, backend, _ = build(tmp_path, answer=lambda r, n: reply(r, n, reward=0.5), steps=1,
-                                dynamic_sampling=True, dynamic_sampling_max_skipped=3)  # fmt: skip
+    loop, _, backend, _ = build(
+        tmp_path,
+        answer=lambda r, n: reply(r, n, reward=0.5),
+        steps=1,
+        dynamic_sampling=True,
+        dynamic_sampling_max_skipped=3,
+    )
     [step] = run(loop)
     assert step.extra["filtered_groups"] == 3 and step.extra["dynamic_sampling_exhausted"] == 1
     assert step.num_groups == 2 and len(backend.batches[0]) == 4  # then it took groups as they came
@@ -286,8 +357,9 @@ def test_overlong_shaping_enters_the_advantages_and_is_counted(tmp_path: Path) -
         return reply(request, number, reward=1.0)
 
     # a limit of 4 tokens with a ramp of 2: 3 tokens cost 0.5; every answer the same: no advantage either way
-    loop, _, backend, _ = build(tmp_path, answer=answer, steps=1, overlong_shaping=True, overlong_max_tokens=4,
-                                overlong_buffer_tokens=2)  # fmt: skip
+    loop, _, backend, _ = build(
+        tmp_path, answer=answer, steps=1, overlong_shaping=True, overlong_max_tokens=4, overlong_buffer_tokens=2
+    )
     [step] = run(loop)
     assert step.extra["overlong_penalized"] == 4 and step.reward_mean == 1.0  # rewards reported unshaped
     assert [s.advantage for s in backend.batches[0]] == [0.0] * 4
@@ -299,16 +371,25 @@ def test_importance_weight_statistics_reach_the_train_step(tmp_path: Path) -> No
     class CorrectedBackend(FakeBackend):
         def step(self, samples):
             metrics = super().step(samples)
-            return dataclasses.replace(metrics, is_weight_mean=0.9, is_weight_max=2.0, is_ratio_max=3.5,
-                                       is_truncated_fraction=0.1, is_masked_fraction=0.0)  # fmt: skip
+            return dataclasses.replace(
+                metrics,
+                is_weight_mean=0.9,
+                is_weight_max=2.0,
+                is_ratio_max=3.5,
+                is_truncated_fraction=0.1,
+                is_masked_fraction=0.0,
+            )
 
     loop, _, _, _ = build(tmp_path, steps=1)
     loop.backend = CorrectedBackend()
     [step] = run(loop)
     assert {k: v for k, v in step.extra.items() if k.startswith("is_")} == {
-        "is_weight_mean": 0.9, "is_weight_max": 2.0, "is_ratio_max": 3.5, "is_truncated_fraction": 0.1,
+        "is_weight_mean": 0.9,
+        "is_weight_max": 2.0,
+        "is_ratio_max": 3.5,
+        "is_truncated_fraction": 0.1,
         "is_masked_fraction": 0.0,
-    }  # fmt: skip
+    }
     [plain] = run(build(tmp_path / "plain", steps=1)[0])
     assert not any(k.startswith("is_") for k in plain.extra)  # no correction, no statistics
 
@@ -352,8 +433,11 @@ def test_async_mode_keeps_max_staleness_steps_of_rollouts_ahead_of_training(tmp_
     assert backend.requests_seen[0][0] > 2 * per_step  # more ahead than the synchronous window
     assert all(s.dropped_stale == 0 for s in steps)
     for step in steps:
-        ages = {int(k.split("_")[1]): v for k, v in step.extra.items() if k.startswith("staleness_") and
-                k.split("_")[1].isdigit()}  # fmt: skip
+        ages = {
+            int(k.split("_")[1]): v
+            for k, v in step.extra.items()
+            if k.startswith("staleness_") and k.split("_")[1].isdigit()
+        }
         assert sum(ages.values()) == step.num_transitions and max(ages) <= 2 == loop.options.max_staleness
         assert step.extra["staleness_max"] == max(ages)
 
@@ -384,24 +468,46 @@ def test_per_agent_adapters_train_their_agents_calls_and_publish_a_version_per_a
     calls of the agents with an adapter (each sample says whose) and publishes one version per adapter."""
 
     def two_agents(request: RolloutRequest, number: int) -> TransitionBatch:
-        calls = [Transition(rollout_id=request.rollout_id, attempt=1, index=i, trace_id="b" * 32, span_id="c" * 16,
-                            agent_name=agent, model_version=request.model_version, prompt_token_ids=[1, 2 + i],
-                            response_token_ids=[3, 4])
-                 for i, agent in enumerate(("write", "check", "rewrite"))]  # fmt: skip
-        return TransitionBatch(rollout_id=request.rollout_id, attempt=1, task_id=request.task_id,
-                               group_id=request.group_id, mode=request.mode, status=RolloutStatus.SUCCEEDED,
-                               episode_reward=float(number % 2), model_version=request.model_version,
-                               transitions=calls)  # fmt: skip
+        calls = [
+            Transition(
+                rollout_id=request.rollout_id,
+                attempt=1,
+                index=i,
+                trace_id="b" * 32,
+                span_id="c" * 16,
+                agent_name=agent,
+                model_version=request.model_version,
+                prompt_token_ids=[1, 2 + i],
+                response_token_ids=[3, 4],
+            )
+            for i, agent in enumerate(("write", "check", "rewrite"))
+        ]
+        return TransitionBatch(
+            rollout_id=request.rollout_id,
+            attempt=1,
+            task_id=request.task_id,
+            group_id=request.group_id,
+            mode=request.mode,
+            status=RolloutStatus.SUCCEEDED,
+            episode_reward=float(number % 2),
+            model_version=request.model_version,
+            transitions=calls,
+        )
 
-    loop, publisher, backend, _ = build(tmp_path, two_agents, adapters="per_agent", adapter_agents="write,rewrite",
-                                        publish_initial_version=True)  # fmt: skip
+    loop, publisher, backend, _ = build(
+        tmp_path, two_agents, adapters="per_agent", adapter_agents="write,rewrite", publish_initial_version=True
+    )
     steps = run(loop)
     versions: list[ModelVersion] = publisher.events[TopicKey.MODELS]
     assert [(v.version, v.adapter, v.format) for v in versions] == [
-        (0, "", "hf"), (0, "write", "hf_lora_adapter"), (0, "rewrite", "hf_lora_adapter"),
-        (1, "write", "hf_lora_adapter"), (1, "rewrite", "hf_lora_adapter"),
-        (2, "write", "hf_lora_adapter"), (2, "rewrite", "hf_lora_adapter"),
-    ]  # fmt: skip
+        (0, "", "hf"),
+        (0, "write", "hf_lora_adapter"),
+        (0, "rewrite", "hf_lora_adapter"),
+        (1, "write", "hf_lora_adapter"),
+        (1, "rewrite", "hf_lora_adapter"),
+        (2, "write", "hf_lora_adapter"),
+        (2, "rewrite", "hf_lora_adapter"),
+    ]
     assert versions[3].uri == str(tmp_path / "checkpoints" / "v1" / "write") and versions[3].base_model == "base"
     assert [sorted(s.agent for s in batch) for batch in backend.batches] == [["rewrite"] * 4 + ["write"] * 4] * 2
     assert all(s.extra["dropped_other_agents"] == 4.0 for s in steps)  # the four rollouts' check calls

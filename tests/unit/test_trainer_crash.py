@@ -15,11 +15,11 @@ import pytest
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.structs import RecordMetadata, TopicPartition
 
-from fulmen.algorithm.loop import STOP_GRACE_S
+from fulmen.algorithm.service.loop import STOP_GRACE_S
+from fulmen.algorithm.service.run import latest_checkpoint
 from fulmen.algorithm.tiny_model import TinyModelConfig, build_tiny_model
-from fulmen.algorithm.train import latest_checkpoint
-from fulmen.infra.errors import BrokerUnavailableError
 from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.schemas.errors import BrokerUnavailableError
 from fulmen.schemas.events import ModelVersion
 from fulmen.schemas.topics import TopicKey
 from tests.fakes import FakeBroker
@@ -27,8 +27,9 @@ from tests.unit.test_train_loop import FakePublisher, build, run
 
 pytestmark = pytest.mark.security
 
-TINY = TinyModelConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                       intermediate_size=64)  # fmt: skip
+TINY = TinyModelConfig(
+    hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64
+)
 
 
 class FlakyModels:
@@ -37,8 +38,15 @@ class FlakyModels:
     ``buffered`` it stays in the producer's buffer and lands later: when the caller settles the publisher, else
     ahead of the next record sent (the producer sends its older batch first)."""
 
-    def __init__(self, inner: FakePublisher, failures: int, *, written: bool = False, buffered: bool = False,
-                 stop: asyncio.Event | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        inner: FakePublisher,
+        failures: int,
+        *,
+        written: bool = False,
+        buffered: bool = False,
+        stop: asyncio.Event | None = None,
+    ) -> None:
         self.inner, self.failures, self.written, self.buffered, self.stop = inner, failures, written, buffered, stop
         self.attempts = 0
         self.buffer: list[ModelVersion] = []
@@ -186,8 +194,9 @@ def test_the_publisher_settles_a_publish_that_timed_out_or_was_cancelled_once_it
         assert not first.done()  # still buffered, not cancelled: the producer may deliver it later
         with pytest.raises(BrokerUnavailableError, match=r"1 record\(s\) sent earlier to fulmen.models still"):
             await publisher.settle()
-        cancelled = asyncio.create_task(publisher.publish(TopicKey.MODELS, ModelVersion(model_name="m", version=2,
-                                                                                       uri="b")))  # fmt: skip
+        cancelled = asyncio.create_task(
+            publisher.publish(TopicKey.MODELS, ModelVersion(model_name="m", version=2, uri="b"))
+        )
         await asyncio.sleep(0.05)
         cancelled.cancel()  # e.g. the loop's stop
         with pytest.raises(asyncio.CancelledError):
@@ -231,16 +240,22 @@ def test_a_resumed_run_publishes_its_missing_checkpoint_version_once(tmp_path: P
     assert asyncio.run(loop.publish_resumed(asyncio.Event()))  # a second restart: already there
     [event] = publisher.events[TopicKey.MODELS]
     assert (event.version, event.uri, event.step, event.run_id, event.base_model, event.format) == (
-        4, str(tmp_path / "checkpoints" / "v4"), 4, "r1", "base", "hf"
-    )  # fmt: skip
+        4,
+        str(tmp_path / "checkpoints" / "v4"),
+        4,
+        "r1",
+        "base",
+        "hf",
+    )
 
 
 def test_the_initial_version_is_published_only_when_starting_from_the_base_model(tmp_path: Path) -> None:
     loop, publisher, _, _ = build(tmp_path / "fresh", steps=1, publish_initial_version=True)
     run(loop)
     assert [(v.version, v.uri) for v in publisher.events[TopicKey.MODELS]] == [
-        (0, "base"), (1, str(tmp_path / "fresh" / "checkpoints" / "v1"))
-    ]  # fmt: skip
+        (0, "base"),
+        (1, str(tmp_path / "fresh" / "checkpoints" / "v1")),
+    ]
     loop, publisher, _, _ = build(tmp_path / "resumed", initial_version=2, steps=3, publish_initial_version=True)
     run(loop)
     assert [(v.version, v.uri) for v in publisher.events[TopicKey.MODELS]] == [
@@ -267,8 +282,13 @@ def test_a_save_killed_midway_leaves_no_checkpoint_to_load(tmp_path: Path) -> No
     (checkpoints / "v2").mkdir(parents=True)
     (checkpoints / "v2" / "config.json").write_text("{}")
     root = Path(__file__).resolve().parents[2]
-    died = subprocess.run([sys.executable, "-c", KILLED_DURING_SAVE, str(model), str(checkpoints / "v3")], cwd=root,
-                          env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, timeout=300)  # fmt: skip
+    died = subprocess.run(
+        [sys.executable, "-c", KILLED_DURING_SAVE, str(model), str(checkpoints / "v3")],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        timeout=300,
+    )
     assert died.returncode == 137, died.stderr.decode()[-2000:]
     assert not (checkpoints / "v3").exists()  # only the temporary sibling was written
     assert latest_checkpoint(tmp_path / "run") == (2, checkpoints / "v2")

@@ -74,8 +74,13 @@ async def test_a_lora_version_is_merged_into_its_base_and_a_broken_one_is_refuse
     backend = TransformersBackend(LlmSection(model=str(base), device="cpu"))
     await backend.start()
     try:
-        event = ModelVersion(model_name="fulmen", version=4, uri=str(tmp_path / "adapter"), format="hf_lora_adapter",
-                             base_model=str(base))  # fmt: skip
+        event = ModelVersion(
+            model_name="fulmen",
+            version=4,
+            uri=str(tmp_path / "adapter"),
+            format="hf_lora_adapter",
+            base_model=str(base),
+        )
         assert not backend.swaps_in_place(event)
         await backend.load_version(event)
         assert backend.model_version == 4

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from fulmen.consumers.transitions.barrier import WaitingRounds, behind
+from fulmen.consumers.barrier import WaitingRounds, behind
+from fulmen.consumers.settings import ConsumersSettings
 from fulmen.consumers.transitions.builder import BuildOptions, build_batch
 from fulmen.consumers.transitions.late import SLACK_MS, LateSpanCheck
-from fulmen.consumers.transitions.settings import ConsumersSettings
 from fulmen.consumers.transitions.window import AttemptTracker, BuildWindow, Built
 from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import RolloutEvent, RolloutStatus
@@ -20,9 +20,16 @@ def ended(
 ) -> RolloutEvent:
     error = None if status is RolloutStatus.SUCCEEDED else "boom"
     return RolloutEvent(
-        rollout_id="r1", attempt=fields.pop("attempt", 1), status=status, task_id="t1", group_id="g1",
-        reward=reward if status is RolloutStatus.SUCCEEDED else None, error=error, model_version=3, **fields,
-    )  # fmt: skip
+        rollout_id="r1",
+        attempt=fields.pop("attempt", 1),
+        status=status,
+        task_id="t1",
+        group_id="g1",
+        reward=reward if status is RolloutStatus.SUCCEEDED else None,
+        error=error,
+        model_version=3,
+        **fields,
+    )
 
 
 def three_calls_with_a_reward() -> list:

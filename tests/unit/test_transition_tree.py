@@ -32,8 +32,12 @@ def test_a_gateway_trace_is_grafted_under_the_deepest_enclosing_span() -> None:
     }
     assert tree.roots == [key("rollout")]
     assert list(tree.ancestors(key("rewrite-gw", 3))) == [
-        key("rewrite-gw", 3), key("rewrite-llm"), key("rewrite"), key("graph"), key("rollout"),
-    ]  # fmt: skip
+        key("rewrite-gw", 3),
+        key("rewrite-llm"),
+        key("rewrite"),
+        key("graph"),
+        key("rollout"),
+    ]
 
 
 def test_an_orphan_is_grafted_and_what_nothing_encloses_stays_a_root() -> None:

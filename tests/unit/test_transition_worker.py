@@ -9,11 +9,11 @@ import pyarrow as pa
 from aiokafka.structs import TopicPartition
 
 from fulmen.consumers.transitions import TransitionBuilderSink, TransitionsSection, TransitionWorker
-from fulmen.infra.errors import RetryableError
 from fulmen.infra.kafka.dlq import DeadLetters
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.schemas import RolloutEvent, RolloutStatus, TransitionBatch, encode
 from fulmen.schemas.codec import decode
+from fulmen.schemas.errors import RetryableError
 from tests.fakes import FakeBroker, FakeProducer, PausingConsumer
 from tests.unit.transition_spans import call, span
 
@@ -77,8 +77,11 @@ class FakeReader:
 def ended(rollout: str, status: RolloutStatus = RolloutStatus.SUCCEEDED, attempt: int = 1) -> bytes:
     error = None if status in (RolloutStatus.SUCCEEDED, RolloutStatus.CLAIMED) else "boom"
     reward = 1.0 if status is RolloutStatus.SUCCEEDED else None
-    return encode(RolloutEvent(rollout_id=rollout, attempt=attempt, status=status, task_id="t", group_id="g",
-                               reward=reward, error=error))  # fmt: skip
+    return encode(
+        RolloutEvent(
+            rollout_id=rollout, attempt=attempt, status=status, task_id="t", group_id="g", reward=reward, error=error
+        )
+    )
 
 
 def build(late_window_s: float = 0.0, failures: int = 0) -> tuple[TransitionWorker, dict[str, Any]]:
@@ -89,9 +92,17 @@ def build(late_window_s: float = 0.0, failures: int = 0) -> tuple[TransitionWork
     now = [0.0]
     section = TransitionsSection(late_window_s=late_window_s, late_check_interval_s=3600)
     worker = TransitionWorker(
-        TransitionBuilderSink(section), None, consumer, store, DeadLetters(producer, consumer_group="g"),  # type: ignore[arg-type]
-        EventPublisher(FakeBroker(producer)), barrier, section, retry_backoff_s=0.001, clock=lambda: now[0],  # type: ignore[arg-type]
-    )  # fmt: skip
+        TransitionBuilderSink(section),
+        None,
+        consumer,
+        store,
+        DeadLetters(producer, consumer_group="g"),  # type: ignore[arg-type]
+        EventPublisher(FakeBroker(producer)),
+        barrier,
+        section,
+        retry_backoff_s=0.001,
+        clock=lambda: now[0],  # type: ignore[arg-type]
+    )
     reader = FakeReader()
     worker.reader = worker.late.reader = reader  # type: ignore[assignment]
     for i in range(3):

@@ -21,10 +21,10 @@ except ImportError:
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from fulmen.algorithm.errors import ConfigurationError
 from fulmen.algorithm.tiny_model import build_tiny_model
 from fulmen.algorithm.trainer.torch_backend import LoraSettings, TorchTrainer, TorchTrainerConfig
 from fulmen.algorithm.trainer.verl_backend import VerlTrainer
+from fulmen.schemas.errors import ConfigurationError
 from tests.unit.sharded_steps import samples_of
 from tests.unit.test_torch_trainer import TINY, make_samples
 
@@ -70,8 +70,9 @@ def test_kl_to_the_reference_matches_after_a_step(model_dir: Path) -> None:
 
 def test_verl_sft_step_loss_and_checkpoint(model_dir: Path, tmp_path: Path) -> None:
     trainer = VerlTrainer(config(model_dir))
-    assert trainer.sft_step(make_samples(9)).loss == pytest.approx(TorchTrainer(config(model_dir)).sft_step(
-        make_samples(9)).loss, rel=1e-5)  # fmt: skip
+    assert trainer.sft_step(make_samples(9)).loss == pytest.approx(
+        TorchTrainer(config(model_dir)).sft_step(make_samples(9)).loss, rel=1e-5
+    )
     first = trainer.step(make_samples(1))
     second = trainer.step([replace(s, advantage=-s.advantage) for s in make_samples(1)])
     assert second.step == 3 and second.loss != first.loss  # the SFT step counts too, as in TorchTrainer
@@ -90,8 +91,8 @@ def test_what_verl_cannot_do_here_is_a_configuration_error(model_dir: Path) -> N
 
 
 def test_fulmen_train_builds_the_verl_backend_by_name(model_dir: Path) -> None:
+    from fulmen.algorithm.service.run import build_backend
     from fulmen.algorithm.settings import TrainSection
-    from fulmen.algorithm.train import build_backend
 
     options = TrainSection(model_path=str(model_dir), backend="verl", device="cpu", dtype="float32")
     assert isinstance(build_backend(options, str(model_dir)), VerlTrainer)

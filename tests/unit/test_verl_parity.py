@@ -35,10 +35,10 @@ from verl.trainer.ppo import core_algos, rollout_corr_helper
 from verl.workers.config import ActorConfig
 from verl.workers.reward_manager.dapo import DAPORewardManager
 
-from fulmen.algorithm.advantages import compute_advantages, encode_group_ids
-from fulmen.algorithm.corrections import get_correction_fn
-from fulmen.algorithm.losses import aggregate, batch_normalizer, get_policy_loss_fn, k3_kl, ppo_clip
-from fulmen.algorithm.shaping import overlong_penalty
+from fulmen.algorithm.rl.advantages import compute_advantages, encode_group_ids
+from fulmen.algorithm.rl.corrections import get_correction_fn
+from fulmen.algorithm.rl.losses import aggregate, batch_normalizer, get_policy_loss_fn, k3_kl, ppo_clip
+from fulmen.algorithm.rl.shaping import overlong_penalty
 
 VERL_AGGREGATION = {"token_mean": "token-mean", "seq_mean": "seq-mean-token-mean"}
 
@@ -90,9 +90,14 @@ def policy_inputs(seed: int) -> dict[str, torch.Tensor]:
 
 def actor_config(clip_low: float, clip_high: float, **global_batch_info: float) -> ActorConfig:
     return ActorConfig(
-        strategy="fsdp", rollout_n=4, ppo_micro_batch_size_per_gpu=1, clip_ratio=clip_low,
-        clip_ratio_low=clip_low, clip_ratio_high=clip_high, global_batch_info=dict(global_batch_info),
-    )  # fmt: skip
+        strategy="fsdp",
+        rollout_n=4,
+        ppo_micro_batch_size_per_gpu=1,
+        clip_ratio=clip_low,
+        clip_ratio_low=clip_low,
+        clip_ratio_high=clip_high,
+        global_batch_info=dict(global_batch_info),
+    )
 
 
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean"])
@@ -103,9 +108,13 @@ def test_micro_batch_normalisation_matches_verl_global_batch_info(aggregation: s
     part = {k: v[:3] for k, v in inputs.items()}
     ours, _ = ppo_clip(**part, aggregation=aggregation, normalizer=normalizer)
     theirs, _ = core_algos.compute_policy_loss_vanilla(
-        part["old_logprobs"], part["logprobs"], part["advantages"][:, None].expand_as(part["mask"]), part["mask"],
-        loss_agg_mode=VERL_AGGREGATION[aggregation], config=actor_config(0.2, 0.2, **info),
-    )  # fmt: skip
+        part["old_logprobs"],
+        part["logprobs"],
+        part["advantages"][:, None].expand_as(part["mask"]),
+        part["mask"],
+        loss_agg_mode=VERL_AGGREGATION[aggregation],
+        config=actor_config(0.2, 0.2, **info),
+    )
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
 
 
@@ -118,12 +127,17 @@ def test_aggregate_and_k3_match_verl(aggregation: str) -> None:
     torch.testing.assert_close(
         aggregate(ours_kl, inputs["mask"], aggregation),
         core_algos.agg_loss(ours_kl, inputs["mask"], VERL_AGGREGATION[aggregation]),
-        rtol=1e-5, atol=1e-7,
-    )  # fmt: skip
+        rtol=1e-5,
+        atol=1e-7,
+    )
 
 
-VERL_LOSSES = {"ppo_clip": core_algos.compute_policy_loss_vanilla, "dapo": core_algos.compute_policy_loss_vanilla,
-               "gspo": core_algos.compute_policy_loss_gspo, "cispo": core_algos.compute_policy_loss_cispo}  # fmt: skip
+VERL_LOSSES = {
+    "ppo_clip": core_algos.compute_policy_loss_vanilla,
+    "dapo": core_algos.compute_policy_loss_vanilla,
+    "gspo": core_algos.compute_policy_loss_gspo,
+    "cispo": core_algos.compute_policy_loss_cispo,
+}
 
 
 def is_weights(seed: int, like: torch.Tensor) -> torch.Tensor:
@@ -132,11 +146,21 @@ def is_weights(seed: int, like: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean"])
-@pytest.mark.parametrize(("name", "clip_low", "clip_high"), [
-    ("ppo_clip", 0.2, 0.2), ("ppo_clip", 0.2, 0.28), ("dapo", 0.2, 0.28), ("gspo", 3e-4, 4e-4), ("gspo", 0.05, 0.1), ("cispo", 1.0, 3.0), ("cispo", 0.2, 0.28),
-])  # fmt: skip
-def test_every_policy_loss_gradient_and_metrics_match_verl(name: str, clip_low: float, clip_high: float,
-                                                                 aggregation: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "clip_low", "clip_high"),
+    [
+        ("ppo_clip", 0.2, 0.2),
+        ("ppo_clip", 0.2, 0.28),
+        ("dapo", 0.2, 0.28),
+        ("gspo", 3e-4, 4e-4),
+        ("gspo", 0.05, 0.1),
+        ("cispo", 1.0, 3.0),
+        ("cispo", 0.2, 0.28),
+    ],
+)
+def test_every_policy_loss_gradient_and_metrics_match_verl(
+    name: str, clip_low: float, clip_high: float, aggregation: str
+) -> None:
     ours_fn, theirs_fn = get_policy_loss_fn(name), VERL_LOSSES[name]
     for seed in range(5):
         inputs = policy_inputs(seed)
@@ -144,14 +168,24 @@ def test_every_policy_loss_gradient_and_metrics_match_verl(name: str, clip_low: 
             new_ours = inputs["logprobs"].clone().requires_grad_(True)
             new_verl = inputs["logprobs"].clone().requires_grad_(True)
             ours, metrics = ours_fn(
-                new_ours, inputs["old_logprobs"], inputs["advantages"], inputs["mask"], clip_eps=clip_low,
-                clip_eps_high=clip_high, aggregation=aggregation, weights=weights,
-            )  # fmt: skip
+                new_ours,
+                inputs["old_logprobs"],
+                inputs["advantages"],
+                inputs["mask"],
+                clip_eps=clip_low,
+                clip_eps_high=clip_high,
+                aggregation=aggregation,
+                weights=weights,
+            )
             theirs, verl_metrics = theirs_fn(
-                inputs["old_logprobs"], new_verl, inputs["advantages"][:, None].expand_as(inputs["mask"]),
-                inputs["mask"], loss_agg_mode=VERL_AGGREGATION[aggregation], config=actor_config(clip_low, clip_high),
+                inputs["old_logprobs"],
+                new_verl,
+                inputs["advantages"][:, None].expand_as(inputs["mask"]),
+                inputs["mask"],
+                loss_agg_mode=VERL_AGGREGATION[aggregation],
+                config=actor_config(clip_low, clip_high),
                 rollout_is_weights=weights,
-            )  # fmt: skip
+            )
             torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
             ours.backward()
             theirs.backward()
@@ -168,12 +202,19 @@ def correction_inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
-@pytest.mark.parametrize(("name", "low", "high", "verl_threshold"), [
-    ("tis", 0.0, 2.0, 2.0), ("tis", 0.0, 1.3, 1.3), ("mis", 0.5, 2.0, "0.5_2.0"), ("mis", 0.3, 3.0, "0.3_3.0"),
-    ("decoupled", 0.0, 2.0, float("inf")),
-])  # fmt: skip
-def test_importance_weights_and_their_statistics_match_verl(name: str, low: float, high: float,
-                                                            verl_threshold: float | str, level: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "low", "high", "verl_threshold"),
+    [
+        ("tis", 0.0, 2.0, 2.0),
+        ("tis", 0.0, 1.3, 1.3),
+        ("mis", 0.5, 2.0, "0.5_2.0"),
+        ("mis", 0.3, 3.0, "0.3_3.0"),
+        ("decoupled", 0.0, 2.0, float("inf")),
+    ],
+)
+def test_importance_weights_and_their_statistics_match_verl(
+    name: str, low: float, high: float, verl_threshold: float | str, level: str
+) -> None:
     for seed in range(5):
         log_ratio, mask = correction_inputs(seed)
         ours, stats = get_correction_fn(name)(log_ratio, mask, level=level, low=low, high=high)
@@ -186,17 +227,23 @@ def test_importance_weights_and_their_statistics_match_verl(name: str, low: floa
             assert stats.weight_max.item() == pytest.approx(verl_metrics["rollout_is_max"], rel=1e-5)
             if name == "tis":
                 assert stats.truncated_fraction.item() == pytest.approx(
-                    verl_metrics["rollout_is_ratio_fraction_high"], abs=1e-6)  # fmt: skip
+                    verl_metrics["rollout_is_ratio_fraction_high"], abs=1e-6
+                )
         else:
             assert stats.ratio_max.item() == pytest.approx(verl_metrics["rollout_is_max"], rel=1e-5)
         if name == "mis":
             assert stats.masked_fraction.item() == pytest.approx(verl_metrics["rollout_is_oob_ratio"], abs=1e-6)
 
 
-@pytest.mark.parametrize(("name", "options", "verl_threshold"), [
-    ("tis", {"level": "token", "high": 2.0}, 2.0), ("tis", {"level": "sequence", "high": 2.0}, 2.0),
-    ("mis", {"level": "sequence", "low": 0.5, "high": 2.0}, "0.5_2.0"), ("decoupled", {}, float("inf")),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "options", "verl_threshold"),
+    [
+        ("tis", {"level": "token", "high": 2.0}, 2.0),
+        ("tis", {"level": "sequence", "high": 2.0}, 2.0),
+        ("mis", {"level": "sequence", "low": 0.5, "high": 2.0}, "0.5_2.0"),
+        ("decoupled", {}, float("inf")),
+    ],
+)
 def test_decoupled_mode_end_to_end_matches_verl(name: str, options: dict, verl_threshold: float | str) -> None:
     """Three policies: behaviour (recorded), proximal (recomputed: the PPO ratio's denominator), current. verl's
     decoupled mode: IS weights between proximal and behaviour into the vanilla loss around the proximal ones."""
@@ -212,9 +259,13 @@ def test_decoupled_mode_end_to_end_matches_verl(name: str, options: dict, verl_t
         )
         new_verl = inputs["logprobs"].clone().requires_grad_(True)
         theirs, _ = core_algos.compute_policy_loss_vanilla(
-            proximal, new_verl, inputs["advantages"][:, None].expand_as(mask), verl_mask,
-            config=actor_config(0.2, 0.28), rollout_is_weights=verl_weights.batch["rollout_is_weights"],
-        )  # fmt: skip
+            proximal,
+            new_verl,
+            inputs["advantages"][:, None].expand_as(mask),
+            verl_mask,
+            config=actor_config(0.2, 0.28),
+            rollout_is_weights=verl_weights.batch["rollout_is_weights"],
+        )
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
         ours.backward()
         theirs.backward()
@@ -238,14 +289,20 @@ def test_overlong_penalty_matches_verl_dapo_reward_manager(max_tokens: int, buff
     for row, length in enumerate(lengths):
         attention[row, prompt : prompt + length] = 1
     data = DataProto.from_dict(
-        tensors={"prompts": torch.ones(rows, prompt, dtype=torch.long), "responses": responses,
-                 "attention_mask": attention},
-        non_tensors={"reward_model": np.array([{"ground_truth": ""}] * rows, dtype=object),
-                     "data_source": np.array(["test"] * rows, dtype=object)},
-    )  # fmt: skip
+        tensors={
+            "prompts": torch.ones(rows, prompt, dtype=torch.long),
+            "responses": responses,
+            "attention_mask": attention,
+        },
+        non_tensors={
+            "reward_model": np.array([{"ground_truth": ""}] * rows, dtype=object),
+            "data_source": np.array(["test"] * rows, dtype=object),
+        },
+    )
     config = SimpleNamespace(enable=True, len=buffer, penalty_factor=penalty, log=False)
-    manager = DAPORewardManager(_Tokenizer(), num_examine=0, compute_score=lambda **_: 0.0, max_resp_len=max_tokens,
-                                overlong_buffer_cfg=config)  # fmt: skip
+    manager = DAPORewardManager(
+        _Tokenizer(), num_examine=0, compute_score=lambda **_: 0.0, max_resp_len=max_tokens, overlong_buffer_cfg=config
+    )
     verl_rewards = manager(data).sum(dim=-1)  # the score (0 here) plus the penalty, on the last response token
     ours = overlong_penalty(torch.tensor(lengths), max_tokens, buffer, penalty)
     torch.testing.assert_close(ours.float(), verl_rewards, rtol=1e-6, atol=1e-7)

@@ -14,7 +14,7 @@ from fulmen.producers.llm_gateway.backends.vllm import VllmBackend
 from fulmen.producers.llm_gateway.protocol import parse_chat, parse_completion
 from fulmen.producers.llm_gateway.settings import LlmSection
 from fulmen.schemas import ModelVersion
-from tests.vllm_standin import BASE_MODEL, VllmStandIn
+from fulmen.testing.vllm_standin import BASE_MODEL, VllmStandIn
 
 pytestmark = pytest.mark.scale
 
@@ -56,9 +56,15 @@ async def test_the_standin_refuses_what_vllm_does_not_serve() -> None:
         async with aiohttp.ClientSession() as http:
             async with http.get(f"{url}/chat/completions") as wrong_method:
                 assert wrong_method.status == 405 and (await wrong_method.json()) == {"detail": "Method Not Allowed"}
-            for method, path in [("POST", "/pause"), ("POST", "/collective_rpc"), ("GET", "/weight_info"),
-                                 ("POST", "/v1/load_lora_adapter"), ("POST", "/update_weights"),
-                                 ("POST", "/v1/update_weights_from_disk"), ("POST", "/reload_weights")]:  # fmt: skip
+            for method, path in [
+                ("POST", "/pause"),
+                ("POST", "/collective_rpc"),
+                ("GET", "/weight_info"),
+                ("POST", "/v1/load_lora_adapter"),
+                ("POST", "/update_weights"),
+                ("POST", "/v1/update_weights_from_disk"),
+                ("POST", "/reload_weights"),
+            ]:
                 async with http.request(method, f"{root}{path}", json={}) as missing:
                     assert (missing.status, await missing.json()) == (404, {"detail": "Not Found"}), path
             async with http.post(f"{url}/chat/completions", json={"model": "nope", "messages": []}) as unknown:
@@ -171,8 +177,10 @@ async def test_lora_versions_load_beside_the_base_and_the_previous_adapter_is_un
     assert three.model_version == 3 and three.choices[0].text == "q | fulmen-v3"
     assert standin.adapters == {"fulmen-v3": str(checkpoints / "lora3")}  # v2 unloaded once nothing used it
     loads = [body for _, path, body in standin.requests if path == "/v1/load_lora_adapter"]
-    assert loads == [{"lora_name": "fulmen-v2", "lora_path": str(checkpoints / "lora2")},
-                     {"lora_name": "fulmen-v3", "lora_path": str(checkpoints / "lora3")}]  # fmt: skip
+    assert loads == [
+        {"lora_name": "fulmen-v2", "lora_path": str(checkpoints / "lora2")},
+        {"lora_name": "fulmen-v3", "lora_path": str(checkpoints / "lora3")},
+    ]
 
 
 @pytest.mark.multiagent
@@ -182,15 +190,22 @@ async def test_each_agents_adapter_is_a_lora_model_its_calls_name(standin: VllmS
     import dataclasses
 
     def agents(version: int, agent: str) -> ModelVersion:
-        return ModelVersion(model_name="fulmen", version=version, uri=str(checkpoints / "lora2"),
-                            format="hf_lora_adapter", adapter=agent)  # fmt: skip
+        return ModelVersion(
+            model_name="fulmen",
+            version=version,
+            uri=str(checkpoints / "lora2"),
+            format="hf_lora_adapter",
+            adapter=agent,
+        )
 
     backend = await backend_for(standin.url)
     try:
         await backend.load_version(agents(1, "write"))
         await backend.load_version(agents(1, "re.write"))
-        calls = {agent: await backend.chat(dataclasses.replace(ask("q"), agent=agent))  # type: ignore[type-var]
-                 for agent in ("write", "re.write", "check")}  # fmt: skip
+        calls = {
+            agent: await backend.chat(dataclasses.replace(ask("q"), agent=agent))  # type: ignore[type-var]
+            for agent in ("write", "re.write", "check")
+        }
         await backend.load_version(agents(2, "write"))
         for task in list(backend._tasks):
             await task

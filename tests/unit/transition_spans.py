@@ -49,12 +49,23 @@ def span(
     if response_id:
         attributes[semconv.GEN_AI_RESPONSE_ID] = response_id
     return SpanRecord(
-        trace_id=tid(trace), span_id=sid(name), parent_span_id=sid(parent) if parent else "",
-        name=span_name if span_name is not None else name, start_ns=start, end_ns=end, agent_name=agent,
-        attributes=attributes, prompt_token_ids=prompt, response_token_ids=response, response_logprobs=logprobs,
-        model_version=version, reward=reward, event_rewards=events, event_response_ids=event_responses,
+        trace_id=tid(trace),
+        span_id=sid(name),
+        parent_span_id=sid(parent) if parent else "",
+        name=span_name if span_name is not None else name,
+        start_ns=start,
+        end_ns=end,
+        agent_name=agent,
+        attributes=attributes,
+        prompt_token_ids=prompt,
+        response_token_ids=response,
+        response_logprobs=logprobs,
+        model_version=version,
+        reward=reward,
+        event_rewards=events,
+        event_response_ids=event_responses,
         links=tuple((tid(0), sid(link)) for link in links),
-    )  # fmt: skip
+    )
 
 
 def call(name: str, start: int, end: int, parent: str | None = None, *, trace: int = 0, **fields: Any) -> SpanRecord:

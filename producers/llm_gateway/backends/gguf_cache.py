@@ -54,8 +54,9 @@ class GgufCache:
         :class:`ConfigurationError` when it cannot be converted. Blocking: call it on a thread."""
         for directory in (checkpoint, adapter):
             if directory is not None and not directory.is_dir():
-                raise ConfigurationError(f"model directory {directory} does not exist (FULMEN_LLM_MODEL or a "
-                                         "ModelVersion uri)")  # fmt: skip
+                raise ConfigurationError(
+                    f"model directory {directory} does not exist (FULMEN_LLM_MODEL or a ModelVersion uri)"
+                )
         target = self.path_for(checkpoint, adapter)
         with self._lock:
             self._users[target] += 1

@@ -113,8 +113,14 @@ def export_gguf(
     finally:
         if os.path.exists(staging):
             os.unlink(staging)
-    log.info("wrote %s (%d tensors, %s) from %s in %.2f s", target, len(plan), tensor_type, checkpoint,
-             time.perf_counter() - started)  # fmt: skip
+    log.info(
+        "wrote %s (%d tensors, %s) from %s in %.2f s",
+        target,
+        len(plan),
+        tensor_type,
+        checkpoint,
+        time.perf_counter() - started,
+    )
     return target
 
 
@@ -181,8 +187,13 @@ def _add_tokenizer(writer: gguf.GGUFWriter, checkpoint: Path, config: Mapping[st
         else:
             tokens.append(by_id[index])
             special = added.get(index, {}).get("special")
-            types.append(gguf.TokenType.NORMAL if index not in added else
-                         gguf.TokenType.CONTROL if special else gguf.TokenType.USER_DEFINED)  # fmt: skip
+            types.append(
+                gguf.TokenType.NORMAL
+                if index not in added
+                else gguf.TokenType.CONTROL
+                if special
+                else gguf.TokenType.USER_DEFINED
+            )
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(_pre_tokenizer(spec, arch))
     writer.add_token_list(tokens)
@@ -195,8 +206,11 @@ def _add_tokenizer(writer: gguf.GGUFWriter, checkpoint: Path, config: Mapping[st
     settings_file = checkpoint / "tokenizer_config.json"
     settings = _read_json(settings_file) if settings_file.is_file() else {}
     ids = {token: index for index, token in by_id.items()}
-    for role, add in (("bos", writer.add_bos_token_id), ("eos", writer.add_eos_token_id),
-                      ("pad", writer.add_pad_token_id)):  # fmt: skip
+    for role, add in (
+        ("bos", writer.add_bos_token_id),
+        ("eos", writer.add_eos_token_id),
+        ("pad", writer.add_pad_token_id),
+    ):
         index = _special_id(settings.get(f"{role}_token"), ids, config.get(f"{role}_token_id"))
         if index is not None:
             add(index)

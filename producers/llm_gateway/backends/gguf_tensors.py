@@ -117,8 +117,10 @@ def _tensors(
                 continue
             dtype, shape = entry["dtype"], tuple(int(d) for d in entry["shape"])
             if dtype not in _SAFETENSORS_DTYPES:
-                raise ConfigurationError(f"{path.name}: tensor {name} is {dtype}; the llamacpp backend reads "
-                                         f"{', '.join(_SAFETENSORS_DTYPES)}")  # fmt: skip
+                raise ConfigurationError(
+                    f"{path.name}: tensor {name} is {dtype}; the llamacpp backend reads "
+                    f"{', '.join(_SAFETENSORS_DTYPES)}"
+                )
             start, end = (int(x) for x in entry["data_offsets"])
             offset = data_start + start
             yield name, shape, dtype, _reader(path, offset, end - start, dtype, shape), (path, offset)
@@ -143,8 +145,9 @@ def _reader(path: Path, offset: int, count: int, dtype: str, shape: tuple[int, .
 def write_tensors(writer: gguf.GGUFWriter, plan: list[PlannedTensor]) -> None:
     """Declare the tensors, write the header, then each tensor's bytes (aligned as the writer aligns them)."""
     for tensor in plan:
-        writer.add_tensor_info(tensor.name, tensor.shape, np.dtype(np.float32), tensor.nbytes,
-                               raw_dtype=tensor.kind.ggml)  # fmt: skip
+        writer.add_tensor_info(
+            tensor.name, tensor.shape, np.dtype(np.float32), tensor.nbytes, raw_dtype=tensor.kind.ggml
+        )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()

@@ -165,8 +165,12 @@ class LlamaCppBackend:
             raise ReplicaUnavailableError(f"{self.label} is not started")
         if serving.server.alive and await self._healthy(serving.server):
             return
-        log.warning("%s: llama-server is down (%s); starting another on %s", self.label,
-                    serving.server.exit_reason().splitlines()[0], serving.gguf.name)  # fmt: skip
+        log.warning(
+            "%s: llama-server is down (%s); starting another on %s",
+            self.label,
+            serving.server.exit_reason().splitlines()[0],
+            serving.gguf.name,
+        )
         await serving.server.stop()
         server = self._server(serving.gguf, serving.context, serving.version)
         try:
@@ -195,8 +199,13 @@ class LlamaCppBackend:
         previous, self._serving = self._serving, serving
         if previous is not None:
             self._retire(previous)
-        log.info("%s: model version %d from %s serves (converted and started in %.2f s); new calls use it",
-                 self.label, event.version, event.uri, time.perf_counter() - started)  # fmt: skip
+        log.info(
+            "%s: model version %d from %s serves (converted and started in %.2f s); new calls use it",
+            self.label,
+            event.version,
+            event.uri,
+            time.perf_counter() - started,
+        )
 
     async def _launch(self, checkpoint: Path, adapter: Path | None, version: int | None) -> _Serving:
         """Convert (on the loader thread), then start a server while the tokenizer loads; return once it serves."""
@@ -207,8 +216,9 @@ class LlamaCppBackend:
             context = self._context_for(checkpoint)
             server = self._server(gguf, context, version)
             tokenizer = loop.run_in_executor(self._prepare, load_tokenizer, str(checkpoint), self.options.chat_template)
-            outcomes = await asyncio.gather(server.start(self.options.llamacpp_start_timeout_s), tokenizer,
-                                            return_exceptions=True)  # fmt: skip
+            outcomes = await asyncio.gather(
+                server.start(self.options.llamacpp_start_timeout_s), tokenizer, return_exceptions=True
+            )
             failed = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
             if failed:
                 raise failed[0]
@@ -218,11 +228,13 @@ class LlamaCppBackend:
             self.cache.release(gguf)
             raise
         loaded = outcomes[1]
-        serving = _Serving(version, server, gguf, loaded, longest_token_bytes(loaded), len(loaded), context,
-                           str(adapter or checkpoint))  # fmt: skip
+        serving = _Serving(
+            version, server, gguf, loaded, longest_token_bytes(loaded), len(loaded), context, str(adapter or checkpoint)
+        )
         wait_s = self.options.llamacpp_coalesce_ms / 1000
-        serving.coalescer = Coalescer(lambda body, n, top: self._post(serving, body, n, top), wait_s,
-                                      self.options.llamacpp_slots)  # fmt: skip
+        serving.coalescer = Coalescer(
+            lambda body, n, top: self._post(serving, body, n, top), wait_s, self.options.llamacpp_slots
+        )
         serving.idle.set()
         return serving
 
@@ -238,10 +250,28 @@ class LlamaCppBackend:
         slots = self.options.llamacpp_slots
         threads = str(self.options.llamacpp_threads or os.cpu_count() or 1)
         arguments = [
-            "-c", str(context * slots), "-np", str(slots), "--no-kv-unified", "-t", threads, "-tb", threads,
-            "-ctk", "f32", "-ctv", "f32", "-fa", "off", "--cache-ram", str(self.options.llamacpp_cache_ram_mb),
-            "--no-webui", "--no-warmup", "-fit", "off",
-        ]  # fmt: skip
+            "-c",
+            str(context * slots),
+            "-np",
+            str(slots),
+            "--no-kv-unified",
+            "-t",
+            threads,
+            "-tb",
+            threads,
+            "-ctk",
+            "f32",
+            "-ctv",
+            "f32",
+            "-fa",
+            "off",
+            "--cache-ram",
+            str(self.options.llamacpp_cache_ram_mb),
+            "--no-webui",
+            "--no-warmup",
+            "-fit",
+            "off",
+        ]
         environment = {"OMP_WAIT_POLICY": self.options.llamacpp_wait_policy.upper()}
         return self._server_class(self.binary, gguf, arguments, f"{self.label}/v{version}", environment)
 
@@ -326,12 +356,14 @@ class LlamaCppBackend:
             response = await self._http().post(f"{server.url}/completion", json={**body, **self._body_options})
         except httpx.TimeoutException:
             limit = self.options.upstream_timeout_s
-            raise ApiError(503, f"llama-server {server.label} did not answer within {limit:.0f} s",
-                           kind="upstream_unavailable") from None  # fmt: skip
+            raise ApiError(
+                503, f"llama-server {server.label} did not answer within {limit:.0f} s", kind="upstream_unavailable"
+            ) from None
         except httpx.HTTPError as exc:
             reason = server.exit_reason() if not server.alive else f"{type(exc).__name__}: {exc}"
-            raise ApiError(503, f"llama-server {server.label} cannot be reached: {reason}",
-                           kind="upstream_unavailable") from None  # fmt: skip
+            raise ApiError(
+                503, f"llama-server {server.label} cannot be reached: {reason}", kind="upstream_unavailable"
+            ) from None
         try:
             data = response.json()
         except ValueError:
@@ -339,8 +371,13 @@ class LlamaCppBackend:
         if response.status_code != 200:
             raise server_error(response.status_code, data)
         samples = parse_samples(data, n, top)
-        log.debug("%s: %d completion(s) of a %d-token prompt (%d cached)", server.label, n, len(body["prompt"]),
-                  samples[0].cached_tokens if samples else 0)  # fmt: skip
+        log.debug(
+            "%s: %d completion(s) of a %d-token prompt (%d cached)",
+            server.label,
+            n,
+            len(body["prompt"]),
+            samples[0].cached_tokens if samples else 0,
+        )
         return samples
 
 

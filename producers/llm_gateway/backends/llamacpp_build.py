@@ -48,10 +48,16 @@ log = logging.getLogger(__name__)
 
 _SOURCES = f"llama_cpp_python-{VERSION}/vendor/llama.cpp"
 _CMAKE_OPTIONS = (
-    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_SERVER=ON",
-    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_OPENSSL=OFF",
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=ON",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_OPENSSL=OFF",
     "-DLLAMA_CURL=OFF",
-)  # fmt: skip
+)
 
 
 class BuildError(ConfigurationError):
@@ -144,8 +150,10 @@ def build(cache: Path = CACHE, say: Callable[[str], None] = log.info) -> Path:
         return target
     missing = [tool for tool in ("cmake", "c++", "cc") if shutil.which(tool) is None]
     if missing:
-        raise BuildError(f"cannot build llama-server: {', '.join(missing)} not found (Debian: apt-get install cmake "
-                         "g++); the llamacpp backend is unavailable until it is built")  # fmt: skip
+        raise BuildError(
+            f"cannot build llama-server: {', '.join(missing)} not found (Debian: apt-get install cmake "
+            "g++); the llamacpp backend is unavailable until it is built"
+        )
     cache.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     staging = Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
@@ -171,13 +179,25 @@ def build(cache: Path = CACHE, say: Callable[[str], None] = log.info) -> Path:
 
 def _fetch_sources(staging: Path, say: Callable[[str], None]) -> Path:
     say(f"downloading the llama-cpp-python {VERSION} sdist (llama.cpp's sources) from PyPI...")
-    command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-               f"llama-cpp-python=={VERSION}", "-d", str(staging)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        f"llama-cpp-python=={VERSION}",
+        "-d",
+        str(staging),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     archives = sorted(staging.glob(f"llama_cpp_python-{VERSION}.tar.gz"))
     if done.returncode != 0 or not archives:
-        raise BuildError(f"pip download llama-cpp-python=={VERSION} failed (exit {done.returncode}): "
-                         f"{done.stderr.strip()[-800:]}")  # fmt: skip
+        raise BuildError(
+            f"pip download llama-cpp-python=={VERSION} failed (exit {done.returncode}): {done.stderr.strip()[-800:]}"
+        )
     with tarfile.open(archives[0]) as archive:
         members = [m for m in archive.getmembers() if m.name.startswith(_SOURCES + "/")]
         archive.extractall(staging, members=members, filter="data")
@@ -192,8 +212,10 @@ def _apply(sources: Path, patch: SourcePatch) -> None:
     text = path.read_text(encoding="utf-8")
     count = text.count(patch.old)
     if count != 1:
-        raise BuildError(f"the patch to {patch.path} ({patch.why}) expects its text once and found it {count} "
-                         f"times: the sources are not llama-cpp-python {VERSION}'s")  # fmt: skip
+        raise BuildError(
+            f"the patch to {patch.path} ({patch.why}) expects its text once and found it {count} "
+            f"times: the sources are not llama-cpp-python {VERSION}'s"
+        )
     path.write_text(text.replace(patch.old, patch.new), encoding="utf-8")
 
 

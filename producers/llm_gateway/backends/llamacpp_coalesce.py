@@ -58,8 +58,14 @@ class Coalescer:
     async def join(self, prompt_ids: list[int], sampling: SamplingParams, max_tokens: int) -> list[Sample]:
         """The call's ``sampling.n`` completions, drawn in one request with those of the calls that joined it."""
         loop = asyncio.get_running_loop()
-        key = (tuple(prompt_ids), sampling.temperature, sampling.top_p, sampling.stop, sampling.top_logprobs,
-               max_tokens)  # fmt: skip
+        key = (
+            tuple(prompt_ids),
+            sampling.temperature,
+            sampling.top_p,
+            sampling.stop,
+            sampling.top_logprobs,
+            max_tokens,
+        )
         group = self._open.get(key)
         if group is None or group.total + sampling.n > self.limit:
             if group is not None:

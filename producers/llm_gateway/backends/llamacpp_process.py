@@ -109,8 +109,16 @@ class LlamaServer:
     async def _start_once(self, timeout_s: float) -> None:
         self.tail.clear()
         self.port = _free_port()
-        command = [str(self.binary), "-m", str(self.model), *self.arguments, "--host", "127.0.0.1",
-                   "--port", str(self.port)]  # fmt: skip
+        command = [
+            str(self.binary),
+            "-m",
+            str(self.model),
+            *self.arguments,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
         log.debug("starting %s", " ".join(command))
         started = time.perf_counter()
         self.process = await asyncio.create_subprocess_exec(
@@ -129,8 +137,14 @@ class LlamaServer:
         except BaseException:
             await self.stop()
             raise
-        log.info("llama-server %s serves %s on port %d (pid %d; up in %.2f s)", self.label, self.model.name,
-                 self.port, self.process.pid, time.perf_counter() - started)  # fmt: skip
+        log.info(
+            "llama-server %s serves %s on port %d (pid %d; up in %.2f s)",
+            self.label,
+            self.model.name,
+            self.port,
+            self.process.pid,
+            time.perf_counter() - started,
+        )
 
     async def _wait_healthy(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -144,8 +158,10 @@ class LlamaServer:
                         return
                 if time.monotonic() > deadline:
                     lines = "\n".join(self.tail)
-                    raise ServerStartError(f"llama-server {self.label} did not load {self.model} within "
-                                           f"{timeout_s:.0f} s; its last lines:\n{lines}")  # fmt: skip
+                    raise ServerStartError(
+                        f"llama-server {self.label} did not load {self.model} within "
+                        f"{timeout_s:.0f} s; its last lines:\n{lines}"
+                    )
                 await asyncio.sleep(_HEALTH_POLL_S)
 
     async def _read_log(self) -> None:

@@ -25,10 +25,19 @@ __all__ = ["Sample", "completion_body", "parse_samples", "server_error"]
 _FINISH = {"eos": "stop", "word": "stop", "limit": "length"}  # llama-server's stop_type -> OpenAI's
 _SEED_RANGE = 2**32 - 1  # llama.cpp's seed is a uint32, and 0xFFFFFFFF means "random"
 _NEUTRAL = {  # every sampler that is not in the chain, at its "off" value too (belt and braces)
-    "top_k": 0, "min_p": 0.0, "typical_p": 1.0, "top_n_sigma": -1.0, "xtc_probability": 0.0,
-    "repeat_penalty": 1.0, "repeat_last_n": 0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-    "dry_multiplier": 0.0, "mirostat": 0, "dynatemp_range": 0.0,
-}  # fmt: skip
+    "top_k": 0,
+    "min_p": 0.0,
+    "typical_p": 1.0,
+    "top_n_sigma": -1.0,
+    "xtc_probability": 0.0,
+    "repeat_penalty": 1.0,
+    "repeat_last_n": 0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "dry_multiplier": 0.0,
+    "mirostat": 0,
+    "dynatemp_range": 0.0,
+}
 
 
 @dataclass
@@ -84,8 +93,10 @@ def _sample(item: dict[str, Any], top_logprobs: int) -> Sample:
     if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
         raise _bad("the answer has no token ids (return_tokens)")
     if len(probs) != len(tokens):
-        raise _bad(f"{len(tokens)} tokens came with {len(probs)} probabilities: is this llama-server built by "
-                   "`python -m fulmen.producers.llm_gateway.backends.llamacpp_build` (with its patches)?")  # fmt: skip
+        raise _bad(
+            f"{len(tokens)} tokens came with {len(probs)} probabilities: is this llama-server built by "
+            "`python -m fulmen.producers.llm_gateway.backends.llamacpp_build` (with its patches)?"
+        )
     logprobs, top = [], []
     for position, (token, entry) in enumerate(zip(tokens, probs, strict=True)):
         logprob = entry.get("logprob") if isinstance(entry, dict) else None

@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from fulmen.infra.kafka.offsets import backoff_s
+from fulmen.infra.retry import backoff_s
 from fulmen.producers.llm_gateway.backends.base import (
     REPLICA_FAILURE_KINDS,
     CallResult,
@@ -122,8 +122,11 @@ class ReplicaRouter:
     # --- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
         await asyncio.gather(*(slot.replica.start() for slot in self.slots))
-        for slot, outcome in zip(self.slots, await asyncio.gather(*(s.replica.probe() for s in self.slots),
-                                                                   return_exceptions=True), strict=True):  # fmt: skip
+        for slot, outcome in zip(
+            self.slots,
+            await asyncio.gather(*(s.replica.probe() for s in self.slots), return_exceptions=True),
+            strict=True,
+        ):
             if isinstance(outcome, ReplicaUnavailableError):
                 self._take_out(slot, outcome.message)
             elif isinstance(outcome, BaseException):
@@ -222,8 +225,12 @@ class ReplicaRouter:
         slot.state = ReplicaState.DOWN
         slot.reason = reason
         self._schedule_probe(slot)
-        log.warning("replica %s taken out (%s); probed again in %.1fs", slot.replica.label, reason,
-                    slot.retry_at - asyncio.get_running_loop().time())  # fmt: skip
+        log.warning(
+            "replica %s taken out (%s); probed again in %.1fs",
+            slot.replica.label,
+            reason,
+            slot.retry_at - asyncio.get_running_loop().time(),
+        )
         self._changed.set()
 
     def _schedule_probe(self, slot: _Slot) -> None:
@@ -259,8 +266,13 @@ class ReplicaRouter:
                         await slot.replica.load_version(event)
             except (VersionRefusedError, ConfigurationError) as exc:
                 slot.refused = self.target.version if self.target else None
-                log.error("replica %s refused version %s (%s); it serves version %s", slot.replica.label,
-                          self.target.version if self.target else None, exc, slot.replica.model_version)  # fmt: skip
+                log.error(
+                    "replica %s refused version %s (%s); it serves version %s",
+                    slot.replica.label,
+                    self.target.version if self.target else None,
+                    exc,
+                    slot.replica.model_version,
+                )
             except Exception as exc:  # unreachable still, or a load that left it unusable
                 slot.reason = f"{type(exc).__name__}: {exc}"
                 self._schedule_probe(slot)
@@ -293,21 +305,32 @@ class ReplicaRouter:
                 f"model version {event.version} serves on {serving} of {len(self.slots)} replicas; "
                 + "; ".join(refused)
             )
-        log.info("model version %d from %s serves on every live replica (%d of %d)", event.version, event.uri,
-                 serving, len(self.slots))  # fmt: skip
+        log.info(
+            "model version %d from %s serves on every live replica (%d of %d)",
+            event.version,
+            event.uri,
+            serving,
+            len(self.slots),
+        )
 
     async def _load_adapter(self, event: ModelVersion) -> None:
         """Load an agent's adapter on every live replica at once (beside the model: no drain)."""
         for slot in self.slots:
             slot.replica.swaps_in_place(event)  # ConfigurationError (nothing done) when this kind cannot
         self.adapters[event.adapter] = event
-        refused = [outcome for outcome in await asyncio.gather(*(self._add(slot, event) for slot in self.slots))
-                   if outcome]  # fmt: skip
+        refused = [
+            outcome for outcome in await asyncio.gather(*(self._add(slot, event) for slot in self.slots)) if outcome
+        ]
         if refused:
-            raise VersionRefusedError(f"version {event.version} of the adapter of agent {event.adapter}: "
-                                      + "; ".join(refused))  # fmt: skip
-        log.info("version %d of agent %s's adapter from %s serves on every live replica", event.version,
-                 event.adapter, event.uri)  # fmt: skip
+            raise VersionRefusedError(
+                f"version {event.version} of the adapter of agent {event.adapter}: " + "; ".join(refused)
+            )
+        log.info(
+            "version %d of agent %s's adapter from %s serves on every live replica",
+            event.version,
+            event.adapter,
+            event.uri,
+        )
 
     async def _add(self, slot: _Slot, event: ModelVersion) -> str:
         async with slot.lock:

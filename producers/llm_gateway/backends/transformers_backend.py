@@ -174,10 +174,17 @@ class TransformersBackend:
         try:
             await asyncio.get_running_loop().run_in_executor(self._worker, self._add_adapter, loaded, event)
         except Exception as exc:
-            raise VersionRefusedError(f"{self.label} could not load agent {event.adapter}'s adapter from {event.uri}: "
-                                      f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
-        log.info("%s: version %d of agent %s's adapter loaded from %s; its calls use it", self.label, event.version,
-                 event.adapter, event.uri)  # fmt: skip
+            raise VersionRefusedError(
+                f"{self.label} could not load agent {event.adapter}'s adapter from {event.uri}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        log.info(
+            "%s: version %d of agent %s's adapter loaded from %s; its calls use it",
+            self.label,
+            event.version,
+            event.adapter,
+            event.uri,
+        )
 
     def _add_adapter(self, loaded: _Loaded, event: ModelVersion) -> None:
         """On the generation thread (no batch runs meanwhile): load the adapter beside the others, unmerged, and
@@ -225,8 +232,14 @@ class TransformersBackend:
             model = model.to(device).eval()
         eos = set(_as_list(model.generation_config.eos_token_id)) | set(_as_list(tokenizer.eos_token_id))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
-        log.info("loaded %s%s on %s in %.1fs (version %s)", path, f" + LoRA {adapter}" if adapter else "", device,
-                 time.perf_counter() - started, version)  # fmt: skip
+        log.info(
+            "loaded %s%s on %s in %.1fs (version %s)",
+            path,
+            f" + LoRA {adapter}" if adapter else "",
+            device,
+            time.perf_counter() - started,
+            version,
+        )
         return _Loaded(model, tokenizer, version, frozenset(eos), pad, longest_token_bytes(tokenizer), len(tokenizer))
 
     # --- calls ----------------------------------------------------------------------------------------------
@@ -234,8 +247,9 @@ class TransformersBackend:
         loaded = self._require_loaded()
         prompt, prompt_ids = await self._off_loop(render_chat, loaded, request, self.context_length or 2048)
         outputs, served = await self._run(prompt_ids, request.sampling, loaded.tokenizer, request.agent)
-        choices = await self._off_loop(self._choices, outputs, served.loaded, request.sampling,
-                                       request.parse_tool_calls)  # fmt: skip
+        choices = await self._off_loop(
+            self._choices, outputs, served.loaded, request.sampling, request.parse_tool_calls
+        )
         return self._result("chatcmpl", request.model, choices, prompt_ids, prompt, served)
 
     async def complete(self, request: CompletionRequest) -> CallResult:
@@ -285,8 +299,9 @@ class TransformersBackend:
         return outputs, _Served(loaded, adapter)
 
     def _choice(self, index: int, out: RowOutput, served: _Loaded, sampling: SamplingParams, tools: bool) -> Choice:
-        return build_choice(index, served.tokenizer, out.token_ids, out.logprobs, out.top, out.finish_reason, sampling,
-                            tools)  # fmt: skip
+        return build_choice(
+            index, served.tokenizer, out.token_ids, out.logprobs, out.top, out.finish_reason, sampling, tools
+        )
 
     def _result(
         self, kind: str, model: str, choices: list[Choice], prompt_ids: list[int], prompt: str, served: _Served

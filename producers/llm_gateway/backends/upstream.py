@@ -251,9 +251,13 @@ class OpenAIUpstreamBackend:
         )
 
     def _result(
-        self, data: dict[str, Any], choices: list[Choice], prompt_ids: list[int] | None, serving: Serving,
+        self,
+        data: dict[str, Any],
+        choices: list[Choice],
+        prompt_ids: list[int] | None,
+        serving: Serving,
         agent: str | None = None,
-    ) -> CallResult:  # fmt: skip
+    ) -> CallResult:
         usage = data.get("usage") or {}
         complete = prompt_ids is not None and all(c.token_ids is not None for c in choices)
         return CallResult(

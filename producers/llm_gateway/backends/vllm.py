@@ -111,8 +111,12 @@ class VllmBackend(OpenAIUpstreamBackend):
             return serving.version
         observed = min(known)
         if observed != serving.version and self.serving is serving:  # not a swap of ours: the server changed
-            log.warning("upstream %s serves version %s, not %s (restarted, or reloaded by someone else)",
-                        self.shown_url, observed, serving.version)  # fmt: skip
+            log.warning(
+                "upstream %s serves version %s, not %s (restarted, or reloaded by someone else)",
+                self.shown_url,
+                observed,
+                serving.version,
+            )
             self.serving = Serving(observed, serving.model)
         return observed
 
@@ -215,8 +219,12 @@ class VllmBackend(OpenAIUpstreamBackend):
         name = adapter_name(event)
         if name not in await self.upstream_models():
             request = {"lora_name": name, "lora_path": event.uri}
-            status, body = await self.request("POST", f"{self.base_url}/load_lora_adapter", json_body=request,
-                                              timeout_s=self.options.upstream_timeout_s)  # fmt: skip
+            status, body = await self.request(
+                "POST",
+                f"{self.base_url}/load_lora_adapter",
+                json_body=request,
+                timeout_s=self.options.upstream_timeout_s,
+            )
             if status in (404, 405) and not _is_vllm_error(body):
                 raise VersionRefusedError(
                     f"upstream {self.shown_url} cannot load LoRA adapters at run time: start vLLM with --enable-lora "
@@ -234,15 +242,20 @@ class VllmBackend(OpenAIUpstreamBackend):
             self.serving = Serving(event.version, name, name)
         if previous is not None and previous != name:
             self._spawn(self._unload_when_unused(previous))
-        log.info("upstream %s serves version %d (LoRA adapter %s from %s)", self.shown_url, event.version, name,
-                 event.uri)  # fmt: skip
+        log.info(
+            "upstream %s serves version %d (LoRA adapter %s from %s)", self.shown_url, event.version, name, event.uri
+        )
 
     async def _unload_when_unused(self, name: str) -> None:
         while self.calls[name] > 0:  # calls that started with it finish with it
             await asyncio.sleep(_UNUSED_POLL_S)
         with contextlib.suppress(ReplicaUnavailableError):
-            status, body = await self.request("POST", f"{self.base_url}/unload_lora_adapter",
-                                              json_body={"lora_name": name}, timeout_s=_ADMIN_TIMEOUT_S)  # fmt: skip
+            status, body = await self.request(
+                "POST",
+                f"{self.base_url}/unload_lora_adapter",
+                json_body={"lora_name": name},
+                timeout_s=_ADMIN_TIMEOUT_S,
+            )
             if status not in (200, 404):
                 log.warning("upstream %s did not unload LoRA adapter %s: %s", self.shown_url, name, _error_text(body))
 
@@ -253,18 +266,25 @@ class VllmBackend(OpenAIUpstreamBackend):
 
     # --- the server's root routes ---------------------------------------------------------------------------
     async def _admin(
-        self, method: str, path: str, *, json_body: Any = None, params: dict[str, str] | None = None,
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: dict[str, str] | None = None,
         timeout_s: float = _ADMIN_TIMEOUT_S,
-    ) -> tuple[int, Any]:  # fmt: skip
-        return await self.request(method, f"{self.root_url}{path}", json_body=json_body, params=params,
-                                  timeout_s=timeout_s)  # fmt: skip
+    ) -> tuple[int, Any]:
+        return await self.request(
+            method, f"{self.root_url}{path}", json_body=json_body, params=params, timeout_s=timeout_s
+        )
 
     async def _expect(self, method: str, path: str, **kwargs: Any) -> Any:
         """The body of a 200; any other answer leaves the server in a state to check again (out of service)."""
         status, body = await self._admin(method, path, **kwargs)
         if status != 200:
-            raise ReplicaUnavailableError(f"upstream {self.shown_url}: {method} {path} answered {status}: "
-                                          f"{_error_text(body)}")  # fmt: skip
+            raise ReplicaUnavailableError(
+                f"upstream {self.shown_url}: {method} {path} answered {status}: {_error_text(body)}"
+            )
         return body
 
 

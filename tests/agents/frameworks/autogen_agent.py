@@ -39,9 +39,13 @@ logger = logging.getLogger(__name__)
 
 AGENT_NAME = "multiplier"
 MODEL_INFO = ModelInfo(
-    vision=False, function_calling=True, json_output=False, structured_output=False,
-    family=ModelFamily.UNKNOWN, multiple_system_messages=True,
-)  # fmt: skip
+    vision=False,
+    function_calling=True,
+    json_output=False,
+    structured_output=False,
+    family=ModelFamily.UNKNOWN,
+    multiple_system_messages=True,
+)
 _instrumented = False
 _instrument_lock = threading.Lock()
 
@@ -69,14 +73,23 @@ async def multiply(a: int, b: int) -> int:
 def build_agent(llm: Any, stream: bool) -> tuple[AssistantAgent, OpenAIChatCompletionClient]:
     """The agent and its model client (to be closed after the run), scoped to this rollout's endpoint."""
     client = OpenAIChatCompletionClient(
-        model=llm.model, base_url=llm.base_url, api_key=llm.api_key, model_info=MODEL_INFO,
-        max_retries=0, timeout=120, max_tokens=64,
-    )  # fmt: skip
+        model=llm.model,
+        base_url=llm.base_url,
+        api_key=llm.api_key,
+        model_info=MODEL_INFO,
+        max_retries=0,
+        timeout=120,
+        max_tokens=64,
+    )
     agent = AssistantAgent(
-        name=AGENT_NAME, model_client=client, tools=[multiply],
+        name=AGENT_NAME,
+        model_client=client,
+        tools=[multiply],
         system_message="Use the multiply tool, then answer with the number.",
-        reflect_on_tool_use=True, max_tool_iterations=1, model_client_stream=stream,
-    )  # fmt: skip
+        reflect_on_tool_use=True,
+        max_tool_iterations=1,
+        model_client_stream=stream,
+    )
     return agent, client
 
 

@@ -73,8 +73,10 @@ def bad_arguments(body: dict[str, Any]) -> Reply:
 
 
 SCRIPTS: dict[str, Callable[[dict[str, Any]], Reply]] = {
-    "tool_then_text": tool_then_text, "garbage": garbage, "bad_arguments": bad_arguments,
-}  # fmt: skip
+    "tool_then_text": tool_then_text,
+    "garbage": garbage,
+    "bad_arguments": bad_arguments,
+}
 
 
 class FakeOpenAI(ScriptedOpenAI):

@@ -80,9 +80,15 @@ def write_check_rewrite(task: dict[str, Any], llm: Any) -> float:
     instrument_once()
     stream = bool(task.get("stream", False))
     chat = ChatOpenAI(
-        base_url=llm.base_url, api_key=llm.api_key, model=llm.model,
-        max_retries=0, timeout=120, max_tokens=64, streaming=stream, stream_usage=stream,
-    )  # fmt: skip
+        base_url=llm.base_url,
+        api_key=llm.api_key,
+        model=llm.model,
+        max_retries=0,
+        timeout=120,
+        max_tokens=64,
+        streaming=stream,
+        stream_usage=stream,
+    )
     state = build_graph(chat).invoke({"topic": str(task.get("topic", "rivers"))}, {"recursion_limit": 10})
     final = state.get("final", "").strip()
     logger.debug("langgraph agent: final text %r", final[:80])

@@ -42,8 +42,10 @@ def format_tree(spans: list[ReadableSpan], width: int = 300) -> list[str]:
 
     def visit(span: ReadableSpan, depth: int) -> None:
         pad = "  " * depth
-        lines.append(f"{pad}- {span.name!r} kind={span.kind.name} status={span.status.status_code.name} "
-                     f"scope={span.instrumentation_scope.name if span.instrumentation_scope else None}")  # fmt: skip
+        lines.append(
+            f"{pad}- {span.name!r} kind={span.kind.name} status={span.status.status_code.name} "
+            f"scope={span.instrumentation_scope.name if span.instrumentation_scope else None}"
+        )
         lines.extend(f"{pad}    {key} = {repr(value)[:width]}" for key, value in (span.attributes or {}).items())
         children = [c for c in spans if c.parent is not None and c.parent.span_id == span.context.span_id]
         for child in sorted(children, key=lambda c: c.start_time or 0):

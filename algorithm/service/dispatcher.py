@@ -26,9 +26,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.infra.seeds import derive_seed
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import RolloutEvent, RolloutMode, RolloutRequest, RolloutStatus
 from fulmen.schemas.task_file import TaskSpec
 from fulmen.schemas.topics import TopicKey
@@ -124,8 +124,14 @@ class Dispatcher:
         for group in groups:
             self.in_flight[group.group_id] = group
         self.dispatched += len(groups)
-        log.info("dispatched %d %s group(s) of %d at model version %d (%d in flight)", len(groups), self.mode.value,
-                 self.group_size, model_version, len(self.in_flight))  # fmt: skip
+        log.info(
+            "dispatched %d %s group(s) of %d at model version %d (%d in flight)",
+            len(groups),
+            self.mode.value,
+            self.group_size,
+            model_version,
+            len(self.in_flight),
+        )
         return groups
 
     def rewind(self, only: set[str] | None = None) -> None:
@@ -158,18 +164,28 @@ class Dispatcher:
         self.groups_made += 1
         requests = [
             RolloutRequest(
-                task_id=task.task_id, group_id=group_id, mode=self.mode, input=task.input,
-                timeout_s=self.rollout_timeout_s, max_attempts=self.max_attempts, model_version=model_version,
-                metadata={**self.metadata, **task.metadata}, prompt_bundle=self.prompt_bundle,
+                task_id=task.task_id,
+                group_id=group_id,
+                mode=self.mode,
+                input=task.input,
+                timeout_s=self.rollout_timeout_s,
+                max_attempts=self.max_attempts,
+                model_version=model_version,
+                metadata={**self.metadata, **task.metadata},
+                prompt_bundle=self.prompt_bundle,
                 seed=derive_seed(self.seed, self.mode.value, number, member),
             )
             for member in range(self.group_size)
-        ]  # fmt: skip
+        ]
         group = DispatchedGroup(
-            group_id=group_id, task_id=task.task_id, mode=self.mode, size=self.group_size,
-            max_attempts=self.max_attempts, model_version=model_version,
+            group_id=group_id,
+            task_id=task.task_id,
+            mode=self.mode,
+            size=self.group_size,
+            max_attempts=self.max_attempts,
+            model_version=model_version,
             rollout_ids=tuple(r.rollout_id for r in requests),
-        )  # fmt: skip
+        )
         return group, requests
 
 
@@ -178,13 +194,24 @@ def _warn_of_own_options(tasks: Sequence[DatasetTask]) -> None:
     if setting:
         names = sorted({name for task in setting for name in task.options()})
         lines = ", ".join(str(task.line) for task in setting[:5] if task.line is not None)
-        log.warning("%d task(s) set %s (lines %s%s); the run's own settings apply to every rollout", len(setting),
-                    "/".join(names), lines or "-", ", ..." if len(setting) > 5 else "")  # fmt: skip
+        log.warning(
+            "%d task(s) set %s (lines %s%s); the run's own settings apply to every rollout",
+            len(setting),
+            "/".join(names),
+            lines or "-",
+            ", ..." if len(setting) > 5 else "",
+        )
 
 
 def _queued(request: RolloutRequest) -> RolloutEvent:
     return RolloutEvent(
-        rollout_id=request.rollout_id, attempt=request.attempt, status=RolloutStatus.QUEUED, task_id=request.task_id,
-        group_id=request.group_id, mode=request.mode, runner_id="fulmen train", model_version=request.model_version,
+        rollout_id=request.rollout_id,
+        attempt=request.attempt,
+        status=RolloutStatus.QUEUED,
+        task_id=request.task_id,
+        group_id=request.group_id,
+        mode=request.mode,
+        runner_id="fulmen train",
+        model_version=request.model_version,
         prompt_bundle=request.prompt_bundle,
-    )  # fmt: skip
+    )

@@ -23,9 +23,11 @@ from fulmen.schemas import TopicKey, topic_name
 
 def llm_settings(settings: FulmenSettings, model: Path | str, **llm: object) -> LlmGatewaySettings:
     return LlmGatewaySettings(
-        home=settings.home, kafka=settings.kafka.model_dump(), clickhouse=settings.clickhouse.model_dump(),
+        home=settings.home,
+        kafka=settings.kafka.model_dump(),
+        clickhouse=settings.clickhouse.model_dump(),
         llm={"model": str(model), "port": 0, "batch_wait_ms": 5, **llm},
-    )  # fmt: skip
+    )
 
 
 @asynccontextmanager
@@ -99,12 +101,18 @@ def _spans(key: bytes, value: bytes) -> list[dict[str, Any]]:
     for resource_spans in request.resource_spans:
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
-                out.append({
-                    "key": key.decode(), "name": span.name, "kind": span.kind, "trace_id": span.trace_id.hex(),
-                    "span_id": span.span_id.hex(), "parent_span_id": span.parent_span_id.hex(),
-                    "start_ns": span.start_time_unix_nano,
-                    "attributes": {kv.key: attribute_value(kv.value) for kv in span.attributes},
-                })  # fmt: skip
+                out.append(
+                    {
+                        "key": key.decode(),
+                        "name": span.name,
+                        "kind": span.kind,
+                        "trace_id": span.trace_id.hex(),
+                        "span_id": span.span_id.hex(),
+                        "parent_span_id": span.parent_span_id.hex(),
+                        "start_ns": span.start_time_unix_nano,
+                        "attributes": {kv.key: attribute_value(kv.value) for kv in span.attributes},
+                    }
+                )
     return out
 
 
@@ -125,5 +133,8 @@ class RecordingTransport(httpx.AsyncHTTPTransport):
 
     def sampled(self) -> list[list[int]]:
         """The token ids of every completion llama-server returned, in order."""
-        return [item["tokens"] for _, answer in self.exchanges for item in (answer if isinstance(answer, list)
-                                                                          else [answer])]  # fmt: skip
+        return [
+            item["tokens"]
+            for _, answer in self.exchanges
+            for item in (answer if isinstance(answer, list) else [answer])
+        ]

@@ -15,11 +15,11 @@ WHICH rewards it compares is the advantage scope (registry ``ADVANTAGE_SCOPES``,
   (``discounted``, ``intermediate``); rollouts with more calls weigh more in the group's baseline.
 
 Each scope yields :class:`Unit` s (one reward, its group, the transitions sharing its advantage). With overlong
-shaping (:class:`~fulmen.algorithm.shaping.OverlongShaping`, DAPO) every call's penalty for its response length
+shaping (:class:`~fulmen.algorithm.rl.shaping.OverlongShaping`, DAPO) every call's penalty for its response length
 is added to its unit's reward: a rollout's return gets the sum of its calls' penalties. :func:`has_signal` says
 whether a group's (shaped) rewards differ at all, for DAPO's dynamic sampling.
 
-With the ``anchor`` credit (``step_weight`` set: :func:`fulmen.algorithm.anchor.anchor_advantages`) each call's
+With the ``anchor`` credit (``step_weight`` set: :func:`fulmen.algorithm.rl.anchor.anchor_advantages`) each call's
 advantage becomes ``lambda * (A_scope + step_weight * A_step)``: ``A_step`` compares the call's credited return
 with those of the calls of its group that saw the same prompt (0 without such a peer), ``lambda`` weighs each
 call ``1 / T`` of its episode (rescaled by the step's mean calls per episode), so longer episodes gain nothing.
@@ -40,13 +40,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fulmen.algorithm.advantages import compute_advantages, encode_group_ids
-from fulmen.algorithm.anchor import anchor_advantages, step_group_ids
 from fulmen.algorithm.batch import Sample
-from fulmen.algorithm.groups import ClosedGroup, keep_agents
-from fulmen.algorithm.registry import Registry
+from fulmen.algorithm.rl.advantages import compute_advantages, encode_group_ids
+from fulmen.algorithm.rl.anchor import anchor_advantages, step_group_ids
+from fulmen.algorithm.rl.registry import Registry
+from fulmen.algorithm.rl.shaping import OverlongShaping
+from fulmen.algorithm.service.groups import ClosedGroup, keep_agents
 from fulmen.algorithm.settings import AdvantageScope
-from fulmen.algorithm.shaping import OverlongShaping
 from fulmen.schemas.events import Transition, TransitionBatch
 
 __all__ = [
@@ -120,16 +120,20 @@ def rollout_return(batch: TransitionBatch, missing_reward: float = 0.0) -> float
 def _episode_scope(groups: Sequence[ClosedGroup], missing: float) -> list[Unit]:
     return [
         Unit(g.group_id, rollout_return(r, missing), tuple(r.transitions))
-        for g in groups for r in g.rollouts if r.transitions
-    ]  # fmt: skip
+        for g in groups
+        for r in g.rollouts
+        if r.transitions
+    ]
 
 
 @ADVANTAGE_SCOPES.register(AdvantageScope.TRANSITION)
 def _transition_scope(groups: Sequence[ClosedGroup], missing: float) -> list[Unit]:
     return [
         Unit(g.group_id, missing if t.reward is None else float(t.reward), (t,))
-        for g in groups for r in g.rollouts for t in r.transitions
-    ]  # fmt: skip
+        for g in groups
+        for r in g.rollouts
+        for t in r.transitions
+    ]
 
 
 def scope_rewards(
@@ -172,26 +176,33 @@ def build_samples(
     if not units:
         return StepSamples([], returns, [])
     advantages = compute_advantages(estimator, rewards, encode_group_ids(u.group_id for u in units))
-    per_call = [(unit.group_id, t, advantage) for unit, advantage in zip(units, advantages.tolist(), strict=True)
-                for t in unit.transitions]  # fmt: skip
+    per_call = [
+        (unit.group_id, t, advantage)
+        for unit, advantage in zip(units, advantages.tolist(), strict=True)
+        for t in unit.transitions
+    ]
     if step_weight is not None:
         per_call = _with_step_advantages(groups, per_call, estimator, missing_reward, step_weight)
     samples = [
         Sample(
-            prompt_token_ids=t.prompt_token_ids, response_token_ids=t.response_token_ids, advantage=advantage,
-            old_logprobs=t.response_logprobs, group_id=group_id, model_version=t.model_version,
+            prompt_token_ids=t.prompt_token_ids,
+            response_token_ids=t.response_token_ids,
+            advantage=advantage,
+            old_logprobs=t.response_logprobs,
+            group_id=group_id,
+            model_version=t.model_version,
         )
         for group_id, t, advantage in per_call
-    ]  # fmt: skip
+    ]
     penalized = int((penalties < 0).sum()) if overlong is not None else 0
     return StepSamples(samples, returns, [s.advantage for s in samples], penalized)
 
 
 def build_agent_samples(groups: Sequence[ClosedGroup], agents: Sequence[str], **options: Any) -> StepSamples:
     """Per-agent adapters (``FULMEN_TRAIN_ADAPTERS=per_agent``): for each of ``agents``, the samples of its own
-    calls with advantages computed within its own groups (:func:`~fulmen.algorithm.groups.keep_agents`: the rollouts
-    of a group in which it acted, each with its calls' credit), tagged with the agent; calls of other agents are
-    not trained. ``returns`` are those of the whole rollouts, as :func:`build_samples` reports them. ``options``:
+    calls with advantages computed within its own groups (:func:`~fulmen.algorithm.service.groups.keep_agents`: the
+    rollouts of a group in which it acted, each with its calls' credit), tagged with the agent; calls of other agents
+    are not trained. ``returns`` are those of the whole rollouts, as :func:`build_samples` reports them. ``options``:
     those of :func:`build_samples`."""
     missing = options.get("missing_reward", 0.0)
     returns = [rollout_return(r, missing) for g in groups for r in g.rollouts if r.transitions]

@@ -143,8 +143,11 @@ class WaitingRounds:
                 log.warning(
                     "transitions: %d rollout(s) have waited %.0fs for the spans consumer (group %s) to store their "
                     "spans; it is behind on %s; they wait until it catches up",
-                    len(head.items), now - head.since, self.spans_group, _describe(behind(head.snapshot, committed)),
-                )  # fmt: skip
+                    len(head.items),
+                    now - head.since,
+                    self.spans_group,
+                    _describe(behind(head.snapshot, committed)),
+                )
         return ready
 
     def drop(self, keep: Callable[[Any], bool]) -> list[Any]:

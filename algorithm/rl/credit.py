@@ -13,14 +13,14 @@ lists of floats (no torch, no I/O), registered by name in a :class:`CreditStrate
   reward, as if R arrived right after the last call)
 * ``anchor``:       r_t as ``intermediate`` (the call's own return); the trainer then compares each call with
   the calls of its group that saw the same prompt and adds that step advantage to the episode advantage
-  (GiGPO's anchor states, length-normalised: ``fulmen.algorithm.anchor``, which states the estimator)
+  (GiGPO's anchor states, length-normalised: ``fulmen.algorithm.rl.anchor``, which states the estimator)
 
 Where a strategy has nothing to credit (R is None; for ``intermediate``, R is None and no call has an
 intermediate reward) every r_t is None: "no reward", which the trainer must not read as 0. When only R is
 missing, ``intermediate`` counts it as 0 and credits the intermediate rewards alone.
 
 Registering a name twice raises :class:`ConfigurationError`; so does asking for an unknown name, and that
-error lists the valid ones (``fulmen.algorithm.registry``). The transitions consumer imports this module (the one
+error lists the valid ones (``fulmen.algorithm.rl.registry``). The transitions consumer imports this module (the one
 import from ``consumers`` into ``algorithm``: pure math with no dependency beyond the registry and the errors).
 """
 
@@ -31,8 +31,8 @@ from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Protocol
 
-from fulmen.algorithm.errors import ConfigurationError
-from fulmen.algorithm.registry import Registry
+from fulmen.algorithm.rl.registry import Registry
+from fulmen.schemas.errors import ConfigurationError
 
 __all__ = [
     "CREDIT_STRATEGIES",
@@ -122,5 +122,5 @@ def intermediate(
 
 
 # The anchor strategy's per-call reward is the return from that call on (what the step groups compare); its
-# cross-rollout part needs the whole group and lives with the advantages (fulmen.algorithm.anchor).
+# cross-rollout part needs the whole group and lives with the advantages (fulmen.algorithm.rl.anchor).
 register_credit(CreditStrategy.ANCHOR)(intermediate)

@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from fulmen.algorithm.registry import Registry
+from fulmen.algorithm.rl.registry import Registry
 
 __all__ = [
     "AdvantageEstimator",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from fulmen.algorithm.errors import ConfigurationError
+from fulmen.schemas.errors import ConfigurationError
 
 __all__ = ["Registry"]
 

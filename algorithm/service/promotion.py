@@ -23,8 +23,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fulmen.infra.errors import ConfigurationError
 from fulmen.infra.kafka.publish import Sender
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import ModelPromotion, ModelVersion, PromotionAction
 from fulmen.schemas.topics import TopicKey
 
@@ -59,22 +59,32 @@ def in_force(promotions: Sequence[ModelPromotion], model_name: str, adapter: str
 def previous_promoted(promotions: Sequence[ModelPromotion], model_name: str, adapter: str = "") -> ModelPromotion:
     """What a rollback goes back to: the version that served before the one in force (the promote or rollback
     before the latest that names another version). ConfigurationError when there is none."""
-    history = [e for e in promotions if e.model.model_name == model_name and e.model.adapter == adapter
-               and e.action in SERVING_ACTIONS]  # fmt: skip
+    history = [
+        e
+        for e in promotions
+        if e.model.model_name == model_name and e.model.adapter == adapter and e.action in SERVING_ACTIONS
+    ]
     if not history:
         raise ConfigurationError(f"nothing of {model_name} was ever promoted: there is nothing to roll back")
     current = history[-1].model
     for event in reversed(history[:-1]):
         if (event.model.version, event.model.run_id) != (current.version, current.run_id):
             return event
-    raise ConfigurationError(f"{model_name} version {current.version} is the only one ever promoted: there is no "
-                             "earlier version to roll back to (promote one by its number instead)")  # fmt: skip
+    raise ConfigurationError(
+        f"{model_name} version {current.version} is the only one ever promoted: there is no "
+        "earlier version to roll back to (promote one by its number instead)"
+    )
 
 
 def manual(action: PromotionAction, model: ModelVersion, serving: ModelPromotion | None, reason: str) -> ModelPromotion:
     """A promotion decided by hand (``fulmen models``): it carries no score."""
-    return ModelPromotion(action=action, model=model, serving_version=serving.model.version if serving else None,
-                          serving_score=serving.score if serving else None, reason=reason)  # fmt: skip
+    return ModelPromotion(
+        action=action,
+        model=model,
+        serving_version=serving.model.version if serving else None,
+        serving_score=serving.score if serving else None,
+        reason=reason,
+    )
 
 
 class PromotionGate:
@@ -100,10 +110,18 @@ class PromotionGate:
         passed = bar is None or score >= bar - self.tolerance
         action = PromotionAction.PROMOTE if passed else PromotionAction.REJECT
         shown = "-" if bar is None else f"{bar:.4f}"
-        reason = (f"held-out accuracy {score:.4f} {'>=' if passed else '<'} {shown} (version {self.serving.version}) "
-                  f"minus tolerance {self.tolerance:g}")  # fmt: skip
-        event = ModelPromotion(action=action, model=candidate, score=score, serving_version=self.serving.version,
-                               serving_score=bar, reason=reason)  # fmt: skip
+        reason = (
+            f"held-out accuracy {score:.4f} {'>=' if passed else '<'} {shown} (version {self.serving.version}) "
+            f"minus tolerance {self.tolerance:g}"
+        )
+        event = ModelPromotion(
+            action=action,
+            model=candidate,
+            score=score,
+            serving_version=self.serving.version,
+            serving_score=bar,
+            reason=reason,
+        )
         if passed:
             self.promoted.append(candidate.version)
             self.serving = Serving(candidate.version, score, candidate.run_id)

@@ -26,9 +26,9 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from fulmen.algorithm.credit import assign_credit
-from fulmen.algorithm.dispatcher import DispatchedGroup
-from fulmen.algorithm.registry import Registry
+from fulmen.algorithm.rl.credit import assign_credit
+from fulmen.algorithm.rl.registry import Registry
+from fulmen.algorithm.service.dispatcher import DispatchedGroup
 from fulmen.algorithm.settings import IncompletePolicy
 from fulmen.schemas.events import RolloutMode, RolloutStatus, Transition, TransitionBatch
 
@@ -149,8 +149,14 @@ class GroupBook:
             group = self.open.pop(group_id)
             kept = self.keep(len(group.rollouts), self.min_group_size)
             closed.append(group.close(partial=True, kept=kept))
-            log.warning("group %s timed out with %d of %d rollouts: %s (policy %s)", group_id, len(group.rollouts),
-                        group.spec.size, "kept" if kept else "dropped", self.policy)  # fmt: skip
+            log.warning(
+                "group %s timed out with %d of %d rollouts: %s (policy %s)",
+                group_id,
+                len(group.rollouts),
+                group.spec.size,
+                "kept" if kept else "dropped",
+                self.policy,
+            )
         return closed
 
     def next_deadline(self) -> float | None:
@@ -211,7 +217,7 @@ def shuffle_rewards(groups: list[ClosedGroup], seed: int) -> list[ClosedGroup]:
 
 
 def credit_groups(groups: list[ClosedGroup], strategy: str, gamma: float = 1.0) -> list[ClosedGroup]:
-    """The same groups with every transition's ``reward`` credited by ``strategy`` (``fulmen.algorithm.credit``)
+    """The same groups with every transition's ``reward`` credited by ``strategy`` (``fulmen.algorithm.rl.credit``)
     from its rollout's ``episode_reward`` and the calls' ``intermediate_reward``: the run that trains chooses
     the credit (``FULMEN_TRAIN_CREDIT``), the transitions topic carries only what was observed. Only a
     succeeded rollout is credited; a failed or timed-out attempt's transitions keep ``reward=None``."""

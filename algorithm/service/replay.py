@@ -6,7 +6,7 @@ selection is any read-only SELECT returning one column of rollout ids, run throu
 response token ids, the behaviour logprobs, the model version that served each call, the rewards), the late
 feedback (the ``feedback`` table), the calls recorded without token ids (spans) and the model versions' base
 models, and builds :class:`ReplayBuffer`, the groups the training loop takes instead of dispatching
-(:class:`~fulmen.algorithm.loop.TrainingLoop`; with a dataset too, ``replay_fraction`` of each step's groups).
+(:class:`~fulmen.algorithm.service.loop.TrainingLoop`; with a dataset too, ``replay_fraction`` of each step's groups).
 
 Rules:
 
@@ -46,10 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from fulmen.algorithm.groups import ClosedGroup
-from fulmen.infra.errors import ConfigurationError, PoisonInputError
+from fulmen.algorithm.service.groups import ClosedGroup
 from fulmen.schemas import semconv
 from fulmen.schemas.ddl import TABLES
+from fulmen.schemas.errors import ConfigurationError, PoisonInputError
 from fulmen.schemas.events import IDENTIFIER_PATTERN, RolloutMode, RolloutStatus, Transition, TransitionBatch
 
 __all__ = ["REFUSAL_REASONS", "ReplayBuffer", "ReplayRows", "StoreReader", "build_buffer", "load_replay"]
@@ -103,9 +103,11 @@ class ReplayBuffer:
 
     def summary(self) -> str:
         refused = ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in self.refused.items() if n) or "none"
-        return (f"{self.selected} rollout(s) selected: {self.rollouts} replayed in {len(self.groups)} group(s), "
-                f"{self.transitions} transition(s), {self.feedback_applied} late reward(s) applied; refused: "
-                f"{refused}")  # fmt: skip
+        return (
+            f"{self.selected} rollout(s) selected: {self.rollouts} replayed in {len(self.groups)} group(s), "
+            f"{self.transitions} transition(s), {self.feedback_applied} late reward(s) applied; refused: "
+            f"{refused}"
+        )
 
 
 @dataclass
@@ -120,14 +122,37 @@ class ReplayRows:
 
 
 _TRANSITION_COLUMNS = (
-    "RolloutId", "Attempt", "TaskId", "GroupId", "Mode", "Status", "CallIndex", "TraceId", "SpanId", "AgentName",
-    "ModelVersion", "PromptTokenIds", "ResponseTokenIds", "ResponseLogprobs", "Reward", "IntermediateReward",
-    "EpisodeReward", "CreatedAt",
-)  # fmt: skip
+    "RolloutId",
+    "Attempt",
+    "TaskId",
+    "GroupId",
+    "Mode",
+    "Status",
+    "CallIndex",
+    "TraceId",
+    "SpanId",
+    "AgentName",
+    "ModelVersion",
+    "PromptTokenIds",
+    "ResponseTokenIds",
+    "ResponseLogprobs",
+    "Reward",
+    "IntermediateReward",
+    "EpisodeReward",
+    "CreatedAt",
+)
 
 
-def load_replay(reader: StoreReader, selection: str, *, database: str, model_name: str, base_model: str,
-                vocab_size: int | None, group_size: int) -> ReplayBuffer:  # fmt: skip
+def load_replay(
+    reader: StoreReader,
+    selection: str,
+    *,
+    database: str,
+    model_name: str,
+    base_model: str,
+    vocab_size: int | None,
+    group_size: int,
+) -> ReplayBuffer:
     """Run ``selection`` and read what replay needs of the rollouts it names; the buffer (:func:`build_buffer`).
 
     Raises :class:`ConfigurationError` for a selection that is not one column, or that names nothing trainable
@@ -137,23 +162,32 @@ def load_replay(reader: StoreReader, selection: str, *, database: str, model_nam
         raise ConfigurationError("--replay needs a SELECT that returns rollout ids")
     found = _read(reader, selection)
     if len(found.columns) != 1:
-        raise ConfigurationError(f"the replay selection must return one column, the rollout ids; it returns "
-                                 f"{len(found.columns)} ({', '.join(found.columns)})")  # fmt: skip
+        raise ConfigurationError(
+            f"the replay selection must return one column, the rollout ids; it returns "
+            f"{len(found.columns)} ({', '.join(found.columns)})"
+        )
     selected = list(dict.fromkeys(str(row[0]) for row in found.rows if row[0] is not None))
     rows = ReplayRows(selected=selected, transitions=[])
     if selected:
         ids = {"ids": selected}
         columns = ", ".join(_TRANSITION_COLUMNS)
-        result = _read(reader, f"SELECT {columns} FROM {database}.{TABLES['transitions']} "
-                               "WHERE RolloutId IN %(ids)s", ids)  # fmt: skip
+        result = _read(
+            reader, f"SELECT {columns} FROM {database}.{TABLES['transitions']} WHERE RolloutId IN %(ids)s", ids
+        )
         rows.transitions = [dict(zip(result.columns, row, strict=True)) for row in result.rows]
-        absent = _read(reader, f"SELECT RolloutId, count() FROM {database}.{TABLES['spans']} WHERE RolloutId IN "
-                               "%(ids)s AND mapContains(SpanAttributes, %(absent)s) GROUP BY RolloutId",
-                       {**ids, "absent": semconv.TOKEN_IDS_ABSENT_REASON})  # fmt: skip
+        absent = _read(
+            reader,
+            f"SELECT RolloutId, count() FROM {database}.{TABLES['spans']} WHERE RolloutId IN "
+            "%(ids)s AND mapContains(SpanAttributes, %(absent)s) GROUP BY RolloutId",
+            {**ids, "absent": semconv.TOKEN_IDS_ABSENT_REASON},
+        )
         rows.no_token_ids = {str(r[0]): int(r[1]) for r in absent.rows}
         rows.feedback = _feedback(reader, database, ids)
-        bases = _read(reader, f"SELECT Version, BaseModel FROM {database}.{TABLES['model_versions']} "
-                              "WHERE ModelName = %(name)s", {"name": model_name})  # fmt: skip
+        bases = _read(
+            reader,
+            f"SELECT Version, BaseModel FROM {database}.{TABLES['model_versions']} WHERE ModelName = %(name)s",
+            {"name": model_name},
+        )
         for version, base in bases.rows:
             rows.version_bases.setdefault(int(version), set()).add(str(base))
     buffer = build_buffer(rows, base_model=base_model, vocab_size=vocab_size, group_size=group_size)
@@ -169,14 +203,19 @@ def _read(reader: StoreReader, sql: str, parameters: dict[str, Any] | None = Non
 def _feedback(reader: StoreReader, database: str, ids: dict[str, Any]) -> dict[tuple[str, str], float]:
     """The latest ``reward`` feedback per (rollout, span); none when the store predates the feedback table."""
     try:
-        result = _read(reader, f"SELECT RolloutId, SpanId, argMax(Value, Timestamp) FROM {database}."
-                               f"{TABLES['feedback']} WHERE Name = %(name)s AND RolloutId IN %(ids)s "
-                               "GROUP BY RolloutId, SpanId",
-                       {**ids, "name": FEEDBACK_NAME})  # fmt: skip
+        result = _read(
+            reader,
+            f"SELECT RolloutId, SpanId, argMax(Value, Timestamp) FROM {database}."
+            f"{TABLES['feedback']} WHERE Name = %(name)s AND RolloutId IN %(ids)s "
+            "GROUP BY RolloutId, SpanId",
+            {**ids, "name": FEEDBACK_NAME},
+        )
     except PoisonInputError as exc:
         if "feedback" in str(exc) and ("UNKNOWN_TABLE" in str(exc) or "does not exist" in str(exc)):
-            log.warning("the store has no feedback table yet (start `fulmen consume` once to migrate it): replaying "
-                        "the rewards recorded at run time only")  # fmt: skip
+            log.warning(
+                "the store has no feedback table yet (start `fulmen consume` once to migrate it): replaying "
+                "the rewards recorded at run time only"
+            )
             return {}
         raise
     return {(str(r[0]), str(r[1])): float(r[2]) for r in result.rows}
@@ -211,8 +250,9 @@ def build_buffer(rows: ReplayRows, *, base_model: str, vocab_size: int | None, g
     return buffer
 
 
-def _base_model_check(base_model: str, version_bases: dict[int, set[str]],
-                      vocab_size: int | None) -> Callable[[dict[str, Any]], bool]:  # fmt: skip
+def _base_model_check(
+    base_model: str, version_bases: dict[int, set[str]], vocab_size: int | None
+) -> Callable[[dict[str, Any]], bool]:
     """Whether a stored call fits the model trained here: the version that served it (when the store knows it)
     was trained from this base model, and its token ids are inside this model's vocabulary."""
     ours = _same_model_key(base_model)
@@ -237,8 +277,9 @@ def _same_model_key(name: str) -> str:
     return str(path.resolve()) if name and path.exists() else name
 
 
-def _batch(rollout_id: str, stored: list[dict[str, Any]],
-           feedback: dict[tuple[str, str], float]) -> tuple[TransitionBatch, int]:  # fmt: skip
+def _batch(
+    rollout_id: str, stored: list[dict[str, Any]], feedback: dict[tuple[str, str], float]
+) -> tuple[TransitionBatch, int]:
     """The rollout's batch with the late feedback applied; how many feedback values it took."""
     first = stored[0]
     applied = 0
@@ -251,19 +292,34 @@ def _batch(rollout_id: str, stored: list[dict[str, Any]],
         if (rollout_id, row["SpanId"]) in feedback:
             observed, applied = feedback[(rollout_id, row["SpanId"])], applied + 1
         logprobs = [float(x) for x in row["ResponseLogprobs"]] or None
-        transitions.append(Transition(
-            rollout_id=rollout_id, attempt=int(row["Attempt"]), index=int(row["CallIndex"]), trace_id=row["TraceId"],
-            span_id=row["SpanId"], agent_name=row["AgentName"], model_version=row["ModelVersion"],
-            prompt_token_ids=list(row["PromptTokenIds"]), response_token_ids=list(row["ResponseTokenIds"]),
-            response_logprobs=logprobs, reward=_number(row["Reward"]), intermediate_reward=observed,
-        ))  # fmt: skip
+        transitions.append(
+            Transition(
+                rollout_id=rollout_id,
+                attempt=int(row["Attempt"]),
+                index=int(row["CallIndex"]),
+                trace_id=row["TraceId"],
+                span_id=row["SpanId"],
+                agent_name=row["AgentName"],
+                model_version=row["ModelVersion"],
+                prompt_token_ids=list(row["PromptTokenIds"]),
+                response_token_ids=list(row["ResponseTokenIds"]),
+                response_logprobs=logprobs,
+                reward=_number(row["Reward"]),
+                intermediate_reward=observed,
+            )
+        )
     versions = [t.model_version for t in transitions if t.model_version is not None]
     batch = TransitionBatch(
-        rollout_id=rollout_id, attempt=int(first["Attempt"]), task_id=_identifier(first["TaskId"], rollout_id),
+        rollout_id=rollout_id,
+        attempt=int(first["Attempt"]),
+        task_id=_identifier(first["TaskId"], rollout_id),
         group_id=_identifier(first["GroupId"], BATCH_GROUP),  # no group: cut into batch groups later
-        mode=_mode(first["Mode"]), status=_status(first["Status"]), episode_reward=episode,
-        model_version=min(versions) if versions else None, transitions=transitions,
-    )  # fmt: skip
+        mode=_mode(first["Mode"]),
+        status=_status(first["Status"]),
+        episode_reward=episode,
+        model_version=min(versions) if versions else None,
+        transitions=transitions,
+    )
     return batch, applied
 
 
@@ -278,8 +334,10 @@ def _groups(batches: list[TransitionBatch], stored_at: dict[str, Any], group_siz
     for group_id, members in by_group.items():
         ordered.append((stored_at[members[0].rollout_id], _closed(group_id, members)))
     for start in range(0, len(loose), group_size):
-        members = [b.model_copy(update={"group_id": f"{BATCH_GROUP}-{start // group_size}"})
-                   for b in loose[start:start + group_size]]  # fmt: skip
+        members = [
+            b.model_copy(update={"group_id": f"{BATCH_GROUP}-{start // group_size}"})
+            for b in loose[start : start + group_size]
+        ]
         ordered.append((stored_at[members[0].rollout_id], _closed(members[0].group_id, members)))
     ordered.sort(key=lambda pair: (pair[0], pair[1].group_id))
     return [group for _, group in ordered]
@@ -288,8 +346,13 @@ def _groups(batches: list[TransitionBatch], stored_at: dict[str, Any], group_siz
 def _closed(group_id: str, members: Iterable[TransitionBatch]) -> ClosedGroup:
     rollouts = tuple(sorted(members, key=lambda b: b.rollout_id))
     tasks = Counter(b.task_id for b in rollouts)
-    return ClosedGroup(group_id=group_id, task_id=tasks.most_common(1)[0][0], mode=RolloutMode.TRAIN,
-                       expected=len(rollouts), rollouts=rollouts)  # fmt: skip
+    return ClosedGroup(
+        group_id=group_id,
+        task_id=tasks.most_common(1)[0][0],
+        mode=RolloutMode.TRAIN,
+        expected=len(rollouts),
+        rollouts=rollouts,
+    )
 
 
 def _has_reward(batch: TransitionBatch) -> bool:

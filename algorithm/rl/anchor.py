@@ -37,7 +37,7 @@ from collections.abc import Hashable, Sequence
 import torch
 from torch import Tensor
 
-from fulmen.algorithm.advantages import compute_advantages, encode_group_ids
+from fulmen.algorithm.rl.advantages import compute_advantages, encode_group_ids
 
 __all__ = ["anchor_advantages", "episode_length_weights", "prompt_key", "step_group_ids"]
 

@@ -2,22 +2,22 @@
 
 One step N (the policy being served is version ``N - 1``; version 0 is the base model):
 
-1. keep ``max_groups_in_flight`` train groups dispatched (:class:`~fulmen.algorithm.dispatcher.Dispatcher`, requests
-   stamped with the served version) and poll the :class:`~fulmen.algorithm.collector.Collector` until
+1. keep ``max_groups_in_flight`` train groups dispatched (:class:`~fulmen.algorithm.service.dispatcher.Dispatcher`,
+   requests stamped with the served version) and poll the :class:`~fulmen.algorithm.service.collector.Collector` until
    ``groups_per_step`` kept train groups are ready (``rollout_wait_s``);
 2. (control runs only, ``shuffle_rewards``: permute the rewards across the step's rollouts,
-   :func:`~fulmen.algorithm.groups.shuffle_rewards`); drop the transitions older than ``max_staleness`` versions
-   (:func:`~fulmen.algorithm.groups.drop_stale`, counted as ``dropped_stale``; a group left empty is replaced by the
-   next), credit each call from its rollout's episode reward and the calls' intermediate rewards with the run's
-   strategy (``credit``, ``gamma``: :func:`~fulmen.algorithm.groups.credit_groups`; the transitions topic carries
-   only what was observed), build one sample per transition with its group advantage
-   (:func:`~fulmen.algorithm.samples.build_samples`, estimator and scope from the settings; with the ``anchor``
+   :func:`~fulmen.algorithm.service.groups.shuffle_rewards`); drop the transitions older than ``max_staleness`` versions
+   (:func:`~fulmen.algorithm.service.groups.drop_stale`, counted as ``dropped_stale``; a group left empty is replaced by
+   the next), credit each call from its rollout's episode reward and the calls' intermediate rewards with the run's
+   strategy (``credit``, ``gamma``: :func:`~fulmen.algorithm.service.groups.credit_groups`; the transitions topic
+   carries only what was observed), build one sample per transition with its group advantage
+   (:func:`~fulmen.algorithm.service.samples.build_samples`, estimator and scope from the settings; with the ``anchor``
    credit, plus each call's advantage within the calls of its group that saw the same prompt; with
    ``overlong_shaping`` each call's length penalty is added to the rewards first);
-   with ``dynamic_sampling`` (DAPO) a group whose rewards are all equal (:func:`~fulmen.algorithm.samples.has_signal`)
-   is done with, not trained on, and the step waits for the next group instead: at most
-   ``dynamic_sampling_bound`` groups a step (counted as ``filtered_groups``); past that bound the step takes
-   groups as they come (``dynamic_sampling_exhausted`` = 1, and a warning);
+   with ``dynamic_sampling`` (DAPO) a group whose rewards are all equal
+   (:func:`~fulmen.algorithm.service.samples.has_signal`) is done with, not trained on, and the step waits for the next
+   group instead: at most ``dynamic_sampling_bound`` groups a step (counted as ``filtered_groups``); past that bound the
+   step takes groups as they come (``dynamic_sampling_exhausted`` = 1, and a warning);
 3. one policy update (``backend.step``, in a worker thread so Kafka heartbeats go on; ``train_s``);
 4. save the checkpoint to ``<run dir>/checkpoints/v<N>`` (atomically: see ``TrainerBackend.save``), publish
    ``ModelVersion(version=N, format="hf")`` and wait for the broker's acknowledgement (``publish_s``); while the
@@ -50,27 +50,27 @@ sampled them (the ``correction``, ``tis`` by default in this mode). Every step r
 Per-agent adapters (``adapters`` = per_agent, ``adapter_agents``): the backend keeps one LoRA adapter per agent
 (:class:`~fulmen.algorithm.trainer.adapters.PerAgentTrainer`). A step keeps only the calls of those agents (the rest
 are counted as ``dropped_other_agents``), builds each agent's samples within its own groups
-(:func:`~fulmen.algorithm.samples.build_agent_samples`) and updates each adapter from its own; every step publishes
-one ``ModelVersion`` per adapter (``adapter`` = the agent, ``format`` = hf_lora_adapter, uri
+(:func:`~fulmen.algorithm.service.samples.build_agent_samples`) and updates each adapter from its own; every step
+publishes one ``ModelVersion`` per adapter (``adapter`` = the agent, ``format`` = hf_lora_adapter, uri
 ``<checkpoint>/<agent>``, all at version N: staleness and validation compare versions as for one model). A run
 that starts from the base publishes each adapter's initial state as version 0 (the base's outputs exactly; after
 the base itself with ``publish_initial_version``); until a gateway has loaded it, the agent's calls are served by
 the base model, which gives the same answers and is labelled version 0 too.
 
-Gated promotion (``promote_if_better``, :mod:`fulmen.algorithm.promotion`): every step validates, and the
-:class:`~fulmen.algorithm.promotion.PromotionGate` promotes or rejects the new version on its held-out accuracy; the
-decision (a ``ModelPromotion``) is published on the promotions topic before the step's metrics, which report
+Gated promotion (``promote_if_better``, :mod:`fulmen.algorithm.service.promotion`): every step validates, and the
+:class:`~fulmen.algorithm.service.promotion.PromotionGate` promotes or rejects the new version on its held-out accuracy;
+the decision (a ``ModelPromotion``) is published on the promotions topic before the step's metrics, which report
 ``promoted`` (1 or 0), ``serving_version`` and ``serving_score``.
 
-Replay (``replay_sql``, :mod:`fulmen.algorithm.replay`): a :class:`~fulmen.algorithm.replay.ReplayBuffer` of groups
-read from the store. Without a dataset every group of a step comes from it; with one, ``replay_fraction`` of
-``groups_per_step`` do (the rest are dispatched as usual). Replayed groups go through the same staleness, length,
-agent and signal checks; ``replayed_groups``, ``replay_passes``, ``replay_rollouts`` and ``replay_refused_<reason>``
-are reported in ``TrainStep.extra``. A buffer none of whose groups is trainable any more ends the run with a
-ConfigurationError rather than spinning.
+Replay (``replay_sql``, :mod:`fulmen.algorithm.service.replay`): a
+:class:`~fulmen.algorithm.service.replay.ReplayBuffer` of groups read from the store. Without a dataset every group of a
+step comes from it; with one, ``replay_fraction`` of ``groups_per_step`` do (the rest are dispatched as usual). Replayed
+groups go through the same staleness, length, agent and signal checks; ``replayed_groups``, ``replay_passes``,
+``replay_rollouts`` and ``replay_refused_<reason>`` are reported in ``TrainStep.extra``. A buffer none of whose groups
+is trainable any more ends the run with a ConfigurationError rather than spinning.
 
 Only the latest attempt of each rollout is trained on: retried attempts are never built (transitions worker)
-and the collector keeps the latest attempt per rollout (see ``fulmen.algorithm.collector``).
+and the collector keeps the latest attempt per rollout (see ``fulmen.algorithm.service.collector``).
 
 With ``publish_initial_version``, a run that starts from the base model (version 0) publishes it first; a resumed
 run does not (its version is a checkpoint: see :meth:`TrainingLoop.publish_resumed`).
@@ -90,17 +90,24 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.dispatcher import Dispatcher
-from fulmen.algorithm.groups import ClosedGroup, credit_groups, drop_stale, drop_too_long, keep_agents, shuffle_rewards
-from fulmen.algorithm.promotion import PromotionGate
-from fulmen.algorithm.replay import ReplayBuffer
-from fulmen.algorithm.samples import StepSamples, build_agent_samples, build_samples, has_signal
+from fulmen.algorithm.rl.shaping import OverlongShaping
+from fulmen.algorithm.service.collector import Collector
+from fulmen.algorithm.service.dispatcher import Dispatcher
+from fulmen.algorithm.service.groups import (
+    ClosedGroup,
+    credit_groups,
+    drop_stale,
+    drop_too_long,
+    keep_agents,
+    shuffle_rewards,
+)
+from fulmen.algorithm.service.promotion import PromotionGate
+from fulmen.algorithm.service.replay import ReplayBuffer
+from fulmen.algorithm.service.samples import StepSamples, build_agent_samples, build_samples, has_signal
 from fulmen.algorithm.settings import TrainMode, TrainSection
-from fulmen.algorithm.shaping import OverlongShaping
 from fulmen.algorithm.trainer.base import StepMetrics, TrainerBackend
-from fulmen.infra.errors import ConfigurationError, RetryableError
 from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.schemas.errors import ConfigurationError, RetryableError
 from fulmen.schemas.events import Event, ModelVersion, PromotionAction, RolloutMode, TrainStep
 from fulmen.schemas.topics import TopicKey
 
@@ -223,8 +230,9 @@ class TrainingLoop:
                 feeder.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await feeder
-        log.info("run %s finished after %d step(s) at model version %d", self.options.run_id, len(published),
-                 self.version)  # fmt: skip
+        log.info(
+            "run %s finished after %d step(s) at model version %d", self.options.run_id, len(published), self.version
+        )
         return published
 
     async def _steps(self, stop: asyncio.Event) -> list[TrainStep]:
@@ -284,9 +292,13 @@ class TrainingLoop:
         if self.options.shuffle_rewards:  # the control run: rewards detached from the answers they scored
             groups = shuffle_rewards(groups, seed=self.options.seed * 100_003 + number)
         groups = credit_groups(groups, self.options.credit, self.options.gamma)
-        options = {"estimator": self.options.estimator, "scope": self.options.advantage_scope,
-                   "missing_reward": self.options.missing_reward, "overlong": self.overlong,
-                   "step_weight": self.options.step_advantage_weight}  # fmt: skip
+        options = {
+            "estimator": self.options.estimator,
+            "scope": self.options.advantage_scope,
+            "missing_reward": self.options.missing_reward,
+            "overlong": self.overlong,
+            "step_weight": self.options.step_advantage_weight,
+        }
         data = build_agent_samples(groups, self.agents, **options) if self.agents else build_samples(groups, **options)
         staleness = staleness_counts(data.samples, self.version)
         metrics = await asyncio.to_thread(self.backend.step, data.samples)
@@ -302,23 +314,47 @@ class TrainingLoop:
             extra.update(await self._validate(stop, prefix="val_"))
         if self.gate is not None and "val_accuracy" in extra:
             decision = self.gate.decide(self._versions(str(path), number)[0], extra["val_accuracy"])
-            if await self._retrying(lambda retry: self._send(TopicKey.PROMOTIONS, decision), stop,
-                                    f"publishing the promotion decision of version {number}") is None:  # fmt: skip
+            if (
+                await self._retrying(
+                    lambda retry: self._send(TopicKey.PROMOTIONS, decision),
+                    stop,
+                    f"publishing the promotion decision of version {number}",
+                )
+                is None
+            ):
                 return None
-            extra.update(promoted=float(decision.action is PromotionAction.PROMOTE),
-                         serving_version=float(self.gate.serving.version),
-                         serving_score=float(self.gate.serving.score or 0.0))  # fmt: skip
-        event = self._train_step(number, groups, data, metrics, extra, waited=waited, publish_s=publish_s,
-                                 stale=dropped["stale"])  # fmt: skip
-        if await self._retrying(lambda retry: self._send(TopicKey.METRICS, event), stop,
-                                f"publishing the metrics of step {number}") is None:  # fmt: skip
-            log.warning("stopped before the metrics of step %d were acknowledged; they may be lost (version %d is "
-                        "published)", number, number)  # fmt: skip
+            extra.update(
+                promoted=float(decision.action is PromotionAction.PROMOTE),
+                serving_version=float(self.gate.serving.version),
+                serving_score=float(self.gate.serving.score or 0.0),
+            )
+        event = self._train_step(
+            number, groups, data, metrics, extra, waited=waited, publish_s=publish_s, stale=dropped["stale"]
+        )
+        if (
+            await self._retrying(
+                lambda retry: self._send(TopicKey.METRICS, event), stop, f"publishing the metrics of step {number}"
+            )
+            is None
+        ):
+            log.warning(
+                "stopped before the metrics of step %d were acknowledged; they may be lost (version %d is published)",
+                number,
+                number,
+            )
             return None
         self.collector.done(g.group_id for g in groups)
         await self._commit()
-        log.info("step %d: %d transitions of %d groups, reward %.3f, loss %.4f; model version %d at %s", number,
-                 event.num_transitions, event.num_groups, event.reward_mean, event.loss, number, path)  # fmt: skip
+        log.info(
+            "step %d: %d transitions of %d groups, reward %.3f, loss %.4f; model version %d at %s",
+            number,
+            event.num_transitions,
+            event.num_groups,
+            event.reward_mean,
+            event.loss,
+            number,
+            path,
+        )
         return event
 
     # -- collecting --------------------------------------------------------------------------------------------
@@ -378,9 +414,13 @@ class TrainingLoop:
         dropped["replayed"] = replayed
         if skips and dropped["no_signal"] >= skips:
             dropped["exhausted"] = 1
-            log.warning("dynamic sampling skipped %d groups without signal in one step (the bound, "
-                        "FULMEN_TRAIN_DYNAMIC_SAMPLING_MAX_SKIPPED) and took the rest as they came: most tasks are "
-                        "too easy or too hard for the model at version %d", skips, self.version)  # fmt: skip
+            log.warning(
+                "dynamic sampling skipped %d groups without signal in one step (the bound, "
+                "FULMEN_TRAIN_DYNAMIC_SAMPLING_MAX_SKIPPED) and took the rest as they came: most tasks are "
+                "too easy or too hard for the model at version %d",
+                skips,
+                self.version,
+            )
         self.filtered_groups += dropped["no_signal"]
         return selected, dropped
 
@@ -444,14 +484,23 @@ class TrainingLoop:
             counted += [g for g in groups if g not in older]
             if not older or stop.is_set() or attempt == VAL_REDO:
                 if older:
-                    log.warning("validation at model version %d: %d group(s) still served by an older version after "
-                                "%d tries; counted anyway", self.version, len(older), VAL_REDO)  # fmt: skip
+                    log.warning(
+                        "validation at model version %d: %d group(s) still served by an older version after "
+                        "%d tries; counted anyway",
+                        self.version,
+                        len(older),
+                        VAL_REDO,
+                    )
                 counted += older
                 break
             redone += len(older)
             only = {g.task_id for g in older}
-            log.info("validation at model version %d: %d group(s) were served by an older version (the gateway had "
-                     "not loaded it yet); running them again", self.version, len(older))  # fmt: skip
+            log.info(
+                "validation at model version %d: %d group(s) were served by an older version (the gateway had "
+                "not loaded it yet); running them again",
+                self.version,
+                len(older),
+            )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=0.5 * 2**attempt)
         await self._commit()
@@ -461,10 +510,19 @@ class TrainingLoop:
         missing = self.options.missing_reward
         accuracy = sum(r is not None and r > CORRECT_ABOVE for r in rewards) / len(rewards)
         mean = sum(missing if r is None else r for r in rewards) / len(rewards)
-        log.info("validation at model version %d: accuracy %.3f, mean reward %.3f over %d rollouts", self.version,
-                 accuracy, mean, len(rewards))  # fmt: skip
-        return {f"{prefix}accuracy": accuracy, f"{prefix}reward_mean": mean, f"{prefix}rollouts": float(len(rewards)),
-                f"{prefix}redone": float(redone)}  # fmt: skip
+        log.info(
+            "validation at model version %d: accuracy %.3f, mean reward %.3f over %d rollouts",
+            self.version,
+            accuracy,
+            mean,
+            len(rewards),
+        )
+        return {
+            f"{prefix}accuracy": accuracy,
+            f"{prefix}reward_mean": mean,
+            f"{prefix}rollouts": float(len(rewards)),
+            f"{prefix}redone": float(redone),
+        }
 
     def _validation_due(self, number: int) -> bool:
         if self.gate is not None:  # every candidate is judged before it may serve
@@ -483,24 +541,40 @@ class TrainingLoop:
         if self.version == 0 or check is None:
             return True
         for event in self._versions(str(checkpoint_dir(self.plan.run_dir, self.version)), self.version):
-            on_topic = await self._retrying(lambda retry, e=event: check(e), stop,
-                                            f"reading model version {self.version}")  # fmt: skip
+            on_topic = await self._retrying(
+                lambda retry, e=event: check(e), stop, f"reading model version {self.version}"
+            )
             if on_topic is None:
                 return self._unpublished(event)
             if on_topic:
-                log.info("model version %d of %s%s is on the models topic already", event.version, event.model_name,
-                         f" (agent {event.adapter})" if event.adapter else "")  # fmt: skip
+                log.info(
+                    "model version %d of %s%s is on the models topic already",
+                    event.version,
+                    event.model_name,
+                    f" (agent {event.adapter})" if event.adapter else "",
+                )
                 continue
-            log.info("model version %d of %s was saved at %s but never published: publishing it now", event.version,
-                     event.model_name, event.uri)  # fmt: skip
+            log.info(
+                "model version %d of %s was saved at %s but never published: publishing it now",
+                event.version,
+                event.model_name,
+                event.uri,
+            )
             if not await self._publish_event(event, stop):
                 return False
         return True
 
     def _model_version(self, uri: str, version: int, adapter: str = "") -> ModelVersion:
-        return ModelVersion(model_name=self.options.model_name, version=version, uri=uri,
-                            format="hf_lora_adapter" if adapter else "hf", adapter=adapter,
-                            base_model=self.plan.base_model, run_id=self.options.run_id, step=version)  # fmt: skip
+        return ModelVersion(
+            model_name=self.options.model_name,
+            version=version,
+            uri=uri,
+            format="hf_lora_adapter" if adapter else "hf",
+            adapter=adapter,
+            base_model=self.plan.base_model,
+            run_id=self.options.run_id,
+            step=version,
+        )
 
     def _versions(self, path: str, version: int) -> list[ModelVersion]:
         """What a checkpoint at ``path`` publishes: the model, or (per-agent adapters) one event per adapter."""
@@ -535,8 +609,9 @@ class TrainingLoop:
             if retry:  # the earlier attempt's record may still be buffered: once it is not, the topic is final
                 await self.publisher.settle()
             if retry and check is not None and await check(event):  # the attempt that timed out was written
-                log.info("model version %d reached the models topic on an earlier attempt; not sent again",
-                         event.version)  # fmt: skip
+                log.info(
+                    "model version %d reached the models topic on an earlier attempt; not sent again", event.version
+                )
                 return True
             return await self._send(TopicKey.MODELS, event)
 
@@ -546,9 +621,14 @@ class TrainingLoop:
         return True
 
     def _unpublished(self, event: ModelVersion) -> bool:
-        log.warning("stopped before model version %d of %s was acknowledged: it is saved at %s but unpublished; "
-                    "the next `fulmen train` of run %s publishes it", event.version, event.model_name, event.uri,
-                    event.run_id)  # fmt: skip
+        log.warning(
+            "stopped before model version %d of %s was acknowledged: it is saved at %s but unpublished; "
+            "the next `fulmen train` of run %s publishes it",
+            event.version,
+            event.model_name,
+            event.uri,
+            event.run_id,
+        )
         return False
 
     async def _send(self, key: TopicKey, event: Event) -> bool:
@@ -596,20 +676,28 @@ class TrainingLoop:
 
     def _extra(self, metrics: StepMetrics, dropped: dict[str, int], data: StepSamples) -> dict[str, float]:
         extra = {
-            "grad_norm": metrics.grad_norm, "approx_kl": metrics.approx_kl, "ratio_mean": metrics.ratio_mean,
-            "response_tokens": float(metrics.tokens), "skipped_updates": float(metrics.skipped_updates),
-            "input_tokens": float(metrics.input_tokens), "computed_tokens": float(metrics.computed_tokens),
+            "grad_norm": metrics.grad_norm,
+            "approx_kl": metrics.approx_kl,
+            "ratio_mean": metrics.ratio_mean,
+            "response_tokens": float(metrics.tokens),
+            "skipped_updates": float(metrics.skipped_updates),
+            "input_tokens": float(metrics.input_tokens),
+            "computed_tokens": float(metrics.computed_tokens),
             "update_flops": float(metrics.flops),
             # run totals so far: groups the timeout policy dropped or kept partial, batches of unknown groups
             "dropped_groups_total": float(self.waiting.dropped_groups),
             "partial_groups_total": float(self.waiting.partial_groups),
-            "ignored_batches_total": float(self.collector.ignored), "dropped_too_long": float(dropped["too_long"]),
+            "ignored_batches_total": float(self.collector.ignored),
+            "dropped_too_long": float(dropped["too_long"]),
             "dataset_passes": float(self.train.passes if self.train is not None else 0),
-        }  # fmt: skip
+        }
         if self.replay is not None:  # how many of the step's groups were replayed; the buffer's totals
-            extra.update(replayed_groups=float(dropped["replayed"]), replay_passes=float(self.replay.passes),
-                         replay_rollouts=float(self.replay.rollouts),
-                         **{f"replay_refused_{k}": float(n) for k, n in self.replay.refused.items()})  # fmt: skip
+            extra.update(
+                replayed_groups=float(dropped["replayed"]),
+                replay_passes=float(self.replay.passes),
+                replay_rollouts=float(self.replay.rollouts),
+                **{f"replay_refused_{k}": float(n) for k, n in self.replay.refused.items()},
+            )
         if self.agents:  # per-agent adapters: what each agent's update did
             extra["dropped_other_agents"] = float(dropped["other_agents"])
             for agent, part in getattr(self.backend, "agent_metrics", {}).items():
@@ -618,23 +706,47 @@ class TrainingLoop:
         # the off-policy correction's importance-weight statistics (is_weight_mean, ...), when one is in force
         extra.update({k: v for k, v in metrics.as_dict().items() if k.startswith("is_")})
         if self.options.dynamic_sampling:
-            extra.update(filtered_groups=float(dropped["no_signal"]), filtered_groups_total=float(self.filtered_groups),
-                         dynamic_sampling_exhausted=float(dropped["exhausted"]))  # fmt: skip
+            extra.update(
+                filtered_groups=float(dropped["no_signal"]),
+                filtered_groups_total=float(self.filtered_groups),
+                dynamic_sampling_exhausted=float(dropped["exhausted"]),
+            )
         if self.overlong is not None:
             extra["overlong_penalized"] = float(data.overlong_penalized)
         return extra
 
-    def _train_step(self, number: int, groups: list[ClosedGroup], data: StepSamples, metrics: StepMetrics,
-                    extra: dict[str, float], *, waited: float, publish_s: float, stale: int) -> TrainStep:  # fmt: skip
+    def _train_step(
+        self,
+        number: int,
+        groups: list[ClosedGroup],
+        data: StepSamples,
+        metrics: StepMetrics,
+        extra: dict[str, float],
+        *,
+        waited: float,
+        publish_s: float,
+        stale: int,
+    ) -> TrainStep:
         return TrainStep(
-            run_id=self.options.run_id, step=number, model_version=number, num_transitions=len(data.samples),
-            num_groups=len(groups), reward_mean=data.reward_mean, reward_std=data.reward_std,
-            advantage_mean=data.advantage_mean, advantage_std=data.advantage_std, loss=metrics.loss,
-            clip_fraction=min(max(metrics.clip_fraction, 0.0), 1.0), tokens_per_s=metrics.tokens_per_s,
+            run_id=self.options.run_id,
+            step=number,
+            model_version=number,
+            num_transitions=len(data.samples),
+            num_groups=len(groups),
+            reward_mean=data.reward_mean,
+            reward_std=data.reward_std,
+            advantage_mean=data.advantage_mean,
+            advantage_std=data.advantage_std,
+            loss=metrics.loss,
+            clip_fraction=min(max(metrics.clip_fraction, 0.0), 1.0),
+            tokens_per_s=metrics.tokens_per_s,
             kl=metrics.kl if self.options.kl_coef > 0 else None,  # no reference model: no KL to report
-            rollout_wait_s=max(waited, 0.0), train_s=metrics.train_s, publish_s=max(publish_s, 0.0),
-            dropped_stale=stale, extra=extra,
-        )  # fmt: skip
+            rollout_wait_s=max(waited, 0.0),
+            train_s=metrics.train_s,
+            publish_s=max(publish_s, 0.0),
+            dropped_stale=stale,
+            extra=extra,
+        )
 
 
 def _replay_share(options: TrainSection, replay: ReplayBuffer | None, train: Dispatcher | None) -> int:
@@ -673,5 +785,8 @@ def _staleness_extra(counts: dict[int, int]) -> dict[str, float]:
 def _served_before(group: ClosedGroup, version: int, agents: list[str] | None = None) -> bool:
     """True when a call of the group was served by a model version older than ``version`` (per-agent adapters:
     a call of one of ``agents``, the others are served by the base model, version 0)."""
-    return any(t.model_version is not None and t.model_version < version and (agents is None or t.agent_name in agents)
-               for batch in group.rollouts for t in batch.transitions)  # fmt: skip
+    return any(
+        t.model_version is not None and t.model_version < version and (agents is None or t.agent_name in agents)
+        for batch in group.rollouts
+        for t in batch.transitions
+    )

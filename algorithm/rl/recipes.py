@@ -21,7 +21,7 @@ the same prompt as GRPO does, so their estimator is ``grpo``; the names are algo
 estimators (``FULMEN_TRAIN_ESTIMATOR=dapo`` is refused with a pointer to ``FULMEN_TRAIN_ALGORITHM``).
 
 Imports no torch (``fulmen config show`` reads this): the piece names are plain strings, checked against the
-torch registries when the trainer starts (``fulmen.algorithm.train.check_training_settings``).
+torch registries when the trainer starts (``fulmen.algorithm.service.run.check_training_settings``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 
-from fulmen.algorithm.registry import Registry
+from fulmen.algorithm.rl.registry import Registry
 
 __all__ = ["ALGORITHMS", "Algorithm", "Recipe"]
 

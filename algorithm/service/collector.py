@@ -1,7 +1,7 @@
 """The collector: consumes ``fulmen.transitions`` with its own consumer group and hands out closed groups.
 
 Lifecycle: build with a started consumer over the transitions topic (or any object with aiokafka's
-``getmany``/``commit``, e.g. an in-memory fake) and a :class:`~fulmen.algorithm.groups.GroupBook`; register each
+``getmany``/``commit``, e.g. an in-memory fake) and a :class:`~fulmen.algorithm.service.groups.GroupBook`; register each
 dispatched group (:meth:`Collector.expect`); call :meth:`Collector.poll` repeatedly: it decodes the records
 that arrived, files them (the book's rules: latest attempt, completion, timeout policy) and returns the groups
 that closed, kept or dropped. Once the caller has made a group's effect durable (trained on it and published
@@ -32,8 +32,8 @@ from typing import Any, Protocol
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from fulmen.algorithm.dispatcher import DispatchedGroup
-from fulmen.algorithm.groups import AddOutcome, ClosedGroup, GroupBook
+from fulmen.algorithm.service.dispatcher import DispatchedGroup
+from fulmen.algorithm.service.groups import AddOutcome, ClosedGroup, GroupBook
 from fulmen.infra.kafka.offsets import OffsetTracker, commit_finished
 from fulmen.schemas.codec import decode
 from fulmen.schemas.errors import DecodeError

@@ -153,10 +153,29 @@ class VllmStandIn:
         return web.Response(status=200)
 
     async def models(self, request: web.Request) -> web.Response:
-        cards = [{"id": BASE_MODEL, "object": "model", "created": int(time.time()), "owned_by": "vllm",
-                  "root": self.root, "parent": None, "max_model_len": self.max_model_len}]  # fmt: skip
-        cards += [{"id": name, "object": "model", "created": int(time.time()), "owned_by": "vllm", "root": path,
-                   "parent": BASE_MODEL, "max_model_len": None} for name, path in self.adapters.items()]  # fmt: skip
+        cards = [
+            {
+                "id": BASE_MODEL,
+                "object": "model",
+                "created": int(time.time()),
+                "owned_by": "vllm",
+                "root": self.root,
+                "parent": None,
+                "max_model_len": self.max_model_len,
+            }
+        ]
+        cards += [
+            {
+                "id": name,
+                "object": "model",
+                "created": int(time.time()),
+                "owned_by": "vllm",
+                "root": path,
+                "parent": BASE_MODEL,
+                "max_model_len": None,
+            }
+            for name, path in self.adapters.items()
+        ]
         return web.json_response({"object": "list", "data": cards})
 
     async def chat(self, request: web.Request) -> web.Response:
@@ -189,14 +208,21 @@ class VllmStandIn:
         if chat:
             choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
             if body.get("logprobs"):
-                choice["logprobs"] = {"content": [{"token": chr(t - 1000), "logprob": -0.5, "bytes": [t - 1000],
-                                                   "top_logprobs": []} for t in token_ids]}  # fmt: skip
+                choice["logprobs"] = {
+                    "content": [
+                        {"token": chr(t - 1000), "logprob": -0.5, "bytes": [t - 1000], "top_logprobs": []}
+                        for t in token_ids
+                    ]
+                }
         else:
             choice["text"] = text
             if body.get("logprobs") is not None:
-                choice["logprobs"] = {"tokens": [chr(t - 1000) for t in token_ids],
-                                      "token_logprobs": [-0.5] * len(token_ids),
-                                      "top_logprobs": None, "text_offset": list(range(len(token_ids)))}  # fmt: skip
+                choice["logprobs"] = {
+                    "tokens": [chr(t - 1000) for t in token_ids],
+                    "token_logprobs": [-0.5] * len(token_ids),
+                    "top_logprobs": None,
+                    "text_offset": list(range(len(token_ids))),
+                }
         if body.get("return_token_ids"):
             choice["token_ids"] = token_ids
         if body.get("return_weight_versions"):
@@ -232,11 +258,14 @@ class VllmStandIn:
         if not name or not path:
             return vllm_error("Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput", 400)
         if name == BASE_MODEL:
-            return vllm_error(f"The lora adapter '{name}' conflicts with a served base model.", "InvalidUserInput",
-                              400)  # fmt: skip
+            return vllm_error(f"The lora adapter '{name}' conflicts with a served base model.", "InvalidUserInput", 400)
         if name in self.adapters and not body.get("load_inplace"):
-            return vllm_error(f"The lora adapter '{name}' has already been loaded. If you want to load the adapter "
-                              "in place, set 'load_inplace' to True.", "InvalidUserInput", 400)  # fmt: skip
+            return vllm_error(
+                f"The lora adapter '{name}' has already been loaded. If you want to load the adapter "
+                "in place, set 'load_inplace' to True.",
+                "InvalidUserInput",
+                400,
+            )
         await asyncio.sleep(self.load_delay_s)
         if self.fail_loads:
             self.fail_loads -= 1
@@ -291,8 +320,9 @@ class VllmStandIn:
         if self.fail_loads or not isinstance(path, str) or not Path(path).is_dir():
             self.fail_loads = max(0, self.fail_loads - 1)
             self.weights = None  # the reload got part of the way
-            return vllm_error(f"Error reloading weights from {path}: no safetensors or bin files found",
-                              "InternalServerError", 500)  # fmt: skip
+            return vllm_error(
+                f"Error reloading weights from {path}: no safetensors or bin files found", "InternalServerError", 500
+            )
         self.weights = path
         return web.json_response({"results": [None]})
 

@@ -9,7 +9,7 @@ over the last ``buffer_tokens`` before the limit ``max_tokens``::
 ``0`` up to ``max_tokens - buffer_tokens`` tokens, falling linearly to ``-penalty`` at ``max_tokens``, and
 ``-penalty`` beyond (the paper's -1 for ``L > L_max``). Up to ``max_tokens`` this is verl's
 ``DAPORewardManager`` penalty. :class:`OverlongShaping` holds the three settings; where the penalty is added
-(each call's own penalty, summed over a rollout's calls for the episode scope) is ``fulmen.algorithm.samples``.
+(each call's own penalty, summed over a rollout's calls for the episode scope) is ``fulmen.algorithm.service.samples``.
 Imports only torch.
 """
 

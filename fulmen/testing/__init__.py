@@ -65,9 +65,11 @@ Script = Callable[[RecordedRequest], Reply]
 
 def _tool_call_json(call: ToolCall, index: int) -> dict[str, Any]:
     return {
-        "index": index, "id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+        "index": index,
+        "id": f"call_{uuid.uuid4().hex[:12]}",
+        "type": "function",
         "function": {"name": call.name, "arguments": call.arguments},
-    }  # fmt: skip
+    }
 
 
 def _usage(body: dict[str, Any], reply: Reply) -> dict[str, int]:
@@ -82,18 +84,30 @@ def completion_json(body: dict[str, Any], reply: Reply, response_id: str) -> dic
     if reply.tool_calls:
         message["tool_calls"] = [_tool_call_json(call, i) for i, call in enumerate(reply.tool_calls)]
     return {
-        "id": response_id, "object": "chat.completion", "created": int(time.time()),
+        "id": response_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
         "model": body.get("model", "scripted"),
-        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if reply.tool_calls else "stop",
-                     "logprobs": None}],
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if reply.tool_calls else "stop",
+                "logprobs": None,
+            }
+        ],
         "usage": _usage(body, reply),
-    }  # fmt: skip
+    }
 
 
 def stream_chunks(body: dict[str, Any], reply: Reply, response_id: str) -> list[dict[str, Any]]:
     """The ``chat.completion.chunk`` objects for ``reply``: role, text in pieces, tool calls, finish, usage."""
-    base = {"id": response_id, "object": "chat.completion.chunk",
-            "created": int(time.time()), "model": body.get("model", "scripted")}  # fmt: skip
+    base = {
+        "id": response_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": body.get("model", "scripted"),
+    }
     deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
     text = reply.content or ""
     deltas += [{"content": text[i : i + 8]} for i in range(0, len(text), 8)]
@@ -152,8 +166,9 @@ class ScriptedOpenAI:
             await self._runner.cleanup()
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "scripted", "object": "model",
-                                                               "owned_by": "fulmen"}]})  # fmt: skip
+        return web.json_response(
+            {"object": "list", "data": [{"id": "scripted", "object": "model", "owned_by": "fulmen"}]}
+        )
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -166,8 +181,7 @@ class ScriptedOpenAI:
             reply = self.script(recorded)
         except Exception as exc:  # the script's bug or refusal: the agent sees a server error, the caller a record
             self.requests.append(recorded)
-            return web.json_response({"error": {"message": f"script failed: {type(exc).__name__}: {exc}"}},
-                                     status=500)  # fmt: skip
+            return web.json_response({"error": {"message": f"script failed: {type(exc).__name__}: {exc}"}}, status=500)
         self.requests.append(RecordedRequest(recorded.path, headers, body, recorded.response_id, reply))
         if not body.get("stream"):
             return web.json_response(completion_json(body, reply, recorded.response_id))

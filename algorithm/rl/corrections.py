@@ -43,8 +43,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from fulmen.algorithm.losses import LOG_RATIO_LIMIT
-from fulmen.algorithm.registry import Registry
+from fulmen.algorithm.rl.losses import LOG_RATIO_LIMIT
+from fulmen.algorithm.rl.registry import Registry
 
 __all__ = [
     "LEVELS",

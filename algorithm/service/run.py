@@ -1,10 +1,11 @@
-"""``fulmen train`` as a function: build the trainer's parts from :class:`TrainSettings` and run the loop.
+"""The trainer service (``fulmen train``) as a function, :func:`run_trainer`: build the trainer's parts from
+:class:`TrainSettings` and run the loop.
 
-:func:`train` resolves the base model (``model_path = "tiny"`` builds the tiny model into
+:func:`run_trainer` resolves the base model (``model_path = "tiny"`` builds the tiny model into
 ``<run dir>/base-model``), loads the torch backend, starts a broker (idempotent producer) and the collector's consumer
-(group ``consumer_group`` on the transitions topic), runs :class:`~fulmen.algorithm.loop.TrainingLoop` and closes the
-clients. A run dir that already holds checkpoints resumes: the backend loads the highest ``v<N>`` and the loop
-continues with step ``N + 1`` up to ``steps`` (the optimizer state is not saved, so it starts afresh). Only
+(group ``consumer_group`` on the transitions topic), runs :class:`~fulmen.algorithm.service.loop.TrainingLoop` and
+closes the clients. A run dir that already holds checkpoints resumes: the backend loads the highest ``v<N>`` and the
+loop continues with step ``N + 1`` up to ``steps`` (the optimizer state is not saved, so it starts afresh). Only
 Kafka is needed: runners, the transitions consumer and the LLM gateway are other processes.
 
 Crash safety: checkpoints are written atomically (``v<N>.tmp-<pid>``, then renamed; :func:`latest_checkpoint`
@@ -26,20 +27,20 @@ from pathlib import Path
 
 from aiokafka.errors import KafkaError
 
-from fulmen.algorithm.collector import Collector
-from fulmen.algorithm.dispatcher import DatasetTask, Dispatcher
-from fulmen.algorithm.groups import GroupBook
-from fulmen.algorithm.loop import LoopPlan, TrainingLoop
-from fulmen.algorithm.promotion import PromotionGate, Serving, in_force
-from fulmen.algorithm.registry import Registry
+from fulmen.algorithm.rl.registry import Registry
+from fulmen.algorithm.service.collector import Collector
+from fulmen.algorithm.service.dispatcher import DatasetTask, Dispatcher
+from fulmen.algorithm.service.groups import GroupBook
+from fulmen.algorithm.service.loop import LoopPlan, TrainingLoop
+from fulmen.algorithm.service.promotion import PromotionGate, Serving, in_force
 from fulmen.algorithm.settings import TrainSection, TrainSettings
 from fulmen.algorithm.trainer.base import ADAPTERS_FILE, TEMPORARY_MARK, TrainerBackend
-from fulmen.infra.errors import BrokerUnavailableError, ConfigurationError, RetryableError
 from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
 from fulmen.infra.kafka.publish import EventPublisher, Sender
 from fulmen.infra.kafka.read_all import read_to_end
 from fulmen.infra.settings import FulmenSettings
+from fulmen.schemas.errors import BrokerUnavailableError, ConfigurationError, RetryableError
 from fulmen.schemas.events import ModelPromotion, ModelVersion, RolloutMode, TrainStep
 from fulmen.schemas.topics import TopicKey, topic_name
 
@@ -50,16 +51,17 @@ __all__ = [
     "latest_checkpoint",
     "model_versions",
     "resolve_model",
+    "run_trainer",
     "torch_config",
-    "train",
     "version_on_topic",
 ]
 
 log = logging.getLogger(__name__)
 
 # The dispatcher's rollout requests (announced as queued), the loop's model versions and step metrics.
-SENDER = Sender("algorithm", (TopicKey.TASKS, TopicKey.ROLLOUTS, TopicKey.MODELS, TopicKey.METRICS,
-                              TopicKey.PROMOTIONS))  # fmt: skip
+SENDER = Sender(
+    "algorithm", (TopicKey.TASKS, TopicKey.ROLLOUTS, TopicKey.MODELS, TopicKey.METRICS, TopicKey.PROMOTIONS)
+)
 
 TINY = "tiny"
 
@@ -67,8 +69,10 @@ TINY = "tiny"
 def resolve_model(model_path: str, run_dir: Path) -> str:
     """The base model directory: ``model_path``, or for ``"tiny"`` the tiny model built (once) in the run dir."""
     if not model_path:
-        raise ConfigurationError("which model? pass --model PATH (a Hugging Face model directory) or --model tiny, "
-                                 "or set FULMEN_TRAIN_MODEL_PATH")  # fmt: skip
+        raise ConfigurationError(
+            "which model? pass --model PATH (a Hugging Face model directory) or --model tiny, "
+            "or set FULMEN_TRAIN_MODEL_PATH"
+        )
     if model_path != TINY:
         return model_path
     from fulmen.algorithm.tiny_model import build_tiny_model
@@ -138,9 +142,14 @@ async def promotion_gate(settings: TrainSettings, version: int) -> PromotionGate
         serving = Serving(version, None, settings.train.run_id)
     else:
         serving = Serving(current.model.version, current.score, current.model.run_id)
-        log.info("version %d of %s (run %s) serves, held-out score %s: candidates must reach it minus %g",
-                 serving.version, settings.train.model_name, serving.run_id, serving.score,
-                 settings.train.promote_tolerance)  # fmt: skip
+        log.info(
+            "version %d of %s (run %s) serves, held-out score %s: candidates must reach it minus %g",
+            serving.version,
+            settings.train.model_name,
+            serving.run_id,
+            serving.score,
+            settings.train.promote_tolerance,
+        )
     return PromotionGate(serving, settings.train.promote_tolerance)
 
 
@@ -149,10 +158,10 @@ def check_training_settings(options: TrainSection) -> None:
     registries (estimator, policy loss, aggregation, correction and its level) and overlong shaping without its
     length limit. ``train`` calls it before loading anything; ``fulmen config show`` does not (it imports no
     torch). Raises ConfigurationError."""
-    from fulmen.algorithm.advantages import get_advantage_fn
-    from fulmen.algorithm.corrections import get_correction_fn, get_level
-    from fulmen.algorithm.losses import get_aggregation, get_policy_loss_fn
-    from fulmen.algorithm.recipes import ALGORITHMS
+    from fulmen.algorithm.rl.advantages import get_advantage_fn
+    from fulmen.algorithm.rl.corrections import get_correction_fn, get_level
+    from fulmen.algorithm.rl.losses import get_aggregation, get_policy_loss_fn
+    from fulmen.algorithm.rl.recipes import ALGORITHMS
 
     def named(setting: str, value: str, get) -> None:
         try:
@@ -190,15 +199,27 @@ def torch_config(options: TrainSection, model_path: str):  # -> TorchTrainerConf
 
     lora = LoraSettings(r=options.lora_r, alpha=2.0 * options.lora_r) if options.lora_r else None
     return TorchTrainerConfig(
-        model_path=model_path, device=options.device, dtype=options.dtype, lr=options.lr,
-        micro_batch_size=options.micro_batch_size, micro_batch_tokens=options.micro_batch_tokens or None,
+        model_path=model_path,
+        device=options.device,
+        dtype=options.dtype,
+        lr=options.lr,
+        micro_batch_size=options.micro_batch_size,
+        micro_batch_tokens=options.micro_batch_tokens or None,
         epochs_per_batch=options.epochs_per_batch,
-        clip_eps=options.clip_eps, clip_eps_high=options.clip_eps_high, policy_loss=options.policy_loss,
-        aggregation=options.loss_aggregation, kl_coef=options.kl_coef, lora=lora, seed=options.seed,
-        max_len=options.max_len, recompute_old_logprobs=options.recompute_old_logprobs,
-        correction=options.correction or None, correction_level=options.correction_level,
-        correction_low=options.correction_low, correction_high=options.correction_high,
-    )  # fmt: skip
+        clip_eps=options.clip_eps,
+        clip_eps_high=options.clip_eps_high,
+        policy_loss=options.policy_loss,
+        aggregation=options.loss_aggregation,
+        kl_coef=options.kl_coef,
+        lora=lora,
+        seed=options.seed,
+        max_len=options.max_len,
+        recompute_old_logprobs=options.recompute_old_logprobs,
+        correction=options.correction or None,
+        correction_level=options.correction_level,
+        correction_low=options.correction_low,
+        correction_high=options.correction_high,
+    )
 
 
 @TRAINER_BACKENDS.register("torch")
@@ -220,9 +241,11 @@ def _per_agent_backend(options: TrainSection, base_model: str, resume_from: Path
     from fulmen.algorithm.trainer.adapters import PerAgentTrainer, is_adapter_checkpoint
 
     if resume_from is not None and not is_adapter_checkpoint(resume_from):
-        raise ConfigurationError(f"FULMEN_TRAIN_ADAPTERS=per_agent, but the checkpoint to resume from, {resume_from}, "
-                                 "holds a whole model (this run trained without per-agent adapters): start a new run "
-                                 "(another FULMEN_TRAIN_RUN_ID)")  # fmt: skip
+        raise ConfigurationError(
+            f"FULMEN_TRAIN_ADAPTERS=per_agent, but the checkpoint to resume from, {resume_from}, "
+            "holds a whole model (this run trained without per-agent adapters): start a new run "
+            "(another FULMEN_TRAIN_RUN_ID)"
+        )
     return PerAgentTrainer(torch_config(options, base_model), options.per_agent or [], resume_from)
 
 
@@ -234,7 +257,7 @@ def _verl_backend(options: TrainSection, model_path: str) -> TrainerBackend:
     return VerlTrainer(torch_config(options, model_path))
 
 
-async def train(
+async def run_trainer(
     settings: TrainSettings,
     tasks: list[DatasetTask],
     val_tasks: list[DatasetTask] | None = None,
@@ -253,18 +276,24 @@ async def train(
     if options.promote_if_better and options.per_agent:
         raise ConfigurationError("--promote-if-better promotes one model; per-agent adapters are not gated yet")
     if options.steps == 0 and not val_tasks:
-        raise ConfigurationError("--steps 0 validates the model once and stops: pass --val FILE (the tasks to "
-                                 "validate on)")  # fmt: skip
+        raise ConfigurationError(
+            "--steps 0 validates the model once and stops: pass --val FILE (the tasks to validate on)"
+        )
     if not tasks and not options.replay_sql and options.steps > 0:
-        raise ConfigurationError("nothing to train on: give training tasks (--dataset or --tasks-sql) or rollouts "
-                                 "to replay (--replay SQL)")  # fmt: skip
+        raise ConfigurationError(
+            "nothing to train on: give training tasks (--dataset or --tasks-sql) or rollouts to replay (--replay SQL)"
+        )
     run_dir = settings.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     base_model = await asyncio.to_thread(resolve_model, options.model_path, run_dir)
     resumed = latest_checkpoint(run_dir)
     if resumed is not None:
-        log.info("run %s resumes from its checkpoint v%d (%s); the optimizer state starts afresh", options.run_id,
-                 resumed[0], resumed[1])  # fmt: skip
+        log.info(
+            "run %s resumes from its checkpoint v%d (%s); the optimizer state starts afresh",
+            options.run_id,
+            resumed[0],
+            resumed[1],
+        )
     if backend is not None:
         return await _train_with(backend, settings, base_model, resumed, tasks, val_tasks, stop)
     if options.per_agent:
@@ -279,9 +308,15 @@ async def train(
             await asyncio.to_thread(close)
 
 
-async def _train_with(backend: TrainerBackend, settings: TrainSettings, base_model: str,
-                      resumed: tuple[int, Path] | None, tasks: list[DatasetTask], val_tasks: list[DatasetTask] | None,
-                      stop: asyncio.Event | None) -> list[TrainStep]:  # fmt: skip
+async def _train_with(
+    backend: TrainerBackend,
+    settings: TrainSettings,
+    base_model: str,
+    resumed: tuple[int, Path] | None,
+    tasks: list[DatasetTask],
+    val_tasks: list[DatasetTask] | None,
+    stop: asyncio.Event | None,
+) -> list[TrainStep]:
     options = settings.train
     run_dir = settings.run_dir
     broker = kafka_broker(settings)
@@ -293,22 +328,44 @@ async def _train_with(backend: TrainerBackend, settings: TrainSettings, base_mod
         replay = await asyncio.to_thread(load_replay_buffer, settings, base_model) if options.replay_sql else None
         gate = await promotion_gate(settings, resumed[0] if resumed else 0) if options.promote_if_better else None
         loop = TrainingLoop(
-            LoopPlan(options, run_dir, base_model, resumed[0] if resumed else 0), backend, publisher,
-            Collector(source, GroupBook(timeout_s=options.group_deadline_s, policy=options.incomplete_policy,
-                                        min_group_size=options.min_group_size)),
+            LoopPlan(options, run_dir, base_model, resumed[0] if resumed else 0),
+            backend,
+            publisher,
+            Collector(
+                source,
+                GroupBook(
+                    timeout_s=options.group_deadline_s,
+                    policy=options.incomplete_policy,
+                    min_group_size=options.min_group_size,
+                ),
+            ),
             _dispatcher(publisher, tasks, options, RolloutMode.TRAIN) if tasks else None,
             _dispatcher(publisher, val_tasks, options, RolloutMode.VAL) if val_tasks else None,
-            version_published=lambda event: version_on_topic(settings, event), replay=replay, gate=gate,
-        )  # fmt: skip
+            version_published=lambda event: version_on_topic(settings, event),
+            replay=replay,
+            gate=gate,
+        )
         stop = stop or asyncio.Event()
         if not await loop.publish_resumed(stop):
             return []
-        log.info("run %s: training %s for %d steps, %d tasks x %d rollouts, %d groups a step; writing to %s",
-                 options.run_id, base_model, options.steps, len(tasks), options.group_size, options.groups_per_step,
-                 run_dir)  # fmt: skip
+        log.info(
+            "run %s: training %s for %d steps, %d tasks x %d rollouts, %d groups a step; writing to %s",
+            options.run_id,
+            base_model,
+            options.steps,
+            len(tasks),
+            options.group_size,
+            options.groups_per_step,
+            run_dir,
+        )
         if replay is not None:
-            log.info("run %s replays %s; %d of each step's %d groups", options.run_id, replay.summary(),
-                     loop.replay_share, options.groups_per_step)  # fmt: skip
+            log.info(
+                "run %s replays %s; %d of each step's %d groups",
+                options.run_id,
+                replay.summary(),
+                loop.replay_share,
+                options.groups_per_step,
+            )
         return await loop.run(stop)
     except BrokerUnavailableError:
         raise
@@ -345,15 +402,17 @@ def source_store_settings(settings: FulmenSettings, where: str) -> FulmenSetting
         clickhouse = type(clickhouse).model_validate({**clickhouse.model_dump(), "url": where})
     else:
         if not Path(where).is_dir():
-            raise ConfigurationError(f"FULMEN_TRAIN_SOURCE_STORE={where}: no such store directory (an embedded "
-                                     "store's directory, or an http(s):// ClickHouse URL)")  # fmt: skip
+            raise ConfigurationError(
+                f"FULMEN_TRAIN_SOURCE_STORE={where}: no such store directory (an embedded "
+                "store's directory, or an http(s):// ClickHouse URL)"
+            )
         clickhouse = clickhouse.model_copy(update={"url": None, "path": Path(where), "read_port": 0})
     return settings.model_copy(update={"clickhouse": clickhouse})
 
 
 def load_selected_tasks(settings: TrainSettings) -> list[DatasetTask]:
     """The tasks ``tasks_sql`` selects, with their stored payloads, from ``source_store``."""
-    from fulmen.algorithm.stored_tasks import load_stored_tasks
+    from fulmen.algorithm.service.stored_tasks import load_stored_tasks
     from fulmen.infra.store import open_reader
 
     store = source_store_settings(settings, settings.train.source_store)
@@ -367,10 +426,11 @@ def load_selected_tasks(settings: TrainSettings) -> list[DatasetTask]:
 
 
 def load_replay_buffer(settings: TrainSettings, base_model: str):  # -> ReplayBuffer
-    """The run's replay buffer: ``replay_sql`` run against ``source_store`` (see :mod:`fulmen.algorithm.replay`)."""
+    """The run's replay buffer: ``replay_sql`` run against ``source_store`` (see
+    :mod:`fulmen.algorithm.service.replay`)."""
     from transformers import AutoConfig
 
-    from fulmen.algorithm.replay import load_replay
+    from fulmen.algorithm.service.replay import load_replay
     from fulmen.infra.store import open_reader
 
     options = settings.train
@@ -378,20 +438,34 @@ def load_replay_buffer(settings: TrainSettings, base_model: str):  # -> ReplayBu
     vocab = getattr(AutoConfig.from_pretrained(base_model), "vocab_size", None)
     reader = open_reader(store)
     try:
-        return load_replay(reader, options.replay_sql, database=store.clickhouse.database,
-                           model_name=options.model_name, base_model=base_model, vocab_size=vocab,
-                           group_size=options.group_size)  # fmt: skip
+        return load_replay(
+            reader,
+            options.replay_sql,
+            database=store.clickhouse.database,
+            model_name=options.model_name,
+            base_model=base_model,
+            vocab_size=vocab,
+            group_size=options.group_size,
+        )
     finally:
         reader.close()
 
 
-def _dispatcher(publisher: EventPublisher, tasks: list[DatasetTask], options: TrainSection,
-                mode: RolloutMode) -> Dispatcher:  # fmt: skip
+def _dispatcher(
+    publisher: EventPublisher, tasks: list[DatasetTask], options: TrainSection, mode: RolloutMode
+) -> Dispatcher:
     training = mode is RolloutMode.TRAIN
     return Dispatcher(
-        publisher, tasks, mode=mode, cycle=training, shuffle=training and options.shuffle, seed=options.seed,
+        publisher,
+        tasks,
+        mode=mode,
+        cycle=training,
+        shuffle=training and options.shuffle,
+        seed=options.seed,
         group_size=options.group_size if training else options.val_group_size,
-        max_in_flight=options.groups_in_flight, rollout_timeout_s=options.rollout_timeout_s,
-        max_attempts=options.max_attempts, metadata={"agent": options.agent} if options.agent else None,
+        max_in_flight=options.groups_in_flight,
+        rollout_timeout_s=options.rollout_timeout_s,
+        max_attempts=options.max_attempts,
+        metadata={"agent": options.agent} if options.agent else None,
         prompt_bundle=options.prompt_bundle or None,
-    )  # fmt: skip
+    )

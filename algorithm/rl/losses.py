@@ -6,7 +6,7 @@ tokens) and 0 elsewhere; ``advantages`` are ``[B]`` (one per sequence, broadcast
 
 Every loss has the signature of :class:`PolicyLossFn` and the same options: the clip range (``clip_eps`` below 1,
 ``clip_eps_high`` above), the reduction (``aggregation``, ``normalizer``), optional off-policy ``weights [B, T]``
-(detached importance weights from :mod:`fulmen.algorithm.corrections`, multiplying the per-token policy-gradient
+(detached importance weights from :mod:`fulmen.algorithm.rl.corrections`, multiplying the per-token policy-gradient
 term) and an optional k3 KL penalty to a reference (``ref_logprobs``, ``kl_coef``). Each returns
 ``(loss 0-d, PolicyLossMetrics)``.
 
@@ -30,7 +30,7 @@ from typing import Protocol, TypedDict, Unpack
 import torch
 from torch import Tensor
 
-from fulmen.algorithm.registry import Registry
+from fulmen.algorithm.rl.registry import Registry
 
 __all__ = [
     "Aggregation",
@@ -210,8 +210,9 @@ class CommonOptions(TypedDict, total=False):
     kl_coef: float
 
 
-def _check_inputs(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                  common: CommonOptions) -> None:  # fmt: skip
+def _check_inputs(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, common: CommonOptions
+) -> None:
     weights, ref_logprobs = common.get("weights"), common.get("ref_logprobs")
     if logprobs.ndim != 2 or old_logprobs.shape != logprobs.shape or mask.shape != logprobs.shape:
         raise ValueError(
@@ -235,10 +236,19 @@ def _clip_range(clip_eps: float, clip_eps_high: float | None) -> tuple[float, fl
 
 
 def _finish(
-    per_token: Tensor, logprobs: Tensor, log_ratio: Tensor, ratio: Tensor, clipped: Tensor, mask: Tensor, *,
-    aggregation: str, normalizer: float | Tensor | None = None, weights: Tensor | None = None,
-    ref_logprobs: Tensor | None = None, kl_coef: float = 0.0,
-) -> tuple[Tensor, PolicyLossMetrics]:  # fmt: skip
+    per_token: Tensor,
+    logprobs: Tensor,
+    log_ratio: Tensor,
+    ratio: Tensor,
+    clipped: Tensor,
+    mask: Tensor,
+    *,
+    aggregation: str,
+    normalizer: float | Tensor | None = None,
+    weights: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[Tensor, PolicyLossMetrics]:
     """``aggregate(weights * per_token) + kl_coef * aggregate(k3_kl)`` and the metrics, shared by every loss."""
     if weights is not None:
         per_token = per_token * weights.detach().to(per_token.dtype)
@@ -261,15 +271,29 @@ def _finish(
 
 
 def _clipped_surrogate(
-    ratio: Tensor, log_ratio: Tensor, logprobs: Tensor, advantages: Tensor, mask: Tensor, bounds: tuple[float, float],
-    aggregation: str, common: CommonOptions,
-) -> tuple[Tensor, PolicyLossMetrics]:  # fmt: skip
+    ratio: Tensor,
+    log_ratio: Tensor,
+    logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    bounds: tuple[float, float],
+    aggregation: str,
+    common: CommonOptions,
+) -> tuple[Tensor, PolicyLossMetrics]:
     """``max(-A * ratio, -A * clip(ratio, *bounds))`` per token, reduced by :func:`_finish` (PPO, DAPO, GSPO)."""
     advantage = advantages.to(logprobs.dtype)[:, None]
     unclipped = -advantage * ratio
     clipped = -advantage * ratio.clamp(*bounds)
-    return _finish(torch.maximum(unclipped, clipped), logprobs, log_ratio, ratio, clipped > unclipped, mask,
-                   aggregation=aggregation, **common)  # fmt: skip
+    return _finish(
+        torch.maximum(unclipped, clipped),
+        logprobs,
+        log_ratio,
+        ratio,
+        clipped > unclipped,
+        mask,
+        aggregation=aggregation,
+        **common,
+    )
 
 
 @register_policy_loss(PolicyLoss.PPO_CLIP)
@@ -327,8 +351,16 @@ def dapo(
     :func:`ppo_clip` (shapes, options and metrics there); the rest of DAPO (dynamic sampling, overlong shaping)
     is outside the loss: ``FULMEN_TRAIN_ALGORITHM=dapo`` turns on all of it.
     """
-    return ppo_clip(logprobs, old_logprobs, advantages, mask, clip_eps=clip_eps, clip_eps_high=clip_eps_high,
-                    aggregation=aggregation, **common)  # fmt: skip
+    return ppo_clip(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        clip_eps=clip_eps,
+        clip_eps_high=clip_eps_high,
+        aggregation=aggregation,
+        **common,
+    )
 
 
 @register_policy_loss(PolicyLoss.GSPO)

@@ -149,7 +149,7 @@ def train_in_stack(
     """Step 3 of the module docstring on a running :func:`local_stack`: publish ``bundles`` (acknowledged before any
     rollout names one), then train; the steps are added to ``stack.run`` (a prompt search's stack trains after its
     search with this too: ``fulmen.optimize_prompt(train_steps=N)``)."""
-    from fulmen.infra.kafka.prompts import publish_bundles
+    from fulmen.algorithm.prompts.bundles import publish_bundles
 
     run = stack.run
     if bundles:

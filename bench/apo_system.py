@@ -32,9 +32,9 @@ import httpx
 from bench.apo_agent import SYSTEM, write_splits
 from bench.smollm2 import ensure_smollm2
 from fulmen.algorithm.local import LocalPlan, LocalStack, local_stack
+from fulmen.algorithm.prompts.bundles import PROMPTS_SENDER
 from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.clients import close_quietly, start_or_raise
-from fulmen.infra.kafka.prompts import PROMPTS_SENDER
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.infra.settings import FulmenSettings
 from fulmen.optimizer_testing import scripted_optimizer

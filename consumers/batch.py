@@ -15,13 +15,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pyarrow as pa
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from fulmen.consumers.tracked import WorkerStats
 from fulmen.infra.kafka.dlq import DeadLetters
 from fulmen.infra.kafka.offsets import RebalanceListener, commit_offsets, describe_offsets
 from fulmen.infra.retry import retrying
@@ -53,13 +54,10 @@ class Sink(Protocol):
 
 
 @dataclass
-class BatchStats:
+class BatchStats(WorkerStats):
     batches: int = 0
-    records: int = 0
     rows: int = 0
-    dead_lettered: int = 0
     last_batch_at: float = 0.0
-    committed: dict[TopicPartition, int] = field(default_factory=dict)
 
 
 class BatchConsumer:

@@ -28,7 +28,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
@@ -43,12 +43,22 @@ from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.schemas.errors import PoisonInputError, RetryableError
 
-__all__ = ["STORE_ERRORS", "TrackedWorker", "Worker", "WorkerContext"]
+__all__ = ["STORE_ERRORS", "TrackedWorker", "Worker", "WorkerContext", "WorkerStats"]
 
 T = TypeVar("T")
 Fetched = dict[TopicPartition, list[ConsumerRecord]]
 
 STORE_ERRORS = (ClickHouseError, OSError)  # a ClickHouse server unreachable or refusing: retried
+
+
+@dataclass
+class WorkerStats:
+    """What every consumer counts (each adds its own): records read, records dead-lettered, and the offsets last
+    committed per partition."""
+
+    records: int = 0
+    dead_lettered: int = 0
+    committed: dict[TopicPartition, int] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -57,7 +67,7 @@ class Worker(Protocol):
     :meth:`listener`, then :meth:`run` it until ``stop`` is set."""
 
     sink: Any
-    stats: Any
+    stats: WorkerStats
 
     def listener(self) -> ConsumerRebalanceListener: ...
 
@@ -90,7 +100,7 @@ class TrackedWorker:
         sink: Any,
         consumer: AIOKafkaConsumer,
         offsets: Any,
-        stats: Any,
+        stats: WorkerStats,
         *,
         max_batch: int,
         dead_letters: DeadLetters | None = None,

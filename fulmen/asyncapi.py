@@ -151,11 +151,11 @@ NOT_ON_FASTSTREAM: tuple[Endpoint, ...] = (
 
 def senders() -> list[Sender]:
     """The :class:`Sender` of every component that publishes events (imported here: the trainer's pulls in torch)."""
+    from fulmen.algorithm.prompts.bundles import PROMPTS_SENDER as PROMPTS
     from fulmen.algorithm.service.promotion import MODELS_SENDER as MODELS
     from fulmen.algorithm.service.run import SENDER as ALGORITHM
     from fulmen.consumers.production.app import SENDER as PRODUCTION
     from fulmen.consumers.transitions.app import SENDER as TRANSITIONS
-    from fulmen.infra.kafka.prompts import PROMPTS_SENDER as PROMPTS
     from fulmen.producers.feedback import SENDER as FEEDBACK
     from fulmen.producers.runner.app import SENDER as RUNNER
     from fulmen.producers.submit import SENDER as SUBMIT

@@ -38,10 +38,12 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fulmen.schemas.errors import ConfigurationError
 from fulmen.training import Tasks, _agent_name, _model_dir, _tasks
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
     from fulmen.algorithm.prompts.search import SearchResult
     from fulmen.infra.settings import FulmenSettings
 
-__all__ = ["PromptReport", "optimize_prompt"]
+__all__ = ["PromptReport", "PromptSearchOptions", "optimize_prompt"]
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,38 @@ class PromptReport:
         return {k: getattr(self, k) for k in keys} | {"candidates": len(self.lineage)} | trained
 
 
+class PromptSearchOptions(BaseModel):
+    """How :func:`optimize_prompt` searches: its keyword arguments besides the run's, and ``fulmen optimize-prompt``'s
+    options (one declaration each)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    search: str = Field("gepa", description="gepa (reflective, Pareto frontier) or beam (the anchor's APO)")
+    slots: tuple[str, ...] = Field(
+        (), description="the slots to optimise, fp-... as `fulmen prompts scan` lists them; none: every prompt found"
+    )
+    roles: tuple[str, ...] = Field(("system",), description="the roles whose prompts to optimise")
+    agents: tuple[str, ...] = Field(
+        (), description="only the prompts of these agents' calls, by their /agent/NAME; none: every agent's"
+    )
+    discover: int = Field(1, ge=1, description="rollouts of the agent's own prompts that find them")
+    seed: int = Field(0, description="the search's seed")
+    minibatch: int = Field(4, ge=1, description="gepa: training tasks per minibatch")
+    optimizer_model: str = Field("optimizer", description="the model name sent to the optimiser")
+    max_optimizer_tokens: int = Field(200_000, ge=1, description="the optimiser's token cap")
+    promote: bool = Field(False, description="serve the best bundle to the calls that name none")
+    promote_agent: str | None = Field(None, description="promote for this agent only (its /agent/NAME)")
+    rollout_timeout_s: float = Field(300.0, gt=0, description="seconds one rollout may take")
+
+    @field_validator("search")
+    @classmethod
+    def _known_search(cls, name: str) -> str:
+        from fulmen.algorithm.prompts.search import get_search
+
+        get_search(name)  # an unknown name fails before anything starts
+        return name
+
+
 def optimize_prompt(
     agent: str | Callable[..., Any],
     dataset: Tasks,
@@ -128,80 +162,87 @@ def optimize_prompt(
     optimizer_url: str,
     max_rollouts: int,
     *,
-    search: str = "gepa",
     model: str | Path = "tiny",
-    slots: Sequence[str] | None = None,
-    roles: Sequence[str] = ("system",),
-    seed: int = 0,
-    minibatch: int = 4,
-    optimizer_model: str = "optimizer",
-    max_optimizer_tokens: int = 200_000,
-    promote: bool = False,
-    promote_agent: str | None = None,
     runners: int = 1,
     concurrency: int = 32,
-    rollout_timeout_s: float = 300.0,
-    agents: Sequence[str] | None = None,
-    discover: int = 1,
     local: bool = True,
     train_steps: int = 0,
     train: Mapping[str, Any] | None = None,
     settings: FulmenSettings | None = None,
     on_phase: Callable[[str], None] | None = None,
+    **options: Any,
 ) -> PromptReport:
     """Optimise ``agent``'s prompts (module docstring). ``dataset``/``val``/``test``: task files or task inputs
-    (distinct task ids across the three); ``slots``: the slot names to optimise (default: every prompt of ``roles``
-    the agent sends, found from ``discover`` rollouts of the first training tasks with the agent's own prompts);
-    ``agents``: only the prompts of these agents' calls (their names in ``/agent/{name}``); ``promote_agent``: the
-    scope of the promotion (None: every agent); ``local=False``: no stack is started, the deployment the settings
-    name runs the rollouts (its runners must run ``agent``); ``train_steps``/``train``: then GRPO on the best
-    bundle's rollouts (step 4 of the module docstring). Raises ConfigurationError for bad arguments, FulmenError
-    when a service or the optimiser fails."""
-    from fulmen.algorithm.local import LocalPlan, local_stack
-    from fulmen.algorithm.prompts.search import get_search
-    from fulmen.infra.settings import FulmenSettings
-    from fulmen.schemas.events import new_id
-
+    (distinct task ids across the three); ``options``: :class:`PromptSearchOptions` fields (``search="beam"``,
+    ``slots=[...]``, ``promote=True``, ...); ``local=False``: no stack is started, the deployment the settings name
+    runs the rollouts (its runners must run ``agent``); ``train_steps``/``train``: then GRPO on the best bundle's
+    rollouts (step 4 of the module docstring). Raises ConfigurationError for bad arguments, FulmenError when a
+    service or the optimiser fails."""
     started = time.perf_counter()
-    get_search(search)  # an unknown name fails before anything starts
-    settings = settings or FulmenSettings()
-    if discover < 1:
-        raise ConfigurationError("discover: at least one rollout finds the prompts the agent sends")
-    splits = _splits(dataset, val, test, max_rollouts, discover)
-    discover = min(discover, len(splits["dataset"]))
+    settings = settings or _settings()
+    search = _search_options(options)
+    splits = _splits(dataset, val, test, max_rollouts, search.discover)
+    discover = min(search.discover, len(splits["dataset"]))
     args = _SearchArgs(
-        search,
-        max_rollouts,
-        tuple(slots or ()),
-        tuple(roles),
-        seed,
-        minibatch,
-        optimizer_url,
-        optimizer_model,
-        max_optimizer_tokens,
-        promote,
-        promote_agent,
-        rollout_timeout_s,
-        tuple(agents or ()),
-        discover,
+        **search.model_dump() | {"discover": discover}, optimizer_url=optimizer_url, max_rollouts=max_rollouts
     )
     phase = on_phase or (lambda _: None)
-    name = _agent_name(agent)
-    if not local and (train_steps or train):
+    if local:
+        report = _run_local(settings, agent, model, splits, args, phase, runners, concurrency, train_steps, train)
+    elif train_steps or train:
         raise ConfigurationError(
             "train_steps: the GRPO phase trains on the stack this call starts; against a "
             "deployment, run `fulmen train --prompt-bundle <best bundle>` after the search"
         )
-    if not local:  # the deployment in force (`fulmen up`, or services started by hand) runs the agent
-        run_id = f"prompts-{new_id()[:10]}"
-        where = _Where(settings, run_id, settings.home / "runs" / run_id, lambda: None)
-        report = asyncio.run(_run(where, name, splits, args, phase))
-        return dataclasses.replace(report, wall_s=time.perf_counter() - started)
+    else:  # the deployment in force (`fulmen up`, or services started by hand) runs the agent
+        report = asyncio.run(_run(_deployed(settings), _agent_name(agent), splits, args, phase))
+    return dataclasses.replace(report, wall_s=time.perf_counter() - started)
+
+
+def _settings() -> FulmenSettings:
+    from fulmen.infra.settings import FulmenSettings
+
+    return FulmenSettings()
+
+
+def _search_options(options: Mapping[str, Any]) -> PromptSearchOptions:
+    """The search options given as keyword arguments; a ConfigurationError naming the bad ones."""
+    try:
+        return PromptSearchOptions(**options)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']}" for e in exc.errors())
+        raise ConfigurationError(
+            f"optimize_prompt: {problems} (the search options: {', '.join(PromptSearchOptions.model_fields)})"
+        ) from None
+
+
+def _deployed(settings: FulmenSettings) -> _Where:
+    from fulmen.schemas.events import new_id
+
+    run_id = f"prompts-{new_id()[:10]}"
+    return _Where(settings, run_id, settings.home / "runs" / run_id, lambda: None)
+
+
+def _run_local(
+    settings: FulmenSettings,
+    agent: str | Callable[..., Any],
+    model: str | Path,
+    splits: dict[str, list],
+    args: _SearchArgs,
+    phase: Callable[[str], None],
+    runners: int,
+    concurrency: int,
+    train_steps: int,
+    train: Mapping[str, Any] | None,
+) -> PromptReport:
+    """The search on a stack this call starts (and stops), then the GRPO phase when asked for."""
+    from fulmen.algorithm.local import LocalPlan, local_stack
+
     llm_env = {k: v for k, v in os.environ.items() if k.startswith("FULMEN_LLM_") and k not in _LLM_RUN_OWN}
     upstream = llm_env.get("FULMEN_LLM_BACKEND") in _UPSTREAM_BACKENDS
     fields = _train_phase(train_steps, train, upstream)
     plan = LocalPlan(
-        name,
+        _agent_name(agent),
         Path(str(model)) if upstream else _model_dir(model, settings.home),
         runners=runners,
         concurrency=concurrency,
@@ -210,10 +251,10 @@ def optimize_prompt(
     )
     with local_stack(settings, plan, on_phase=phase) as stack:
         where = _Where(stack.client_settings(), stack.run.run_id, stack.run.run_dir, stack.services.check)
-        report = asyncio.run(_run(where, name, splits, args, phase))
+        report = asyncio.run(_run(where, plan.agent, splits, args, phase))
         if fields is not None:
             report = dataclasses.replace(report, train=_train_best(stack, plan, fields, report, splits, phase))
-    return dataclasses.replace(report, wall_s=time.perf_counter() - started)
+    return report
 
 
 def _train_phase(train_steps: int, train: Mapping[str, Any] | None, upstream: bool) -> dict[str, Any] | None:
@@ -283,27 +324,17 @@ class _Where:
     check: Callable[[], None]
 
 
-@dataclass(frozen=True)
-class _SearchArgs:
-    search: str
-    max_rollouts: int
-    slots: tuple[str, ...]
-    roles: tuple[str, ...]
-    seed: int
-    minibatch: int
+class _SearchArgs(PromptSearchOptions):
+    """The search options with the optimiser's URL and the rollout budget."""
+
     optimizer_url: str
-    optimizer_model: str
-    max_optimizer_tokens: int
-    promote: bool
-    promote_agent: str | None
-    rollout_timeout_s: float
-    agents: tuple[str, ...]
-    discover: int
+    max_rollouts: int
 
 
 async def _run(
     where: _Where, agent: str, splits: dict[str, list], args: _SearchArgs, phase: Callable[[str], None]
 ) -> PromptReport:
+    from fulmen.algorithm.prompts.bundles import PROMPTS_SENDER
     from fulmen.algorithm.prompts.evidence import episode_evidence
     from fulmen.algorithm.prompts.system import EvaluatorOptions, SystemEvaluator
     from fulmen.algorithm.service.collector import Collector
@@ -312,7 +343,6 @@ async def _run(
     from fulmen.algorithm.settings import IncompletePolicy
     from fulmen.infra.kafka.broker import kafka_broker
     from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
-    from fulmen.infra.kafka.prompts import PROMPTS_SENDER
     from fulmen.infra.kafka.publish import EventPublisher
     from fulmen.infra.store import open_reader
     from fulmen.schemas.topics import TopicKey, topic_name
@@ -423,9 +453,7 @@ async def _finish(
     args: _SearchArgs,
     phase: Callable[[str], None],
 ) -> PromptReport:
-    from fulmen.infra.kafka.prompts import decide_prompt
     from fulmen.prompt_queries import bundle_mismatches
-    from fulmen.schemas.events import PromotionAction
     from fulmen.schemas.prompts import PromptBundle
     from fulmen.schemas.topics import TopicKey
 
@@ -448,17 +476,7 @@ async def _finish(
         bundle_mismatches, reader, settings.clickhouse.database, tuple(evaluator.rollout_ids)
     )
     base_id = evaluator.bundle(base).bundle_id
-    promoted = None
-    before, after = result.report["heldout_before"], result.report["heldout_after"]
-    if args.promote and result.best.id == base_id:
-        phase("not promoting: no candidate beat the agent's own prompts")
-    elif args.promote and after < before:
-        phase(f"not promoting {result.best.id}: it does worse than the agent's own prompts on test")
-    elif args.promote:
-        phase(f"promoting {result.best.id} for {args.promote_agent or 'every agent'}")
-        reason = f"fulmen optimize-prompt {o.run_id}: test {after:.3f} (was {before:.3f})"
-        event = await decide_prompt(settings, PromotionAction.PROMOTE, result.best.id, args.promote_agent, reason)
-        promoted = event.bundle_id
+    promoted = await _promote(settings, result, base_id, args, o.run_id, phase) if args.promote else None
     return PromptReport(
         run_id=o.run_id,
         run_dir=where.run_dir,
@@ -480,3 +498,29 @@ async def _finish(
         optimizer_tokens=tokens,
         rollout_ids=list(evaluator.rollout_ids),
     )
+
+
+async def _promote(
+    settings: FulmenSettings,
+    result: SearchResult,
+    base_id: str,
+    args: _SearchArgs,
+    run_id: str,
+    phase: Callable[[str], None],
+) -> str | None:
+    """Promote the best bundle unless it is the agent's own prompts or does worse than them on the test split; the
+    bundle promoted (None: none)."""
+    from fulmen.algorithm.prompts.bundles import decide_prompt
+    from fulmen.schemas.events import PromotionAction
+
+    before, after = result.report["heldout_before"], result.report["heldout_after"]
+    if result.best.id == base_id:
+        phase("not promoting: no candidate beat the agent's own prompts")
+        return None
+    if after < before:
+        phase(f"not promoting {result.best.id}: it does worse than the agent's own prompts on test")
+        return None
+    phase(f"promoting {result.best.id} for {args.promote_agent or 'every agent'}")
+    reason = f"fulmen optimize-prompt {run_id}: test {after:.3f} (was {before:.3f})"
+    event = await decide_prompt(settings, PromotionAction.PROMOTE, result.best.id, args.promote_agent, reason)
+    return event.bundle_id

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from fulmen.schemas.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from fulmen.algorithm.local import TrainReport
+    from fulmen.algorithm.local import LocalPlan, TrainReport
     from fulmen.algorithm.settings import TrainSettings
     from fulmen.schemas.events import TrainStep
     from fulmen.schemas.prompts import PromptBundle
@@ -69,34 +69,18 @@ def train(
     and transition records it beside the model version): a :class:`~fulmen.schemas.prompts.PromptBundle`, or the id
     of one stored in ``source_store`` (e.g. ``fulmen optimize-prompt``'s run's ``<run dir>/chdb``; default: the
     store in force); either is published on this run's prompts topic before training."""
-    from fulmen.algorithm.local import LocalPlan, run_locally
+    from fulmen.algorithm.local import run_locally
     from fulmen.algorithm.settings import TrainSettings
 
     settings = settings or TrainSettings()
-    fields = train_fields(settings, train_settings, steps)
-    if replay is not None:
-        fields["replay_sql"] = replay
-    if source_store is not None:
-        fields["source_store"] = str(source_store)
+    fields = _run_fields(settings, train_settings, steps, replay, source_store)
     if dataset is None and not fields.get("replay_sql") and not fields.get("tasks_sql"):
         raise ConfigurationError(
             "nothing to train on: pass a dataset (or tasks_sql=SELECT of stored task ids), or "
             "replay=SELECT of stored rollout ids"
         )
-    if runners < 1 or concurrency < 1:
-        raise ConfigurationError("runners and concurrency must be at least 1")
     tasks, val_tasks = _tasks(dataset) if dataset is not None else [], _tasks(val) if val is not None else None
-    llm_env = {k: v for k, v in os.environ.items() if k.startswith("FULMEN_LLM_") and k not in _LLM_RUN_OWN}
-    agent_pattern = agent_pattern or os.environ.get("FULMEN_TRANSITIONS_AGENT_PATTERN") or None
-    plan = LocalPlan(
-        _agent_name(agent),
-        _model_dir(model, settings.home),
-        runners=runners,
-        concurrency=concurrency,
-        agent_pattern=agent_pattern,
-        llm_env=llm_env,
-        run_prefix="train",
-    )
+    plan = _local_plan(agent, model, settings, runners, concurrency, agent_pattern)
     bundles = _bundles(settings, fields, prompt_bundle)
     run = run_locally(
         settings,
@@ -121,6 +105,47 @@ def train_fields(settings: TrainSettings, train_settings: Mapping[str, Any], ste
             f"unknown training setting(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(fields))}"
         )
     return fields | dict(train_settings) | ({"steps": steps} if steps is not None else {})
+
+
+def _run_fields(
+    settings: TrainSettings,
+    train_settings: Mapping[str, Any],
+    steps: int | None,
+    replay: str | None,
+    source_store: str | Path | None,
+) -> dict[str, Any]:
+    """``train_fields`` with ``train``'s own arguments that are settings too (``replay``, ``source_store``)."""
+    fields = train_fields(settings, train_settings, steps)
+    if replay is not None:
+        fields["replay_sql"] = replay
+    if source_store is not None:
+        fields["source_store"] = str(source_store)
+    return fields
+
+
+def _local_plan(
+    agent: str | Callable[..., Any],
+    model: str | Path,
+    settings: TrainSettings,
+    runners: int,
+    concurrency: int,
+    agent_pattern: str | None,
+) -> LocalPlan:
+    """What a local run starts: ``runners`` runners of ``agent`` on ``model``, the LLM gateway with the
+    ``FULMEN_LLM_*`` variables in force (but the run's own port and model)."""
+    from fulmen.algorithm.local import LocalPlan
+
+    if runners < 1 or concurrency < 1:
+        raise ConfigurationError("runners and concurrency must be at least 1")
+    return LocalPlan(
+        _agent_name(agent),
+        _model_dir(model, settings.home),
+        runners=runners,
+        concurrency=concurrency,
+        agent_pattern=agent_pattern or os.environ.get("FULMEN_TRANSITIONS_AGENT_PATTERN") or None,
+        llm_env={k: v for k, v in os.environ.items() if k.startswith("FULMEN_LLM_") and k not in _LLM_RUN_OWN},
+        run_prefix="train",
+    )
 
 
 def _bundles(settings: TrainSettings, fields: dict[str, Any], bundle: str | PromptBundle | None) -> list[PromptBundle]:

@@ -289,17 +289,7 @@ class TrainingLoop:
             return None
         groups, dropped = collected
         waited = self.clock() - started
-        if self.options.shuffle_rewards:  # the control run: rewards detached from the answers they scored
-            groups = shuffle_rewards(groups, seed=self.options.seed * 100_003 + number)
-        groups = credit_groups(groups, self.options.credit, self.options.gamma)
-        options = {
-            "estimator": self.options.estimator,
-            "scope": self.options.advantage_scope,
-            "missing_reward": self.options.missing_reward,
-            "overlong": self.overlong,
-            "step_weight": self.options.step_advantage_weight,
-        }
-        data = build_agent_samples(groups, self.agents, **options) if self.agents else build_samples(groups, **options)
+        groups, data = self._samples(groups, number)
         staleness = staleness_counts(data.samples, self.version)
         metrics = await asyncio.to_thread(self.backend.step, data.samples)
         published = self.clock()
@@ -312,36 +302,12 @@ class TrainingLoop:
         extra = {**(extra or {}), **self._extra(metrics, dropped, data), **_staleness_extra(staleness)}
         if self.val is not None and self._validation_due(number):
             extra.update(await self._validate(stop, prefix="val_"))
-        if self.gate is not None and "val_accuracy" in extra:
-            decision = self.gate.decide(self._versions(str(path), number)[0], extra["val_accuracy"])
-            if (
-                await self._retrying(
-                    lambda retry: self._send(TopicKey.PROMOTIONS, decision),
-                    stop,
-                    f"publishing the promotion decision of version {number}",
-                )
-                is None
-            ):
-                return None
-            extra.update(
-                promoted=float(decision.action is PromotionAction.PROMOTE),
-                serving_version=float(self.gate.serving.version),
-                serving_score=float(self.gate.serving.score or 0.0),
-            )
+        if not await self._decide_promotion(number, str(path), extra, stop):
+            return None
         event = self._train_step(
             number, groups, data, metrics, extra, waited=waited, publish_s=publish_s, stale=dropped["stale"]
         )
-        if (
-            await self._retrying(
-                lambda retry: self._send(TopicKey.METRICS, event), stop, f"publishing the metrics of step {number}"
-            )
-            is None
-        ):
-            log.warning(
-                "stopped before the metrics of step %d were acknowledged; they may be lost (version %d is published)",
-                number,
-                number,
-            )
+        if not await self._publish_metrics(event, stop):
             return None
         self.collector.done(g.group_id for g in groups)
         await self._commit()
@@ -356,6 +322,50 @@ class TrainingLoop:
             path,
         )
         return event
+
+    def _samples(self, groups: list[ClosedGroup], number: int) -> tuple[list[ClosedGroup], StepSamples]:
+        """Step ``number``'s groups with their credit assigned (rewards shuffled first in the control run), and the
+        samples the backend trains on."""
+        if self.options.shuffle_rewards:  # the control run: rewards detached from the answers they scored
+            groups = shuffle_rewards(groups, seed=self.options.seed * 100_003 + number)
+        groups = credit_groups(groups, self.options.credit, self.options.gamma)
+        options = {
+            "estimator": self.options.estimator,
+            "scope": self.options.advantage_scope,
+            "missing_reward": self.options.missing_reward,
+            "overlong": self.overlong,
+            "step_weight": self.options.step_advantage_weight,
+        }
+        data = build_agent_samples(groups, self.agents, **options) if self.agents else build_samples(groups, **options)
+        return groups, data
+
+    async def _decide_promotion(self, number: int, path: str, extra: dict[str, float], stop: asyncio.Event) -> bool:
+        """With a promotion gate and a validation score: publish the gate's decision on version ``number`` and add
+        it to ``extra``; False when ``stop`` was set before it was acknowledged."""
+        if self.gate is None or "val_accuracy" not in extra:
+            return True
+        decision = self.gate.decide(self._versions(path, number)[0], extra["val_accuracy"])
+        what = f"publishing the promotion decision of version {number}"
+        if await self._retrying(lambda retry: self._send(TopicKey.PROMOTIONS, decision), stop, what) is None:
+            return False
+        extra.update(
+            promoted=float(decision.action is PromotionAction.PROMOTE),
+            serving_version=float(self.gate.serving.version),
+            serving_score=float(self.gate.serving.score or 0.0),
+        )
+        return True
+
+    async def _publish_metrics(self, event: TrainStep, stop: asyncio.Event) -> bool:
+        """Publish a step's metrics; False when ``stop`` was set before they were acknowledged."""
+        what = f"publishing the metrics of step {event.step}"
+        if await self._retrying(lambda retry: self._send(TopicKey.METRICS, event), stop, what) is not None:
+            return True
+        log.warning(
+            "stopped before the metrics of step %d were acknowledged; they may be lost (version %d is published)",
+            event.step,
+            event.model_version,
+        )
+        return False
 
     # -- collecting --------------------------------------------------------------------------------------------
 
@@ -389,28 +399,16 @@ class TrainingLoop:
                 continue
             else:
                 taken = self.waiting.train.pop(0)
-            group, stale = drop_stale(taken, self.version, self.options.max_staleness)
-            group, too_long = drop_too_long(group, self.options.max_len)
-            dropped["stale"] += stale
-            dropped["too_long"] += too_long
-            if self.agents:  # per-agent adapters: only the calls of the agents that have one
-                group, others = keep_agents(group, self.agents)
-                dropped["other_agents"] += others
-            if not group.num_transitions:
-                self.collector.done([group.group_id])
+            group = self._trainable(taken, dropped)
+            if group is None:
                 unusable += from_replay
-            elif dropped["no_signal"] < skips and not self._has_signal(group):
-                dropped["no_signal"] += 1
-                unusable += from_replay
-                self.collector.done([group.group_id])
-                log.debug("group %s: all rewards equal, not trained on (dynamic sampling)", group.group_id)
+            elif from_replay:
+                selected.append(group)
+                replayed += 1
+                unusable = 0
             else:
                 selected.append(group)
-                if from_replay:
-                    replayed += 1
-                    unusable = 0
-                else:
-                    self._in_step += 1
+                self._in_step += 1
         dropped["replayed"] = replayed
         if skips and dropped["no_signal"] >= skips:
             dropped["exhausted"] = 1
@@ -423,6 +421,27 @@ class TrainingLoop:
             )
         self.filtered_groups += dropped["no_signal"]
         return selected, dropped
+
+    def _trainable(self, taken: ClosedGroup, dropped: dict[str, int]) -> ClosedGroup | None:
+        """``taken`` without its stale and too long transitions (and, with per-agent adapters, the calls of agents
+        without one), counted in ``dropped``; None, and the group done with, when nothing is left or its rewards do
+        not differ (dynamic sampling, up to its bound a step)."""
+        group, stale = drop_stale(taken, self.version, self.options.max_staleness)
+        group, too_long = drop_too_long(group, self.options.max_len)
+        dropped["stale"] += stale
+        dropped["too_long"] += too_long
+        if self.agents:  # per-agent adapters: only the calls of the agents that have one
+            group, others = keep_agents(group, self.agents)
+            dropped["other_agents"] += others
+        if not group.num_transitions:
+            self.collector.done([group.group_id])
+            return None
+        if dropped["no_signal"] < self.options.dynamic_sampling_bound and not self._has_signal(group):
+            dropped["no_signal"] += 1
+            self.collector.done([group.group_id])
+            log.debug("group %s: all rewards equal, not trained on (dynamic sampling)", group.group_id)
+            return None
+        return group
 
     async def _commit(self) -> None:
         async with self._collector_lock:

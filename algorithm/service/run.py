@@ -24,6 +24,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiokafka.errors import KafkaError
 
@@ -43,6 +44,9 @@ from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas.errors import BrokerUnavailableError, ConfigurationError, RetryableError
 from fulmen.schemas.events import ModelPromotion, ModelVersion, RolloutMode, TrainStep
 from fulmen.schemas.topics import TopicKey, topic_name
+
+if TYPE_CHECKING:
+    from fulmen.algorithm.service.replay import ReplayBuffer
 
 __all__ = [
     "TRAINER_BACKENDS",
@@ -331,14 +335,7 @@ async def _train_with(
             LoopPlan(options, run_dir, base_model, resumed[0] if resumed else 0),
             backend,
             publisher,
-            Collector(
-                source,
-                GroupBook(
-                    timeout_s=options.group_deadline_s,
-                    policy=options.incomplete_policy,
-                    min_group_size=options.min_group_size,
-                ),
-            ),
+            Collector(source, _group_book(options)),
             _dispatcher(publisher, tasks, options, RolloutMode.TRAIN) if tasks else None,
             _dispatcher(publisher, val_tasks, options, RolloutMode.VAL) if val_tasks else None,
             version_published=lambda event: version_on_topic(settings, event),
@@ -348,24 +345,7 @@ async def _train_with(
         stop = stop or asyncio.Event()
         if not await loop.publish_resumed(stop):
             return []
-        log.info(
-            "run %s: training %s for %d steps, %d tasks x %d rollouts, %d groups a step; writing to %s",
-            options.run_id,
-            base_model,
-            options.steps,
-            len(tasks),
-            options.group_size,
-            options.groups_per_step,
-            run_dir,
-        )
-        if replay is not None:
-            log.info(
-                "run %s replays %s; %d of each step's %d groups",
-                options.run_id,
-                replay.summary(),
-                loop.replay_share,
-                options.groups_per_step,
-            )
+        _log_start(options, base_model, len(tasks), run_dir, loop.replay_share, replay)
         return await loop.run(stop)
     except BrokerUnavailableError:
         raise
@@ -377,6 +357,35 @@ async def _train_with(
         ) from exc
     finally:
         await _close([source, broker])
+
+
+def _group_book(options: TrainSection) -> GroupBook:
+    return GroupBook(
+        timeout_s=options.group_deadline_s, policy=options.incomplete_policy, min_group_size=options.min_group_size
+    )
+
+
+def _log_start(
+    options: TrainSection, base_model: str, tasks: int, run_dir: Path, replay_share: int, replay: ReplayBuffer | None
+) -> None:
+    log.info(
+        "run %s: training %s for %d steps, %d tasks x %d rollouts, %d groups a step; writing to %s",
+        options.run_id,
+        base_model,
+        options.steps,
+        tasks,
+        options.group_size,
+        options.groups_per_step,
+        run_dir,
+    )
+    if replay is not None:
+        log.info(
+            "run %s replays %s; %d of each step's %d groups",
+            options.run_id,
+            replay.summary(),
+            replay_share,
+            options.groups_per_step,
+        )
 
 
 async def _close(clients: list) -> None:

@@ -29,7 +29,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -39,7 +39,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from fulmen.consumers.barrier import Snapshot, behind
 from fulmen.consumers.feedback.resolver import Resolved, Target, TargetResolver
 from fulmen.consumers.feedback.settings import FeedbackSection
-from fulmen.consumers.tracked import Fetched, TrackedWorker
+from fulmen.consumers.tracked import Fetched, TrackedWorker, WorkerStats
 from fulmen.infra.kafka.dlq import DeadLetters
 from fulmen.infra.kafka.offsets import OffsetTracker
 from fulmen.infra.retry import STOPPED, backoff_s
@@ -150,13 +150,10 @@ class Waiting:
 
 
 @dataclass
-class FeedbackStats:
-    records: int = 0
+class FeedbackStats(WorkerStats):
     resolved: int = 0  # feedback stored
     rows: int = 0
     lookups: int = 0  # rounds that queried the store
-    dead_lettered: int = 0
-    committed: dict[TopicPartition, int] = field(default_factory=dict)
 
 
 class FeedbackWorker(TrackedWorker):

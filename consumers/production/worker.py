@@ -30,7 +30,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
@@ -40,7 +40,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from fulmen.consumers.production.episodes import Episode, OpenEpisodes
 from fulmen.consumers.production.scan import scan_record
 from fulmen.consumers.production.settings import ProductionSection
-from fulmen.consumers.tracked import Fetched, TrackedWorker
+from fulmen.consumers.tracked import Fetched, TrackedWorker, WorkerStats
 from fulmen.infra.kafka.clients import close_quietly, start_or_raise
 from fulmen.infra.kafka.offsets import OffsetTracker
 from fulmen.infra.kafka.publish import EventPublisher
@@ -74,11 +74,9 @@ def production_end(trace_id: str) -> RolloutEvent:
 
 
 @dataclass
-class ProductionStats:
-    records: int = 0
+class ProductionStats(WorkerStats):
     calls: int = 0  # production calls read (a call read again after a restart counts again)
     ended: int = 0  # episodes whose end was published
-    committed: dict[TopicPartition, int] = field(default_factory=dict)
 
 
 class ProductionWorker(TrackedWorker):

@@ -37,7 +37,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -46,7 +46,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from fulmen.consumers.barrier import OffsetBarrier, WaitingRounds
 from fulmen.consumers.event_sinks import TRANSITION_SCHEMA, transition_rows
-from fulmen.consumers.tracked import STORE_ERRORS, Fetched, TrackedWorker
+from fulmen.consumers.tracked import STORE_ERRORS, Fetched, TrackedWorker, WorkerStats
 from fulmen.consumers.transitions.builder import BuildOptions, BuildResult, build_batch
 from fulmen.consumers.transitions.late import LateSpanCheck
 from fulmen.consumers.transitions.reader import RolloutKey, SpanReader
@@ -73,17 +73,14 @@ Item = tuple[TopicPartition, ConsumerRecord, RolloutEvent]
 
 
 @dataclass
-class TransitionStats:
-    records: int = 0
+class TransitionStats(WorkerStats):
     batches: int = 0
     transitions: int = 0
     empty_batches: int = 0
     superseded: int = 0
     duplicates: int = 0
     late_rebuilds: int = 0
-    dead_lettered: int = 0
     skipped_calls: int = 0
-    committed: dict[TopicPartition, int] = field(default_factory=dict)
 
 
 class TransitionWorker(TrackedWorker):

@@ -31,15 +31,7 @@ def run_demo_command(
     options = DemoOptions(
         shuffle_rewards=shuffle_rewards, algorithm=algorithm, mode=mode, **({"steps": steps} if steps else {})
     )
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    )
+    progress = _progress(console)
     warmup = progress.add_task("warm-up (supervised)", total=options.warmup.steps, info="", visible=False)
     task = progress.add_task("training (GRPO)", total=options.steps, info="", visible=False)
     shown = {"reward": "-", "accuracy": "-"}
@@ -77,6 +69,18 @@ def run_demo_command(
             f"the demo ended without a final validation ({len(run.steps)} step(s)); logs in {run.run_dir / 'logs'}"
         )
     return report
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
 
 
 def _print_report(console: Console, report: dict[str, Any], run: Any, queries: list[Any]) -> None:

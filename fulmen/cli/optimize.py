@@ -1,20 +1,32 @@
 """``fulmen optimize-prompt``: search better texts for the prompts an agent already sends (registered by
-``fulmen.cli.main``); :func:`fulmen.optimize_prompt` does the work, this prints its progress and report."""
+``fulmen.cli.main``); :func:`fulmen.optimize_prompt` does the work, this prints its progress and report. The search
+options are :class:`fulmen.prompt_optimization.PromptSearchOptions`' fields (one declaration each)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from fulmen.cli.base import console, friendly, load_settings
+from fulmen.cli.settings_options import SectionOptions, with_options
+from fulmen.prompt_optimization import PromptSearchOptions
 
-__all__ = ["optimize_prompt_command"]
+__all__ = ["SEARCH_OPTIONS", "optimize_prompt_command"]
+
+SEARCH_OPTIONS = SectionOptions(
+    PromptSearchOptions,
+    "search",
+    aliases={"slots": "--slot", "roles": "--role", "agents": "--only-agent", "rollout_timeout_s": "--rollout-timeout"},
+    panel="Search",
+    variables=False,
+)
 
 
+@with_options(SEARCH_OPTIONS)
 @friendly
 def optimize_prompt_command(
     agent: Annotated[str, typer.Option(help="module:function the runners run (the agent, unchanged)")],
@@ -25,32 +37,14 @@ def optimize_prompt_command(
         str, typer.Option(help="an OpenAI-compatible URL ending in /v1 (key: FULMEN_OPTIMIZER_API_KEY)")
     ],
     max_rollouts: Annotated[int, typer.Option(help="the budget: agent rollouts at most, the report's included", min=1)],
-    search: Annotated[str, typer.Option(help="gepa (reflective, Pareto frontier) or beam (the anchor's APO)")] = "gepa",
     model: Annotated[
         str, typer.Option(help="the policy: 'tiny', a model directory, or the upstream's name (FULMEN_LLM_BACKEND)")
     ] = "tiny",
-    slot: Annotated[
-        list[str] | None, typer.Option(help="a slot to optimise (repeat; fp-... from `fulmen prompts scan`)")
-    ] = None,
-    role: Annotated[list[str] | None, typer.Option(help="the roles whose prompts to optimise (default system)")] = None,
-    only_agent: Annotated[
-        list[str] | None, typer.Option(help="only the prompts of this agent's calls (repeat; its /agent/NAME)")
-    ] = None,
-    discover: Annotated[int, typer.Option(help="rollouts of the agent's own prompts that find them", min=1)] = 1,
-    seed: Annotated[int, typer.Option(help="the search's seed")] = 0,
-    minibatch: Annotated[int, typer.Option(help="gepa: training tasks per minibatch", min=1)] = 4,
-    optimizer_model: Annotated[str, typer.Option(help="the model name sent to the optimiser")] = "optimizer",
-    max_optimizer_tokens: Annotated[int, typer.Option(help="the optimiser's token cap", min=1)] = 200_000,
-    promote: Annotated[
-        bool, typer.Option("--promote", help="serve the best bundle to the calls that name none")
-    ] = False,
-    promote_agent: Annotated[str | None, typer.Option(help="--promote for this agent only (its /agent/NAME)")] = None,
     local: Annotated[
         bool, typer.Option("--local/--deployed", help="start the stack for this run, or use the deployment in force")
     ] = True,
     runners: Annotated[int, typer.Option(help="--local: runner processes of the agent", min=1)] = 1,
     concurrency: Annotated[int, typer.Option(help="--local: rollouts at once per runner", min=1)] = 32,
-    rollout_timeout: Annotated[float, typer.Option(help="seconds one rollout may take", min=1)] = 300.0,
     train_steps: Annotated[
         int,
         typer.Option(
@@ -60,6 +54,7 @@ def optimize_prompt_command(
         ),
     ] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as one JSON line")] = False,
+    **options: Any,
 ) -> None:
     """Optimise the prompts AGENT already sends, with no change to it: candidates are prompt bundles the LLM
     gateway applies to each rollout's calls, scored by the agent's own rewards through the whole system; the
@@ -74,29 +69,22 @@ def optimize_prompt_command(
         test,
         optimizer_url,
         max_rollouts,
-        search=search,
         model=model,
-        slots=slot,
-        roles=tuple(role or ("system",)),
-        seed=seed,
-        minibatch=minibatch,
-        optimizer_model=optimizer_model,
-        max_optimizer_tokens=max_optimizer_tokens,
-        promote=promote,
-        promote_agent=promote_agent,
         runners=runners,
         concurrency=concurrency,
-        rollout_timeout_s=rollout_timeout,
-        agents=only_agent,
-        discover=discover,
         local=local,
         train_steps=train_steps,
         settings=load_settings(),
         on_phase=None if json_out else (lambda text: console.print(f"[green]•[/] {text}")),
+        **SEARCH_OPTIONS.overrides(options).get("search", {}),
     )
     if json_out:
         typer.echo(json.dumps(report.summary() | {"run_dir": str(report.run_dir), "best_slots": report.best_slots}))
-        return
+    else:
+        _print_report(report)
+
+
+def _print_report(report: Any) -> None:
     table = Table("bundle", "parents", "validation", "found at rollout", "texts")
     for row in report.lineage:
         texts = " | ".join(" ".join(text.split())[:60] for text in row["slots"].values())

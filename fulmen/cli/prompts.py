@@ -1,7 +1,7 @@
 """``fulmen prompts scan | list | show ID | create | promote ID | rollback``: the prompts agents send, the stored
 prompt bundles, publishing one by hand, and which one serves the calls that name none.
 
-``create``, ``promote`` and ``rollback`` publish events (:mod:`fulmen.infra.kafka.prompts`), acknowledged by Kafka
+``create``, ``promote`` and ``rollback`` publish events (:mod:`fulmen.algorithm.prompts.bundles`), acknowledged by Kafka
 before they return; every LLM gateway follows them. ``scan``, ``list`` and ``show`` read the store
 (:mod:`fulmen.prompt_queries`), filled by ``fulmen consume``.
 """
@@ -140,7 +140,7 @@ def prompts_create(
     agent: Annotated[str | None, _AGENT] = None,
 ) -> None:
     """Publish a bundle written by hand; prints its id (the same texts always give the same id)."""
-    from fulmen.infra.kafka.prompts import publish_bundles
+    from fulmen.algorithm.prompts.bundles import publish_bundles
     from fulmen.infra.services import ensure_kafka
     from fulmen.schemas.errors import ConfigurationError
     from fulmen.schemas.prompts import PromptBundle
@@ -162,7 +162,7 @@ def prompts_create(
 
 
 def _decide(action: PromotionAction, bundle_id: str | None, agent: str | None, reason: str) -> str:
-    from fulmen.infra.kafka.prompts import decide_prompt
+    from fulmen.algorithm.prompts.bundles import decide_prompt
     from fulmen.infra.services import ensure_kafka
 
     settings = load_settings()

@@ -43,6 +43,7 @@ class SectionOptions:
     attribute: str
     aliases: Mapping[str, str] = field(default_factory=dict)  # field -> an older, shorter option name
     panel: str | None = None  # where --help lists them (default: "Settings (FULMEN_<ATTRIBUTE>_*)")
+    variables: bool = True  # False: the fields are a command's options only, no FULMEN_<ATTRIBUTE>_* sets them
 
     @property
     def env_prefix(self) -> str:
@@ -60,7 +61,7 @@ class SectionOptions:
 
     def parameters(self) -> list[inspect.Parameter]:
         """One keyword parameter per field, default None (not given), annotated for Typer."""
-        panel = self.panel or f"Settings ({self.env_prefix}*)"
+        panel = self.panel or (f"Settings ({self.env_prefix}*)" if self.variables else "Options")
         return [
             inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=self._option(name, panel))
             for name in self.names
@@ -79,8 +80,9 @@ class SectionOptions:
     def overrides(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """The options among a command's arguments that were given (not None), as the settings' init arguments
         (``{"train": {"steps": 3}}``): pydantic-settings merges them over the environment before validating, so a
-        recipe an option names (``--algorithm dapo``) fills what it prescribes, as its variable would."""
-        given = {name: _plain(values[name]) for name in self.names if values.get(name) is not None}
+        recipe an option names (``--algorithm dapo``) fills what it prescribes, as its variable would. A repeatable
+        option given no time is not given."""
+        given = {name: _plain(values[name]) for name in self.names if values.get(name) not in (None, [], ())}
         return {self.attribute: given} if given else {}
 
     def _option(self, name: str, panel: str) -> Any:
@@ -91,9 +93,12 @@ class SectionOptions:
         if name in self.aliases:
             declarations.append(self.aliases[name])
         default = info.get_default(call_default_factory=False) if info.default_factory is None else None
-        shown = "" if default is None or default == "" else f"; default {_shown(default)}"
+        shown = "" if default in (None, "", ()) else f"default {_shown(default)}"
         about = (info.description or name.replace("_", " ")).rstrip(".")
-        help_text = f"{about} ({self.env_prefix}{name.upper()}{shown})"
+        repeat = "repeat for more" if kind == list[str] else ""
+        variable = f"{self.env_prefix}{name.upper()}" if self.variables else ""
+        where = "; ".join(part for part in (variable, repeat, shown) if part)
+        help_text = f"{about} ({where})" if where else about
         return Annotated[kind | None, typer.Option(*declarations, help=help_text, rich_help_panel=panel)]
 
 
@@ -125,8 +130,10 @@ def _secret(annotation: Any) -> bool:
 
 def _option_type(annotation: Any) -> type:
     """The type Typer parses an option as: the annotation without its None (``int | None`` -> int), a
-    ``Literal`` of strings as the choices of an enum."""
+    ``Literal`` of strings as the choices of an enum, a tuple or list of strings as a repeatable option."""
     annotation = _without_none(annotation)
+    if get_origin(annotation) in (list, tuple) and set(get_args(annotation)) <= {str, Ellipsis}:
+        return list[str]  # type: ignore[return-value]
     if get_origin(annotation) is Literal and all(isinstance(arg, str) for arg in get_args(annotation)):
         return enum.Enum("Choice", {value: value for value in get_args(annotation)}, type=str)  # type: ignore[return-value]
     if isinstance(annotation, type) and (issubclass(annotation, enum.Enum) or annotation in _PLAIN):
@@ -140,6 +147,8 @@ def _plain(value: Any) -> Any:
 
 
 def _shown(value: Any) -> str:
+    if isinstance(value, tuple | list):
+        return " ".join(_shown(item) for item in value)
     if isinstance(value, enum.Enum):
         return str(value.value)
     if isinstance(value, bool):

@@ -153,7 +153,7 @@ def _train_here(settings: Any, dataset: Path | None, val: Path | None) -> None:
 def _check_bundle(settings: Any, bundle_id: str) -> None:
     """--prompt-bundle against a deployment: the bundle must be on its prompts topic (else every rollout would be
     refused by the LLM gateway)."""
-    from fulmen.infra.kafka.prompts import read_bundles
+    from fulmen.algorithm.prompts.bundles import read_bundles
 
     if bundle_id not in asyncio.run(read_bundles(settings)):
         raise FulmenError(

@@ -204,25 +204,7 @@ class VllmStandIn:
         token_ids = [1000 + byte for byte in text.encode()]
         prompt_ids = [1000 + byte for byte in marker.encode()]
         self.answered.append({"marker": marker, "model": model, "label": label, "served_by": served_by})
-        choice: dict[str, Any] = {"index": 0, "finish_reason": "stop", "stop_reason": None}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
-            if body.get("logprobs"):
-                choice["logprobs"] = {
-                    "content": [
-                        {"token": chr(t - 1000), "logprob": -0.5, "bytes": [t - 1000], "top_logprobs": []}
-                        for t in token_ids
-                    ]
-                }
-        else:
-            choice["text"] = text
-            if body.get("logprobs") is not None:
-                choice["logprobs"] = {
-                    "tokens": [chr(t - 1000) for t in token_ids],
-                    "token_logprobs": [-0.5] * len(token_ids),
-                    "top_logprobs": None,
-                    "text_offset": list(range(len(token_ids))),
-                }
+        choice = _choice(body, chat, text, token_ids)
         if body.get("return_token_ids"):
             choice["token_ids"] = token_ids
         if body.get("return_weight_versions"):
@@ -356,3 +338,27 @@ def _marker(body: dict[str, Any], chat: bool) -> str:
         return prompt if isinstance(prompt, str) else json.dumps(prompt)
     users = [m.get("content") for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "user"]
     return str(users[-1]) if users else ""
+
+
+def _choice(body: dict[str, Any], chat: bool, text: str, token_ids: list[int]) -> dict[str, Any]:
+    """One choice of an answer, with the logprobs the request asked for in the shape of its endpoint."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": "stop", "stop_reason": None}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
+        if body.get("logprobs"):
+            choice["logprobs"] = {
+                "content": [
+                    {"token": chr(t - 1000), "logprob": -0.5, "bytes": [t - 1000], "top_logprobs": []}
+                    for t in token_ids
+                ]
+            }
+        return choice
+    choice["text"] = text
+    if body.get("logprobs") is not None:
+        choice["logprobs"] = {
+            "tokens": [chr(t - 1000) for t in token_ids],
+            "token_logprobs": [-0.5] * len(token_ids),
+            "top_logprobs": None,
+            "text_offset": list(range(len(token_ids))),
+        }
+    return choice

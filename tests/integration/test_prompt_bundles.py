@@ -13,9 +13,9 @@ import pytest
 from openai import AsyncOpenAI
 from opentelemetry.sdk.trace import TracerProvider
 
+from fulmen.algorithm.prompts.bundles import decide_prompt, publish_bundles, read_prompt_promotions
 from fulmen.consumers.event_sinks import EVENT_SINKS
 from fulmen.consumers.spans import SpanSink
-from fulmen.infra.kafka.prompts import decide_prompt, publish_bundles, read_prompt_promotions
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.producers.llm_gateway import LlmGateway

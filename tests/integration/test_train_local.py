@@ -200,3 +200,9 @@ def test_bad_arguments_are_refused_before_anything_starts(tmp_path: Path, monkey
         fulmen.optimize_prompt(
             "a:b", [{"q": 1}], [{"q": 2}], [{"q": 3}], "http://127.0.0.1:9/v1", 10, train_steps=1, local=False
         )
+    with pytest.raises(ConfigurationError, match="serach: Extra inputs.*the search options: search, slots"):
+        fulmen.optimize_prompt("a:b", [{"q": 1}], [{"q": 2}], [{"q": 3}], "http://127.0.0.1:9/v1", 10, serach="beam")
+    with pytest.raises(ConfigurationError, match="unknown search 'bream'"):
+        fulmen.optimize_prompt("a:b", [{"q": 1}], [{"q": 2}], [{"q": 3}], "http://127.0.0.1:9/v1", 10, search="bream")
+    with pytest.raises(ConfigurationError, match="discover: Input should be greater than or equal to 1"):
+        fulmen.optimize_prompt("a:b", [{"q": 1}], [{"q": 2}], [{"q": 3}], "http://127.0.0.1:9/v1", 10, discover=0)

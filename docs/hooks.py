@@ -23,9 +23,6 @@ from typing import Any
 
 from mkdocs.structure.files import File, Files
 
-_HOME_MEANING = (
-    "the directory of local state: Kafka data and log, embedded store, models, runs (default `~/.local/share/fulmen`)"
-)
 GENERATED = ("reference/cli.md", "reference/settings.md", "reference/events.md", "reference/asyncapi.md")
 
 
@@ -153,9 +150,18 @@ def settings_page() -> str:
                 lines += [
                     f"## `FULMEN_{name.upper()}` ({who})",
                     "",
-                    _cell(field.description or _HOME_MEANING),
+                    _cell(field.description or ""),
                     "",
                 ]
+    from fulmen.algorithm.prompts.reflect import API_KEY_ENV
+
+    lines += [
+        f"## `{API_KEY_ENV}` (`fulmen optimize-prompt`)",
+        "",
+        "the key of the optimiser LLM at `--optimizer-url`, sent as a bearer token (a secret: read from the "
+        "environment only, never printed)",
+        "",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -184,6 +190,8 @@ def _default(field: Any) -> str:
             value = field.default_factory()
         except TypeError:  # a factory that takes the validated data
             return "derived"
+        if value != field.default_factory():  # a run id: the page must not change between builds
+            return "a new one each time"
     else:
         value = field.default
     if value is None:

@@ -45,18 +45,26 @@ class KafkaSettings(BaseModel):
         pattern=r"^[A-Za-z0-9._\-]*$",
         description="prefix of every topic name and of Fulmen's consumer groups (several installations on one cluster)",
     )
-    client_id: str = "fulmen"
+    client_id: str = Field(
+        default="fulmen", description="the client id every Fulmen client sends (in broker logs and quotas)"
+    )
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         default="PLAINTEXT", description="client security for the cluster FULMEN_KAFKA_BOOTSTRAP names"
     )
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
-    ssl_cafile: Path | None = None
-    ssl_certfile: Path | None = None
-    ssl_keyfile: Path | None = None
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = Field(
+        default=None, description="SASL_PLAINTEXT/SASL_SSL: how clients authenticate"
+    )
+    sasl_username: str | None = Field(default=None, description="SASL: the user name")
+    sasl_password: SecretStr | None = Field(default=None, description="SASL: the password (a secret: never printed)")
+    ssl_cafile: Path | None = Field(
+        default=None, description="SSL: the CA bundle that signed the brokers' certificates"
+    )
+    ssl_certfile: Path | None = Field(default=None, description="SSL: this client's certificate (mutual TLS)")
+    ssl_keyfile: Path | None = Field(default=None, description="SSL: this client's private key (mutual TLS)")
     replication_factor: int | None = Field(default=None, ge=1, description="unset = min(3, brokers)")
-    request_timeout_ms: int = Field(default=30_000, ge=1000)
+    request_timeout_ms: int = Field(
+        default=30_000, ge=1000, description="how long a client waits for a broker's reply to a request"
+    )
     connect_timeout_s: float = Field(default=15.0, gt=0, description="how long to wait for a broker to answer")
     compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = Field(
         default="zstd", description="codec of every record batch Fulmen produces (consumers read any codec)"
@@ -82,7 +90,7 @@ class BrokerSettings(BaseModel):
     version: str = Field(
         default="4.1.1", pattern=r"^4\.\d+\.\d+$", description="Apache Kafka version of the local broker"
     )
-    host: str = "127.0.0.1"
+    host: str = Field(default="127.0.0.1", description="the address the local broker listens on")
     port: int = Field(default=9092, ge=1, le=65535, description="client port of the local broker (node 1)")
     controller_port: int = Field(default=9093, ge=1, le=65535, description="KRaft controller port (node 1)")
     nodes: int = Field(default=1, ge=1, le=9, description="local KRaft nodes; 3 = replication factor 3, min ISR 2")
@@ -91,7 +99,7 @@ class BrokerSettings(BaseModel):
         default_factory=lambda: Path.home() / ".cache" / "fulmen", description="where the Kafka jars are cached"
     )
     heap: str = Field(default="768m", pattern=r"^\d+[mMgG]$", description="JVM heap of each node")
-    start_timeout_s: float = Field(default=60.0, gt=0)
+    start_timeout_s: float = Field(default=60.0, gt=0, description="how long the local broker may take to start")
 
     def node_ports(self) -> list[tuple[int, int]]:
         """(client port, controller port) of each local node, node 1 first."""
@@ -153,7 +161,7 @@ class ClickHouseSettings(BaseModel):
 class LogSettings(BaseModel):
     """Logging of every process."""
 
-    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="the lowest level logged")
     format: Literal["text", "json"] = Field(default="text", description="json: one object a line, for log pipelines")
     file: Path | None = Field(default=None, description="also write the log to this file")
 
@@ -217,7 +225,11 @@ class FulmenSettings(BaseSettings):
         case_sensitive=False,
     )
 
-    home: Path = Field(default_factory=default_home)
+    home: Path = Field(
+        default_factory=default_home,
+        description="the directory of local state: Kafka data and log, embedded store, models, runs "
+        "(default `~/.local/share/fulmen`)",
+    )
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)

@@ -19,6 +19,7 @@ import typer
 from rich.table import Table
 
 from fulmen.cli.base import UtcOption, WideOption, console, friendly, load_settings, read_query
+from fulmen.cli.help_text import flow_help
 from fulmen.cli.init import init_command
 from fulmen.cli.models import models_app
 from fulmen.cli.optimize import optimize_prompt_command
@@ -275,8 +276,10 @@ def llm_gateway(**options: Any) -> None:
 @with_options(DASHBOARD_OPTIONS)
 @friendly
 def dashboard(**options: Any) -> None:
-    """Serve the read-only dashboard (runs and their steps, rollouts and their traces, dead letters) over the
-    store: the read endpoint of `fulmen consume`, or the ClickHouse server. GET /healthz answers when ready."""
+    """Serve the read-only dashboard over the store (the read endpoint of `fulmen consume`, or the ClickHouse
+    server): runs and their steps, rollouts and their traces, model versions and promotions, prompt bundles, dead
+    letters (pages /, /rollouts, /models, /prompts, /dead-letters; JSON under /api). GET /healthz answers when
+    ready."""
     from fulmen.dashboard import Dashboard
     from fulmen.infra.settings import DashboardProcessSettings
 
@@ -595,6 +598,9 @@ def _print_smoke(report: Any, stopped: bool, cli: Any) -> None:
     console.print(
         f"\ndone in {report.wall_s:.1f}s" + ("; the broker this demo started is stopped." if stopped else ".")
     )
+
+
+flow_help(app)  # after every command is registered: help wraps as paragraphs (fulmen/cli/help_text.py)
 
 
 def main() -> None:

@@ -61,7 +61,7 @@ class LlmSection(BaseModel):
     default_max_tokens: int | None = Field(
         default=None, ge=1, description="when a request sets none; unset = as many as fit in the context"
     )
-    max_n: int = Field(default=16, ge=1, le=128)
+    max_n: int = Field(default=16, ge=1, le=128, description="the most choices (n) one request may ask for; 400 above")
     llamacpp_server: str = Field(
         default="", description="llamacpp: the llama-server binary; default: the one `make install` built for this CPU"
     )
@@ -100,7 +100,9 @@ class LlmSection(BaseModel):
         default="",
         description="vllm/openai: the upstream's base URL, ending in /v1; several, comma-separated, are replicas",
     )
-    upstream_api_key: SecretStr | None = None
+    upstream_api_key: SecretStr | None = Field(
+        default=None, description="vllm/openai: the bearer key the upstream requires (a secret: never printed)"
+    )
     upstream_timeout_s: float = Field(default=600.0, gt=0, description="one upstream call (or weight load) at most")
     replica_attempts: int = Field(
         default=3, ge=1, le=64, description="replicas one call may try: a failed replica's call goes to another"

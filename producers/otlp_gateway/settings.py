@@ -10,14 +10,14 @@ __all__ = ["OtlpGatewaySettings", "OtlpSection"]
 
 
 class OtlpSection(BaseModel):
-    host: str = "127.0.0.1"
+    host: str = Field(default="127.0.0.1", description="listen address (0.0.0.0: every interface)")
     port: int = Field(default=4318, ge=0, le=65535, description="4318 is the OTLP/HTTP default; 0 = any free port")
     bearer_token: SecretStr | None = Field(default=None, description="when set, requests must carry it")
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, description="after gzip inflation; 413 above")
     max_record_bytes: int = Field(default=1024 * 1024, ge=16 * 1024, description="one Kafka record at most")
     max_inflight_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="waiting for Kafka; 503 above")
     publish_timeout_s: float = Field(default=10.0, gt=0, description="503 when Kafka has not acknowledged by then")
-    retry_after_s: int = Field(default=1, ge=1)
+    retry_after_s: int = Field(default=1, ge=1, description="the Retry-After a 503 answer carries")
     read_timeout_s: float = Field(
         default=60.0, gt=0, description="a client must send its headers, and then its body, within this (408)"
     )

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Playwright drives the system chromium (the browser tests): it must never fetch a browser build of its own.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: install chromium demo test test-unit lint docs lock clean-local
+.PHONY: prereqs install chromium demo test test-unit lint docs lock clean-local
 
 NATIVE := native/otlp_rows
 NATIVE_SOURCES := $(NATIVE)/Cargo.toml $(NATIVE)/pyproject.toml $(wildcard $(NATIVE)/src/*.rs)
@@ -60,9 +60,24 @@ LLAMACPP_STAMP := $(VENV)/.llamacpp-built
 $(LLAMACPP_STAMP): $(STAMP) $(LLAMACPP_BUILD)
 	@$(VENV)/bin/python -m fulmen.producers.llm_gateway.backends.llamacpp_build && touch $(LLAMACPP_STAMP) || true
 
+# What the machine must have, checked before anything is downloaded: each missing tool named, with what needs it.
+prereqs:
+	@missing=""; \
+	$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || test -x $(VENV)/bin/python || \
+		missing="$$missing\n  Python 3.11 as '$(PYTHON)' (or: make PYTHON=python3.11 ...): the virtualenv"; \
+	command -v java >/dev/null || missing="$$missing\n  Java 17 (java): the local Kafka broker runs on it"; \
+	command -v mvn >/dev/null || missing="$$missing\n  Maven (mvn): fetches the Kafka jars from Maven Central"; \
+	test -f $(VENDOR)/uPlot.iife.min.js || command -v npm >/dev/null || \
+		missing="$$missing\n  npm (Node.js): fetches the dashboard's chart library, once"; \
+	test -x /usr/bin/chromium || command -v apt-get >/dev/null || \
+		missing="$$missing\n  Chromium at /usr/bin/chromium, or Debian's apt-get (as root) to install it: the browser tests"; \
+	if [ -n "$$missing" ]; then printf "make install needs:$$missing\n" >&2; exit 1; fi; \
+	{ command -v cmake >/dev/null && command -v c++ >/dev/null; } || echo "note: without cmake and a C++ compiler, \
+	llama.cpp's server (FULMEN_LLM_BACKEND=llamacpp) is not built; everything else works"
+
 # The venv plus the Kafka jars (`fulmen kafka fetch`: Maven and Java), for what starts a broker, the dashboard's
 # chart library, the browser the dashboard's tests drive and llama.cpp's server.
-install: $(STAMP) $(VENDOR)/uPlot.iife.min.js chromium $(LLAMACPP_STAMP)
+install: prereqs $(STAMP) $(VENDOR)/uPlot.iife.min.js chromium $(LLAMACPP_STAMP)
 	@$(VENV)/bin/fulmen kafka fetch >/dev/null
 
 demo: install

@@ -126,8 +126,11 @@ def build_tiny_model(
     model.generation_config = GenerationConfig(
         eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id], pad_token_id=tokenizer.pad_token_id
     )
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
+    from fulmen.algorithm.trainer.torch_backend import no_progress_bars
+
+    with no_progress_bars():  # `make demo` builds it first: no stray "Writing model shards" bar
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
     (directory / "fulmen_tiny_model.json").write_text(json.dumps(config.__dict__, indent=2) + "\n")
     return directory
 

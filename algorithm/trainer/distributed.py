@@ -53,7 +53,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from fulmen.algorithm.batch import Sample, TrainBatch, collate
 from fulmen.algorithm.trainer.base import StepMetrics, atomic_directory
 from fulmen.algorithm.trainer.logprobs import token_logprobs
-from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig, _no_progress_bars
+from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig, no_progress_bars
 from fulmen.infra.torch_cuda import trusted_attention
 from fulmen.schemas.errors import ConfigurationError, FulmenError
 
@@ -253,7 +253,7 @@ class ShardedTrainer(TorchTrainer):
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(self.model, options=options)  # on rank 0 only (cpu_offload)
         if self.world.main:
-            with atomic_directory(directory) as staging, _no_progress_bars():
+            with atomic_directory(directory) as staging, no_progress_bars():
                 plain_model(self.model, state, lora=self.config.lora is not None).save_pretrained(staging)
                 if self.tokenizer is not None:
                     self.tokenizer.save_pretrained(staging)

@@ -56,7 +56,7 @@ from fulmen.algorithm.trainer.logprobs import Work, token_logprobs
 from fulmen.infra.torch_cuda import trusted_attention
 from fulmen.schemas.errors import ConfigurationError
 
-__all__ = ["LoraSettings", "TorchTrainer", "TorchTrainerConfig"]
+__all__ = ["LoraSettings", "TorchTrainer", "TorchTrainerConfig", "no_progress_bars"]
 
 logger = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ class TorchTrainer:
         Written into ``<directory>.tmp-<pid>`` and renamed to ``directory`` when complete (atomic).
         """
         directory = Path(directory)
-        with atomic_directory(directory) as staging, _no_progress_bars():  # a kill midway leaves no half-written dir
+        with atomic_directory(directory) as staging, no_progress_bars():  # a kill midway leaves no half-written dir
             if self.config.lora is None:
                 self.model.save_pretrained(staging)
             else:
@@ -468,7 +468,7 @@ def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 @contextlib.contextmanager
-def _no_progress_bars() -> Iterator[None]:
+def no_progress_bars() -> Iterator[None]:
     """transformers' tqdm bars off inside the block (and huggingface_hub's, which it switches with them), as they
     were after it: a checkpoint each step printed "Writing model shards" and each load "Loading weights". The
     INFO lines say what was saved and loaded; warnings go through logging and still show."""
@@ -497,7 +497,7 @@ def _load_model(config: TorchTrainerConfig, device: torch.device) -> torch.nn.Mo
     from transformers import AutoModelForCausalLM
 
     # a local directory loads without a bar; a Hub download keeps huggingface_hub's (it may take minutes)
-    quiet = _no_progress_bars() if Path(config.model_path).is_dir() else contextlib.nullcontext()
+    quiet = no_progress_bars() if Path(config.model_path).is_dir() else contextlib.nullcontext()
     try:
         with quiet:
             model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=torch.float32)

@@ -46,10 +46,10 @@ from fulmen.algorithm.trainer.distributed import plain_model
 from fulmen.algorithm.trainer.torch_backend import (
     TorchTrainerConfig,
     _load_tokenizer,
-    _no_progress_bars,
     _pad_id,
     _resolve_device,
     _resolve_dtype,
+    no_progress_bars,
 )
 from fulmen.schemas.errors import ConfigurationError
 
@@ -140,7 +140,7 @@ class VerlTrainer:
         directory = Path(directory)
         params, _ = self.engine.get_per_tensor_param()
         state = {name: tensor.detach().to(CPU, torch.float32).clone() for name, tensor in params}
-        with atomic_directory(directory) as staging, _no_progress_bars():
+        with atomic_directory(directory) as staging, no_progress_bars():
             plain_model(self.engine.module, state, lora=False).save_pretrained(staging)
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(staging)

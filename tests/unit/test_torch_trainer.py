@@ -508,3 +508,11 @@ def test_step_counts_the_tokens_it_computed_and_their_flops(model_dir: Path, lor
     forward = 2.0 * (trainer.body_weights * tree.size + trainer.head_weights * head_rows)
     assert metrics.flops == pytest.approx(forward * (1 + (2 if lora else 3)))
     assert trainer.body_weights > 0 and trainer.head_weights == trainer.model.get_output_embeddings().weight.numel()
+
+
+def test_building_the_tiny_model_prints_no_progress_bar(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    from fulmen.algorithm.tiny_model import build_tiny_model
+
+    capfd.readouterr()
+    build_tiny_model(tmp_path / "tiny")  # `make demo` builds it on a fresh machine
+    assert "Writing model shards" not in capfd.readouterr().err

@@ -29,6 +29,7 @@ from fulmen.schemas.lazy import lazy_exports
 
 __all__ = [
     "DeadLetterHeaders",
+    "ExportReport",
     "Feedback",
     "FeedbackTarget",
     "LLMEndpoint",
@@ -47,6 +48,7 @@ __all__ = [
     "__version__",
     "emit_annotation",
     "emit_reward",
+    "export_model",
     "optimize_prompt",
     "train",
 ]
@@ -63,6 +65,8 @@ _HOMES = {
     "LLMEndpoint": "fulmen.producers.runner.agent",
     "train": "fulmen.training",
     "optimize_prompt": "fulmen.prompt_optimization",
+    "export_model": "fulmen.export",
+    "ExportReport": "fulmen.export",
     "PromptReport": "fulmen.prompt_optimization",
     "TrainReport": "fulmen.algorithm.local",
     **dict.fromkeys(
@@ -87,6 +91,7 @@ _HOMES = {
 
 if TYPE_CHECKING:
     from fulmen.algorithm.local import TrainReport
+    from fulmen.export import ExportReport, export_model
     from fulmen.producers.agent_helpers import emit_annotation, emit_reward
     from fulmen.producers.runner.agent import LLMEndpoint
     from fulmen.prompt_optimization import PromptReport, optimize_prompt

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from fulmen.cli.base import UtcOption, WideOption, console, friendly, load_settings, read_query
+from fulmen.cli.base import UtcOption, WideOption, console, err, friendly, load_settings, read_query
 from fulmen.cli.help_text import flow_help
 from fulmen.cli.init import init_command
 from fulmen.cli.models import models_app
@@ -224,7 +224,7 @@ def consume(
     """Materialise Kafka topics into the store until interrupted (SIGINT/SIGTERM flush and exit)."""
     from fulmen.consumers import ConsumersApp, consume_sinks
     from fulmen.consumers.settings import ConsumersSettings
-    from fulmen.infra.services import ensure_kafka, ensure_store
+    from fulmen.infra.services import ensure_store
 
     settings = _settings(ConsumersSettings, service=True)
     available = {s.name: s for s in consume_sinks(settings)}
@@ -232,9 +232,23 @@ def consume(
     if unknown:
         raise FulmenError(f"unknown sink(s) {', '.join(sorted(unknown))}; valid: {', '.join(available)}")
     chosen = [available[n] for n in sinks] if sinks else list(available.values())
-    ensure_kafka(settings)
+    _kafka_for(settings, "fulmen consume")
     store = ensure_store(settings)
     _run_until_signal(lambda: ConsumersApp(settings, store, chosen))
+
+
+def _kafka_for(settings: FulmenSettings, command: str) -> None:
+    """Kafka for a command that needs it; a local broker it had to start keeps running for the next commands, and
+    the command says so and how to stop it."""
+    from fulmen.infra.services import ensure_kafka
+
+    if ensure_kafka(settings).started is not None:
+        err.print(
+            f"{command}: started a local Kafka at {settings.bootstrap}; it keeps running for the next commands "
+            "(`fulmen down` or `fulmen kafka down` stops it)",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 # --- producers -----------------------------------------------------------------------------------------------
@@ -307,7 +321,6 @@ def runner(**options: Any) -> None:
     """Run rollouts from the tasks topic through the agent until interrupted (SIGTERM finishes or hands back)."""
     import os
 
-    from fulmen.infra.services import ensure_kafka
     from fulmen.producers.runner import Runner, RunnerSettings, load_agent
 
     settings = _settings(RunnerSettings, service=True, overrides=RUNNER_OPTIONS.overrides(options))
@@ -315,7 +328,7 @@ def runner(**options: Any) -> None:
         raise FulmenError("which agent? pass --agent package.module:function (or set FULMEN_RUNNER_AGENT)")
     sys.path.insert(0, os.getcwd())  # agents next to where the runner starts, as `python -m` would find them
     function = load_agent(settings.runner.agent)
-    ensure_kafka(settings)
+    _kafka_for(settings, "fulmen runner")
     _run_until_signal(lambda: Runner(settings, function))
 
 
@@ -330,7 +343,6 @@ def submit(
     from fulmen.infra.kafka.broker import kafka_broker
     from fulmen.infra.kafka.clients import close_quietly, start_or_raise
     from fulmen.infra.kafka.publish import EventPublisher
-    from fulmen.infra.services import ensure_kafka
     from fulmen.producers.submit import SENDER, publish, requests_for
     from fulmen.schemas.events import RolloutMode
     from fulmen.schemas.task_file import load_task_file
@@ -340,7 +352,7 @@ def submit(
     if mode is not None and mode not in modes:
         raise FulmenError(f"--mode must be one of {', '.join(modes)}")
     submission = requests_for(load_task_file(tasks), group_size, mode=RolloutMode(mode) if mode else None)
-    ensure_kafka(settings)
+    _kafka_for(settings, "fulmen submit")
 
     async def send() -> None:
         broker = kafka_broker(settings)
@@ -438,7 +450,9 @@ def _stack_ports(settings: FulmenSettings, llm_port: int, otlp_port: int) -> Any
 @app.command("down")
 @friendly
 def down() -> None:
-    """Stop the stack `fulmen up --detach` started (and the local Kafka it started), and remove its pid files."""
+    """Stop what Fulmen runs on this machine: the stack `fulmen up --detach` started (and the local Kafka it
+    started), its pid files removed; with no stack, a local Kafka that another command (`fulmen submit`, `runner`,
+    `consume`, `kafka up`) left running."""
     from fulmen.cli.stack import down as stop_stack
 
     raise typer.Exit(stop_stack(_settings(), console.print))
@@ -598,6 +612,34 @@ def _print_smoke(report: Any, stopped: bool, cli: Any) -> None:
     console.print(
         f"\ndone in {report.wall_s:.1f}s" + ("; the broker this demo started is stopped." if stopped else ".")
     )
+
+
+@app.command("export")
+@friendly
+def export(
+    run: Annotated[str, typer.Argument(help="the run: its id (a directory under FULMEN_HOME/runs) or its directory")],
+    target: Annotated[Path, typer.Argument(help="where to write: a new (or empty) directory")],
+    version: Annotated[
+        int | None, typer.Option(help="the model version; default: the latest checkpoint", min=0)
+    ] = None,
+    gguf: Annotated[str | None, typer.Option(help="also a GGUF for llama.cpp: f32, f16, bf16 or q8_0")] = None,
+    merge_adapters: Annotated[
+        bool, typer.Option("--merge-adapters", help="per-agent adapters: one whole model per agent, its adapter merged")
+    ] = False,
+) -> None:
+    """Write a run's trained model where other tools serve it: its Hugging Face directory (transformers, vLLM), and a
+    GGUF with --gguf (llama.cpp, Ollama); per-agent adapters as they are, or merged into whole models with
+    --merge-adapters. Prints how to serve what it wrote."""
+    from fulmen.export import export_model
+
+    settings = _settings()
+    with console.status(f"exporting {run}..."):
+        report = export_model(
+            run, target, version=version, gguf=gguf, merge_adapters=merge_adapters, home=settings.home
+        )
+    console.print(f"version {report.version} ({report.checkpoint}) exported to {report.target}", highlight=False)
+    for line in report.how_to_serve():
+        console.print(f"  {line}", highlight=False, soft_wrap=True)
 
 
 flow_help(app)  # after every command is registered: help wraps as paragraphs (fulmen/cli/help_text.py)

@@ -299,6 +299,7 @@ def down(settings: FulmenSettings, say: Say, grace_s: float = 120.0) -> int:
     state = read_state(settings) or {}
     if pid is None:
         say(f"no stack runs (no {home / 'up.pid'})")
+        _stop_local_kafka(settings, say)
         return 0
     if process_alive(pid) and _is_fulmen(pid):
         say(f"stopping the stack (pid {pid})")
@@ -315,6 +316,18 @@ def down(settings: FulmenSettings, say: Say, grace_s: float = 120.0) -> int:
     _clear(home)
     say("stack stopped")
     return 0
+
+
+def _stop_local_kafka(settings: FulmenSettings, say: Say) -> None:
+    """The local Kafka a command other than ``fulmen up`` started (``fulmen submit``, ``fulmen runner``,
+    ``fulmen kafka up`` leave it running for the next commands): ``fulmen down`` stops it too."""
+    if not settings.local_kafka:
+        return
+    from fulmen.infra.kafka.cluster import stop_all
+
+    stopped = stop_all(settings.broker_data_dir)
+    if stopped:
+        say("stopped the local Kafka (" + ", ".join(s.bootstrap for s in stopped) + ")")
 
 
 def _kill_leftovers(home: Path, state: dict[str, Any], say: Say) -> None:

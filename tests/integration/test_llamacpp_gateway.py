@@ -284,3 +284,29 @@ def test_smollm2_logprobs_match_the_trainer_in_float32(settings: FulmenSettings,
     expected = trainer_logprobs(SMOLLM2, request["prompt"], answer["tokens"])
     difference = (expected - torch.tensor(span["attributes"][semconv.RESPONSE_LOGPROBS])).abs()
     assert difference.mean() < 1e-3, (difference.mean(), difference.max())
+
+
+def test_a_run_exported_as_a_q8_0_gguf_is_served_by_llama_server(tmp_path: Path) -> None:
+    """``fulmen export RUN DIR --gguf q8_0``: a file llama-server loads and answers from."""
+    import httpx
+
+    from fulmen.export import export_model
+    from fulmen.producers.llm_gateway.backends.llamacpp_process import LlamaServer
+
+    run = tmp_path / "run"
+    build_tiny_model(run / "checkpoints" / "v1")
+    report = export_model(run, tmp_path / "out", gguf="q8_0")
+
+    async def greedy() -> list[int]:
+        # --no-repack: on these VMs (the CPU lists AMX) ggml's AMX q8_0 kernel dies of SIGILL at its first tilezero
+        server = LlamaServer(find_server(), report.gguf[0], ["-c", "256", "--no-repack"], "export-check")
+        await server.start(120.0)
+        try:
+            async with httpx.AsyncClient(timeout=60) as client:
+                body = {"prompt": [3, 17, 42, 7], "n_predict": 6, "temperature": 0, "return_tokens": True}
+                answer = (await client.post(f"{server.url}/completion", json=body)).json()
+        finally:
+            await server.stop()
+        return answer["tokens"]
+
+    assert len(asyncio.run(greedy())) == 6

@@ -147,3 +147,24 @@ def _killed_gateway_is_restarted(env: dict[str, str], stack: Path, pid: int) -> 
     shown = fulmen(["status"], env)
     assert shown.returncode == 0, shown.stdout
     assert any("otlp-gateway" in line and " up " in line and "1 restarts" in line for line in shown.stdout.splitlines())
+
+
+def test_a_kafka_that_submit_started_is_said_and_down_stops_it(tmp_path: Path) -> None:
+    env = {
+        "FULMEN_HOME": str(tmp_path),
+        "FULMEN_BROKER_PORT": str(free_port()),
+        "FULMEN_BROKER_CONTROLLER_PORT": str(free_port()),
+    }
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"question": "What is 2+3?", "answer": 5}\n')
+    try:
+        first = fulmen(["submit", str(tasks)], env)
+        assert first.returncode == 0, first.stdout + first.stderr
+        said = " ".join(first.stderr.split())
+        assert "fulmen submit: started a local Kafka" in said and "`fulmen down`" in said
+        second = fulmen(["submit", str(tasks)], env)
+        assert second.returncode == 0 and "started a local Kafka" not in second.stderr  # it ran already
+    finally:
+        stopped = fulmen(["down"], env)
+    assert "no stack runs" in stopped.stdout and "stopped the local Kafka" in stopped.stdout, stopped.stdout
+    assert "local Kafka was not running" in fulmen(["kafka", "down"], env).stdout

@@ -192,3 +192,18 @@ def test_a_lora_version_is_written_merged_into_its_base(tiny: Path, tmp_path: Pa
         written = torch.from_numpy(np.array(tensors[gguf_tensor_name(hf_name)].data)).reshape(merged[hf_name].shape)
         torch.testing.assert_close(written, merged[hf_name])
         assert not torch.equal(written, load_file(tiny / "model.safetensors")[hf_name])
+
+
+def test_q8_0_blocks_dequantise_to_the_checkpoints_weights(tiny: Path, tmp_path: Path) -> None:
+    target = export_gguf(tiny, tmp_path / "tiny-q8_0.gguf", "q8_0")
+    fields, tensors = read(target)
+    weights = load_file(tiny / "model.safetensors")
+    assert fields["general.file_type"] == int(gguf.LlamaFileType.MOSTLY_Q8_0)
+    matrix = tensors[gguf_tensor_name("model.layers.0.mlp.up_proj.weight")]
+    assert matrix.tensor_type == gguf.GGMLQuantizationType.Q8_0
+    expected = weights["model.layers.0.mlp.up_proj.weight"].numpy()
+    got = gguf.quants.dequantize(matrix.data, matrix.tensor_type).reshape(expected.shape)
+    step = np.abs(expected).reshape(-1, 32).max(axis=1, keepdims=True) / 127  # a block's step (its fp16 scale)
+    assert (np.abs(got - expected).reshape(-1, 32) <= 0.6 * step + 1e-7).all()  # half a step, and the scale's fp16
+    norm = tensors[gguf_tensor_name("model.norm.weight")]
+    assert norm.tensor_type == gguf.GGMLQuantizationType.F32  # vectors stay float32

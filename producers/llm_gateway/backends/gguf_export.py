@@ -1,7 +1,9 @@
 """Writes a Hugging Face checkpoint directory as a GGUF file that llama.cpp loads, with the same weights.
 
 Supported: ``LlamaForCausalLM`` (SmolLM2) and ``Qwen2ForCausalLM`` (Fulmen's tiny model; q/k/v biases), plain RoPE,
-tensors in ``f32`` (default), ``f16`` or ``bf16`` (:data:`TENSOR_TYPES`; norms and biases stay f32). Hugging Face's
+tensors in ``f32`` (default), ``f16``, ``bf16`` or ``q8_0`` (8-bit blocks of 32 weights with a scale, quantised by
+``gguf.quants``; a matrix whose rows are not whole blocks stays f32) (:data:`TENSOR_TYPES`; norms and biases stay
+f32). Hugging Face's
 Llama rotates query/key halves (``rotate_half``) where llama.cpp's ``llama`` architecture rotates interleaved
 pairs, so the rows of ``q_proj`` and ``k_proj`` are permuted per head (:func:`.gguf_tensors.permute_qk`); llama.cpp
 runs Qwen2 with NEOX RoPE (halves), so its weights go unchanged. The tokenizer goes in as a byte-level BPE (``gpt2``)
@@ -54,6 +56,7 @@ TENSOR_TYPES: dict[str, TensorType] = {
     "f32": F32,
     "f16": TensorType(gguf.LlamaFileType.MOSTLY_F16, gguf.GGMLQuantizationType.F16, torch.float16, "F16"),
     "bf16": TensorType(gguf.LlamaFileType.MOSTLY_BF16, gguf.GGMLQuantizationType.BF16, torch.bfloat16, "BF16"),
+    "q8_0": TensorType(gguf.LlamaFileType.MOSTLY_Q8_0, gguf.GGMLQuantizationType.Q8_0, torch.float32, ""),
 }
 
 _LAYER_TENSORS = {

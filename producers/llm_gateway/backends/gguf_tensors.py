@@ -36,8 +36,13 @@ class TensorType:
 
     file_type: gguf.LlamaFileType
     ggml: gguf.GGMLQuantizationType
-    dtype: torch.dtype
+    dtype: torch.dtype  # what a weight is converted to (before quantising, for a quantised type)
     safetensors: str  # the same type's name in safetensors (a tensor stored so is copied as it is)
+
+    @property
+    def quantized(self) -> bool:
+        """Blocks of several weights (Q8_0: 32 weights, one scale): written through ``gguf.quants``."""
+        return gguf.GGML_QUANT_SIZES[self.ggml][0] > 1
 
 
 F32 = TensorType(gguf.LlamaFileType.ALL_F32, gguf.GGMLQuantizationType.F32, torch.float32, "F32")
@@ -55,7 +60,8 @@ class PlannedTensor:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * torch.empty(0, dtype=self.kind.dtype).element_size()
+        block, size = gguf.GGML_QUANT_SIZES[self.kind.ggml]  # (elements, bytes) of a block: (1, 4) for F32
+        return int(np.prod(self.shape, dtype=np.int64)) // block * size
 
 
 def permute_qk(weight: torch.Tensor, heads: int) -> torch.Tensor:
@@ -80,7 +86,7 @@ def plan_tensors(
         name = rename(hf_name)
         if name is None:
             continue
-        target = kind if len(shape) > 1 else F32
+        target = kind if len(shape) > 1 and shape[-1] % gguf.GGML_QUANT_SIZES[kind.ggml][0] == 0 else F32
         heads = heads_to_permute(name)
         if source is not None and dtype == target.safetensors and heads is None:
             plan.append(PlannedTensor(name, shape, target, source=source))
@@ -161,6 +167,8 @@ def write_tensors(writer: gguf.GGUFWriter, plan: list[PlannedTensor]) -> None:
                 if path not in sources:
                     sources[path] = os.open(path, os.O_RDONLY)
                 _copy(sources[path], out, offset, tensor.nbytes)
+            elif tensor.kind.quantized:
+                gguf.quants.quantize(_as_numpy(tensor.compute()), tensor.kind.ggml).tofile(out)
             else:
                 _as_numpy(tensor.compute()).tofile(out)
             writer.write_padding(out, tensor.nbytes)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -275,6 +276,12 @@ class TrainSection(BaseModel):
         description="CONTROL RUNS ONLY: permute the rewards of each "
         "step's rollouts at random before the advantages, destroying the learning "
         "signal (a run that still improves learns from something else)",
+    )
+    report_to: Literal["tensorboard", "wandb", "mlflow", "none"] = Field(
+        default="tensorboard",
+        description="where each step's metrics go besides <run_dir>/metrics.jsonl and curves.png: TensorBoard event "
+        "files in <run_dir>/tensorboard, Weights & Biases or MLflow (each installed and configured by you: their own "
+        "WANDB_* / MLFLOW_* variables), or none",
     )
     publish_initial_version: bool = Field(
         default=False,

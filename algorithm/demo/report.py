@@ -16,7 +16,7 @@ from typing import Any
 from fulmen.algorithm.demo.run import DemoRun
 from fulmen.infra.processes import FULMEN
 
-__all__ = ["QueryResult", "accuracy_curve", "demo_queries", "plot_curves", "report_dict", "run_queries"]
+__all__ = ["QueryResult", "accuracy_curve", "demo_queries", "report_dict", "run_queries"]
 
 
 @dataclass(frozen=True)
@@ -62,29 +62,6 @@ def report_dict(
 
 def _mean(values: list[float]) -> float | None:
     return round(sum(values) / len(values), 3) if values else None
-
-
-def plot_curves(run: DemoRun, path: Path) -> Path | None:
-    """Write the reward and accuracy curves to ``path`` (matplotlib, Agg); None without any step."""
-    if not run.steps:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-
-    figure, axis = pyplot.subplots(figsize=(7, 4))
-    axis.plot([s.step for s in run.steps], [s.reward_mean for s in run.steps], label="training reward (mean)")
-    curve = accuracy_curve(run)
-    axis.plot([v for v, _ in curve], [a for _, a in curve], marker="o", label="held-out accuracy (greedy)")
-    axis.set(xlabel="step (= model version)", ylabel="reward / accuracy", ylim=(-0.02, 1.02), title=run.run_id)
-    axis.grid(alpha=0.3)
-    axis.legend(loc="lower right")
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    pyplot.close(figure)
-    return path
 
 
 def demo_queries(run: DemoRun, database: str) -> list[tuple[str, str]]:

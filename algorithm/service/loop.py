@@ -31,7 +31,9 @@ One step N (the policy being served is version ``N - 1``; version 0 is the base 
    EPISODE REWARD IS > 0.5 (None counts as wrong) and ``val_reward_mean`` (None counts as
    ``missing_reward``) in the step's ``TrainStep.extra`` (the initial one as ``initial_val_*`` in step 1's);
 6. publish ``TrainStep`` on the metrics topic (``reward_mean``/``reward_std``: population statistics of the step's
-   rollout returns; ``advantage_*``: of its samples; ``dropped_stale``: transitions); mark the step's groups
+   rollout returns; ``advantage_*``: of its samples; ``dropped_stale``: transitions; ``extra['entropy']``: the
+   sampler's per-token entropy, the mean negative logprob of the tokens it sampled), hand it to ``on_step``
+   (:mod:`fulmen.algorithm.service.reporting`: metrics.jsonl, TensorBoard, curves.png); mark the step's groups
    done and commit the collector's offsets (only now: a crash before this point redelivers the step's
    transitions).
 
@@ -90,6 +92,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fulmen.algorithm.batch import Sample
 from fulmen.algorithm.rl.shaping import OverlongShaping
 from fulmen.algorithm.service.collector import Collector
 from fulmen.algorithm.service.dispatcher import Dispatcher
@@ -183,8 +186,10 @@ class TrainingLoop:
         version_published: VersionCheck | None = None,
         retry_backoff_s: tuple[float, float] = RETRY_BACKOFF_S,
         stop_grace_s: float = STOP_GRACE_S,
+        on_step: Callable[[TrainStep], None] | None = None,
     ) -> None:
         self.plan = plan
+        self.on_step = on_step
         self.options = plan.train
         self.backend = backend
         self.publisher = publisher
@@ -245,6 +250,8 @@ class TrainingLoop:
             if event is None:
                 break
             published.append(event)
+            if self.on_step is not None:
+                self.on_step(event)
             initial = {}
         return published
 
@@ -710,6 +717,9 @@ class TrainingLoop:
             "dropped_too_long": float(dropped["too_long"]),
             "dataset_passes": float(self.train.passes if self.train is not None else 0),
         }
+        entropy = sampled_entropy(data.samples)
+        if entropy is not None:
+            extra["entropy"] = entropy
         if self.replay is not None:  # how many of the step's groups were replayed; the buffer's totals
             extra.update(
                 replayed_groups=float(dropped["replayed"]),
@@ -809,3 +819,10 @@ def _served_before(group: ClosedGroup, version: int, agents: list[str] | None = 
         for batch in group.rollouts
         for t in batch.transitions
     )
+
+
+def sampled_entropy(samples: list[Sample]) -> float | None:
+    """The sampling policy's entropy per response token, estimated as the mean negative logprob of the tokens it
+    sampled (an unbiased Monte Carlo estimate at the sampling temperature); None when no logprob was recorded."""
+    logprobs = [lp for s in samples if s.old_logprobs for lp in s.old_logprobs]
+    return -sum(logprobs) / len(logprobs) if logprobs else None

@@ -34,6 +34,7 @@ from fulmen.algorithm.service.dispatcher import DatasetTask, Dispatcher
 from fulmen.algorithm.service.groups import GroupBook
 from fulmen.algorithm.service.loop import LoopPlan, TrainingLoop
 from fulmen.algorithm.service.promotion import PromotionGate, Serving, in_force
+from fulmen.algorithm.service.reporting import RunReport
 from fulmen.algorithm.settings import TrainSection, TrainSettings
 from fulmen.algorithm.trainer.base import ADAPTERS_FILE, TEMPORARY_MARK, TrainerBackend
 from fulmen.infra.kafka.broker import kafka_broker
@@ -323,6 +324,7 @@ async def _train_with(
 ) -> list[TrainStep]:
     options = settings.train
     run_dir = settings.run_dir
+    report = RunReport(run_dir, options.run_id, options.report_to, options.model_dump(mode="json"))
     broker = kafka_broker(settings)
     source = consumer(settings, options.consumer_group, topic_name(TopicKey.TRANSITIONS, settings.kafka.topic_prefix))
     await start_or_raise(broker, settings, "trainer publisher")
@@ -341,6 +343,7 @@ async def _train_with(
             version_published=lambda event: version_on_topic(settings, event),
             replay=replay,
             gate=gate,
+            on_step=report.step,
         )
         stop = stop or asyncio.Event()
         if not await loop.publish_resumed(stop):
@@ -357,6 +360,9 @@ async def _train_with(
         ) from exc
     finally:
         await _close([source, broker])
+        curves = await asyncio.to_thread(report.close)
+        if curves is not None:
+            log.info("run %s: curves in %s, metrics in %s", options.run_id, curves, report.metrics)
 
 
 def _group_book(options: TrainSection) -> GroupBook:

@@ -25,7 +25,7 @@ def run_demo_command(
     mode: str = "sync",
 ) -> dict[str, Any]:
     """Run the demo with a live progress bar, print the report; the report dict (also the JSON line)."""
-    from fulmen.algorithm.demo.report import plot_curves, report_dict, run_queries
+    from fulmen.algorithm.demo.report import report_dict, run_queries
     from fulmen.algorithm.demo.run import DemoOptions, run_demo
 
     options = DemoOptions(
@@ -59,7 +59,8 @@ def run_demo_command(
 
     with progress:
         run = run_demo(settings, options, on_phase=on_phase, on_step=on_step, on_warmup=on_warmup, after=after)
-    plot = plot_curves(run, run.run_dir / "curves.png")
+    plot = run.run_dir / "curves.png"  # the trainer draws it when the run ends (service/reporting.py)
+    plot = plot if plot.is_file() else None
     report = report_dict(run, plot, shuffle_rewards, algorithm, mode)
     _print_report(console, report, run, queries)
     if as_json:

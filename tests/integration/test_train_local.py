@@ -65,6 +65,11 @@ def test_train_in_one_call_returns_the_report(env: None, tiny_model: Path, tmp_p
     assert (report.final_model / "config.json").is_file()
     assert [event.step for event in seen] == [1, 2]
     assert (report.run_dir / "logs" / "runner-1.log").is_file()
+    # every run's metrics: a line a step, TensorBoard event files, and the curves drawn at the end
+    lines = (report.run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]
+    assert list((report.run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert (report.run_dir / "curves.png").is_file()
 
 
 def stored(run_dir: Path, query: str) -> list[dict]:

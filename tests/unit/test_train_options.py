@@ -76,6 +76,7 @@ VALUES = {
     "dist_timeout_s": 60.0,
     "shuffle_rewards": True,
     "publish_initial_version": True,
+    "report_to": "none",
     "replay_sql": "SELECT RolloutId FROM rollouts",
     "replay_fraction": 0.5,
     "promote_if_better": True,

@@ -55,6 +55,7 @@ class LocalPlan:
     agent_pattern: str | None = None
     llm_env: dict[str, str] = field(default_factory=dict)
     run_prefix: str = "run"
+    run_id: str | None = None  # a named run (started, or resumed from its checkpoints); None: a new id each time
 
 
 @dataclass
@@ -205,7 +206,7 @@ def local_stack(
     from fulmen.infra.services import ensure_kafka
 
     started = time.perf_counter()
-    run_id = f"{plan.run_prefix}-{new_id()[:10]}"
+    run_id = plan.run_id or f"{plan.run_prefix}-{new_id()[:10]}"
     run_dir = run_dir or settings.home / "runs" / run_id
     run = LocalRun(run_id, run_dir, run_dir / "chdb", {})
     kafka = settings.kafka.model_copy(update={"topic_prefix": f"{run_id}."})

@@ -48,6 +48,7 @@ def train(
     steps: int | None = None,
     runners: int = 1,
     concurrency: int = 32,
+    run: str | None = None,
     agent_pattern: str | None = None,
     prompt_bundle: str | PromptBundle | None = None,
     settings: TrainSettings | None = None,
@@ -62,6 +63,8 @@ def train(
     dispatch; both read ``source_store`` (an embedded store's directory, e.g. an earlier run's ``<run dir>/chdb``,
     or a ClickHouse URL; default: the store the ``FULMEN_CLICKHOUSE_*`` settings in force name: a local run's own
     store is a new one).
+    ``run``: a name for the run (its directory ``$FULMEN_HOME/runs/<run>``): a run of that name resumes from its
+    latest checkpoint (default: ``FULMEN_TRAIN_RUN_ID`` when set, else a new ``train-...`` id each time).
     ``agent_pattern``: train only the calls of matching agents (default: the
     ``FULMEN_TRANSITIONS_AGENT_PATTERN`` in force, as ``fulmen consume`` would read it). Raises ConfigurationError
     for bad arguments, FulmenError when a service fails.
@@ -80,7 +83,7 @@ def train(
             "replay=SELECT of stored rollout ids"
         )
     tasks, val_tasks = _tasks(dataset) if dataset is not None else [], _tasks(val) if val is not None else None
-    plan = _local_plan(agent, model, settings, runners, concurrency, agent_pattern)
+    plan = _local_plan(agent, model, settings, runners, concurrency, agent_pattern, run)
     bundles = _bundles(settings, fields, prompt_bundle)
     run = run_locally(
         settings,
@@ -130,6 +133,7 @@ def _local_plan(
     runners: int,
     concurrency: int,
     agent_pattern: str | None,
+    run: str | None = None,
 ) -> LocalPlan:
     """What a local run starts: ``runners`` runners of ``agent`` on ``model``, the LLM gateway with the
     ``FULMEN_LLM_*`` variables in force (but the run's own port and model)."""
@@ -145,6 +149,7 @@ def _local_plan(
         agent_pattern=agent_pattern or os.environ.get("FULMEN_TRANSITIONS_AGENT_PATTERN") or None,
         llm_env={k: v for k, v in os.environ.items() if k.startswith("FULMEN_LLM_") and k not in _LLM_RUN_OWN},
         run_prefix="train",
+        run_id=run or (settings.train.run_id if "run_id" in settings.train.model_fields_set else None),
     )
 
 

@@ -141,6 +141,12 @@ class Dispatcher:
         if only is not None:
             self._order = [task for task in self._order if task.task_id in only]
 
+    def skip(self, groups: int) -> None:
+        """Move past the tasks of ``groups`` groups without dispatching them: a resumed run continues its dataset
+        where its steps left it (the same seeded order, the same passes)."""
+        for _ in range(groups):
+            self._take()
+
     def release(self, group_id: str) -> DispatchedGroup | None:
         """The group finished (completed or dropped): it no longer counts as in flight. None if not ours."""
         return self.in_flight.pop(group_id, None)

@@ -108,7 +108,7 @@ from fulmen.algorithm.service.promotion import PromotionGate
 from fulmen.algorithm.service.replay import ReplayBuffer
 from fulmen.algorithm.service.samples import StepSamples, build_agent_samples, build_samples, has_signal
 from fulmen.algorithm.settings import TrainMode, TrainSection
-from fulmen.algorithm.trainer.base import StepMetrics, TrainerBackend
+from fulmen.algorithm.trainer.base import TRAINING_STATE, StepMetrics, TrainerBackend
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.schemas.errors import ConfigurationError, RetryableError
 from fulmen.schemas.events import Event, ModelVersion, PromotionAction, RolloutMode, TrainStep
@@ -301,6 +301,7 @@ class TrainingLoop:
         metrics = await asyncio.to_thread(self.backend.step, data.samples)
         published = self.clock()
         path = await asyncio.to_thread(self.backend.save, checkpoint_dir(self.plan.run_dir, number))
+        (checkpoint_dir(self.plan.run_dir, number - 1) / TRAINING_STATE).unlink(missing_ok=True)  # the latest has it
         if not await self._publish_version(str(path), number, stop):
             return None
         self.version = number

@@ -28,7 +28,9 @@ from typing import Any, Protocol
 from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import TrainStep
 
-__all__ = ["CURVES", "RunReport", "Tracker", "read_metrics"]
+__all__ = ["CURVES", "SETTINGS_FILE", "RunReport", "Tracker", "read_metrics"]
+
+SETTINGS_FILE = "train_settings.json"  # the run's FULMEN_TRAIN_* fields, as its last start had them
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,8 @@ class RunReport:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics = self.run_dir / "metrics.jsonl"
+        if config:  # what `fulmen runs` shows (the steps asked for, the model, the agent); a resume rewrites it
+            (self.run_dir / SETTINGS_FILE).write_text(json.dumps(config, indent=1, default=str) + "\n")
         self.tracker = _tracker(report_to, self.run_dir, run_id, config or {})
 
     def step(self, event: TrainStep) -> None:

@@ -291,20 +291,15 @@ async def run_trainer(
     run_dir = settings.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     base_model = await asyncio.to_thread(resolve_model, options.model_path, run_dir)
-    resumed = latest_checkpoint(run_dir)
-    if resumed is not None:
-        log.info(
-            "run %s resumes from its checkpoint v%d (%s); the optimizer state starts afresh",
-            options.run_id,
-            resumed[0],
-            resumed[1],
-        )
+    resumed = _resumed(options, run_dir)
     if backend is not None:
         return await _train_with(backend, settings, base_model, resumed, tasks, val_tasks, stop)
     if options.per_agent:
         built = await asyncio.to_thread(_per_agent_backend, options, base_model, resumed[1] if resumed else None)
     else:
         built = await asyncio.to_thread(build_backend, options, str(resumed[1]) if resumed else base_model)
+    if resumed is not None and not await asyncio.to_thread(_load_state, built, resumed[1]):
+        log.info("run %s: v%d has no optimizer state; the optimizer starts afresh", options.run_id, resumed[0])
     try:
         return await _train_with(built, settings, base_model, resumed, tasks, val_tasks, stop)
     finally:
@@ -338,7 +333,7 @@ async def _train_with(
             backend,
             publisher,
             Collector(source, _group_book(options)),
-            _dispatcher(publisher, tasks, options, RolloutMode.TRAIN) if tasks else None,
+            _dispatcher(publisher, tasks, options, RolloutMode.TRAIN, resumed[0] if resumed else 0) if tasks else None,
             _dispatcher(publisher, val_tasks, options, RolloutMode.VAL) if val_tasks else None,
             version_published=lambda event: version_on_topic(settings, event),
             replay=replay,
@@ -363,6 +358,30 @@ async def _train_with(
         curves = await asyncio.to_thread(report.close)
         if curves is not None:
             log.info("run %s: curves in %s, metrics in %s", options.run_id, curves, report.metrics)
+
+
+def _resumed(options: TrainSection, run_dir: Path) -> tuple[int, Path] | None:
+    """The checkpoint a run resumes from (None: it starts). A run that already took its ``steps`` and recorded the
+    last one (published, in ``metrics.jsonl``) is refused; one stopped between saving its last checkpoint and
+    publishing it goes on, and publishes that version (once) with nothing left to train."""
+    from fulmen.algorithm.service.reporting import read_metrics
+
+    resumed = latest_checkpoint(run_dir)
+    if resumed is None:
+        return None
+    recorded = {int(row["step"]) for row in read_metrics(run_dir / "metrics.jsonl")}
+    if options.steps and resumed[0] >= options.steps and resumed[0] in recorded:
+        raise ConfigurationError(
+            f"run {options.run_id} is finished: its checkpoint v{resumed[0]} is step {resumed[0]} of --steps "
+            f"{options.steps}; pass --steps N above {resumed[0]} to train it further, or another --run to start anew"
+        )
+    log.info("run %s resumes from its checkpoint v%d (%s)", options.run_id, resumed[0], resumed[1])
+    return resumed
+
+
+def _load_state(backend: TrainerBackend, checkpoint: Path) -> bool:
+    load = getattr(backend, "load_training_state", None)
+    return bool(load is not None and load(checkpoint))
 
 
 def _group_book(options: TrainSection) -> GroupBook:
@@ -467,10 +486,12 @@ def load_replay_buffer(settings: TrainSettings, base_model: str):  # -> ReplayBu
 
 
 def _dispatcher(
-    publisher: EventPublisher, tasks: list[DatasetTask], options: TrainSection, mode: RolloutMode
+    publisher: EventPublisher, tasks: list[DatasetTask], options: TrainSection, mode: RolloutMode, after_step: int = 0
 ) -> Dispatcher:
+    """The dispatcher of ``mode``'s tasks; a training one resumed after step ``after_step`` starts past the groups
+    those steps trained on (``groups_per_step`` each)."""
     training = mode is RolloutMode.TRAIN
-    return Dispatcher(
+    dispatcher = Dispatcher(
         publisher,
         tasks,
         mode=mode,
@@ -484,3 +505,6 @@ def _dispatcher(
         metadata={"agent": options.agent} if options.agent else None,
         prompt_bundle=options.prompt_bundle or None,
     )
+    if training:
+        dispatcher.skip(after_step * options.groups_per_step)
+    return dispatcher

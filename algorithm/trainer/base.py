@@ -27,6 +27,11 @@ from fulmen.algorithm.batch import Sample, TrainBatch
 __all__ = ["ADAPTERS_FILE", "TEMPORARY_MARK", "StepMetrics", "TrainerBackend", "atomic_directory"]
 
 
+TRAINING_STATE = "training_state.pt"
+"""Beside a checkpoint's weights (the latest checkpoint only: the loop removes the one before): the optimizer's
+state, the step count and the RNG, so a resumed run continues the same optimisation (the torch trainer, every
+weight trained; a LoRA or sharded run resumes its weights with a fresh optimizer)."""
+
 ADAPTERS_FILE = "adapters.json"
 """A per-agent checkpoint (``fulmen.algorithm.trainer.adapters``) holds this file: ``{"agents": [...],
 "base_model": ...}``."""

@@ -51,7 +51,7 @@ from fulmen.algorithm.rl.losses import (
     get_aggregation,
     get_policy_loss_fn,
 )
-from fulmen.algorithm.trainer.base import StepMetrics, atomic_directory
+from fulmen.algorithm.trainer.base import TRAINING_STATE, StepMetrics, atomic_directory
 from fulmen.algorithm.trainer.logprobs import Work, token_logprobs
 from fulmen.infra.torch_cuda import trusted_attention
 from fulmen.schemas.errors import ConfigurationError
@@ -233,12 +233,28 @@ class TorchTrainer:
         with atomic_directory(directory) as staging, no_progress_bars():  # a kill midway leaves no half-written dir
             if self.config.lora is None:
                 self.model.save_pretrained(staging)
+                if type(self).save is TorchTrainer.save:  # one process holds the whole optimizer: resumable
+                    state = {"optimizer": self.optimizer.state_dict(), "steps": self.steps}
+                    torch.save(state | {"rng": torch.get_rng_state()}, staging / TRAINING_STATE)
             else:
                 copy.deepcopy(self.model).merge_and_unload().save_pretrained(staging)
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(staging)
         logger.info("saved model after step %d to %s", self.steps, directory)
         return directory
+
+    def load_training_state(self, directory: Path | str) -> bool:
+        """Continue the optimisation a checkpoint's :data:`TRAINING_STATE` describes (the optimizer's moments, the
+        step count, the RNG); False when the checkpoint has none (an older one, LoRA, a sharded run)."""
+        path = Path(directory) / TRAINING_STATE
+        if self.config.lora is not None or not path.is_file() or type(self).save is not TorchTrainer.save:
+            return False
+        state = torch.load(path, map_location=self.device, weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = int(state["steps"])
+        torch.set_rng_state(state["rng"])
+        logger.info("resumed the optimizer state of step %d from %s", self.steps, path)
+        return True
 
     # -- internals -----------------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from fulmen.cli.models import models_app
 from fulmen.cli.optimize import optimize_prompt_command
 from fulmen.cli.prompts import prompts_app
 from fulmen.cli.rollouts import rollouts_command
+from fulmen.cli.runs import runs_app
 from fulmen.cli.settings_options import SectionOptions, with_options
 from fulmen.cli.train import train_command
 from fulmen.infra.settings import CliProcessSettings, DashboardSettings, FulmenSettings
@@ -46,6 +47,7 @@ app.add_typer(schemas_app, name="schemas")
 app.add_typer(store_app, name="store")
 app.add_typer(models_app, name="models")  # fulmen/cli/models.py
 app.add_typer(prompts_app, name="prompts")  # fulmen/cli/prompts.py
+app.add_typer(runs_app, name="runs")  # fulmen/cli/runs.py
 
 _settings = load_settings  # the commands' name for it
 

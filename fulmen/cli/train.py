@@ -22,7 +22,9 @@ __all__ = ["train_command"]
 
 
 # Every TrainSection field is an option of `fulmen train` (fulmen.cli.settings_options); these keep their older names.
-TRAIN_OPTIONS = SectionOptions(TrainSection, "train", aliases={"model_path": "--model", "replay_sql": "--replay"})
+TRAIN_OPTIONS = SectionOptions(
+    TrainSection, "train", aliases={"model_path": "--model", "replay_sql": "--replay", "run_id": "--run"}
+)
 
 
 @with_options(TRAIN_OPTIONS)

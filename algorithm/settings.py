@@ -277,6 +277,15 @@ class TrainSection(BaseModel):
         "step's rollouts at random before the advantages, destroying the learning "
         "signal (a run that still improves learns from something else)",
     )
+    warmup_teacher: str = Field(
+        default="",
+        description="module:function of a teacher, teach(task, messages) -> fulmen.testing.Reply: before the first "
+        "step, the model is fine-tuned on the agent's episodes answered by it (fulmen.warmup; a small model that "
+        "never earns a reward learns nothing from GRPO); needs --agent; empty: no warm-up",
+    )
+    warmup_steps: int = Field(default=40, ge=1, description="the warm-up's supervised updates (of 16 calls each)")
+    warmup_tasks: int = Field(default=32, ge=1, description="the first N training tasks the teacher demonstrates")
+    warmup_lr: float = Field(default=1e-4, gt=0, description="the warm-up's learning rate")
     report_to: Literal["tensorboard", "wandb", "mlflow", "none"] = Field(
         default="tensorboard",
         description="where each step's metrics go besides <run_dir>/metrics.jsonl and curves.png: TensorBoard event "

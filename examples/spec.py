@@ -28,7 +28,7 @@ class Example:
     transitions (``FULMEN_TRANSITIONS_AGENT_PATTERN``, ``re.fullmatch`` on the agent name; None keeps every call);
     ``trained_agents`` are the names it keeps. ``credit`` / ``gamma`` are the trainer's credit assignment.
     ``max_calls`` bounds the LLM calls of one episode. ``teacher(task, messages)`` is the reply a perfect model
-    gives at that point of an episode (:mod:`examples.teacher` records its demonstrations for a warm-up).
+    gives at that point of an episode (:mod:`fulmen.warmup` records its demonstrations for a warm-up).
     """
 
     name: str

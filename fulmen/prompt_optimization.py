@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fulmen.schemas.errors import ConfigurationError
-from fulmen.training import Tasks, _agent_name, _model_dir, _tasks
+from fulmen.training import Tasks, _agent_name, _tasks, model_directory
 
 if TYPE_CHECKING:
     from fulmen.algorithm.local import TrainReport
@@ -243,7 +243,7 @@ def _run_local(
     fields = _train_phase(train_steps, train, upstream)
     plan = LocalPlan(
         _agent_name(agent),
-        Path(str(model)) if upstream else _model_dir(model, settings.home),
+        Path(str(model)) if upstream else model_directory(model, settings.home),
         runners=runners,
         concurrency=concurrency,
         llm_env=llm_env,

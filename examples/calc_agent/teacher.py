@@ -1,4 +1,4 @@
-"""The calc agent's teacher: what a perfect model answers at each call (``examples.teacher``).
+"""The calc agent's teacher: what a perfect model answers at each call (``fulmen.warmup``).
 
 Call 1 (the question, no tool result yet): one ``calculator`` call with the task's expression. After the tool's
 result (AutoGen's reflection call): the answer, the number alone.

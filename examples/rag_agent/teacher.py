@@ -1,4 +1,4 @@
-"""The RAG agent's teacher: what a perfect model answers at each call (``examples.teacher``).
+"""The RAG agent's teacher: what a perfect model answers at each call (``fulmen.warmup``).
 
 One search per hop, each naming the entity the previous document led to (the person, then the town they were
 born in, then, for three hops, the river through that town), then the answer. The facts come from the corpus

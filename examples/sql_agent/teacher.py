@@ -1,4 +1,4 @@
-"""The SQL agent's teacher: what a perfect model answers at each node (``examples.teacher``).
+"""The SQL agent's teacher: what a perfect model answers at each node (``fulmen.warmup``).
 
 ``write`` answers with the gold query, except on every third question (by a hash of its text), where it writes
 the gold query against a table that does not exist, so that the demonstrations show the whole graph: ``check``

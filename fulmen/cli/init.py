@@ -52,3 +52,4 @@ def init_command(
     console.print(f"wrote {', '.join(FILES)} to {name}/", soft_wrap=True, highlight=False)
     command = "fulmen train --local --agent agent:run --dataset train.jsonl --val val.jsonl --model tiny --steps 1"
     console.print(f"next: cd {name} && python teacher.py && {command}", soft_wrap=True, highlight=False)
+    console.print(f"then a real model, with a warm-up: see {name}/README.md", soft_wrap=True, highlight=False)

@@ -58,6 +58,8 @@ def train_command(
     if local:
         _train_locally(settings, dataset, val, runners, concurrency)
         return
+    if not distributed.launched():  # once, before torchrun starts the ranks (they load the model it names)
+        _prepare_model(settings, dataset)
     if distributed.launched() and distributed.rank() != 0:
         distributed.serve(distributed.join(settings.train.device, settings.train.dist_timeout_s))
         return
@@ -122,6 +124,24 @@ def _print_train_report(report: Any) -> None:
         highlight=False,
     )
     console.print(f"final model: {report.final_model or '- (no step trained)'}", soft_wrap=True, highlight=False)
+
+
+def _prepare_model(settings: Any, dataset: Path | None) -> None:
+    """``--model smollm2`` made, and with ``--warmup-teacher`` the warm-up run (cached): the model the trainer
+    loads becomes that directory."""
+    from fulmen.schemas.task_file import load_task_file
+    from fulmen.training import model_directory
+    from fulmen.warmup import warmed_model
+
+    train = settings.train
+    if train.model_path == "smollm2" or (train.warmup_teacher and train.model_path):
+        model = model_directory(train.model_path, settings.home)
+        tasks = load_task_file(dataset) if dataset and train.warmup_teacher else []
+
+        def phase(text: str) -> None:
+            console.print(f"[green]•[/] {text}")
+
+        train.model_path = str(warmed_model(train.model_dump(), train.agent, model, tasks, settings.home, phase))
 
 
 def _train_here(settings: Any, dataset: Path | None, val: Path | None) -> None:

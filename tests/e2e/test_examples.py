@@ -2,7 +2,7 @@
 
 Each runs two GRPO steps (validation after each) with the real framework in the runners, Kafka from the session's
 broker, and everything else started by the driver. The tiny model is first warmed up on the example's teacher
-demonstrations of the three training tasks (``examples.teacher``; its tokenizer's merges learnt from them; cached
+demonstrations of the three training tasks (``fulmen.warmup``; its tokenizer's merges learnt from them; cached
 in the test-model cache, ~15 s each on a quiet machine), so the episodes are real ones: tool calls, searches that
 find gold documents, the SQL graph's rewrite loop (the third task's demonstration stumbles first), rewards above
 0. This checks the plumbing, not learning (``bench/scenarios.py`` measures learning with SmolLM2; the held-out

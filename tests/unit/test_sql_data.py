@@ -208,11 +208,12 @@ def test_a_task_without_a_database_runs_on_the_shop() -> None:
 
 
 def test_the_teacher_demonstrates_every_template_with_full_reward() -> None:
-    from examples.teacher import demonstrations
     from examples.train import load_example
+    from fulmen.warmup import Teaching, demonstrations
 
+    example = load_example("sql_agent")
     tasks = data.train_tasks(6) + data.unseen_tasks(2)
-    shown = demonstrations(load_example("sql_agent"), tasks)
+    shown = demonstrations(Teaching(example.name, example.agent, example.teacher), tasks)
     assert [d.task for d in shown] == tasks and all(d.reward == 1.0 for d in shown)
     assert {t["template"] for t in tasks} == set(TEMPLATES)
     systems = [[body["messages"][0]["content"] for body, _ in d.calls] for d in shown]

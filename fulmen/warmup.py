@@ -1,4 +1,7 @@
-"""Demonstrations of an example's agent by a scripted teacher, and the warm-up that teaches them to a model.
+"""The supervised warm-up before RL: demonstrations of an agent by a scripted teacher, taught to the model.
+
+``fulmen train --warmup-teacher teacher:teach`` (``FULMEN_TRAIN_WARMUP_*``, ``fulmen.train(warmup_teacher=...)``)
+and ``examples.train`` run it before the first GRPO step: :func:`warmed_model`.
 
 A small model may never reach a reward with an agent's prompts (SmolLM2-135M-Instruct, zero-shot, solves none of
 the three examples: it ignores the tools and writes prose), and GRPO learns nothing from a group whose rewards
@@ -7,7 +10,7 @@ demonstrations come from the agent itself:
 
 1. :func:`demonstrations` runs the REAL agent (its framework, prompts and tools; ``run(task, llm)`` called as the
    runner calls it) once per training task against a :class:`fulmen.testing.ScriptedOpenAI` whose replies come
-   from the example's *teacher*, ``teach(task, messages) -> Reply``: what a perfect model would answer at that
+   from the *teacher*, ``teach(task, messages) -> Reply``: what a perfect model would answer at that
    point of the conversation (it knows the task's gold answer). Episodes whose reward is not full are dropped.
 2. Every recorded call becomes a :class:`~fulmen.algorithm.batch.Sample` exactly as the LLM gateway will see it:
    the request parsed by the gateway's own parser and rendered with the model's tokenizer and chat template (the
@@ -27,20 +30,23 @@ import importlib.util
 import json
 import logging
 import math
+import os
 import random
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from examples.spec import Example
 from fulmen.algorithm.batch import Sample
 from fulmen.producers.llm_gateway.protocol import parse_chat
 from fulmen.producers.runner.agent import LLMEndpoint, call_agent, load_agent
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.testing import RecordedRequest, Reply, ScriptedOpenAI
 
 __all__ = [
     "Demonstration",
+    "Teaching",
     "WarmupPlan",
     "conversation_texts",
     "demonstrations",
@@ -49,6 +55,7 @@ __all__ = [
     "samples_of",
     "tiny_model_for",
     "warm_up",
+    "warmed_model",
 ]
 
 log = logging.getLogger(__name__)
@@ -57,6 +64,20 @@ FULL_REWARD = 0.999
 """A demonstration episode is kept when the agent's reward reaches this (a teacher reply the agent could not use
 is a teacher bug, or a framework that behaves unexpectedly: either way not something to imitate)."""
 MARKER = "warmup.json"
+
+
+Teacher = Callable[[dict[str, Any], list[dict[str, Any]]], Reply]  # (task, messages so far) -> the reply
+
+
+@dataclass(frozen=True)
+class Teaching:
+    """What a warm-up demonstrates: ``agent`` (``module:function``, run as the runner runs it) answered by
+    ``teacher(task, messages)``, a perfect model's reply at that point of the episode (it may read the task's gold
+    answer). ``name`` names it in logs and in the cache."""
+
+    name: str
+    agent: str
+    teacher: Teacher
 
 
 @dataclass(frozen=True)
@@ -89,12 +110,10 @@ class WarmupPlan:
         return max(1, math.ceil(self.token_budget / max(batch_tokens, 1.0)))
 
 
-def demonstrations(example: Example, tasks: Sequence[dict[str, Any]], concurrency: int = 8) -> list[Demonstration]:
-    """Run ``example``'s agent on each task against its teacher (module docstring); the full-reward episodes."""
-    agent = load_agent(example.agent)
-    teacher = example.teacher
-    if teacher is None:
-        raise ValueError(f"the {example.name} example has no teacher to demonstrate with")
+def demonstrations(teaching: Teaching, tasks: Sequence[dict[str, Any]], concurrency: int = 8) -> list[Demonstration]:
+    """Run the agent on each task against its teacher (module docstring); the full-reward episodes."""
+    agent = load_agent(teaching.agent)
+    teacher = teaching.teacher
 
     def script(request: RecordedRequest) -> Reply:
         index = int(request.path.split("/")[2])  # /task/<index>/v1/chat/completions
@@ -117,7 +136,7 @@ def demonstrations(example: Example, tasks: Sequence[dict[str, Any]], concurrenc
     for index, reward in enumerate(rewards):
         calls = [(r.body, r.reply) for r in recorded if r.path.startswith(f"/task/{index}/") and r.reply is not None]
         if reward is None or reward < FULL_REWARD:
-            log.warning("%s: the teacher's episode on task %d got reward %s; left out", example.name, index, reward)
+            log.warning("%s: the teacher's episode on task %d got reward %s; left out", teaching.name, index, reward)
             continue
         shown.append(Demonstration(dict(tasks[index]), reward, calls))
     return shown
@@ -176,18 +195,18 @@ def end_token_ids(model: Any, tokenizer: Any) -> set[int]:
 
 
 def _recipe(
-    example: Example, tasks: Sequence[dict[str, Any]], model: Path, chat_template: str | None, plan: WarmupPlan
+    teaching: Teaching, tasks: Sequence[dict[str, Any]], model: Path, chat_template: str | None, plan: WarmupPlan
 ) -> str:
     digest = hashlib.sha256()
     digest.update(
-        json.dumps([example.name, list(tasks), chat_template, plan.__dict__], sort_keys=True, default=str).encode()
+        json.dumps([teaching.name, list(tasks), chat_template, plan.__dict__], sort_keys=True, default=str).encode()
     )
     for name in ("config.json", "tokenizer.json", "model.safetensors"):
         path = model / name
         if path.is_file():
             stat = path.stat()
             digest.update(f"{name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    for module in (example.agent.split(":")[0], f"examples.{example.name}.teacher"):  # a changed agent or teacher
+    for module in (teaching.agent.split(":")[0], teaching.teacher.__module__):  # a changed agent or teacher
         spec = importlib.util.find_spec(module)
         if spec is not None and spec.origin:
             digest.update(Path(spec.origin).read_bytes())
@@ -209,7 +228,7 @@ def conversation_texts(shown: Sequence[Demonstration], tokenizer: Any) -> list[s
     return texts
 
 
-def tiny_model_for(example: Example, shown: Sequence[Demonstration], out: Path) -> Path:
+def tiny_model_for(teaching: Teaching, shown: Sequence[Demonstration], out: Path) -> Path:
     """Fulmen's tiny model (:mod:`fulmen.algorithm.tiny_model`) with its BPE merges learnt from the demonstrated
     conversations (as the demo's are from its own): byte-level, the agents' prompts with their tool schemas are
     600-1,200 tokens, several times what the merges leave, and a model this small learns the longer ones far
@@ -217,7 +236,7 @@ def tiny_model_for(example: Example, shown: Sequence[Demonstration], out: Path) 
     from fulmen.algorithm.tiny_model import build_tiny_model, build_tiny_tokenizer
 
     corpus = conversation_texts(shown, build_tiny_tokenizer())
-    digest = hashlib.sha256(json.dumps([example.name, corpus]).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(json.dumps([teaching.name, corpus]).encode()).hexdigest()[:16]
     target = out / f"tiny-{digest}"
     if not (target / "config.json").is_file():
         build_tiny_model(target, corpus=corpus)
@@ -225,7 +244,7 @@ def tiny_model_for(example: Example, shown: Sequence[Demonstration], out: Path) 
 
 
 def warm_up(
-    example: Example,
+    teaching: Teaching,
     model: Path,
     tasks: Sequence[dict[str, Any]],
     out: Path,
@@ -241,42 +260,30 @@ def warm_up(
     from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig
 
     plan = plan or WarmupPlan()
-    target = out / _recipe(example, tasks, model, chat_template, plan) / "model"
+    target = out / _recipe(teaching, tasks, model, chat_template, plan) / "model"
     if (target / MARKER).is_file():
         log.info("reusing the warmed-up model at %s", target)
         return target
-    trainer = TorchTrainer(
-        TorchTrainerConfig(
-            model_path=model,
-            device="cpu",
-            dtype="float32",
-            lr=plan.lr,
-            micro_batch_size=plan.micro_batch_size,
-            seed=plan.seed,
-        )
+    config = TorchTrainerConfig(
+        model, device="cpu", dtype="float32", lr=plan.lr, micro_batch_size=plan.micro_batch_size, seed=plan.seed
     )
+    trainer = TorchTrainer(config)
     if chat_template:
         trainer.tokenizer.chat_template = chat_template
-    shown = list(shown) if shown is not None else demonstrations(example, tasks)
+    shown = list(shown) if shown is not None else demonstrations(teaching, tasks)
     samples = samples_of(shown, trainer.tokenizer, end_token_ids(trainer.model, trainer.tokenizer))
     if not samples:
-        raise RuntimeError(f"the {example.name} teacher demonstrated nothing: no episode reached a full reward")
-    log.info("%s: %d demonstrated episodes, %d calls; warming up", example.name, len(shown), len(samples))
-    order = list(range(len(samples)))
-    random.Random(plan.seed).shuffle(order)
-    per_sample = sum(len(x.prompt_token_ids) + len(x.response_token_ids) for x in samples) / len(samples)
-    steps = plan.updates(per_sample * min(plan.batch, len(order)))
-    loss, tokens = float("nan"), 0
-    for step in range(steps):
-        picked = [samples[order[(step * plan.batch + i) % len(order)]] for i in range(min(plan.batch, len(order)))]
-        loss = trainer.sft_step(picked).loss
-        tokens += sum(len(x.prompt_token_ids) + len(x.response_token_ids) for x in picked)
-        on_step(step + 1, steps, loss)
+        raise ConfigurationError(
+            f"the {teaching.name} teacher demonstrated nothing: no episode reached a full reward (run the agent "
+            "against the teacher by itself to see why, e.g. the scaffold's `python teacher.py`)"
+        )
+    log.info("%s: %d demonstrated episodes, %d calls; warming up", teaching.name, len(shown), len(samples))
+    steps, tokens, loss = _supervised(trainer, samples, plan, on_step)
     trainer.save(target)
     (target / MARKER).write_text(
         json.dumps(
             {
-                "example": example.name,
+                "teaching": teaching.name,
                 "tasks": len(tasks),
                 "episodes": len(shown),
                 "calls": len(samples),
@@ -288,5 +295,58 @@ def warm_up(
         )
         + "\n"
     )
-    log.info("%s: warmed up in %d steps, %d tokens (last loss %.4f): %s", example.name, steps, tokens, loss, target)
+    log.info("%s: warmed up in %d steps, %d tokens (last loss %.4f): %s", teaching.name, steps, tokens, loss, target)
     return target
+
+
+def warmed_model(
+    train: Mapping[str, Any],
+    agent: str,
+    model: Path,
+    tasks: Sequence[Any],
+    home: Path,
+    on_phase: Callable[[str], None] | None = None,
+) -> Path:
+    """``model``, or with ``train["warmup_teacher"]`` set (``TrainSection`` fields) its copy fine-tuned on the
+    teacher's demonstrations of ``agent`` on the first ``warmup_tasks`` of ``tasks`` (task specs: training tasks
+    only), ``warmup_steps`` updates at ``warmup_lr``, cached under ``<home>/warmups`` by its recipe. The chat
+    template is the one the LLM gateway will serve with (``FULMEN_LLM_CHAT_TEMPLATE``, else the model's own)."""
+    teacher = train.get("warmup_teacher")
+    if not teacher:
+        return model
+    if not agent:
+        raise ConfigurationError("--warmup-teacher demonstrates the agent: pass --agent module:function too")
+    if os.getcwd() not in sys.path:  # a teacher next to where the command runs, as the runner finds the agent
+        sys.path.insert(0, os.getcwd())
+    teaching = Teaching(agent, agent, load_agent(teacher))
+    inputs = [task.input for task in tasks[: train["warmup_tasks"]]]
+    if not inputs:
+        raise ConfigurationError("--warmup-teacher demonstrates training tasks: give a dataset")
+    plan = WarmupPlan(steps=train["warmup_steps"], lr=train["warmup_lr"], seed=train["seed"])
+    template = os.environ.get("FULMEN_LLM_CHAT_TEMPLATE")
+    if template:
+        from fulmen.producers.llm_gateway.backends.tokenizing import chat_template_override
+
+        template = chat_template_override(template)
+    (on_phase or log.info)(
+        f"warm-up: {plan.steps} supervised steps on {teacher}'s demonstrations of {len(inputs)} training tasks "
+        f"(cached in {home / 'warmups'})"
+    )
+    return warm_up(teaching, model, inputs, home / "warmups", plan=plan, chat_template=template)
+
+
+def _supervised(
+    trainer: Any, samples: list[Sample], plan: WarmupPlan, on_step: Callable[[int, int, float], None]
+) -> tuple[int, int, float]:
+    """``plan``'s supervised updates over ``samples`` (a seeded order, drawn in turn); (updates, tokens, last loss)."""
+    order = list(range(len(samples)))
+    random.Random(plan.seed).shuffle(order)
+    per_sample = sum(len(x.prompt_token_ids) + len(x.response_token_ids) for x in samples) / len(samples)
+    steps = plan.updates(per_sample * min(plan.batch, len(order)))
+    loss, tokens = float("nan"), 0
+    for step in range(steps):
+        picked = [samples[order[(step * plan.batch + i) % len(order)]] for i in range(min(plan.batch, len(order)))]
+        loss = trainer.sft_step(picked).loss
+        tokens += sum(len(x.prompt_token_ids) + len(x.response_token_ids) for x in picked)
+        on_step(step + 1, steps, loss)
+    return steps, tokens, loss

@@ -41,6 +41,7 @@ __all__ = [
     "drop_stale",
     "drop_too_long",
     "keep_agents",
+    "served_before",
     "shuffle_rewards",
 ]
 
@@ -252,3 +253,13 @@ def _keep_transitions(
 def _version(own: int | None, batch: int | None) -> float:
     version = own if own is not None else batch
     return float("inf") if version is None else version
+
+
+def served_before(group: ClosedGroup, version: int, agents: list[str] | None = None) -> bool:
+    """True when a call of the group was served by a model version older than ``version`` (per-agent adapters:
+    a call of one of ``agents``, the others are served by the base model, version 0)."""
+    return any(
+        t.model_version is not None and t.model_version < version and (agents is None or t.agent_name in agents)
+        for batch in group.rollouts
+        for t in batch.transitions
+    )

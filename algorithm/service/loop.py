@@ -92,7 +92,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fulmen.algorithm.batch import Sample
 from fulmen.algorithm.rl.shaping import OverlongShaping
 from fulmen.algorithm.service.collector import Collector
 from fulmen.algorithm.service.dispatcher import Dispatcher
@@ -102,11 +101,20 @@ from fulmen.algorithm.service.groups import (
     drop_stale,
     drop_too_long,
     keep_agents,
+    served_before,
     shuffle_rewards,
 )
 from fulmen.algorithm.service.promotion import PromotionGate
 from fulmen.algorithm.service.replay import ReplayBuffer
-from fulmen.algorithm.service.samples import StepSamples, build_agent_samples, build_samples, has_signal
+from fulmen.algorithm.service.samples import (
+    StepSamples,
+    build_agent_samples,
+    build_samples,
+    has_signal,
+    sampled_entropy,
+    staleness_counts,
+    staleness_extra,
+)
 from fulmen.algorithm.settings import TrainMode, TrainSection
 from fulmen.algorithm.trainer.base import TRAINING_STATE, StepMetrics, TrainerBackend
 from fulmen.infra.kafka.publish import EventPublisher
@@ -307,7 +315,7 @@ class TrainingLoop:
         self.version = number
         self._in_step = 0
         publish_s = self.clock() - published
-        extra = {**(extra or {}), **self._extra(metrics, dropped, data), **_staleness_extra(staleness)}
+        extra = {**(extra or {}), **self._extra(metrics, dropped, data), **staleness_extra(staleness)}
         if self.val is not None and self._validation_due(number):
             extra.update(await self._validate(stop, prefix="val_"))
         if not await self._decide_promotion(number, str(path), extra, stop):
@@ -507,7 +515,7 @@ class TrainingLoop:
                 await self._advance()
             groups, self.waiting.val = self.waiting.val, []
             self.collector.done(g.group_id for g in groups)
-            older = [g for g in groups if _served_before(g, self.version, self.agents)]
+            older = [g for g in groups if served_before(g, self.version, self.agents)]
             counted += [g for g in groups if g not in older]
             if not older or stop.is_set() or attempt == VAL_REDO:
                 if older:
@@ -788,42 +796,3 @@ def _replay_share(options: TrainSection, replay: ReplayBuffer | None, train: Dis
         return options.groups_per_step
     share = round(options.replay_fraction * options.groups_per_step)
     return max(share, 1) if options.replay_fraction > 0 else 0
-
-
-def staleness_counts(samples: list, version: int) -> dict[int, int]:
-    """How many of ``samples`` were produced how many versions before ``version`` (the policy they train): a
-    sample's staleness is that of its own call (``Sample.model_version``); samples of unknown version are left out."""
-    counts: dict[int, int] = {}
-    for sample in samples:
-        if sample.model_version is not None:
-            lag = max(version - sample.model_version, 0)
-            counts[lag] = counts.get(lag, 0) + 1
-    return counts
-
-
-def _staleness_extra(counts: dict[int, int]) -> dict[str, float]:
-    """``staleness_<k>``: samples k versions old; ``staleness_max``/``_mean`` over the step's samples."""
-    if not counts:
-        return {}
-    total = sum(counts.values())
-    extra = {f"staleness_{lag}": float(n) for lag, n in sorted(counts.items())}
-    extra["staleness_max"] = float(max(counts))
-    extra["staleness_mean"] = sum(lag * n for lag, n in counts.items()) / total
-    return extra
-
-
-def _served_before(group: ClosedGroup, version: int, agents: list[str] | None = None) -> bool:
-    """True when a call of the group was served by a model version older than ``version`` (per-agent adapters:
-    a call of one of ``agents``, the others are served by the base model, version 0)."""
-    return any(
-        t.model_version is not None and t.model_version < version and (agents is None or t.agent_name in agents)
-        for batch in group.rollouts
-        for t in batch.transitions
-    )
-
-
-def sampled_entropy(samples: list[Sample]) -> float | None:
-    """The sampling policy's entropy per response token, estimated as the mean negative logprob of the tokens it
-    sampled (an unbiased Monte Carlo estimate at the sampling temperature); None when no logprob was recorded."""
-    logprobs = [lp for s in samples if s.old_logprobs for lp in s.old_logprobs]
-    return -sum(logprobs) / len(logprobs) if logprobs else None

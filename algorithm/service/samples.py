@@ -57,7 +57,10 @@ __all__ = [
     "build_samples",
     "has_signal",
     "rollout_return",
+    "sampled_entropy",
     "scope_rewards",
+    "staleness_counts",
+    "staleness_extra",
 ]
 
 
@@ -249,3 +252,35 @@ def _std(values: Sequence[float]) -> float:
         return 0.0
     mean = _mean(values)
     return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+# -- what a step's samples say (its TrainStep.extra) ---------------------------------------------------------
+
+
+def staleness_counts(samples: list, version: int) -> dict[int, int]:
+    """How many of ``samples`` were produced how many versions before ``version`` (the policy they train): a
+    sample's staleness is that of its own call (``Sample.model_version``); samples of unknown version are left out."""
+    counts: dict[int, int] = {}
+    for sample in samples:
+        if sample.model_version is not None:
+            lag = max(version - sample.model_version, 0)
+            counts[lag] = counts.get(lag, 0) + 1
+    return counts
+
+
+def staleness_extra(counts: dict[int, int]) -> dict[str, float]:
+    """``staleness_<k>``: samples k versions old; ``staleness_max``/``_mean`` over the step's samples."""
+    if not counts:
+        return {}
+    total = sum(counts.values())
+    extra = {f"staleness_{lag}": float(n) for lag, n in sorted(counts.items())}
+    extra["staleness_max"] = float(max(counts))
+    extra["staleness_mean"] = sum(lag * n for lag, n in counts.items()) / total
+    return extra
+
+
+def sampled_entropy(samples: list[Sample]) -> float | None:
+    """The sampling policy's entropy per response token, estimated as the mean negative logprob of the tokens it
+    sampled (an unbiased Monte Carlo estimate at the sampling temperature); None when no logprob was recorded."""
+    logprobs = [lp for s in samples if s.old_logprobs for lp in s.old_logprobs]
+    return -sum(logprobs) / len(logprobs) if logprobs else None

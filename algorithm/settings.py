@@ -286,6 +286,12 @@ class TrainSection(BaseModel):
     warmup_steps: int = Field(default=40, ge=1, description="the warm-up's supervised updates (of 16 calls each)")
     warmup_tasks: int = Field(default=32, ge=1, description="the first N training tasks the teacher demonstrates")
     warmup_lr: float = Field(default=1e-4, gt=0, description="the warm-up's learning rate")
+    warmup_sql: str = Field(
+        default="",
+        description="a read-only SELECT of stored rollout ids (e.g. the rewarded ones of an earlier run, or "
+        "production traffic): before the first step (after the teacher's warm-up, if any), the model is fine-tuned "
+        "on those rollouts' calls as stored (fulmen.warmup.stored_warm_up), read from source_store; empty: none",
+    )
     report_to: Literal["tensorboard", "wandb", "mlflow", "none"] = Field(
         default="tensorboard",
         description="where each step's metrics go besides <run_dir>/metrics.jsonl and curves.png: TensorBoard event "

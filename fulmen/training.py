@@ -85,7 +85,8 @@ def train(
         )
     tasks, val_tasks = _tasks(dataset) if dataset is not None else [], _tasks(val) if val is not None else None
     plan = _local_plan(agent, model, settings, runners, concurrency, agent_pattern, run)
-    plan = replace(plan, model=warmed_model(fields, plan.agent, plan.model, tasks, settings.home, on_phase))
+    warmed = warmed_model(fields, plan.agent, plan.model, tasks, settings.home, on_phase, settings=settings)
+    plan = replace(plan, model=warmed)
     bundles = _bundles(settings, fields, prompt_bundle)
     return run_locally(
         settings,

@@ -20,6 +20,10 @@ demonstrations come from the agent itself:
    and saves the result, cached by its recipe (examples, tasks, model files, template, steps, learning rate).
 
 Held-out tasks are never demonstrated: pass training tasks only.
+
+The other source of demonstrations is the store: ``--warmup-sql "SELECT RolloutId FROM ..."`` fine-tunes on the
+calls of the stored rollouts a query selects (the rewarded episodes of an earlier run, production traffic a person
+approved: :func:`stored_warm_up`), as stored, token ids and all. With both, the teacher's phase runs first.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ __all__ = [
     "end_token_ids",
     "reply_message",
     "samples_of",
+    "stored_warm_up",
     "tiny_model_for",
     "warm_up",
     "warmed_model",
@@ -201,16 +206,21 @@ def _recipe(
     digest.update(
         json.dumps([teaching.name, list(tasks), chat_template, plan.__dict__], sort_keys=True, default=str).encode()
     )
-    for name in ("config.json", "tokenizer.json", "model.safetensors"):
-        path = model / name
-        if path.is_file():
-            stat = path.stat()
-            digest.update(f"{name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    _digest_model_files(digest, model)
     for module in (teaching.agent.split(":")[0], teaching.teacher.__module__):  # a changed agent or teacher
         spec = importlib.util.find_spec(module)
         if spec is not None and spec.origin:
             digest.update(Path(spec.origin).read_bytes())
     return digest.hexdigest()[:16]
+
+
+def _digest_model_files(digest: Any, model: Path) -> None:
+    """Add ``model``'s files (size and time of change) to ``digest``: a rebuilt model is another recipe."""
+    for name in ("config.json", "tokenizer.json", "model.safetensors"):
+        path = model / name
+        if path.is_file():
+            stat = path.stat()
+            digest.update(f"{name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
 
 
 def conversation_texts(shown: Sequence[Demonstration], tokenizer: Any) -> list[str]:
@@ -257,19 +267,12 @@ def warm_up(
     """``model`` fine-tuned on the teacher's demonstrations of ``tasks`` (recorded now unless ``shown`` holds
     them), saved as ``out/<recipe>/model`` (reused when that exists). ``chat_template`` is the one the gateway will
     serve with (None: the model's own)."""
-    from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig
-
     plan = plan or WarmupPlan()
     target = out / _recipe(teaching, tasks, model, chat_template, plan) / "model"
     if (target / MARKER).is_file():
         log.info("reusing the warmed-up model at %s", target)
         return target
-    config = TorchTrainerConfig(
-        model, device="cpu", dtype="float32", lr=plan.lr, micro_batch_size=plan.micro_batch_size, seed=plan.seed
-    )
-    trainer = TorchTrainer(config)
-    if chat_template:
-        trainer.tokenizer.chat_template = chat_template
+    trainer = _trainer(model, plan, chat_template)
     shown = list(shown) if shown is not None else demonstrations(teaching, tasks)
     samples = samples_of(shown, trainer.tokenizer, end_token_ids(trainer.model, trainer.tokenizer))
     if not samples:
@@ -278,24 +281,83 @@ def warm_up(
             "against the teacher by itself to see why, e.g. the scaffold's `python teacher.py`)"
         )
     log.info("%s: %d demonstrated episodes, %d calls; warming up", teaching.name, len(shown), len(samples))
+    recorded = {"teaching": teaching.name, "tasks": len(tasks), "episodes": len(shown)}
+    return _train_and_save(trainer, samples, plan, target, recorded, on_step)
+
+
+def stored_warm_up(
+    settings: Any,
+    train: Mapping[str, Any],
+    model: Path,
+    out: Path,
+    on_phase: Callable[[str], None] = log.info,
+    on_step: Callable[[int, int, float], None] = lambda *_: None,
+) -> Path:
+    """``model`` fine-tuned on every call of the stored rollouts ``train["warmup_sql"]`` selects (a read-only SELECT
+    of rollout ids, read from ``train["source_store"]`` by replay's loader,
+    :func:`fulmen.algorithm.service.run.load_replay_buffer`: each rollout's latest attempt, calls of another base
+    model or vocabulary refused; no reward needed, the selection is the judgement), ``warmup_steps`` updates at
+    ``warmup_lr``; the calls' token ids are the gateway's own, so no chat template is involved. Saved as
+    ``out/<recipe>/model``, the recipe a digest of the calls, the plan and the model files (reused when it exists).
+    ``settings``: a :class:`~fulmen.algorithm.settings.TrainSettings` (the store to read)."""
+    from fulmen.algorithm.service.run import load_replay_buffer
+
+    scoped = settings.model_copy(update={"train": settings.train.model_copy(update=dict(train))})
+    buffer = load_replay_buffer(scoped, str(model), selection=train["warmup_sql"], require_reward=False)
+    samples = [
+        Sample(prompt_token_ids=list(t.prompt_token_ids), response_token_ids=list(t.response_token_ids))
+        for group in buffer.groups
+        for rollout in group.rollouts
+        for t in rollout.transitions
+        if t.response_token_ids
+    ]
+    if not samples:
+        raise ConfigurationError(f"--warmup-sql selected no call with a response to imitate: {buffer.summary()}")
+    plan = WarmupPlan(steps=train["warmup_steps"], lr=train["warmup_lr"], seed=train["seed"])
+    on_phase(
+        f"warm-up: {plan.steps} supervised steps on the {len(samples)} stored calls of the rollouts --warmup-sql "
+        f"selects ({buffer.summary()}; cached in {out})"
+    )
+    digest = hashlib.sha256(
+        json.dumps([[s.prompt_token_ids, s.response_token_ids] for s in samples] + [plan.__dict__]).encode()
+    )
+    _digest_model_files(digest, model)
+    target = out / f"sql-{digest.hexdigest()[:16]}" / "model"
+    if (target / MARKER).is_file():
+        log.info("reusing the warmed-up model at %s", target)
+        return target
+    recorded = {"warmup_sql": train["warmup_sql"], "episodes": buffer.rollouts}
+    return _train_and_save(_trainer(model, plan, None), samples, plan, target, recorded, on_step)
+
+
+def _trainer(model: Path, plan: WarmupPlan, chat_template: str | None) -> Any:
+    """The torch trainer a warm-up fine-tunes ``model`` with (float32 on the CPU, as the examples measured it)."""
+    from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig
+
+    config = TorchTrainerConfig(
+        model, device="cpu", dtype="float32", lr=plan.lr, micro_batch_size=plan.micro_batch_size, seed=plan.seed
+    )
+    trainer = TorchTrainer(config)
+    if chat_template:
+        trainer.tokenizer.chat_template = chat_template
+    return trainer
+
+
+def _train_and_save(
+    trainer: Any,
+    samples: list[Sample],
+    plan: WarmupPlan,
+    target: Path,
+    recorded: dict[str, Any],
+    on_step: Callable[[int, int, float], None],
+) -> Path:
+    """``plan``'s updates on ``samples``, the model saved to ``target`` with its :data:`MARKER` (``recorded`` and
+    what the updates did), written last: a directory without it is an unfinished warm-up."""
     steps, tokens, loss = _supervised(trainer, samples, plan, on_step)
     trainer.save(target)
-    (target / MARKER).write_text(
-        json.dumps(
-            {
-                "teaching": teaching.name,
-                "tasks": len(tasks),
-                "episodes": len(shown),
-                "calls": len(samples),
-                "plan": plan.__dict__,
-                "updates": steps,
-                "tokens_trained": tokens,
-                "last_loss": loss,
-            }
-        )
-        + "\n"
-    )
-    log.info("%s: warmed up in %d steps, %d tokens (last loss %.4f): %s", teaching.name, steps, tokens, loss, target)
+    done = {"calls": len(samples), "plan": plan.__dict__, "updates": steps, "tokens_trained": tokens}
+    (target / MARKER).write_text(json.dumps({**recorded, **done, "last_loss": loss}) + "\n")
+    log.info("warmed up in %d steps, %d tokens (last loss %.4f): %s", steps, tokens, loss, target)
     return target
 
 
@@ -306,14 +368,32 @@ def warmed_model(
     tasks: Sequence[Any],
     home: Path,
     on_phase: Callable[[str], None] | None = None,
+    *,
+    settings: Any = None,
 ) -> Path:
-    """``model``, or with ``train["warmup_teacher"]`` set (``TrainSection`` fields) its copy fine-tuned on the
-    teacher's demonstrations of ``agent`` on the first ``warmup_tasks`` of ``tasks`` (task specs: training tasks
-    only), ``warmup_steps`` updates at ``warmup_lr``, cached under ``<home>/warmups`` by its recipe. The chat
-    template is the one the LLM gateway will serve with (``FULMEN_LLM_CHAT_TEMPLATE``, else the model's own)."""
-    teacher = train.get("warmup_teacher")
-    if not teacher:
-        return model
+    """``model``, or its copy fine-tuned before RL (``TrainSection`` fields in ``train``), cached under
+    ``<home>/warmups`` by recipe: with ``warmup_teacher``, on the teacher's demonstrations of ``agent`` on the first
+    ``warmup_tasks`` of ``tasks`` (task specs: training tasks only); with ``warmup_sql``, then on the stored calls it
+    selects (:func:`stored_warm_up`, reading the store of ``settings``, a ``TrainSettings``; default: the one in
+    force). Each phase runs ``warmup_steps`` updates at ``warmup_lr``."""
+    said = on_phase or log.info
+    if train.get("warmup_teacher"):
+        model = _teacher_warm_up(train, agent, model, tasks, home, said)
+    if train.get("warmup_sql"):
+        if settings is None:
+            from fulmen.algorithm.settings import TrainSettings
+
+            settings = TrainSettings()
+        model = stored_warm_up(settings, train, model, home / "warmups", said)
+    return model
+
+
+def _teacher_warm_up(
+    train: Mapping[str, Any], agent: str, model: Path, tasks: Sequence[Any], home: Path, said: Callable[[str], None]
+) -> Path:
+    """The teacher's phase of :func:`warmed_model`; the chat template is the one the LLM gateway will serve with
+    (``FULMEN_LLM_CHAT_TEMPLATE``, else the model's own)."""
+    teacher = train["warmup_teacher"]
     if not agent:
         raise ConfigurationError("--warmup-teacher demonstrates the agent: pass --agent module:function too")
     if os.getcwd() not in sys.path:  # a teacher next to where the command runs, as the runner finds the agent
@@ -328,7 +408,7 @@ def warmed_model(
         from fulmen.producers.llm_gateway.backends.tokenizing import chat_template_override
 
         template = chat_template_override(template)
-    (on_phase or log.info)(
+    said(
         f"warm-up: {plan.steps} supervised steps on {teacher}'s demonstrations of {len(inputs)} training tasks "
         f"(cached in {home / 'warmups'})"
     )

@@ -152,8 +152,11 @@ def load_replay(
     base_model: str,
     vocab_size: int | None,
     group_size: int,
+    require_reward: bool = True,
 ) -> ReplayBuffer:
-    """Run ``selection`` and read what replay needs of the rollouts it names; the buffer (:func:`build_buffer`).
+    """Run ``selection`` and read what replay needs of the rollouts it names; the buffer (:func:`build_buffer`;
+    ``require_reward=False`` keeps the rollouts with no reward too: a supervised warm-up imitates what the selection
+    chose and reads no reward).
 
     Raises :class:`ConfigurationError` for a selection that is not one column, or that names nothing trainable
     (saying what was refused), and the reader's errors (``ReadOnlyError`` for a statement that is not a read)."""
@@ -190,7 +193,9 @@ def load_replay(
         )
         for version, base in bases.rows:
             rows.version_bases.setdefault(int(version), set()).add(str(base))
-    buffer = build_buffer(rows, base_model=base_model, vocab_size=vocab_size, group_size=group_size)
+    buffer = build_buffer(
+        rows, base_model=base_model, vocab_size=vocab_size, group_size=group_size, require_reward=require_reward
+    )
     if not buffer.groups:
         raise ConfigurationError(f"nothing to replay: {buffer.summary()}")
     return buffer
@@ -221,8 +226,11 @@ def _feedback(reader: StoreReader, database: str, ids: dict[str, Any]) -> dict[t
     return {(str(r[0]), str(r[1])): float(r[2]) for r in result.rows}
 
 
-def build_buffer(rows: ReplayRows, *, base_model: str, vocab_size: int | None, group_size: int) -> ReplayBuffer:
-    """The replay buffer of ``rows`` by the rules of the module docstring."""
+def build_buffer(
+    rows: ReplayRows, *, base_model: str, vocab_size: int | None, group_size: int, require_reward: bool = True
+) -> ReplayBuffer:
+    """The replay buffer of ``rows`` by the rules of the module docstring (``require_reward=False``: the
+    ``no_reward`` rule off)."""
     buffer = ReplayBuffer(groups=[], selected=len(rows.selected))
     latest: dict[str, int] = {}
     for row in rows.transitions:
@@ -241,7 +249,7 @@ def build_buffer(rows: ReplayRows, *, base_model: str, vocab_size: int | None, g
             buffer.refused["other_base_model"] += 1
             continue
         batch, applied = _batch(rollout_id, stored, rows.feedback)
-        if not _has_reward(batch):
+        if require_reward and not _has_reward(batch):
             buffer.refused["no_reward"] += 1
             continue
         buffer.feedback_applied += applied

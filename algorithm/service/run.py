@@ -459,9 +459,11 @@ def load_selected_tasks(settings: TrainSettings) -> list[DatasetTask]:
     return tasks
 
 
-def load_replay_buffer(settings: TrainSettings, base_model: str):  # -> ReplayBuffer
-    """The run's replay buffer: ``replay_sql`` run against ``source_store`` (see
-    :mod:`fulmen.algorithm.service.replay`)."""
+def load_replay_buffer(
+    settings: TrainSettings, base_model: str, *, selection: str | None = None, require_reward: bool = True
+):  # -> ReplayBuffer
+    """The run's replay buffer: ``replay_sql`` (or ``selection``) run against ``source_store`` (see
+    :mod:`fulmen.algorithm.service.replay`; ``require_reward`` as there)."""
     from transformers import AutoConfig
 
     from fulmen.algorithm.service.replay import load_replay
@@ -474,12 +476,13 @@ def load_replay_buffer(settings: TrainSettings, base_model: str):  # -> ReplayBu
     try:
         return load_replay(
             reader,
-            options.replay_sql,
+            options.replay_sql if selection is None else selection,
             database=store.clickhouse.database,
             model_name=options.model_name,
             base_model=base_model,
             vocab_size=vocab,
             group_size=options.group_size,
+            require_reward=require_reward,
         )
     finally:
         reader.close()

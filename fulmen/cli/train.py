@@ -127,21 +127,23 @@ def _print_train_report(report: Any) -> None:
 
 
 def _prepare_model(settings: Any, dataset: Path | None) -> None:
-    """``--model smollm2`` made, and with ``--warmup-teacher`` the warm-up run (cached): the model the trainer
-    loads becomes that directory."""
+    """``--model smollm2`` made, and with ``--warmup-teacher`` / ``--warmup-sql`` the warm-up run (cached): the
+    model the trainer loads becomes that directory."""
     from fulmen.schemas.task_file import load_task_file
     from fulmen.training import model_directory
     from fulmen.warmup import warmed_model
 
     train = settings.train
-    if train.model_path == "smollm2" or (train.warmup_teacher and train.model_path):
+    warming = train.warmup_teacher or train.warmup_sql
+    if train.model_path == "smollm2" or (warming and train.model_path):
         model = model_directory(train.model_path, settings.home)
         tasks = load_task_file(dataset) if dataset and train.warmup_teacher else []
 
         def phase(text: str) -> None:
             console.print(f"[green]•[/] {text}")
 
-        train.model_path = str(warmed_model(train.model_dump(), train.agent, model, tasks, settings.home, phase))
+        warmed = warmed_model(train.model_dump(), train.agent, model, tasks, settings.home, phase, settings=settings)
+        train.model_path = str(warmed)
 
 
 def _train_here(settings: Any, dataset: Path | None, val: Path | None) -> None:

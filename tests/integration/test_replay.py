@@ -5,6 +5,7 @@ read-only guard; and ``fulmen train --replay`` tells what is wrong with a bad se
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import subprocess
@@ -174,3 +175,26 @@ def test_tasks_sql_without_stored_payloads_says_so(
     unknown = "SELECT arrayJoin(['never-dispatched', 'nor-this'])"
     with pytest.raises(Exception, match="none of the 2 selected task id"):
         asyncio.run(run_trainer(replay_settings(settings, tmp_path, "", tasks_sql=unknown), []))
+
+
+def test_warmup_sql_fine_tunes_on_the_calls_of_the_selected_stored_rollouts_once(
+    settings: FulmenSettings, linked_store: Store, tmp_path: Path
+) -> None:
+    """``--warmup-sql``: the rewarded rollouts and the one with no reward at all are selected; the warm-up imitates
+    every call of them (no reward needed) except the one of another vocabulary, and a second run reuses it."""
+    from fulmen.algorithm.tiny_model import build_tiny_model
+    from fulmen.warmup import MARKER, warmed_model
+
+    fill(linked_store)
+    db = linked_store.database
+    sql = f"SELECT RolloutId FROM {db}.transitions WHERE Reward = 1 OR RolloutId = 'silent'"
+    train = replay_settings(settings, tmp_path, "", warmup_sql=sql, warmup_steps=2, seed=1)
+    model = build_tiny_model(tmp_path / "tiny")
+    said: list[str] = []
+    warmed = warmed_model(train.train.model_dump(), "", model, [], tmp_path / "home", said.append, settings=train)
+    recorded = json.loads((warmed / MARKER).read_text())
+    assert (recorded["calls"], recorded["episodes"], recorded["updates"]) == (5, 5, 2)  # 4 rewarded + silent
+    assert "2 supervised steps on the 5 stored calls" in said[0] and "1 other base model" in said[0]
+    assert warmed.parent.name.startswith("sql-") and (warmed / "model.safetensors").is_file()
+    again = warmed_model(train.train.model_dump(), "", model, [], tmp_path / "home", settings=train)
+    assert again == warmed  # the same calls, plan and model: the cached warm-up

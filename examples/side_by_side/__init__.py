@@ -1,0 +1,1 @@
+"""One agent, trained by Agent Lightning or by Fulmen: ``agent.py`` (see docs/from-agent-lightning.md)."""

@@ -12,7 +12,8 @@ the tracker ``FULMEN_TRAIN_REPORT_TO`` names, as TRL's ``report_to`` does:
 * ``none``.
 
 Scalars are named ``train/<field>`` (reward_mean, loss, kl, clip_fraction, tokens_per_s, the waits) and
-``extra/<key>`` for the step's extra metrics (``extra/val_accuracy``, ...). When the run ends, :meth:`RunReport.close`
+``extra/<key>`` for the step's extra metrics (``extra/val_accuracy``, ...; the tracker also gets the accuracy
+before the first update as ``extra/val_accuracy`` at step 0, so its held-out curve starts where the run did). When the run ends, :meth:`RunReport.close`
 draws ``<run_dir>/curves.png`` from the whole ``metrics.jsonl`` (so a resumed run's figure has every step): reward,
 held-out accuracy, loss, KL, entropy and tokens/s, each panel where the run has that metric.
 """
@@ -82,6 +83,8 @@ class RunReport:
             out.write(json.dumps({"step": event.step, **scalars}) + "\n")
         if self.tracker is not None:
             try:
+                if "extra/initial_val_accuracy" in scalars:  # the held-out curve starts before the first update
+                    self.tracker.log(event.step - 1, {"extra/val_accuracy": scalars["extra/initial_val_accuracy"]})
                 self.tracker.log(event.step, scalars)
             except Exception:  # a tracker's outage must not end the training run
                 log.exception("could not send step %d's metrics to the tracker", event.step)

@@ -5,6 +5,7 @@ repository (or of the scaffold, on a page that runs ``fulmen init``). A renamed 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import shlex
@@ -64,9 +65,14 @@ def all_commands() -> list[list[str]]:
     return [argv for page in PAGES for argv in command_lines(page)]
 
 
+@functools.cache
+def fulmen_command() -> Any:
+    return typer.main.get_command(app)
+
+
 def check_fulmen(argv: list[str]) -> list[str]:
     """What is wrong with ``fulmen ARGV``: an unknown subcommand or options the subcommand does not have."""
-    command: Any = typer.main.get_command(app)
+    command: Any = fulmen_command()
     rest = list(argv)
     while isinstance(command, typer.core.TyperGroup) and rest and not rest[0].startswith("-"):
         found = command.get_command(None, rest[0])

@@ -57,7 +57,7 @@ def test_each_step_goes_to_metrics_jsonl_and_tensorboard(tmp_path: Path) -> None
     assert "train/kl" not in rows[0]  # no reference model: no KL, rather than a 0 that is not one
     logged = scalars(tmp_path / "tensorboard")
     assert logged["train/reward_mean"] == [(1, pytest.approx(0.1)), (2, pytest.approx(0.2))]
-    assert logged["extra/val_accuracy"] == [(1, 0.5), (2, 0.75)]
+    assert logged["extra/val_accuracy"] == [(0, 0.25), (1, 0.5), (2, 0.75)]  # from before the first update
     assert curves == tmp_path / "curves.png" and curves.stat().st_size > 10_000
 
 

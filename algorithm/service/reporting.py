@@ -13,9 +13,10 @@ the tracker ``FULMEN_TRAIN_REPORT_TO`` names, as TRL's ``report_to`` does:
 
 Scalars are named ``train/<field>`` (reward_mean, loss, kl, clip_fraction, tokens_per_s, the waits) and
 ``extra/<key>`` for the step's extra metrics (``extra/val_accuracy``, ...; the tracker also gets the accuracy
-before the first update as ``extra/val_accuracy`` at step 0, so its held-out curve starts where the run did). When the run ends, :meth:`RunReport.close`
-draws ``<run_dir>/curves.png`` from the whole ``metrics.jsonl`` (so a resumed run's figure has every step): reward,
-held-out accuracy, loss, KL, entropy and tokens/s, each panel where the run has that metric.
+before the first update as ``extra/val_accuracy`` at step 0, so its held-out curve starts where the run did).
+When the run ends, :meth:`RunReport.close` draws ``<run_dir>/curves.png`` from the whole ``metrics.jsonl`` (so a
+resumed run's figure has every step): reward, held-out accuracy, loss, KL, entropy and tokens/s, each panel where
+the run has that metric.
 """
 
 from __future__ import annotations

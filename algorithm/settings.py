@@ -86,6 +86,13 @@ class TrainSection(BaseModel):
     run_dir: Path | None = Field(
         default=None, description="checkpoints go to <run_dir>/checkpoints/v<N>; default $FULMEN_HOME/runs/<run_id>"
     )
+    keep_checkpoints: int = Field(
+        default=0,
+        ge=0,
+        description="keep only the newest N versions' checkpoints in <run_dir>/checkpoints (and the version a "
+        "promotion gate serves); 0 = every one. Full weights are the whole model per version (SmolLM2-135M: ~540 "
+        "MB); N >= 2, as a lagging gateway may still load the one before the latest",
+    )
     model_path: str = Field(default="", description="Hugging Face model directory, or 'tiny' (built offline)")
     model_name: str = Field(default="fulmen", pattern=IDENTIFIER_PATTERN.pattern, description="served name")
     agent: str = Field(
@@ -358,6 +365,16 @@ class TrainSection(BaseModel):
         if merged.get("replay_sql") and not merged.get("correction"):  # replay is off-policy by construction:
             merged["correction"] = ASYNC_CORRECTION  # never uncorrected (settings re-checked after a change too)
         return merged
+
+    @field_validator("keep_checkpoints")
+    @classmethod
+    def _keeps_two(cls, value: int) -> int:
+        if value == 1:
+            raise ValueError(
+                "FULMEN_TRAIN_KEEP_CHECKPOINTS=1 would remove the version a lagging gateway may still be loading; "
+                "use 2 or more (or 0: keep every one)"
+            )
+        return value
 
     @field_validator("adapter_agents")
     @classmethod

@@ -93,6 +93,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fulmen.algorithm.rl.shaping import OverlongShaping
+from fulmen.algorithm.service.checkpoints import checkpoint_dir, prune_checkpoints
 from fulmen.algorithm.service.collector import Collector
 from fulmen.algorithm.service.dispatcher import Dispatcher
 from fulmen.algorithm.service.groups import (
@@ -122,7 +123,7 @@ from fulmen.schemas.errors import ConfigurationError, RetryableError
 from fulmen.schemas.events import Event, ModelVersion, PromotionAction, RolloutMode, TrainStep
 from fulmen.schemas.topics import TopicKey
 
-__all__ = ["LoopPlan", "TrainingLoop", "VersionCheck", "checkpoint_dir"]
+__all__ = ["LoopPlan", "TrainingLoop", "VersionCheck"]
 
 log = logging.getLogger(__name__)
 
@@ -149,10 +150,6 @@ that answers does so in milliseconds; during an outage the attempt is cancelled 
 
 VersionCheck = Callable[[ModelVersion], Awaitable[bool]]
 """Whether the models topic already holds this version (of this run); raises ``RetryableError`` when unsure."""
-
-
-def checkpoint_dir(run_dir: Path, version: int) -> Path:
-    return run_dir / "checkpoints" / f"v{version}"
 
 
 @dataclass
@@ -310,6 +307,8 @@ class TrainingLoop:
         published = self.clock()
         path = await asyncio.to_thread(self.backend.save, checkpoint_dir(self.plan.run_dir, number))
         (checkpoint_dir(self.plan.run_dir, number - 1) / TRAINING_STATE).unlink(missing_ok=True)  # the latest has it
+        serving = {self.gate.serving.version} if self.gate is not None else set()
+        prune_checkpoints(self.plan.run_dir, number, self.options.keep_checkpoints, serving)
         if not await self._publish_version(str(path), number, stop):
             return None
         self.version = number

@@ -198,3 +198,17 @@ def test_warmup_sql_fine_tunes_on_the_calls_of_the_selected_stored_rollouts_once
     assert warmed.parent.name.startswith("sql-") and (warmed / "model.safetensors").is_file()
     again = warmed_model(train.train.model_dump(), "", model, [], tmp_path / "home", settings=train)
     assert again == warmed  # the same calls, plan and model: the cached warm-up
+
+
+def test_a_run_keeps_only_the_newest_checkpoints_it_is_told_to(
+    settings: FulmenSettings, linked_store: Store, tmp_path: Path
+) -> None:
+    """``keep_checkpoints=2``: after three steps only v2 and v3 are on disk, v3 with the optimizer state."""
+    from fulmen.algorithm.trainer.base import TRAINING_STATE
+
+    fill(linked_store)
+    sql = f"SELECT DISTINCT RolloutId FROM {linked_store.database}.transitions"
+    done = asyncio.run(run_trainer(replay_settings(settings, tmp_path, sql, steps=3, keep_checkpoints=2), [], None))
+    assert [s.step for s in done] == [1, 2, 3]
+    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert kept == ["v2", "v3"] and (tmp_path / "run" / "checkpoints" / "v3" / TRAINING_STATE).is_file()

@@ -18,7 +18,7 @@ from fulmen.schemas.errors import ConfigurationError
 
 __all__ = ["FILES", "init_command", "scaffold"]
 
-FILES = ("agent.py", "reward.py", "teacher.py", "train.jsonl", "val.jsonl", "README.md")
+FILES = ("agent.py", "reward.py", "teacher.py", "tasks.py", "train.jsonl", "val.jsonl", "README.md")
 
 
 def scaffold(target: Path) -> list[Path]:
@@ -45,7 +45,8 @@ def init_command(
     name: Annotated[Path, typer.Argument(help="directory of the new project (must not exist, or be empty)")],
 ) -> None:
     """Scaffold an agent project to fill in: agent.py (run(task, llm) with the plain OpenAI client), reward.py,
-    teacher.py, train.jsonl / val.jsonl and a README with the commands that train it."""
+    teacher.py, tasks.py with the task files it wrote (train.jsonl, val.jsonl) and a README with the commands that
+    train it."""
     scaffold(name)
     # soft_wrap: the terminal wraps a long line; Rich would break it with a newline, and a command pasted back
     # from the screen would run in two halves

@@ -18,6 +18,7 @@ from fulmen.cli.train import TRAIN_OPTIONS, relaunch_environment
 VALUES = {
     "run_id": "run-options-1",
     "run_dir": Path("/tmp/fulmen-options-run"),
+    "keep_checkpoints": 3,
     "model_path": "tiny",
     "model_name": "m1",
     "agent": "agents:solve",
@@ -81,6 +82,7 @@ VALUES = {
     "warmup_steps": 7,
     "warmup_tasks": 9,
     "warmup_lr": 3e-5,
+    "warmup_sql": "SELECT RolloutId FROM rollouts WHERE Reward = 1",
     "replay_sql": "SELECT RolloutId FROM rollouts",
     "replay_fraction": 0.5,
     "promote_if_better": True,

@@ -290,7 +290,12 @@ class TrainSection(BaseModel):
         "step, the model is fine-tuned on the agent's episodes answered by it (fulmen.warmup; a small model that "
         "never earns a reward learns nothing from GRPO); needs --agent; empty: no warm-up",
     )
-    warmup_steps: int = Field(default=40, ge=1, description="the warm-up's supervised updates (of 16 calls each)")
+    warmup_steps: int = Field(
+        default=8,
+        ge=1,
+        description="the warm-up's supervised updates (of 16 calls each): 8 taught SmolLM2-135M the calc agent's and "
+        "the fulmen init project's format; 40 memorised the scaffold's 32 demonstrations and left GRPO less to learn",
+    )
     warmup_tasks: int = Field(default=32, ge=1, description="the first N training tasks the teacher demonstrates")
     warmup_lr: float = Field(default=1e-4, gt=0, description="the warm-up's learning rate")
     warmup_sql: str = Field(

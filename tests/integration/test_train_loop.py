@@ -8,6 +8,7 @@ import asyncio
 import os
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -73,8 +74,12 @@ def answer(request: RolloutRequest, rng: random.Random) -> TransitionBatch:
     )
 
 
-async def simulated_runners(settings: FulmenSettings, stop: asyncio.Event) -> int:
-    """Consume the tasks topic (own group) and answer each request on the transitions topic; how many."""
+async def simulated_runners(
+    settings: FulmenSettings, stop: asyncio.Event, hold: Callable[[], bool] = lambda: False
+) -> int:
+    """Consume the tasks topic (own group) and answer each request on the transitions topic; how many. While
+    ``hold()`` is true, requests fetched are held unanswered (checked after each fetch, so a request dispatched once
+    ``hold()`` became true is never answered before it is false again)."""
     tasks = consumer(settings, "test.runners", topic_name(TopicKey.TASKS, settings.kafka.topic_prefix))
     await start_or_raise(tasks, settings)
     rng, answered = random.Random(7), 0
@@ -82,6 +87,8 @@ async def simulated_runners(settings: FulmenSettings, stop: asyncio.Event) -> in
         async with event_publisher(settings) as publisher:
             while not stop.is_set():
                 for records in (await tasks.getmany(timeout_ms=200)).values():
+                    while hold() and not stop.is_set():
+                        await asyncio.sleep(0.05)
                     requests = [decode(RolloutRequest, r.value) for r in records]
                     await publisher.publish_many(TopicKey.TRANSITIONS, [answer(r, rng) for r in requests])
                     answered += len(requests)
@@ -186,15 +193,20 @@ async def fulmen_train(env: dict[str, str], *args: str) -> tuple[int, str, str]:
     return process.returncode or 0, out.decode(), err.decode()[-3000:]
 
 
+def first_step_done(run_dir: Path) -> bool:
+    metrics = run_dir / "metrics.jsonl"
+    return metrics.is_file() and bool(metrics.read_text().strip())
+
+
 async def killed_after_first_step(env: dict[str, str], run_dir: Path, *args: str) -> None:
     """``fulmen train`` killed with SIGKILL once its first step is done (published and committed: in metrics.jsonl),
-    so in its second step or later."""
+    so in its second step (the runners hold the rollouts dispatched after step 1 until the kill: step 3 cannot
+    finish first, however slowly this test is scheduled)."""
     process = await asyncio.create_subprocess_exec(
         *FULMEN, "train", *args, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
     )
     deadline = asyncio.get_running_loop().time() + 300
-    metrics = run_dir / "metrics.jsonl"
-    while not (metrics.is_file() and metrics.read_text().strip()):
+    while not first_step_done(run_dir):
         assert process.returncode is None and asyncio.get_running_loop().time() < deadline, "no step 1"
         await asyncio.sleep(0.2)
     process.kill()
@@ -216,10 +228,12 @@ async def test_fulmen_train_killed_mid_run_resumes_with_no_step_lost_or_doubled(
     }
     run_dir = tmp_path / "runs" / "cli-run"
     args = ["--dataset", str(dataset), "--model", "tiny", "--agent", "agents:solve", "--run", "cli-run", "--steps", "3"]
-    stop = asyncio.Event()
-    runners = asyncio.create_task(simulated_runners(settings, stop))
+    stop, killed = asyncio.Event(), asyncio.Event()
+    hold = lambda: not killed.is_set() and first_step_done(run_dir)  # noqa: E731
+    runners = asyncio.create_task(simulated_runners(settings, stop, hold))
     try:
         await killed_after_first_step(env, run_dir, *args)
+        killed.set()
         again = await fulmen_train(env, *args)  # the same command: resumes from the latest checkpoint
         finished = await fulmen_train(env, *args)  # nothing left to do: refused, saying how to go on
     finally:

@@ -9,6 +9,7 @@ EXAMPLE = Example(
     agent="examples.rag_agent.agent:run",
     train_tasks=data.train_tasks,
     heldout_tasks=data.heldout_tasks,
+    unseen_tasks=data.unseen_tasks,
     trained_agents=("researcher",),
     max_calls=4,
     agent_pattern="researcher",

@@ -1,18 +1,32 @@
-"""A corpus of short documents about invented people, towns, rivers and mountains, and multi-hop questions over it.
+"""Two- and three-hop questions over the RAG corpus, in three splits: training, held-out, and unseen.
 
-Everything is made up (names are built from syllables with a fixed seed), so no model can know an answer without
-reading the documents. Each person was born in a town, each town lies on a river, each river rises in a
-mountain range; one document states one fact and is titled with the entity it is about (a person's, a town's or
-a river's page, as in an encyclopedia). Questions:
+The corpus (:mod:`examples.rag_agent.corpus`) has an inland region (people born in towns, towns on rivers,
+rivers rising in mountain ranges) and a coastal region (workers at companies, companies headquartered in ports,
+ports on islands, islands in seas, ships with home ports). A question names one entity and follows its
+relations one page at a time; each template is one such chain, written as a question:
 
-* two hops: "On which river lies the town where <person> was born?" (the person's document, then the town's);
-* three hops: "In which mountains does the river rise that flows through the town where <person> was born?".
+* ``born-river`` (2 hops): "On which river lies the town where <person> was born?";
+* ``born-river-range`` (3): "In which mountains does the river rise that flows through the town where <person>
+  was born?";
+* ``works-hq`` (2): "In which port is the company that <worker> works for headquartered?";
+* ``works-hq-island`` (3): "On which island is the port where the company that <worker> works for is
+  headquartered?";
+* ``homeport-island`` (2): "On which island is the home port of the ship <ship>?";
+* ``homeport-island-sea`` (3): "In which sea is the island where the ship <ship> has its home port?".
 
-A task input: ``{"question", "answer", "gold_docs": [document ids on the path], "hops"}``, plus ``"greedy":
-true`` on held-out tasks. Training and held-out questions are about different people (a held-out question is
-never trained on, though its towns and rivers may be).
+Splits (fixed seeds, each question once):
 
-    python -m examples.rag_agent.data OUT_DIR [--train 256] [--val 64]
+* :func:`train_tasks`: the two inland templates about the first ``TRAIN_PEOPLE`` people (2,000 questions; a
+  longer request repeats them in order), the templates in turn, so any even prefix has as many of each;
+* :func:`heldout_tasks` (in distribution): the same two templates about the other 150 people (300 questions),
+  whose pages no training question reaches (their towns and rivers are shared: that is the distribution);
+* :func:`unseen_tasks`: the four coastal templates (400 questions): entities and relation kinds no training
+  question's path touches.
+
+A task input: ``{"question", "answer", "gold_docs": [the path's document ids], "hops", "template"}``, plus
+``"greedy": true`` in both held-out splits.
+
+    python -m examples.rag_agent.data OUT_DIR [--train 256] [--val 64]   # train.jsonl, val.jsonl (in distribution)
 """
 
 from __future__ import annotations
@@ -22,120 +36,140 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from examples.rag_agent.corpus import Corpus, corpus
 from examples.spec import write_splits_command
 
-__all__ = ["Corpus", "corpus", "heldout_tasks", "person_of", "train_tasks"]
+__all__ = [
+    "TEMPLATES",
+    "TRAIN_PEOPLE",
+    "TRAIN_TEMPLATES",
+    "UNSEEN_TEMPLATES",
+    "Template",
+    "corpus",
+    "heldout_tasks",
+    "question",
+    "train_tasks",
+    "unseen_tasks",
+]
 
 SEED = 777
-PEOPLE, TOWNS, RIVERS, RANGES = 240, 40, 12, 5
-HELDOUT_PEOPLE = 40  # the last ones: held-out questions are about them only
-ONSETS = ("b", "d", "k", "l", "m", "n", "r", "s", "t", "v", "z", "th", "gr", "br", "st")
-VOWELS = ("a", "e", "i", "o", "u", "ai", "ou")
+TRAIN_PEOPLE = 1000  # the first people of the corpus; the others are the held-out split's
 
 
 @dataclass(frozen=True)
-class Corpus:
-    """The documents (id -> text), their titles (id -> the entity a document is about) and the facts behind them."""
+class Template:
+    """A question family: the kind of entity it names, the relations it follows, and its wording."""
 
-    documents: dict[str, str]
-    titles: dict[str, str]
-    born_in: dict[str, str]  # person -> town
-    river_of: dict[str, str]  # town -> river
-    source_of: dict[str, str]  # river -> mountain range
+    kind: str
+    relations: tuple[str, ...]
+    wording: str  # "{}" is the entity's name
+
+    @property
+    def hops(self) -> int:
+        return len(self.relations)
 
 
-def _name(r: random.Random, syllables: int, used: set[str]) -> str:
-    while True:
-        name = "".join(r.choice(ONSETS) + r.choice(VOWELS) for _ in range(syllables)).capitalize()
-        if name not in used:
-            used.add(name)
-            return name
+TEMPLATES = {
+    "born-river": Template("person", ("born_in", "on_river"), "On which river lies the town where {} was born?"),
+    "born-river-range": Template(
+        "person",
+        ("born_in", "on_river", "rises_in"),
+        "In which mountains does the river rise that flows through the town where {} was born?",
+    ),
+    "works-hq": Template(
+        "worker", ("works_for", "headquartered_in"), "In which port is the company that {} works for headquartered?"
+    ),
+    "works-hq-island": Template(
+        "worker",
+        ("works_for", "headquartered_in", "on_island"),
+        "On which island is the port where the company that {} works for is headquartered?",
+    ),
+    "homeport-island": Template("ship", ("home_port", "on_island"), "On which island is the home port of the ship {}?"),
+    "homeport-island-sea": Template(
+        "ship", ("home_port", "on_island", "in_sea"), "In which sea is the island where the ship {} has its home port?"
+    ),
+}
+TRAIN_TEMPLATES = ("born-river", "born-river-range")
+UNSEEN_TEMPLATES = ("works-hq", "works-hq-island", "homeport-island", "homeport-island-sea")
+
+
+def question(c: Corpus, template: str, entity: str) -> dict[str, Any]:
+    """The task input asking ``template`` about ``entity``: its path of pages, one per relation, ends at the
+    answer."""
+    family = TEMPLATES[template]
+    gold_docs, subject = [], entity
+    for relation in family.relations:
+        fact = c.fact_of(subject)
+        if fact.relation != relation:
+            raise ValueError(f"{template}: the page of {subject!r} says {fact.relation}, not {relation}")
+        gold_docs.append(c.pages[subject])
+        subject = fact.object
+    return {
+        "question": family.wording.format(entity),
+        "answer": subject,
+        "gold_docs": gold_docs,
+        "hops": family.hops,
+        "template": template,
+    }
+
+
+def _interleaved(templates: tuple[str, ...], entities: dict[str, list[str]], seed: int) -> list[dict[str, Any]]:
+    """Every template about each of its entities, each template's entities in its own shuffled order, the
+    templates taken in turn (one of each, then the next of each...)."""
+    c, columns = corpus(), []
+    for k, template in enumerate(templates):
+        names = list(entities[TEMPLATES[template].kind])
+        random.Random(seed * 100 + k).shuffle(names)
+        columns.append([question(c, template, name) for name in names])
+    return [column[i] for i in range(max(map(len, columns))) for column in columns if i < len(column)]
+
+
+def _people(train: bool) -> list[str]:
+    people = list(corpus().entities["person"])
+    return people[:TRAIN_PEOPLE] if train else people[TRAIN_PEOPLE:]
 
 
 @functools.cache
-def corpus() -> Corpus:
-    r, used = random.Random(SEED), set()
-    ranges = [f"the {_name(r, 2, used)} Mountains" for _ in range(RANGES)]
-    rivers = [f"the {_name(r, 2, used)} River" for _ in range(RIVERS)]
-    towns = [_name(r, 3, used) for _ in range(TOWNS)]
-    people = [f"{_name(r, 2, used)} {_name(r, 3, used)}" for _ in range(PEOPLE)]
-    source_of = {river: r.choice(ranges) for river in rivers}
-    river_of = {town: r.choice(rivers) for town in towns}
-    born_in = {person: r.choice(towns) for person in people}
-    documents: dict[str, str] = {}
-    titles: dict[str, str] = {}
-    for i, person in enumerate(people):
-        documents[f"p{i}"] = f"{person} was born in {born_in[person]} and works as a {r.choice(_JOBS)}."
-        titles[f"p{i}"] = person
-    for i, town in enumerate(towns):
-        documents[f"t{i}"] = f"{town} is a town on {river_of[town]}, known for its {r.choice(_GOODS)}."
-        titles[f"t{i}"] = town
-    for i, river in enumerate(rivers):
-        documents[f"r{i}"] = f"{river} rises in {source_of[river]} and is {r.randint(40, 900)} km long."
-        titles[f"r{i}"] = river.removeprefix("the ")
-    return Corpus(documents, titles, born_in, river_of, source_of)
+def _pool(split: str) -> tuple[dict[str, Any], ...]:
+    if split == "train":
+        return tuple(_interleaved(TRAIN_TEMPLATES, {"person": _people(train=True)}, SEED + 1))
+    if split == "heldout":
+        return tuple(_interleaved(TRAIN_TEMPLATES, {"person": _people(train=False)}, SEED + 2))
+    entities = {kind: list(corpus().entities[kind]) for kind in ("worker", "ship")}
+    return tuple(_interleaved(UNSEEN_TEMPLATES, entities, SEED + 3))
 
 
-_JOBS = ("baker", "weaver", "pilot", "miller", "potter", "teacher", "smith", "clerk")
-_GOODS = ("bridges", "markets", "wool", "bells", "orchards", "glass", "salt", "ferries")
+def _copy(task: dict[str, Any]) -> dict[str, Any]:
+    return task | {"gold_docs": list(task["gold_docs"])}
 
 
-def _doc_id(c: Corpus, prefix: str, key: str, keys: list[str]) -> str:
-    return f"{prefix}{keys.index(key)}"
-
-
-def _questions(people: list[str]) -> list[dict[str, Any]]:
-    c = corpus()
-    everyone, towns, rivers = list(c.born_in), list(c.river_of), list(c.source_of)
-    tasks = []
-    for person in people:
-        town = c.born_in[person]
-        river = c.river_of[town]
-        path = [_doc_id(c, "p", person, everyone), _doc_id(c, "t", town, towns)]
-        tasks.append(
-            {
-                "question": f"On which river lies the town where {person} was born?",
-                "answer": river,
-                "gold_docs": path,
-                "hops": 2,
-            }
-        )
-        tasks.append(
-            {
-                "question": f"In which mountains does the river rise that flows through the town where "
-                f"{person} was born?",
-                "answer": c.source_of[river],
-                "gold_docs": [*path, _doc_id(c, "r", river, rivers)],
-                "hops": 3,
-            }
-        )
-    return tasks
-
-
-def person_of(question: str) -> str:
-    """The person a question is about (both question forms end with "where <person> was born?")."""
-    return question.rsplit("where ", 1)[-1].removesuffix(" was born?")
+def _first(split: str, count: int) -> list[dict[str, Any]]:
+    pool = _pool(split)
+    if count > len(pool):
+        raise ValueError(f"the RAG example has {len(pool)} {split} questions, not {count}")
+    return [_copy(task) | {"greedy": True} for task in pool[:count]]
 
 
 def train_tasks(count: int) -> list[dict[str, Any]]:
-    """``count`` training questions (two- and three-hop in turn, shuffled with a fixed seed; repeated beyond the
-    400 there are)."""
-    pool = _questions(list(corpus().born_in)[: PEOPLE - HELDOUT_PEOPLE])
-    random.Random(SEED + 1).shuffle(pool)
-    return [pool[i % len(pool)] for i in range(count)]
+    """``count`` training questions: ``born-river`` and ``born-river-range`` in turn, about people no held-out
+    question names (2,000 distinct; repeated in order beyond that)."""
+    pool = _pool("train")
+    return [_copy(pool[i % len(pool)]) for i in range(count)]
 
 
 def heldout_tasks(count: int) -> list[dict[str, Any]]:
-    """``count`` held-out questions (at most 80), about people no training question names; greedy."""
-    pool = _questions(list(corpus().born_in)[PEOPLE - HELDOUT_PEOPLE :])
-    random.Random(SEED + 2).shuffle(pool)
-    if count > len(pool):
-        raise ValueError(f"the RAG example has {len(pool)} held-out questions, not {count}")
-    return [t | {"greedy": True} for t in pool[:count]]
+    """``count`` in-distribution held-out questions (at most 300): the training templates about other people;
+    greedy."""
+    return _first("heldout", count)
+
+
+def unseen_tasks(count: int) -> list[dict[str, Any]]:
+    """``count`` unseen held-out questions (at most 400): the coastal region's four templates in turn; greedy."""
+    return _first("unseen", count)
 
 
 def main(argv: list[str] | None = None) -> None:
-    write_splits_command("rag", train_tasks, heldout_tasks, argv)
+    write_splits_command("rag", train_tasks, heldout_tasks, argv, unseen_tasks)
 
 
 if __name__ == "__main__":

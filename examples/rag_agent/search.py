@@ -1,7 +1,7 @@
 """The ``search`` tool's index: SQLite FTS5 over the corpus, ranked by BM25 with titles weighted ``TITLE_WEIGHT``
 times the body (searching an entity's name finds its own page first, then the pages that mention it).
 
-Built once per process in memory (a few hundred documents: milliseconds). The model's query is never passed to
+Built once per process in memory (about 1,500 documents: milliseconds). The model's query is never passed to
 FTS5's query language as is: it is cut into words (letters and digits), each word quoted, and the words joined
 with OR, so quotes, brackets or operators in the model's text cannot make a syntax error.
 """
@@ -13,7 +13,7 @@ import re
 import sqlite3
 import threading
 
-from examples.rag_agent.data import corpus
+from examples.rag_agent.corpus import corpus
 
 __all__ = ["search"]
 

@@ -1,8 +1,9 @@
 """The RAG agent's teacher: what a perfect model answers at each call (``fulmen.warmup``).
 
-One search per hop, each naming the entity the previous document led to (the person, then the town they were
-born in, then, for three hops, the river through that town), then the answer. The facts come from the corpus
-itself (:func:`examples.rag_agent.data.corpus`), so the searches are the ones that find the gold documents.
+One search per hop, then the answer. Each search names the title of the next page on the question's gold path:
+the entity the question names, then the entity the previous page led to (the town, the river; the company, the
+port...), whatever the template. Every title is written in the page before it, and searching a title finds its
+page first (:mod:`examples.rag_agent.search`), so the searches are the ones that find the gold documents.
 """
 
 from __future__ import annotations
@@ -10,19 +11,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from examples.rag_agent.data import corpus, person_of
+from examples.rag_agent.corpus import corpus
 from fulmen.testing import Reply, ToolCall
 
-__all__ = ["teach"]
+__all__ = ["queries", "teach"]
+
+
+def queries(task: dict[str, Any]) -> list[str]:
+    """The searches a perfect model makes for ``task``: the titles of its gold documents, in order."""
+    titles = corpus().titles
+    unknown = [doc_id for doc_id in task["gold_docs"] if doc_id not in titles]
+    if unknown:
+        raise ValueError(f"the task's gold documents {unknown} are not in the corpus: {task['question']!r}")
+    return [titles[doc_id] for doc_id in task["gold_docs"]]
 
 
 def teach(task: dict[str, Any], messages: list[dict[str, Any]]) -> Reply:
-    facts = corpus()
-    person = person_of(task["question"])
-    town = facts.born_in[person]
-    river = facts.river_of[town]
-    queries = [person, town, river.removeprefix("the ")][: int(task["hops"])]
+    searches = queries(task)
     searched = sum(message.get("role") == "tool" for message in messages)
-    if searched < len(queries):
-        return Reply(tool_calls=(ToolCall("search", json.dumps({"query": queries[searched]})),))
+    if searched < len(searches):
+        return Reply(tool_calls=(ToolCall("search", json.dumps({"query": searches[searched]})),))
     return Reply(content=str(task["answer"]))

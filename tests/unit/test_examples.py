@@ -41,7 +41,7 @@ def test_data_is_deterministic_and_held_out_questions_are_never_trained_on(name:
     assert len(load_task_file(tmp_path / "val.jsonl")) == 3
 
 
-@pytest.mark.parametrize("name", ["sql_agent", "calc_agent"])  # RAG's unseen split is not built yet
+@pytest.mark.parametrize("name", EXAMPLES)
 def test_both_held_out_splits_have_200_problems_never_trained_on_each_naming_its_template(name: str) -> None:
     example = load_example(name)
     assert example.unseen_tasks is not None

@@ -60,6 +60,13 @@ LLAMACPP_STAMP := $(VENV)/.llamacpp-built
 $(LLAMACPP_STAMP): $(STAMP) $(LLAMACPP_BUILD)
 	@$(VENV)/bin/python -m fulmen.producers.llm_gateway.backends.llamacpp_build && touch $(LLAMACPP_STAMP) || true
 
+# SeaweedFS's `weed`, the S3 server the object-store tests run against (marker `cluster`), built with Go from its
+# module into ~/.cache/fulmen/seaweedfs (about 6 minutes on 2 cores, once). Without Go it prints why and the tests
+# that need it skip, saying so.
+WEED_STAMP := $(VENV)/.seaweedfs-built
+$(WEED_STAMP): $(STAMP) fulmen/testing/seaweedfs.py
+	@$(VENV)/bin/python -m fulmen.testing.seaweedfs && touch $(WEED_STAMP) || true
+
 # What the machine must have, checked before anything is downloaded: each missing tool named, with what needs it.
 prereqs:
 	@missing=""; \
@@ -74,6 +81,8 @@ prereqs:
 	if [ -n "$$missing" ]; then printf "make install needs:$$missing\n" >&2; exit 1; fi; \
 	{ command -v cmake >/dev/null && command -v c++ >/dev/null; } || echo "note: without cmake and a C++ compiler, \
 	llama.cpp's server (FULMEN_LLM_BACKEND=llamacpp) is not built; everything else works"
+	@command -v go >/dev/null || echo "note: without Go, SeaweedFS (the S3 server of the object-store tests) is not \
+	built and those tests skip"
 
 # The venv plus the Kafka jars (`fulmen kafka fetch`: Maven and Java), for what starts a broker, the dashboard's
 # chart library, the browser the dashboard's tests drive and llama.cpp's server.
@@ -84,7 +93,7 @@ demo: install
 	$(VENV)/bin/fulmen demo
 
 # The docs site first (a few seconds; a broken link or a missing page fails it), then the suite.
-test: install docs
+test: install docs $(WEED_STAMP)
 	$(VENV)/bin/python -m pytest -q
 
 # No broker in these two: the venv is all they need (no Java, no Maven).

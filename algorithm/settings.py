@@ -93,6 +93,13 @@ class TrainSection(BaseModel):
         "promotion gate serves); 0 = every one. Full weights are the whole model per version (SmolLM2-135M: ~540 "
         "MB); N >= 2, as a lagging gateway may still load the one before the latest",
     )
+    checkpoint_uri: str = Field(
+        default="",
+        description="also upload each version to this object store (s3://bucket/prefix; credentials and endpoint "
+        "from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL) and publish it there: "
+        "gateways on machines that do not share the run directory fetch it, and a run started again with no "
+        "checkpoint of its own resumes from the latest there",
+    )
     model_path: str = Field(default="", description="Hugging Face model directory, or 'tiny' (built offline)")
     model_name: str = Field(default="fulmen", pattern=IDENTIFIER_PATTERN.pattern, description="served name")
     agent: str = Field(
@@ -370,6 +377,13 @@ class TrainSection(BaseModel):
         if merged.get("replay_sql") and not merged.get("correction"):  # replay is off-policy by construction:
             merged["correction"] = ASYNC_CORRECTION  # never uncorrected (settings re-checked after a change too)
         return merged
+
+    @field_validator("checkpoint_uri")
+    @classmethod
+    def _object_store(cls, value: str) -> str:
+        if value and not value.startswith("s3://"):
+            raise ValueError(f"FULMEN_TRAIN_CHECKPOINT_URI={value!r}: write s3://bucket/prefix (or leave it empty)")
+        return value
 
     @field_validator("keep_checkpoints")
     @classmethod

@@ -7,16 +7,27 @@ the latest ``keep_checkpoints`` of them (``FULMEN_TRAIN_KEEP_CHECKPOINTS``; 0, t
 Hugging Face's ``save_total_limit`` does). Never removed: the newest ``keep`` versions (the latest holds the
 optimizer state a resume needs; the one before may still be loading in a gateway that lags, hence at least 2),
 and the version a promotion gate serves (gateways that follow promotions load it).
+
+With ``checkpoint_uri`` (``FULMEN_TRAIN_CHECKPOINT_URI=s3://bucket/prefix``) each version is also uploaded to the
+object store (:mod:`fulmen.infra.objectstore`) before it is published, and published there: the model as
+``<prefix>/<run_id>/v<N>`` (what gateways on other machines fetch), the optimizer state apart as
+``<prefix>/<run_id>/state/v<N>`` (only the latest kept, as on disk: a gateway never downloads it). A run started
+again on a machine with no checkpoint of its own resumes from the latest version that has both
+(:func:`restore_from_store`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["checkpoint_dir", "prune_checkpoints"]
+from fulmen.algorithm.trainer.base import TEMPORARY_MARK, TRAINING_STATE
+from fulmen.infra.objectstore import delete_checkpoint, download_dir, join_uri, list_checkpoints, upload_dir
+
+__all__ = ["checkpoint_dir", "prune_checkpoints", "published_uri", "restore_from_store"]
 
 log = logging.getLogger(__name__)
 
@@ -40,3 +51,46 @@ def prune_checkpoints(run_dir: Path, latest: int, keep: int, protected: Iterable
     if removed:
         log.info("removed the checkpoints of version(s) %s (keep_checkpoints=%d)", sorted(removed), keep)
     return sorted(removed)
+
+
+def published_uri(path: Path, run_id: str, checkpoint_uri: str) -> str:
+    """Where the checkpoint saved at ``path`` (``.../v<N>``) is published: ``path`` itself, or with
+    ``checkpoint_uri`` its upload (the optimizer state first, then the model; the version before's state removed
+    from the store once this one's is there)."""
+    if not checkpoint_uri:
+        return str(path)
+    model = join_uri(checkpoint_uri, run_id, path.name)
+    if (path / TRAINING_STATE).is_file():
+        upload_dir(
+            path, _state_uri(checkpoint_uri, run_id, path.name), only=lambda relative: relative == TRAINING_STATE
+        )
+    upload_dir(path, model, only=lambda relative: relative != TRAINING_STATE)
+    version = int(path.name[1:])
+    if version > 0 and (path / TRAINING_STATE).is_file():
+        delete_checkpoint(_state_uri(checkpoint_uri, run_id, f"v{version - 1}"))
+    return model
+
+
+def restore_from_store(run_dir: Path, run_id: str, checkpoint_uri: str) -> int | None:
+    """Copy the latest version of ``run_id`` in the store that has its optimizer state into
+    ``<run_dir>/checkpoints/v<N>`` (whole or not at all); its number, or None when the store has none."""
+    states = list_checkpoints(join_uri(checkpoint_uri, run_id, "state"))
+    models = list_checkpoints(join_uri(checkpoint_uri, run_id))
+    both = sorted(set(states) & set(models))
+    if not both:
+        return None
+    version = both[-1]
+    cache = run_dir / "store-cache"
+    target = checkpoint_dir(run_dir, version)
+    staging = target.with_name(f"{target.name}{TEMPORARY_MARK}{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(download_dir(models[version], cache), staging)
+    shutil.copy2(download_dir(states[version], cache) / TRAINING_STATE, staging / TRAINING_STATE)
+    staging.rename(target)
+    shutil.rmtree(cache, ignore_errors=True)
+    log.info("restored version %d of run %s from %s into %s", version, run_id, models[version], target)
+    return version
+
+
+def _state_uri(checkpoint_uri: str, run_id: str, name: str) -> str:
+    return join_uri(checkpoint_uri, run_id, "state", name)

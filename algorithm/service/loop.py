@@ -64,12 +64,9 @@ Gated promotion (``promote_if_better``, :mod:`fulmen.algorithm.service.promotion
 the decision (a ``ModelPromotion``) is published on the promotions topic before the step's metrics, which report
 ``promoted`` (1 or 0), ``serving_version`` and ``serving_score``.
 
-Replay (``replay_sql``, :mod:`fulmen.algorithm.service.replay`): a
-:class:`~fulmen.algorithm.service.replay.ReplayBuffer` of groups read from the store. Without a dataset every group of a
-step comes from it; with one, ``replay_fraction`` of ``groups_per_step`` do (the rest are dispatched as usual). Replayed
-groups go through the same staleness, length, agent and signal checks; ``replayed_groups``, ``replay_passes``,
-``replay_rollouts`` and ``replay_refused_<reason>`` are reported in ``TrainStep.extra``. A buffer none of whose groups
-is trainable any more ends the run with a ConfigurationError rather than spinning.
+Replay (``replay_sql``, :mod:`fulmen.algorithm.service.replay`, which says what is reported): groups read from the
+store. Without a dataset every group of a step comes from it; with one, ``replay_fraction`` of ``groups_per_step``
+do. Replayed groups go through the same staleness, length, agent and signal checks.
 
 Only the latest attempt of each rollout is trained on: retried attempts are never built (transitions worker)
 and the collector keeps the latest attempt per rollout (see ``fulmen.algorithm.service.collector``).
@@ -93,7 +90,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fulmen.algorithm.rl.shaping import OverlongShaping
-from fulmen.algorithm.service.checkpoints import checkpoint_dir, prune_checkpoints
+from fulmen.algorithm.service.checkpoints import checkpoint_dir, prune_checkpoints, published_uri
 from fulmen.algorithm.service.collector import Collector
 from fulmen.algorithm.service.dispatcher import Dispatcher
 from fulmen.algorithm.service.groups import (
@@ -119,6 +116,7 @@ from fulmen.algorithm.service.samples import (
 from fulmen.algorithm.settings import TrainMode, TrainSection
 from fulmen.algorithm.trainer.base import TRAINING_STATE, StepMetrics, TrainerBackend
 from fulmen.infra.kafka.publish import EventPublisher
+from fulmen.infra.objectstore import join_uri
 from fulmen.schemas.errors import ConfigurationError, RetryableError
 from fulmen.schemas.events import Event, ModelVersion, PromotionAction, RolloutMode, TrainStep
 from fulmen.schemas.topics import TopicKey
@@ -309,7 +307,8 @@ class TrainingLoop:
         (checkpoint_dir(self.plan.run_dir, number - 1) / TRAINING_STATE).unlink(missing_ok=True)  # the latest has it
         serving = {self.gate.serving.version} if self.gate is not None else set()
         prune_checkpoints(self.plan.run_dir, number, self.options.keep_checkpoints, serving)
-        if not await self._publish_version(str(path), number, stop):
+        uri = await asyncio.to_thread(published_uri, path, self.options.run_id, self.options.checkpoint_uri)
+        if not await self._publish_version(uri, number, stop):
             return None
         self.version = number
         self._in_step = 0
@@ -317,7 +316,7 @@ class TrainingLoop:
         extra = {**(extra or {}), **self._extra(metrics, dropped, data), **staleness_extra(staleness)}
         if self.val is not None and self._validation_due(number):
             extra.update(await self._validate(stop, prefix="val_"))
-        if not await self._decide_promotion(number, str(path), extra, stop):
+        if not await self._decide_promotion(number, uri, extra, stop):
             return None
         event = self._train_step(
             number, groups, data, metrics, extra, waited=waited, publish_s=publish_s, stale=dropped["stale"]
@@ -574,7 +573,9 @@ class TrainingLoop:
         check = self.version_published
         if self.version == 0 or check is None:
             return True
-        for event in self._versions(str(checkpoint_dir(self.plan.run_dir, self.version)), self.version):
+        path = checkpoint_dir(self.plan.run_dir, self.version)
+        uri = await asyncio.to_thread(published_uri, path, self.options.run_id, self.options.checkpoint_uri)
+        for event in self._versions(uri, self.version):
             on_topic = await self._retrying(
                 lambda retry, e=event: check(e), stop, f"reading model version {self.version}"
             )
@@ -614,7 +615,7 @@ class TrainingLoop:
         """What a checkpoint at ``path`` publishes: the model, or (per-agent adapters) one event per adapter."""
         if not self.agents:
             return [self._model_version(path, version)]
-        return [self._model_version(str(Path(path) / agent), version, agent) for agent in self.agents]
+        return [self._model_version(join_uri(path, agent), version, agent) for agent in self.agents]
 
     async def _publish_initial(self, stop: asyncio.Event) -> bool:
         """Version 0: the base model (``publish_initial_version``); with per-agent adapters, then (always) each
@@ -626,7 +627,8 @@ class TrainingLoop:
         if not self.agents:
             return True
         path = await asyncio.to_thread(self.backend.save, checkpoint_dir(self.plan.run_dir, 0))
-        return await self._publish_version(str(path), 0, stop)
+        uri = await asyncio.to_thread(published_uri, path, self.options.run_id, self.options.checkpoint_uri)
+        return await self._publish_version(uri, 0, stop)
 
     async def _publish_version(self, uri: str, version: int, stop: asyncio.Event) -> bool:
         """Publish ``version`` at ``uri`` (per-agent adapters: each adapter's) until acknowledged; False when

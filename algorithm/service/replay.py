@@ -34,6 +34,10 @@ Off-policy by construction: each transition keeps its behaviour logprobs (``Samp
 run corrects with ``tis`` unless ``FULMEN_TRAIN_CORRECTION`` says otherwise; the loop drops transitions older
 than ``max_staleness`` versions (this run's version minus the stored call's version; a call of a version above
 this run's counts as fresh), like any other.
+
+Reported in each ``TrainStep.extra``: ``replayed_groups``, ``replay_passes``, ``replay_rollouts`` and
+``replay_refused_<reason>``. A buffer none of whose groups is trainable any more ends the run with a
+ConfigurationError rather than spinning.
 """
 
 from __future__ import annotations

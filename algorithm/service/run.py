@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from aiokafka.errors import KafkaError
 
 from fulmen.algorithm.rl.registry import Registry
+from fulmen.algorithm.service.checkpoints import restore_from_store
 from fulmen.algorithm.service.collector import Collector
 from fulmen.algorithm.service.dispatcher import DatasetTask, Dispatcher
 from fulmen.algorithm.service.groups import GroupBook
@@ -291,7 +292,7 @@ async def run_trainer(
     run_dir = settings.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     base_model = await asyncio.to_thread(resolve_model, options.model_path, run_dir)
-    resumed = _resumed(options, run_dir)
+    resumed = await asyncio.to_thread(_resumed, options, run_dir)
     if backend is not None:
         return await _train_with(backend, settings, base_model, resumed, tasks, val_tasks, stop)
     if options.per_agent:
@@ -367,6 +368,9 @@ def _resumed(options: TrainSection, run_dir: Path) -> tuple[int, Path] | None:
     from fulmen.algorithm.service.reporting import read_metrics
 
     resumed = latest_checkpoint(run_dir)
+    if resumed is None and options.checkpoint_uri:  # a machine without the run's disk: the store has its versions
+        restored = restore_from_store(run_dir, options.run_id, options.checkpoint_uri)
+        resumed = latest_checkpoint(run_dir) if restored is not None else None
     if resumed is None:
         return None
     recorded = {int(row["step"]) for row in read_metrics(run_dir / "metrics.jsonl")}

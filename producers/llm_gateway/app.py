@@ -57,6 +57,7 @@ from fulmen.producers.gateway import Gateway, GatewayStats
 from fulmen.producers.llm_gateway.backends import Backend, build_backend
 from fulmen.producers.llm_gateway.backends.base import CallResult
 from fulmen.producers.llm_gateway.call_seeds import CallSeeds
+from fulmen.producers.llm_gateway.model_cache import local_version
 from fulmen.producers.llm_gateway.models_follower import ModelsFollower, PromotionsFollower
 from fulmen.producers.llm_gateway.prompts_follower import PromptRegistry, UnknownBundleError, prompt_followers
 from fulmen.producers.llm_gateway.protocol import (
@@ -130,6 +131,7 @@ class LlmGateway(Gateway):
         )
         self.options: LlmSection = settings.llm  # the base knows only its ListenOptions
         self.backend = backend or build_backend(settings.llm, settings.home)
+        self.model_cache = settings.home / "model-cache"  # versions published in an object store, fetched here
         follower = PromotionsFollower if self.options.follow == "promoted" else ModelsFollower
         self.follower = follower(settings, self.options.served_model_name, self._served_version, self._load_version)
         self.feedback_topic = topic_name(TopicKey.FEEDBACK, settings.kafka.topic_prefix)
@@ -174,7 +176,10 @@ class LlmGateway(Gateway):
         return f"{self.name} (OpenAI API at /v1; {backend} backend, model {model}, version {version})"
 
     async def _load_version(self, event: ModelVersion) -> None:
-        await self.backend.load_version(event)
+        local, fetch_s = await asyncio.to_thread(local_version, event, self.model_cache)
+        if fetch_s:
+            log.info("fetched model version %d from %s in %.1fs", event.version, event.uri, fetch_s)
+        await self.backend.load_version(local)
 
     def _served_version(self, adapter: str) -> int | None:
         """The version served of the model (``adapter`` empty) or of an agent's adapter (the models follower's

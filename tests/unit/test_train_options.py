@@ -19,6 +19,7 @@ VALUES = {
     "run_id": "run-options-1",
     "run_dir": Path("/tmp/fulmen-options-run"),
     "keep_checkpoints": 3,
+    "checkpoint_uri": "s3://bucket/runs",
     "model_path": "tiny",
     "model_name": "m1",
     "agent": "agents:solve",

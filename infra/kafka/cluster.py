@@ -37,7 +37,7 @@ from fulmen.infra.kafka.local import BrokerStatus, ClusterRole, LocalKafka, Vote
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
 from fulmen.schemas.errors import BrokerUnavailableError, ConfigurationError
 
-__all__ = ["ClusterStatus", "LocalCluster", "running_layouts", "stop_all"]
+__all__ = ["ClusterStatus", "LocalCluster", "format_cluster", "running_layouts", "stop_all", "wait_members"]
 
 log = logging.getLogger(__name__)
 
@@ -211,31 +211,41 @@ class LocalCluster:
                 self.size,
                 self.home,
             )
-        cluster_id = base64_uuid()
-        quorum = ",".join(f"{n.node_id}@{n.broker.host}:{n.broker.controller_port}:{base64_uuid()}" for n in self.nodes)
-        for node in self.nodes:
-            node.format(cluster_id, quorum)
+        cluster_id = format_cluster(self.nodes)
         log.info("local Kafka cluster %s of %d nodes formatted in %s", cluster_id, self.size, self.home)
 
     def _wait_members(self) -> None:
-        """Until the cluster's metadata lists every node (topics get all their replicas only then)."""
-        from fulmen.infra.kafka.admin import cluster_info  # local import: admin needs aiokafka, this module need not
+        wait_members(self.nodes, self.broker.start_timeout_s)
 
-        settings = FulmenSettings(kafka={"bootstrap": self.bootstrap, "connect_timeout_s": 5.0})
-        deadline = time.monotonic() + self.broker.start_timeout_s
-        while True:
-            brokers: list[int] = []
-            with contextlib.suppress(BrokerUnavailableError):
-                brokers = sorted(b["node_id"] for b in asyncio.run(cluster_info(settings))["brokers"])
-            if len(brokers) == self.size:
-                return
-            if time.monotonic() > deadline:
-                raise BrokerUnavailableError(
-                    f"the local Kafka cluster at {self.bootstrap} lists brokers {brokers} after "
-                    f"{self.broker.start_timeout_s:g}s, not all {self.size}; logs: "
-                    + ", ".join(str(n.log_file) for n in self.nodes)
-                )
-            time.sleep(0.3)
+
+def format_cluster(nodes: list[LocalKafka]) -> str:
+    """Format every node's storage as one new cluster whose controller quorum is all of them; its id."""
+    cluster_id = base64_uuid()
+    quorum = ",".join(f"{n.node_id}@{n.broker.host}:{n.broker.controller_port}:{base64_uuid()}" for n in nodes)
+    for node in nodes:
+        node.format(cluster_id, quorum)
+    return cluster_id
+
+
+def wait_members(nodes: list[LocalKafka], timeout_s: float) -> None:
+    """Until the cluster's metadata lists every node (topics get all their replicas only then)."""
+    from fulmen.infra.kafka.admin import cluster_info  # local import: admin needs aiokafka, this module need not
+
+    bootstrap = ",".join(node.bootstrap for node in nodes)
+    settings = FulmenSettings(kafka={"bootstrap": bootstrap, "connect_timeout_s": 5.0})
+    deadline = time.monotonic() + timeout_s
+    while True:
+        brokers: list[int] = []
+        with contextlib.suppress(BrokerUnavailableError):
+            brokers = sorted(b["node_id"] for b in asyncio.run(cluster_info(settings))["brokers"])
+        if len(brokers) == len(nodes):
+            return
+        if time.monotonic() > deadline:
+            raise BrokerUnavailableError(
+                f"the Kafka cluster at {bootstrap} lists brokers {brokers} after {timeout_s:g}s, not all "
+                f"{len(nodes)}; logs: " + ", ".join(str(n.log_file) for n in nodes)
+            )
+        time.sleep(0.3)
 
 
 def cluster_dir(data_dir: Path, nodes: int) -> Path:

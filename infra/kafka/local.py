@@ -98,12 +98,15 @@ class LocalKafka:
     ``broker.controller_port``.
     """
 
-    def __init__(self, broker: BrokerSettings, data_dir: Path, role: ClusterRole | None = None) -> None:
+    def __init__(
+        self, broker: BrokerSettings, data_dir: Path, role: ClusterRole | None = None, launcher: tuple[str, ...] = ()
+    ) -> None:
         if broker.port == broker.controller_port:
             raise ConfigurationError("FULMEN_BROKER_PORT and FULMEN_BROKER_CONTROLLER_PORT must differ")
         self.broker = broker
         self.data_dir = data_dir
         self.role = role
+        self.launcher = launcher  # a prefix that runs the JVM elsewhere (another network namespace: a test's host)
         self.libs_dir = broker.cache_dir / f"kafka-{broker.version}" / "libs"
         self.log_file = data_dir / "broker.log"
         self.pid_file = data_dir / "broker.pid"
@@ -188,8 +191,9 @@ class LocalKafka:
         return self.status()
 
     def check_ports(self) -> None:
-        """ConfigurationError unless both ports of this node are free."""
-        for port in (self.broker.port, self.broker.controller_port):
+        """ConfigurationError unless both ports of this node are free (not checked from here for a node that runs
+        through a ``launcher``: its address is not this namespace's)."""
+        for port in () if self.launcher else (self.broker.port, self.broker.controller_port):
             if not port_is_free(self.broker.host, port):
                 raise ConfigurationError(
                     f"port {port} on {self.broker.host} is taken by another process: stop it, choose another "
@@ -355,6 +359,7 @@ class LocalKafka:
         # Several nodes share the machine's cores: each JVM keeps its garbage collector to one thread.
         gc_threads = ["-XX:ParallelGCThreads=1", "-XX:ConcGCThreads=1"] if self.role is not None else []
         command = [
+            *self.launcher,
             java,
             f"-Xms{heap}",
             f"-Xmx{heap}",

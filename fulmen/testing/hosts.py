@@ -16,6 +16,7 @@ bounded. Needs root (``CAP_NET_ADMIN``) and iproute2: :func:`unavailable` says w
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import logging
@@ -23,17 +24,19 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fulmen.infra.kafka.local import LocalKafka
 
-__all__ = ["Host", "Network", "start_kafka", "unavailable"]
+__all__ = ["Host", "Network", "reachable", "start_kafka", "unavailable", "until"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,31 @@ def unavailable() -> str | None:
         return f"`ip netns add` failed: {made.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
     return None
+
+
+def reachable(address: str, port: int, host: Host | None = None, timeout_s: float = 2.0) -> bool:
+    """Whether a TCP connection to address:port succeeds from ``host`` (None: the operator, this process)."""
+    if host is None:
+        with socket.socket() as sock:
+            sock.settimeout(timeout_s)
+            return sock.connect_ex((address, port)) == 0
+    probe = (
+        f"import socket; s = socket.socket(); s.settimeout({timeout_s}); "
+        f"raise SystemExit(s.connect_ex(({address!r}, {port})))"
+    )
+    done = subprocess.run([*host.launcher, sys.executable, "-c", probe], timeout=30 + timeout_s, check=False)
+    return done.returncode == 0
+
+
+async def until(probe: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """``probe()``'s first value that is not None (it runs on a thread: it may block), polled every 0.5 s for at
+    most ``timeout_s`` (then TimeoutError naming ``what``)."""
+    deadline = time.monotonic() + timeout_s
+    while (value := await asyncio.to_thread(probe)) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        await asyncio.sleep(0.5)
+    return value
 
 
 def _ip(*args: str, namespace: str | None = None) -> None:

@@ -42,16 +42,16 @@ SECRET_KEY = "fulmen-test-secret"
 REGION = "us-east-1"
 _REPLACES = ("github.com/tyler-smith/go-bip39 => github.com/cosmos/go-bip39 v1.0.0",)  # as SeaweedFS's go.mod
 _GO_VERSION = "1.26.6"  # SeaweedFS's go.mod's
-_PORTS = (
-    "master.port",
-    "master.port.grpc",
-    "volume.port",
-    "volume.port.grpc",
-    "filer.port",
-    "filer.port.grpc",
-    "s3.port",
-    "s3.port.grpc",
-)
+_USUAL_PORTS = {
+    "master.port": 9333,
+    "master.port.grpc": 19333,
+    "volume.port": 8080,
+    "volume.port.grpc": 18080,
+    "filer.port": 8888,
+    "filer.port.grpc": 18888,
+    "s3.port": 8333,
+    "s3.port.grpc": 18333,
+}
 
 
 def cached_weed(cache: Path = CACHE) -> Path:
@@ -100,7 +100,8 @@ class SeaweedS3:
         self.data_dir, self.host, self.bucket = Path(data_dir), host, bucket
         self.weed = weed or build_weed()
         self.launcher = launcher  # e.g. ("ip", "netns", "exec", "<host>"): run it inside another network namespace
-        self.ports = {name: _free_port(host) for name in _PORTS}
+        # on another host (a namespace of its own) SeaweedFS's usual ports are free; here, any free ones
+        self.ports = dict(_USUAL_PORTS) if launcher else {name: _free_port(host) for name in _USUAL_PORTS}
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -130,7 +131,7 @@ class SeaweedS3:
             f"-dir={self.data_dir}",
             f"-ip={self.host}",
             f"-ip.bind={self.host}",
-            "-volume.max=8",
+            "-volume.max=0",  # as many volumes as the disk holds
             "-master.volumeSizeLimitMB=256",
             "-filer",
             "-s3",

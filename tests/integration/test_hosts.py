@@ -29,7 +29,7 @@ from bench.chaos_load import SpanLoad, first_after
 from fulmen.infra.kafka.admin import ensure_topics
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import RemoteReader
-from fulmen.testing.hosts import Host, Network, start_kafka, unavailable
+from fulmen.testing.hosts import Host, Network, reachable, start_kafka, unavailable, until
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -48,22 +48,10 @@ def network(tmp_path: Path) -> Iterator[Network]:
         yield net
 
 
-def connects(address: str, port: int, host: Host | None = None) -> bool:
-    """Whether a TCP connection to address:port succeeds from ``host`` (None: the operator)."""
-    if host is None:
-        with socket.socket() as sock:
-            sock.settimeout(2)
-            return sock.connect_ex((address, port)) == 0
-    probe = (
-        f"import socket; s = socket.socket(); s.settimeout(2); raise SystemExit(s.connect_ex(({address!r}, {port})))"
-    )
-    return subprocess.run([*host.launcher, sys.executable, "-c", probe], timeout=30, check=False).returncode == 0
-
-
 def listen(host: Host, port: int) -> subprocess.Popen[bytes]:
     server = host.spawn([sys.executable, "-m", "http.server", str(port), "--bind", host.address], os.environ, "http")
     deadline = time.monotonic() + 30
-    while not connects(host.address, port):
+    while not reachable(host.address, port):
         assert server.poll() is None and time.monotonic() < deadline, "the http server did not start"
         time.sleep(0.2)
     return server
@@ -82,18 +70,18 @@ def outside_address() -> str:
 def test_hosts_reach_each_other_and_nothing_beyond(network: Network) -> None:
     a, b = network.host("a"), network.host("b")
     listen(a, 8000)
-    assert connects(a.address, 8000) and connects(a.address, 8000, host=b)
+    assert reachable(a.address, 8000) and reachable(a.address, 8000, host=b)
     outside = outside_address()
     with socket.socket() as sock:  # something listens out there, which the hosts must not reach
         sock.bind((outside, 0))
         sock.listen()
-        assert connects(outside, sock.getsockname()[1])
-        assert not connects(outside, sock.getsockname()[1], host=b)
+        assert reachable(outside, sock.getsockname()[1])
+        assert not reachable(outside, sock.getsockname()[1], host=b)
     a.partition()
-    assert not connects(a.address, 8000) and not connects(a.address, 8000, host=b)
+    assert not reachable(a.address, 8000) and not reachable(a.address, 8000, host=b)
     a.heal()
     deadline = time.monotonic() + 10
-    while not connects(a.address, 8000, host=b):
+    while not reachable(a.address, 8000, host=b):
         assert time.monotonic() < deadline, "the healed host stayed unreachable"
     assert a.kill() >= 1 and not a.pids()
 
@@ -127,7 +115,7 @@ async def test_spans_through_kafka_on_three_hosts_survive_a_broker_host_killed(
         "otlp-gateway",
     )
     reader = await until(lambda: RemoteReader.find(store.address, 8124, TOKEN), 120, "the store host's reads")
-    await until(lambda: connects(gateway.address, 4318) or None, 120, "the OTLP gateway")
+    await until(lambda: reachable(gateway.address, 4318) or None, 120, "the OTLP gateway")
 
     load, stop = SpanLoad(f"http://{gateway.address}:4318/v1/traces", batch=20, batches_per_s=5.0), asyncio.Event()
     loading = asyncio.create_task(load.run(stop))
@@ -161,13 +149,3 @@ async def test_spans_through_kafka_on_three_hosts_survive_a_broker_host_killed(
     log.warning("broker host killed: %s", figures)  # shown with -rA; also in the junit properties
     for name, value in figures.items():
         record_property(name, value)
-
-
-async def until(probe: Callable[[], object], timeout_s: float, what: str) -> object:
-    """``probe()``'s first value that is not None (it runs on a thread), polled until ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while (value := await asyncio.to_thread(probe)) is None:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        await asyncio.sleep(0.5)
-    return value

@@ -180,6 +180,13 @@ class TrainSection(BaseModel):
         "after the last, when a validation set is given)",
     )
     val_group_size: int = Field(default=1, ge=1, le=1024, description="rollouts per validation task")
+    stop_at_val_accuracy: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="early stopping: end the run after the step whose held-out accuracy reaches this (validations "
+        "every val_every steps; needs a validation set)",
+    )
     consumer_group: str = Field(default="fulmen.trainer", description="the collector's consumer group")
     lr: float = Field(default=1e-5, gt=0, description="learning rate (AdamW)")
     micro_batch_size: int = Field(default=8, ge=1, description="rows per forward/backward pass")

@@ -47,6 +47,7 @@ class DemoOptions:
     epochs_per_batch: int = 2  # two PPO-clip passes a step: learning started ~twice as early (README)
     kl_coef: float = 0.1  # without it, lr 1e-3 lost the tool-call format at step 13 of 60 (never recovered)
     val_every: int = 5
+    stop_at_accuracy: float | None = None  # early stopping on the held-out accuracy (checked every val_every steps)
     heldout: int = 48
     runners: int = 1
     concurrency: int = 64
@@ -98,6 +99,7 @@ def train_fields(options: DemoOptions) -> dict[str, object]:
         "groups_per_step": options.groups_per_step,
         "lr": options.lr,
         "val_every": options.val_every,
+        "stop_at_val_accuracy": options.stop_at_accuracy,
         "val_group_size": 1,
         "rollout_timeout_s": 120.0,
         "max_attempts": 2,

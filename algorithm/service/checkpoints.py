@@ -21,13 +21,18 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fulmen.algorithm.trainer.base import TEMPORARY_MARK, TRAINING_STATE
 from fulmen.infra.objectstore import delete_checkpoint, download_dir, join_uri, list_checkpoints, upload_dir
+from fulmen.schemas.events import ModelVersion
 
-__all__ = ["checkpoint_dir", "prune_checkpoints", "published_uri", "restore_from_store"]
+if TYPE_CHECKING:
+    from fulmen.algorithm.settings import TrainSection
+
+__all__ = ["checkpoint_dir", "prune_checkpoints", "published_uri", "restore_from_store", "version_events"]
 
 log = logging.getLogger(__name__)
 
@@ -94,3 +99,24 @@ def restore_from_store(run_dir: Path, run_id: str, checkpoint_uri: str) -> int |
 
 def _state_uri(checkpoint_uri: str, run_id: str, name: str) -> str:
     return join_uri(checkpoint_uri, run_id, "state", name)
+
+
+def version_events(
+    options: TrainSection, base_model: str, agents: Sequence[str] | None, uri: str, version: int
+) -> list[ModelVersion]:
+    """What a checkpoint published at ``uri`` announces: the model, or (per-agent adapters) one event per agent's
+    adapter (``<uri>/<agent>``)."""
+    adapters = [(join_uri(uri, agent), agent) for agent in agents or ()] or [(uri, "")]
+    return [
+        ModelVersion(
+            model_name=options.model_name,
+            version=version,
+            uri=where,
+            format="hf_lora_adapter" if agent else "hf",
+            adapter=agent,
+            base_model=base_model,
+            run_id=options.run_id,
+            step=version,
+        )
+        for where, agent in adapters
+    ]

@@ -19,17 +19,15 @@ One step N (the policy being served is version ``N - 1``; version 0 is the base 
    group instead: at most ``dynamic_sampling_bound`` groups a step (counted as ``filtered_groups``); past that bound the
    step takes groups as they come (``dynamic_sampling_exhausted`` = 1, and a warning);
 3. one policy update (``backend.step``, in a worker thread so Kafka heartbeats go on; ``train_s``);
-4. save the checkpoint to ``<run dir>/checkpoints/v<N>`` (atomically: see ``TrainerBackend.save``), publish
-   ``ModelVersion(version=N, format="hf")`` and wait for the broker's acknowledgement (``publish_s``); while the
-   broker does not acknowledge, retry with backoff (before each retry, wait until the earlier attempt's record
-   has left the producer's buffer, ``EventPublisher.settle``, then ask ``version_published`` whether it landed
-   after all: a version is on the topic at most once) until it does or ``stop`` is set (an attempt under way
-   gets ``stop_grace_s`` more): then the step ends unpublished, and ``fulmen train`` publishes the checkpoint
-   on restart (:meth:`TrainingLoop.publish_resumed`);
+4. save the checkpoint to ``<run dir>/checkpoints/v<N>`` (atomically: ``TrainerBackend.save``; with
+   ``checkpoint_uri`` uploaded too), publish ``ModelVersion(version=N)`` and wait for the broker's acknowledgement
+   (``publish_s``), retried with backoff so that a version is on the topic at most once (:meth:`_publish_event`)
+   until it lands or ``stop`` is set: then ``fulmen train`` publishes it on restart (:meth:`publish_resumed`);
 5. with a validation set, when due (before step 1, every ``val_every`` steps, after the last step): dispatch
    every validation task, wait for all its groups, report ``val_accuracy`` = share of validation rollouts whose
    EPISODE REWARD IS > 0.5 (None counts as wrong) and ``val_reward_mean`` (None counts as
-   ``missing_reward``) in the step's ``TrainStep.extra`` (the initial one as ``initial_val_*`` in step 1's);
+   ``missing_reward``) in the step's ``TrainStep.extra`` (the initial one as ``initial_val_*`` in step 1's); a
+   ``val_accuracy`` at or above ``stop_at_val_accuracy`` ends the run after this step (early stopping);
 6. publish ``TrainStep`` on the metrics topic (``reward_mean``/``reward_std``: population statistics of the step's
    rollout returns; ``advantage_*``: of its samples; ``dropped_stale``: transitions; ``extra['entropy']``: the
    sampler's per-token entropy, the mean negative logprob of the tokens it sampled), hand it to ``on_step``
@@ -90,7 +88,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fulmen.algorithm.rl.shaping import OverlongShaping
-from fulmen.algorithm.service.checkpoints import checkpoint_dir, prune_checkpoints, published_uri
+from fulmen.algorithm.service.checkpoints import checkpoint_dir, prune_checkpoints, published_uri, version_events
 from fulmen.algorithm.service.collector import Collector
 from fulmen.algorithm.service.dispatcher import Dispatcher
 from fulmen.algorithm.service.groups import (
@@ -116,7 +114,6 @@ from fulmen.algorithm.service.samples import (
 from fulmen.algorithm.settings import TrainMode, TrainSection
 from fulmen.algorithm.trainer.base import TRAINING_STATE, StepMetrics, TrainerBackend
 from fulmen.infra.kafka.publish import EventPublisher
-from fulmen.infra.objectstore import join_uri
 from fulmen.schemas.errors import ConfigurationError, RetryableError
 from fulmen.schemas.events import Event, ModelVersion, PromotionAction, RolloutMode, TrainStep
 from fulmen.schemas.topics import TopicKey
@@ -255,8 +252,18 @@ class TrainingLoop:
             published.append(event)
             if self.on_step is not None:
                 self.on_step(event)
+            if self._target_reached(event):
+                break
             initial = {}
         return published
+
+    def _target_reached(self, event: TrainStep) -> bool:
+        """Whether this step's held-out accuracy reached ``stop_at_val_accuracy`` (early stopping)."""
+        target, accuracy = self.options.stop_at_val_accuracy, event.extra.get("val_accuracy")
+        if target is None or accuracy is None or accuracy < target:
+            return False
+        log.info("held-out accuracy %.3f reached %.3f at step %d: stopping early", accuracy, target, event.step)
+        return True
 
     async def _feed(self, stop: asyncio.Event) -> None:
         """Asynchronous mode: keep ``groups_in_flight`` train groups ahead of training (dispatched at the version
@@ -599,29 +606,14 @@ class TrainingLoop:
                 return False
         return True
 
-    def _model_version(self, uri: str, version: int, adapter: str = "") -> ModelVersion:
-        return ModelVersion(
-            model_name=self.options.model_name,
-            version=version,
-            uri=uri,
-            format="hf_lora_adapter" if adapter else "hf",
-            adapter=adapter,
-            base_model=self.plan.base_model,
-            run_id=self.options.run_id,
-            step=version,
-        )
-
-    def _versions(self, path: str, version: int) -> list[ModelVersion]:
-        """What a checkpoint at ``path`` publishes: the model, or (per-agent adapters) one event per adapter."""
-        if not self.agents:
-            return [self._model_version(path, version)]
-        return [self._model_version(join_uri(path, agent), version, agent) for agent in self.agents]
+    def _versions(self, uri: str, version: int) -> list[ModelVersion]:
+        return version_events(self.options, self.plan.base_model, self.agents, uri, version)
 
     async def _publish_initial(self, stop: asyncio.Event) -> bool:
         """Version 0: the base model (``publish_initial_version``); with per-agent adapters, then (always) each
         adapter's initial state, saved first."""
         if self.options.publish_initial_version and not await self._publish_event(
-            self._model_version(self.plan.base_model, 0), stop
+            version_events(self.options, self.plan.base_model, (), self.plan.base_model, 0)[0], stop
         ):
             return False
         if not self.agents:
@@ -639,6 +631,10 @@ class TrainingLoop:
         return True
 
     async def _publish_event(self, event: ModelVersion, stop: asyncio.Event) -> bool:
+        """Send ``event`` until the broker acknowledges it; before each retry, wait until the earlier attempt's
+        record has left the producer's buffer (``EventPublisher.settle``), then ask ``version_published`` whether it
+        landed after all: a version is on the topic at most once. False when ``stop`` was set first (an attempt
+        under way gets ``stop_grace_s`` more): the checkpoint stays saved, unpublished."""
         check = self.version_published
 
         async def send(retry: bool) -> bool:

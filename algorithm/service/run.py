@@ -277,6 +277,8 @@ async def run_trainer(
     check_training_settings(options)
     if options.tasks_sql:
         tasks = [*tasks, *await asyncio.to_thread(load_selected_tasks, settings)]
+    if options.stop_at_val_accuracy is not None and not val_tasks:
+        raise ConfigurationError("--stop-at-val-accuracy stops on the held-out accuracy: pass --val FILE")
     if options.promote_if_better and not val_tasks:
         raise ConfigurationError("--promote-if-better judges each version on held-out tasks: pass --val FILE")
     if options.promote_if_better and options.per_agent:

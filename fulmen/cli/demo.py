@@ -23,13 +23,18 @@ def run_demo_command(
     as_json: bool,
     algorithm: str = "grpo",
     mode: str = "sync",
+    stop_at_accuracy: float | None = None,
 ) -> dict[str, Any]:
     """Run the demo with a live progress bar, print the report; the report dict (also the JSON line)."""
     from fulmen.algorithm.demo.report import report_dict, run_queries
     from fulmen.algorithm.demo.run import DemoOptions, run_demo
 
     options = DemoOptions(
-        shuffle_rewards=shuffle_rewards, algorithm=algorithm, mode=mode, **({"steps": steps} if steps else {})
+        shuffle_rewards=shuffle_rewards,
+        algorithm=algorithm,
+        mode=mode,
+        stop_at_accuracy=stop_at_accuracy,
+        **({"steps": steps} if steps else {}),
     )
     progress = _progress(console)
     warmup = progress.add_task("warm-up (supervised)", total=options.warmup.steps, info="", visible=False)

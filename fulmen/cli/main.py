@@ -551,6 +551,10 @@ def demo(
         str, typer.Option(help="grpo, dr_grpo, rloo, dapo, gspo or cispo (FULMEN_TRAIN_ALGORITHM's recipes)")
     ] = "grpo",
     mode: Annotated[str, typer.Option(help="sync, or async: generation and training overlap fully")] = "sync",
+    stop_at_accuracy: Annotated[
+        float | None,
+        typer.Option(help="stop early once the held-out accuracy (validated every 5 steps) reaches this", min=0, max=1),
+    ] = None,
 ) -> None:
     """An agent visibly learning through the whole system: warm up a tiny model, start Kafka, the store, the
     gateways and a runner, train with GRPO (or --algorithm) on arithmetic word problems, report held-out
@@ -565,6 +569,7 @@ def demo(
         as_json=as_json,
         algorithm=algorithm,
         mode=mode,
+        stop_at_accuracy=stop_at_accuracy,
     )
 
 

@@ -32,6 +32,7 @@ from fulmen.schemas import (
     topic,
     topic_name,
 )
+from fulmen.schemas.errors import ConfigurationError
 from fulmen.testing.publishing import event_publisher
 
 pytestmark = pytest.mark.integration
@@ -171,6 +172,27 @@ async def test_two_steps_publish_two_loadable_versions_and_two_train_steps(
     assert steps[1].extra["val_accuracy"] == 1.0 and steps[1].extra["val_rollouts"] == 4
     assert answered >= 2 * 2 * 3 + 2 * 2 * 2  # two steps of train groups, two validation passes
     assert await committed(settings, "test.trainer", TopicKey.TRANSITIONS) > 0  # the collector committed
+
+
+async def test_a_run_stops_early_once_the_held_out_accuracy_reaches_its_target(
+    settings: FulmenSettings, tiny_model: Path, tmp_path: Path
+) -> None:
+    options = train_settings(settings, tiny_model, tmp_path / "run")
+    options = options.model_copy(
+        update={"train": options.train.model_copy(update={"steps": 4, "val_every": 1, "stop_at_val_accuracy": 1.0})}
+    )
+    tasks = [DatasetTask(f"task-{i}", {"question": f"{i} + {i}"}) for i in range(3)]
+    stop = asyncio.Event()
+    runners = asyncio.create_task(simulated_runners(settings, stop))
+    try:
+        returned = await asyncio.wait_for(run_trainer(options, tasks, [DatasetTask("val-0", {"question": "0"})]), 300)
+    finally:
+        stop.set()
+        await asyncio.wait_for(runners, 60)
+    assert [s.step for s in returned] == [1]  # its validation scored 1.0 (the runners reward validation with 1)
+    assert returned[0].extra["val_accuracy"] == 1.0
+    with pytest.raises(ConfigurationError, match="--val FILE"):
+        await run_trainer(options, tasks, None)
 
 
 async def committed(settings: FulmenSettings, group: str, key: TopicKey) -> int:

@@ -20,6 +20,7 @@ VALUES = {
     "run_dir": Path("/tmp/fulmen-options-run"),
     "keep_checkpoints": 3,
     "checkpoint_uri": "s3://bucket/runs",
+    "stop_at_val_accuracy": 0.9,
     "model_path": "tiny",
     "model_name": "m1",
     "agent": "agents:solve",

@@ -51,7 +51,11 @@ def prune_checkpoints(run_dir: Path, latest: int, keep: int, protected: Iterable
     for path in sorted((run_dir / "checkpoints").glob("v*")):
         version = int(path.name[1:]) if path.name[1:].isdigit() else None
         if version is not None and version <= latest - keep and version not in spared:
-            shutil.rmtree(path, ignore_errors=True)
+            # renamed first: a kill midway leaves a `.tmp-<pid>-old` folder (removed by the next run, never a
+            # half-removed `v<K>` that an export would try to load)
+            doomed = path.with_name(f"{path.name}{TEMPORARY_MARK}{os.getpid()}-old")
+            path.rename(doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
             removed.append(version)
     if removed:
         log.info("removed the checkpoints of version(s) %s (keep_checkpoints=%d)", sorted(removed), keep)

@@ -3,6 +3,7 @@ serves; 0 keeps every one; 1 is refused (a lagging gateway may still load the ve
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,18 @@ def test_the_newest_n_and_the_serving_version_stay(tmp_path: Path) -> None:
     assert prune_checkpoints(tmp_path, 6, 0) == [] and versions(tmp_path) == [1, 2, 3, 4, 5, 6]
     assert prune_checkpoints(tmp_path, 6, 3, protected={2}) == [1, 3]
     assert [p.name for p in sorted((tmp_path / "checkpoints").iterdir())] == ["v2", "v4", "v5", "v6", "v7.tmp-1"]
+
+
+def test_a_version_being_removed_is_never_a_half_removed_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for version in (1, 2, 3):
+        checkpoint_dir(tmp_path, version).mkdir(parents=True)
+        (checkpoint_dir(tmp_path, version) / "config.json").write_text("{}")
+    removing = []
+    monkeypatch.setattr("shutil.rmtree", lambda path, ignore_errors=False: removing.append(Path(path).name))  # killed
+    assert prune_checkpoints(tmp_path, 3, 2) == [1]
+    assert removing == [f"v1.tmp-{os.getpid()}-old"] and versions(tmp_path) == [2, 3]  # v1 is gone as a version
 
 
 def test_keep_checkpoints_is_a_setting_that_refuses_one() -> None:

@@ -292,7 +292,9 @@ class Chaos:
         model = self.home / "model"
         code = "import sys; from fulmen.algorithm.tiny_model import build_tiny_model; build_tiny_model(sys.argv[1])"
         subprocess.run([sys.executable, "-c", code, str(model)], check=True, cwd=REPO, capture_output=True)
-        for name in ("trainer", "llm_gateway"):
+        for name in self.placement.hosts:
+            self.home_of(name).mkdir(parents=True, exist_ok=True)
+        for name in ("trainer", "llm_gateway"):  # not the trainer's other nodes: they fetch it from the store
             if self.home_of(name) != self.home:
                 shutil.copytree(model, self.home_of(name) / "model")
         dataset = self.home_of("trainer") / "train.jsonl"
@@ -332,8 +334,7 @@ class Chaos:
         await asyncio.to_thread(self.fleet.broker.start)
         await ensure_topics(self.settings)
         self._procs(dataset)
-        for name in ("consume", "otlp_gateway", "llm_gateway", "runner", "trainer"):
-            proc = self.fleet.procs[name]
+        for proc in self.fleet.procs.values():  # consume, both gateways, the runner, the trainer (its nodes)
             proc.start()
             await asyncio.to_thread(proc.wait_ready, 240.0)
         stop = asyncio.Event()
@@ -348,7 +349,10 @@ class Chaos:
                 await self._phase(name)
             self.phases.begin("drain", time.time())
             self.spans.phase = self.llm.phase = self.feedback.phase = "drain"
-            await asyncio.to_thread(self.fleet.procs["trainer"].stop, 90.0)
+            for name, proc in self.fleet.procs.items():  # rank 0 first: it tells the other nodes to stop
+                if name.startswith("trainer"):
+                    await asyncio.to_thread(proc.stop, 90.0)
+                    proc.process = None  # stopped by the bench, or ended by rank 0: no exit to report
             stop.set()
             await asyncio.wait_for(asyncio.gather(*loads), 120.0)
             counts = await self._drain()
@@ -374,7 +378,7 @@ class Chaos:
             pid = await asyncio.to_thread(target.kill9)
         killed = time.time()
         if name == "trainer" and self.placement.trainer_disk_lost:  # a new machine: the run is in the store only
-            await asyncio.to_thread(shutil.rmtree, self.run_dir)
+            await asyncio.to_thread(shutil.rmtree, self.run_dir, True)
         cluster = name == "broker" and len(self.fleet.broker.kafka.nodes) > 1
         await asyncio.sleep(self.plan.cluster_down_s if cluster else self.plan.down_s)
         for companion in self._companions(name):

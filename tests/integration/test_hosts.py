@@ -2,7 +2,7 @@
 and directory, nothing shared on disk.
 
 - the network: hosts reach each other and the operator (this test), a partitioned host is unreachable until
-  healed, and no host reaches an address outside the hosts' network;
+  healed, and no host reaches an address outside the hosts' network; a host sees its own directory only;
 - a Kafka cluster of three nodes on three hosts (Kafka's usual ports on each address), ``fulmen consume`` with
   its store on a fourth host, the OTLP gateway on a fifth; the operator posts OTLP span batches to the gateway's
   address and kills the host of a broker (every process in it, SIGKILL) mid-stream: every acknowledged span is
@@ -75,6 +75,11 @@ def outside_address() -> str:
 
 def test_hosts_reach_each_other_and_nothing_beyond(network: Network) -> None:
     a, b = network.host("a"), network.host("b")
+    (a.root / "own.txt").write_text("a's")
+    assert subprocess.run([*a.launcher, "cat", str(a.root / "own.txt")], capture_output=True).stdout == b"a's"
+    assert subprocess.run([*b.launcher, "test", "-e", str(a.root / "own.txt")]).returncode != 0  # no shared disk
+    subprocess.run([*b.launcher, "sh", "-c", f"echo b > {b.root / 'written.txt'}"], check=True)
+    assert (b.root / "written.txt").read_text() == "b\n"  # what a host writes is in its directory
     listen(a, 8000)
     assert reachable(a.address, 8000) and reachable(a.address, 8000, host=b)
     outside = outside_address()

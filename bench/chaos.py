@@ -5,10 +5,12 @@ and free ports: a local Kafka (:class:`fulmen.infra.kafka.cluster.LocalCluster`:
 ``--brokers N``), ``fulmen consume`` (owns a fresh embedded store, serves reads), ``fulmen otlp-gateway``,
 ``fulmen llm-gateway --model DIR`` on the tiny model (``algorithm/tiny_model.py``, version 0),
 ``fulmen runner --agent bench.chaos_agent:run`` and ``fulmen train`` on the same model (GRPO, groups of rollouts
-dispatched through the runner). The load: OTLP span batches from the bench's client, direct chat completions,
-``fulmen submit`` of a few tasks per phase, the trainer's own rollouts (each makes two LLM calls through the
-rollout-scoped gateway path and one agent span), and late feedback through the LLM gateway's ``/v1/feedback`` for
-calls answered 200 and rollouts under way (so the consume phase's kill falls between feedback accepted and stored).
+dispatched through the runner); a :class:`Placement` puts each on a host of its own instead (``bench/cluster.py``'s
+training part, where a phase kills the whole host). The load: OTLP span batches from the bench's client, direct
+chat completions, ``fulmen submit`` of a few tasks per phase, the trainer's own rollouts (each makes two LLM calls
+through the rollout-scoped gateway path and one agent span), and late feedback through the LLM gateway's
+``/v1/feedback`` for calls answered 200 and rollouts under way (so the consume phase's kill falls between feedback
+accepted and stored).
 
 Phases, one per component, in this order: trainer, otlp_gateway, llm_gateway, runner, consume, broker. In each:
 ``fulmen submit`` a few tasks and load for ``pre_s``; SIGKILL the process (the broker: its JVM; of a cluster, the
@@ -51,7 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -110,66 +112,113 @@ class Ports:
     read: int
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where the components run. Default: all on 127.0.0.1 with the bench's home, and a local Kafka of its own.
+    ``bench/cluster.py`` puts each on a host of its own (:class:`fulmen.testing.hosts.Host`: its address, its
+    directory as ``FULMEN_HOME``; a phase kills the whole host), with ``broker`` the Kafka nodes on other hosts."""
+
+    hosts: dict[str, Any] = field(default_factory=dict)  # component name -> Host
+    broker: Any = None  # like chaos_procs.Broker: start, kill9, stop, alive, kafka (nodes, bootstrap, quorum_leader)
+    env: dict[str, str] = field(default_factory=dict)  # more variables for every process (the store's, a token)
+    trainer_disk_lost: bool = False  # the trainer's host comes back without its run dir: it resumes from the store
+    trainer_nodes: int = 1  # >1: a torchrun job of that many machines, ``trainer`` (rank 0), ``trainer_node2``...
+    runner_via: Any = None  # a host whose proxy forwards the runner's calls to both gateways on the same ports
+
+
 class Chaos:
     """One run: the fleet, the load, the phases; :meth:`run` returns the report."""
 
-    def __init__(self, plan: Plan, home: Path, brokers: int = 1) -> None:
+    def __init__(self, plan: Plan, home: Path, brokers: int = 1, placement: Placement | None = None) -> None:
         self.plan = plan
         self.home = home
+        self.placement = placement or Placement()
         self.ports = Ports(*(free_port() for _ in range(5)))
         nodes = [(self.ports.broker, self.ports.controller)] + [(free_port(), free_port()) for _ in range(brokers - 1)]
-        broker = LocalCluster(BrokerSettings(heap="512m" if brokers > 1 else "768m"), home / "kafka", brokers, nodes)
-        self.fleet = Fleet(Broker(broker))
-        self.settings = FulmenSettings(home=home, kafka={"bootstrap": broker.bootstrap})
-        self.calls_file = home / "agent-calls.jsonl"
-        self.phases = Phases()
-        self.spans = SpanLoad(f"http://127.0.0.1:{self.ports.otlp}/v1/traces", batches_per_s=plan.span_batches_per_s)
-        self.llm = LlmLoad(f"http://127.0.0.1:{self.ports.llm}/v1/chat/completions", calls_per_s=plan.llm_calls_per_s)
-        self.feedback = FeedbackLoad(
-            f"http://127.0.0.1:{self.ports.llm}/v1/feedback", self._feedback_target, per_s=plan.feedback_per_s
+        heap = "512m" if brokers > 1 else "768m"
+        broker = self.placement.broker or Broker(
+            LocalCluster(BrokerSettings(heap=heap), home / "kafka", brokers, nodes)
         )
+        self.fleet = Fleet(broker)
+        self.settings = FulmenSettings(home=home, kafka={"bootstrap": broker.kafka.bootstrap})
+        self.calls_file = self.home_of("runner") / "agent-calls.jsonl"
+        self.run_dir = self.home_of("trainer") / "run"
+        self.phases = Phases()
+        self.spans = SpanLoad(f"{self.url('otlp_gateway', self.ports.otlp)}/v1/traces", plan.span_batches_per_s)
+        llm = self.url("llm_gateway", self.ports.llm)
+        self.llm = LlmLoad(f"{llm}/v1/chat/completions", calls_per_s=plan.llm_calls_per_s)
+        self.feedback = FeedbackLoad(f"{llm}/v1/feedback", self._feedback_target, per_s=plan.feedback_per_s)
         self.tail = TopicTail(self.settings, {TopicKey.ROLLOUTS: RolloutEvent, TopicKey.MODELS: ModelVersion})
         self.results: dict[str, dict[str, Any]] = {}
         self.unexpected: dict[str, list[int]] = {}
 
+    # --- where things run -----------------------------------------------------------------------------------
+    def address(self, name: str) -> str:
+        host = self.placement.hosts.get(name)
+        return "127.0.0.1" if host is None else host.address
+
+    def url(self, name: str, port: int) -> str:
+        return f"http://{self.address(name)}:{port}"
+
+    def home_of(self, name: str) -> Path:
+        host = self.placement.hosts.get(name)
+        return self.home if host is None else host.root / "home"
+
+    def reader(self) -> RemoteReader | None:
+        token = self.placement.env.get("FULMEN_CLICKHOUSE_READ_TOKEN")
+        return RemoteReader.find(self.address("consume"), self.ports.read, token)
+
     # --- setup ----------------------------------------------------------------------------------------------
-    def _env(self, extra: dict[str, str]) -> dict[str, str]:
+    def _env(self, name: str, extra: dict[str, str]) -> dict[str, str]:
         base = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")}
         return (
             base
             | {
                 "FULMEN_KAFKA_BOOTSTRAP": self.settings.bootstrap,
-                "FULMEN_HOME": str(self.home),
+                "FULMEN_HOME": str(self.home_of(name)),
                 "FULMEN_CLICKHOUSE_READ_PORT": str(self.ports.read),
                 "FULMEN_LOG_LEVEL": "INFO",
                 "PYTHONPATH": str(REPO),
                 "CHAOS_CALLS_FILE": str(self.calls_file),
             }
+            | self.placement.env
             | extra
         )
 
-    def _procs(self, model: Path, dataset: Path) -> None:
+    def _procs(self, dataset: Path) -> None:
+        """The fulmen commands, each with the model on its own disk (``<FULMEN_HOME>/model``)."""
         logs, ports = self.home / "logs", self.ports
+        llm, otlp = self.url("llm_gateway", ports.llm), self.url("otlp_gateway", ports.otlp)
         specs = [
-            ("consume", ["consume"], {}, f"http://127.0.0.1:{ports.read}/ping"),
+            (
+                "consume",
+                ["consume"],
+                {"FULMEN_CLICKHOUSE_READ_HOST": self.address("consume")},
+                f"{self.url('consume', ports.read)}/ping",
+            ),
             (
                 "otlp_gateway",
                 ["otlp-gateway"],
-                {"FULMEN_OTLP_PORT": str(ports.otlp)},
-                f"http://127.0.0.1:{ports.otlp}/readyz",
+                {"FULMEN_OTLP_PORT": str(ports.otlp), "FULMEN_OTLP_HOST": self.address("otlp_gateway")},
+                f"{otlp}/readyz",
             ),
             (
                 "llm_gateway",
-                ["llm-gateway", "--model", str(model)],
-                {"FULMEN_LLM_PORT": str(ports.llm), "FULMEN_LLM_MODEL_VERSION": "0", "FULMEN_LLM_DEVICE": "cpu"},
-                f"http://127.0.0.1:{ports.llm}/readyz",
+                ["llm-gateway", "--model", str(self.home_of("llm_gateway") / "model")],
+                {
+                    "FULMEN_LLM_PORT": str(ports.llm),
+                    "FULMEN_LLM_HOST": self.address("llm_gateway"),
+                    "FULMEN_LLM_MODEL_VERSION": "0",
+                    "FULMEN_LLM_DEVICE": "cpu",
+                },
+                f"{llm}/readyz",
             ),
             (
                 "runner",
                 ["runner", "--agent", AGENT, "--concurrency", "4"],
                 {
-                    "FULMEN_RUNNER_LLM_BASE_URL": f"http://127.0.0.1:{ports.llm}",
-                    "FULMEN_RUNNER_OTLP_ENDPOINT": f"http://127.0.0.1:{ports.otlp}/v1/traces",
+                    "FULMEN_RUNNER_LLM_BASE_URL": self._via(llm),
+                    "FULMEN_RUNNER_OTLP_ENDPOINT": f"{self._via(otlp)}/v1/traces",
                 },
                 None,
             ),
@@ -180,7 +229,7 @@ class Chaos:
                     "--dataset",
                     str(dataset),
                     "--model",
-                    str(model),
+                    str(self.home_of("trainer") / "model"),
                     "--agent",
                     AGENT,
                     "--steps",
@@ -188,7 +237,7 @@ class Chaos:
                 ],
                 {
                     "FULMEN_TRAIN_RUN_ID": "chaos",
-                    "FULMEN_TRAIN_RUN_DIR": str(self.home / "run"),
+                    "FULMEN_TRAIN_RUN_DIR": str(self.run_dir),
                     "FULMEN_TRAIN_GROUP_SIZE": "4",
                     "FULMEN_TRAIN_GROUPS_PER_STEP": "2",
                     "FULMEN_TRAIN_DEVICE": "cpu",
@@ -201,15 +250,57 @@ class Chaos:
                 None,
             ),
         ]
-        for name, args, env, ready in specs:
-            self.fleet.add(Proc(name, args, self._env(env), logs, ready))
+        for name, args, env, ready in specs[:-1]:
+            self.fleet.add(Proc(name, args, self._env(name, env), logs, ready, host=self.placement.hosts.get(name)))
+        for proc in self._trainer_nodes(*specs[-1][1:3]):
+            self.fleet.add(proc)
 
-    def _prepare(self) -> tuple[Path, Path]:
-        model, dataset = self.home / "model", self.home / "train.jsonl"
+    def _via(self, url: str) -> str:
+        """``url`` as the runner reaches it: through ``runner_via``'s proxy (the same port) when there is one."""
+        via = self.placement.runner_via
+        return url if via is None else f"http://{via.address}:{url.rsplit(':', 1)[1]}"
+
+    def _trainer_nodes(self, args: list[str], env: dict[str, str]) -> list[Proc]:
+        """``fulmen train``, or with ``trainer_nodes`` > 1 the same command under torchrun on each trainer host
+        (one rank each; rank 0, on ``trainer``, is the master)."""
+        nodes, logs = self.placement.trainer_nodes, self.home / "logs"
+        if nodes == 1:
+            return [Proc("trainer", args, self._env("trainer", env), logs, host=self.placement.hosts.get("trainer"))]
+        procs = []
+        for rank in range(nodes):
+            name = "trainer" if rank == 0 else f"trainer_node{rank + 1}"
+            torchrun = [
+                *(sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--node-rank={rank}"),
+                *("--nproc-per-node=1", f"--master-addr={self.address('trainer')}", "--master-port=29500"),
+                *("-m", "fulmen.cli.main"),
+            ]
+            gloo = {"GLOO_SOCKET_IFNAME": "eth0"}  # the host's link (its hostname resolves to another network)
+            host = self.placement.hosts.get(name)
+            procs.append(Proc(name, args, self._env(name, env | gloo), logs, host=host, program=torchrun))
+        return procs
+
+    def _companions(self, name: str) -> list[Proc]:
+        """The other nodes of the torchrun job ``name`` belongs to: started again with it, as a job of several
+        machines is (a node cannot rejoin a job whose other nodes went on)."""
+        if not name.startswith("trainer") or self.placement.trainer_nodes == 1:
+            return []
+        return [proc for other, proc in self.fleet.procs.items() if other.startswith("trainer") and other != name]
+
+    def _prepare(self) -> Path:
+        """The tiny model, built once and copied to each machine that loads it (one machine: the bench's home), and
+        the training dataset on the trainer's; the dataset's path."""
+        model = self.home / "model"
         code = "import sys; from fulmen.algorithm.tiny_model import build_tiny_model; build_tiny_model(sys.argv[1])"
         subprocess.run([sys.executable, "-c", code, str(model)], check=True, cwd=REPO, capture_output=True)
+        for name in self.placement.hosts:
+            self.home_of(name).mkdir(parents=True, exist_ok=True)
+        for name in ("trainer", "llm_gateway"):  # not the trainer's other nodes: they fetch it from the store
+            if self.home_of(name) != self.home:
+                shutil.copytree(model, self.home_of(name) / "model")
+        dataset = self.home_of("trainer") / "train.jsonl"
+        dataset.parent.mkdir(parents=True, exist_ok=True)
         dataset.write_text("".join(json.dumps({"question": f"what is {i} plus {i}?"}) + "\n" for i in range(16)))
-        return model, dataset
+        return dataset
 
     async def _submit(self, tag: str) -> None:
         path = self.home / f"tasks-{tag}.jsonl"
@@ -225,7 +316,7 @@ class Chaos:
             str(path),
             "--group-size",
             str(self.plan.group_size),
-            env=self._env({}),
+            env=self._env("submit", {}),
             cwd=REPO,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -239,12 +330,11 @@ class Chaos:
     # --- the run --------------------------------------------------------------------------------------------
     async def run(self, only: list[str]) -> dict[str, Any]:
         began = time.time()
-        model, dataset = await asyncio.to_thread(self._prepare)
+        dataset = await asyncio.to_thread(self._prepare)
         await asyncio.to_thread(self.fleet.broker.start)
         await ensure_topics(self.settings)
-        self._procs(model, dataset)
-        for name in ("consume", "otlp_gateway", "llm_gateway", "runner", "trainer"):
-            proc = self.fleet.procs[name]
+        self._procs(dataset)
+        for proc in self.fleet.procs.values():  # consume, both gateways, the runner, the trainer (its nodes)
             proc.start()
             await asyncio.to_thread(proc.wait_ready, 240.0)
         stop = asyncio.Event()
@@ -255,11 +345,14 @@ class Chaos:
             await self._submit("warmup")
             log.info("warm-up: waiting for the trainer's first model version")
             await self._until(lambda: self._event_after(TopicKey.MODELS, 0.0), 300.0, "the first model version")
-            for name in [c for c in COMPONENTS if c in only]:
+            for name in only:
                 await self._phase(name)
             self.phases.begin("drain", time.time())
             self.spans.phase = self.llm.phase = self.feedback.phase = "drain"
-            await asyncio.to_thread(self.fleet.procs["trainer"].stop, 90.0)
+            for name, proc in self.fleet.procs.items():  # rank 0 first: it tells the other nodes to stop
+                if name.startswith("trainer"):
+                    await asyncio.to_thread(proc.stop, 90.0)
+                    proc.process = None  # stopped by the bench, or ended by rank 0: no exit to report
             stop.set()
             await asyncio.wait_for(asyncio.gather(*loads), 120.0)
             counts = await self._drain()
@@ -284,8 +377,13 @@ class Chaos:
         else:
             pid = await asyncio.to_thread(target.kill9)
         killed = time.time()
+        if name == "trainer" and self.placement.trainer_disk_lost:  # a new machine: the run is in the store only
+            await asyncio.to_thread(shutil.rmtree, self.run_dir, True)
         cluster = name == "broker" and len(self.fleet.broker.kafka.nodes) > 1
         await asyncio.sleep(self.plan.cluster_down_s if cluster else self.plan.down_s)
+        for companion in self._companions(name):
+            await asyncio.to_thread(companion.kill9)
+            await asyncio.to_thread(companion.start)
         restarted = await asyncio.to_thread(target.start)
         if isinstance(target, Proc):
             await asyncio.to_thread(target.wait_ready, 240.0)
@@ -324,7 +422,7 @@ class Chaos:
             if code is None:
                 continue
             self.unexpected.setdefault(name, []).append(code)
-            if name == "trainer" and code == 0:
+            if name.startswith("trainer") and code == 0:
                 continue  # it trained every step it was asked for
             log.warning("%s exited with %s during the %s phase; restarting it:\n%s", name, code, killed, proc.tail())
             proc.start()
@@ -394,9 +492,9 @@ class Chaos:
             return first_after(self.llm.acks, restarted)
         if name == "runner":
             return self._event_after(TopicKey.ROLLOUTS, restarted)
-        if name == "trainer":
+        if name.startswith("trainer"):
             return self._event_after(TopicKey.MODELS, restarted)
-        reader = RemoteReader.find("127.0.0.1", self.ports.read)
+        reader = self.reader()
         if reader is None:
             return None
         ms = int(restarted * 1000)
@@ -441,7 +539,7 @@ class Chaos:
             "models": await read_topic(self.settings, TopicKey.MODELS, ModelVersion),
             "metrics": await read_topic(self.settings, TopicKey.METRICS, TrainStep),
         }
-        reader = RemoteReader.find("127.0.0.1", self.ports.read)
+        reader = self.reader()
         if reader is None:
             raise RuntimeError("the read endpoint of fulmen consume does not answer")
         from bench.chaos_count import agent_calls
@@ -457,7 +555,7 @@ class Chaos:
             phases=self.phases,
             topics=topics,
             feedback_topic=topic_name(TopicKey.FEEDBACK, self.settings.kafka.topic_prefix),
-            run_dir=self.home / "run",
+            run_dir=self.run_dir,
         )
 
     def _report(self, counts: Any, wall_s: float) -> dict[str, Any]:

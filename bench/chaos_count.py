@@ -294,6 +294,10 @@ def version_counts(
         "lost_versions": sorted(lost),
         "doubled_in_store_final": in_store,
         "train_steps_on_topic": sorted(step_copies.elements()),
+        "uris": sorted({event.uri for _, event in models}),
+        "served": sorted(  # the versions the LLM gateway answered calls with (its spans' ModelVersion)
+            v for (v,) in _rows(reader, f"SELECT DISTINCT ModelVersion FROM {db}.otel_traces WHERE ModelVersion >= 0")
+        ),
     }
     return row, detail
 

@@ -2,6 +2,8 @@
 
 Each :class:`Proc` is one ``fulmen`` command (the console script next to this Python, as a user would run it) in
 its own session, configured only by ``FULMEN_*`` variables, its output appended to ``<home>/logs/<name>.log``.
+A :class:`Proc` placed on a host (``bench/cluster.py``: a network namespace, :mod:`fulmen.testing.hosts`) runs
+through the host's launcher, and its :meth:`Proc.kill9` takes the whole host down (every process on it).
 :class:`Broker` wraps :class:`fulmen.infra.kafka.cluster.LocalCluster` the same way (kill -9 of a JVM, restart on the
 same data directory). :class:`Fleet` holds them all and stops every one of them (SIGTERM, then SIGKILL) on
 :meth:`Fleet.stop`, also when the bench fails or is interrupted.
@@ -18,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -46,6 +49,8 @@ class Proc:
     process: subprocess.Popen | None = None
     started_at: float = 0.0  # wall clock of the last (re)start
     exits: list[int] = field(default_factory=list)  # exit codes seen that the bench did not cause
+    host: Any = None  # a fulmen.testing.hosts.Host it runs on (None: this machine's own network)
+    program: list[str] = field(default_factory=lambda: fulmen_command())  # what runs ``args`` (torchrun's, say)
 
     def start(self) -> float:
         """Spawn the command; the wall-clock time it was spawned."""
@@ -55,12 +60,14 @@ class Proc:
             out.flush()
             self.started_at = time.time()
             self.process = subprocess.Popen(
-                [*fulmen_command(), *self.args],
+                [*(self.host.launcher if self.host is not None else ()), *self.program, *self.args],
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        if self.host is not None:
+            self.host.processes.append(self.process)  # reaped by the host's kill
         log.info("started %s (pid %d)", self.name, self.process.pid)
         return self.started_at
 
@@ -82,10 +89,14 @@ class Proc:
         return self.process is not None and self.process.poll() is None
 
     def kill9(self) -> int:
-        """SIGKILL the process (its pid only, as a crash would); the pid."""
+        """SIGKILL the process (its pid only, as a crash would); the pid. On a host: every process of the host
+        (the machine lost), and the pid of this one."""
         if self.process is None:
             raise RuntimeError(f"{self.name} was never started")
         pid = self.process.pid
+        if self.host is not None:
+            killed = self.host.kill()
+            log.info("killed host %s (%d processes, %s among them) with SIGKILL", self.host.name, killed, self.name)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         self.process.wait()

@@ -23,10 +23,23 @@ namespace). ``checkpoint_fetch_s``: a checkpoint (SmolLM2-135M, or ``--checkpoin
 by the operator to the store host's S3 and fetched by ``fetcher`` as a gateway does (checked against its
 manifest): from the upload's start to the folder in place there.
 
-Not measured yet (listed in ``not_measured``): rollouts through runner and LLM gateway hosts, a trainer of two
-torchrun nodes on two hosts, the runner, LLM gateway and trainer-node host kills, latency and loss on a link.
+The ``training`` part (:mod:`bench.cluster_training`): a training run on the tiny model across eleven hosts
+(three Kafka nodes, the store, the OTLP gateway, the LLM gateway, a runner, the trainer as a torchrun job of two
+hosts, S3), versions through the object store only, with the chaos load (spans, LLM calls, feedback, submitted
+tasks, the trainer's rollouts); the host of rank 0 (it comes back without its disk and resumes from the store),
+of rank 1, of the LLM gateway, the runner, the consumers, the OTLP gateway and a broker is killed in turn.
+Every span, call, feedback, rollout, transition and version is counted by SQL: ``rollouts``, ``lost`` and
+``doubled`` include them, and ``faults`` has each host's ``recovery_s`` (from the restart to the first new unit
+of work it did).
 
-    .venv/bin/python bench/cluster.py [--checkpoint-mb 0] [--partition-s 30]
+The ``wan`` part: the same on eleven hosts with one torchrun node, where the runner reaches both gateways through
+a slow, lossy link (``--latency-ms`` each way, ``--loss`` of the connections reset: Toxiproxy on host ``wan``,
+as this kernel has no netem), and the runner's host is killed midway.
+
+Parts run on their own (``--parts``) and are merged into ``--results`` as each ends; the top-level keys are
+computed from the parts there.
+
+    .venv/bin/python bench/cluster.py [--parts spans,training] [--checkpoint-mb 0] [--partition-s 30]
 """
 
 from __future__ import annotations
@@ -46,6 +59,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import itertools
+import logging
 
 from bench.chaos_count import span_counts
 from bench.chaos_load import SpanLoad, first_after
@@ -60,11 +74,19 @@ from fulmen.testing.seaweedfs import SeaweedS3
 FULMEN = [sys.executable, "-m", "fulmen.cli.main"]
 TOKEN = "cluster-bench-read-token"
 NOT_MEASURED = [
-    "rollouts through runner and LLM gateway hosts",
-    "a trainer of two torchrun nodes on two hosts (--nnodes 2)",
-    "runner, LLM gateway and trainer-node host kills",
-    "50 ms latency and 1% loss on a link (no netem here: a fault-injecting proxy)",
+    "packet loss inside a live TCP connection (the proxy resets a share of the connections instead)",
 ]
+PARTS = ("spans", "training", "wan")
+RESULTS = Path(__file__).resolve().parent / "results" / "cluster.json"
+TRAINING_FAULTS = {  # chaos phase -> the fault's name here, in the order they happen
+    "trainer": "trainer_host_lost",
+    "trainer_node2": "trainer_node2_host_killed",
+    "llm_gateway": "llm_gateway_host_killed",
+    "runner": "runner_host_killed",
+    "consume": "consumers_host_killed_in_training",
+    "otlp_gateway": "otlp_gateway_host_killed_in_training",
+    "broker": "broker_host_killed_in_training",
+}
 
 
 @dataclass
@@ -239,8 +261,8 @@ async def one_host(network: Network, seconds: float) -> float:
         solo.kill()
 
 
-async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    result: dict[str, Any] = {"bench": "cluster"}
+async def spans_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    result: dict[str, Any] = {"finished": ""}
     with Network(work / "hosts") as network:
         brokers = [network.host(f"kafka{i}") for i in (1, 2, 3)]
         extra = {"FULMEN_KAFKA_REQUEST_TIMEOUT_MS": str(args.request_timeout_ms)} if args.request_timeout_ms else {}
@@ -273,9 +295,62 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for host in list(network.hosts.values()):
             host.kill()
         result["spans_per_s_one_host"] = round(await one_host(network, args.seconds), 1)
-    result["rollouts"] = None
-    result["not_measured"] = NOT_MEASURED
-    return result
+    return result | {"finished": time.strftime("%Y-%m-%d %H:%M")}
+
+
+async def training_part(args: argparse.Namespace, work: Path, *, wan: bool = False) -> dict[str, Any]:
+    from bench.chaos import Plan
+    from bench.cluster_training import train_across_hosts
+
+    env = {"FULMEN_KAFKA_REQUEST_TIMEOUT_MS": str(args.request_timeout_ms)} if args.request_timeout_ms else {}
+    if wan:  # the runner's host killed while its links to the gateways are slow and lossy
+        only, extra = ["runner"], {"wan": {"latency_ms": args.latency_ms, "loss": args.loss}}
+    else:  # every role's host killed in turn, the trainer a torchrun job of two hosts
+        only, extra = list(TRAINING_FAULTS), {"trainer_nodes": 2}
+    with Network(work / "hosts") as network:
+        report = await train_across_hosts(network, work / "operator", Plan.quick(), only, env=env, **extra)
+    return report | {"finished": time.strftime("%Y-%m-%d %H:%M")}
+
+
+async def wan_part(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    return await training_part(args, work, wan=True)
+
+
+def combined(parts: dict[str, Any]) -> dict[str, Any]:
+    """The issue's keys from the parts run so far (a part not run yet adds nothing)."""
+    spans = parts.get("spans") or {}
+    runs = [parts[name] for name in ("training", "wan") if parts.get(name)]
+    faults = dict(spans.get("faults") or {})
+    keep = ("recovery_s", "down_s", "sent", "lost", "doubled")
+    for name, run in (("training", parts.get("training")), ("wan", parts.get("wan"))):
+        for phase, fault in TRAINING_FAULTS.items():
+            if run and phase in run:
+                faults[fault if name == "training" else f"{fault}_over_slow_link"] = {
+                    k: run[phase].get(k) for k in keep
+                }
+    units = [unit for run in runs for unit in (run.get("totals") or {}).values()]  # spans, calls, rollouts...
+
+    def summed(key: str) -> int:
+        return (spans.get(key) or 0) + sum(unit.get(key) or 0 for unit in units)
+
+    def sent(kind: str) -> int:
+        return sum(((run.get("totals") or {}).get(kind) or {}).get("sent") or 0 for run in runs)
+
+    return {
+        "bench": "cluster",
+        "hosts": max([spans.get("hosts") or 0, *(len(run.get("hosts") or {}) for run in runs)]),
+        "rollouts": sent("rollouts") if runs else None,
+        "spans": (spans.get("spans") or 0) + sent("spans"),
+        "lost": summed("lost"),
+        "doubled": summed("doubled"),
+        "faults": faults,
+        "checkpoint_fetch_s": spans.get("checkpoint_fetch_s"),
+        "spans_per_s": spans.get("spans_per_s"),
+        "spans_per_s_one_host": spans.get("spans_per_s_one_host"),
+        "request_timeout_ms": spans.get("request_timeout_ms"),
+        "not_measured": NOT_MEASURED,
+        "parts": parts,
+    }
 
 
 def main() -> None:
@@ -286,16 +361,31 @@ def main() -> None:
     parser.add_argument(
         "--request-timeout-ms", type=int, default=0, help="FULMEN_KAFKA_REQUEST_TIMEOUT_MS of every Fulmen process"
     )
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    parser.add_argument("--latency-ms", type=int, default=50, help="the wan part: latency added each way")
+    parser.add_argument("--loss", type=float, default=0.01, help="the wan part: share of connections reset")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the JSON file the parts are merged into")
     args = parser.parse_args()
+    chosen = [part.strip() for part in args.parts.split(",") if part.strip()]
+    if unknown := set(chosen) - set(PARTS):
+        parser.error(f"--parts: unknown {', '.join(sorted(unknown))}; choose from {', '.join(PARTS)}")
     why_not = unavailable()
     if why_not:
         raise SystemExit(f"hosts cannot be made here: {why_not}")
-    work = Path(tempfile.mkdtemp(prefix="fulmen-cluster-bench-"))
-    try:
-        result = asyncio.run(run(args, work))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(result))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    for noisy in ("httpx", "aiokafka"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    previous = json.loads(args.results.read_text()) if args.results.is_file() else {}
+    parts = dict(previous.get("parts") or ({"spans": previous} if "spans_per_s" in previous else {}))
+    for part in chosen:
+        work = Path(tempfile.mkdtemp(prefix=f"fulmen-cluster-{part}-"))
+        try:
+            run = {"spans": spans_part, "training": training_part, "wan": wan_part}[part]
+            parts[part] = asyncio.run(run(args, work))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        args.results.write_text(json.dumps(combined(parts), indent=1) + "\n")  # kept before the next part
+    print(json.dumps(combined(parts)))
 
 
 if __name__ == "__main__":

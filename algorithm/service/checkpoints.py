@@ -26,13 +26,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fulmen.algorithm.trainer.base import TEMPORARY_MARK, TRAINING_STATE
-from fulmen.infra.objectstore import delete_checkpoint, download_dir, join_uri, list_checkpoints, upload_dir
+from fulmen.infra.objectstore import (
+    delete_checkpoint,
+    download_dir,
+    join_uri,
+    list_checkpoints,
+    read_manifest,
+    upload_dir,
+)
 from fulmen.schemas.events import ModelVersion
 
 if TYPE_CHECKING:
     from fulmen.algorithm.settings import TrainSection
 
-__all__ = ["checkpoint_dir", "prune_checkpoints", "published_uri", "restore_from_store", "version_events"]
+__all__ = [
+    "checkpoint_dir",
+    "model_in_store",
+    "prune_checkpoints",
+    "published_uri",
+    "restore_from_store",
+    "version_events",
+]
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +113,17 @@ def restore_from_store(run_dir: Path, run_id: str, checkpoint_uri: str) -> int |
     shutil.rmtree(cache, ignore_errors=True)
     log.info("restored version %d of run %s from %s into %s", version, run_id, models[version], target)
     return version
+
+
+def model_in_store(path: Path, run_id: str, checkpoint_uri: str) -> str:
+    """Where the model at ``path`` is in the object store, for the ranks of a job on other machines than rank 0's:
+    a version of the run (``.../checkpoints/v<N>``) at its published URI, any other directory (the base model) at
+    ``<run>/base``; uploaded (without optimizer state) when the store does not have it yet."""
+    name = path.name if path.parent.name == "checkpoints" and path.name[1:].isdigit() else "base"
+    uri = join_uri(checkpoint_uri, run_id, name)
+    if read_manifest(uri) is None:
+        upload_dir(path, uri, only=lambda relative: relative != TRAINING_STATE)
+    return uri
 
 
 def _state_uri(checkpoint_uri: str, run_id: str, name: str) -> str:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from aiokafka.errors import KafkaError
 
 from fulmen.algorithm.rl.registry import Registry
-from fulmen.algorithm.service.checkpoints import restore_from_store
+from fulmen.algorithm.service.checkpoints import model_in_store, restore_from_store
 from fulmen.algorithm.service.collector import Collector
 from fulmen.algorithm.service.dispatcher import DatasetTask, Dispatcher
 from fulmen.algorithm.service.groups import GroupBook
@@ -238,7 +238,11 @@ def _torch_backend(options: TrainSection, model_path: str) -> TrainerBackend:
     config = torch_config(options, model_path)
     if not distributed.launched():
         return TorchTrainer(config)
-    return distributed.RankZeroBackend.start(config, distributed.join(options.device, options.dist_timeout_s))
+    model_uri = None  # ranks on other machines fetch the model rank 0 starts from out of the object store
+    if distributed.several_machines() and options.checkpoint_uri:
+        model_uri = model_in_store(Path(model_path), options.run_id, options.checkpoint_uri)
+    world = distributed.join(options.device, options.dist_timeout_s)
+    return distributed.RankZeroBackend.start(config, world, model_uri)
 
 
 def _per_agent_backend(options: TrainSection, base_model: str, resume_from: Path | None) -> TrainerBackend:

@@ -66,9 +66,11 @@ __all__ = [
     "combine_metrics",
     "join",
     "launched",
+    "model_here",
     "rank",
     "relaunch_command",
     "serve",
+    "several_machines",
     "shard_by_tokens",
 ]
 
@@ -93,6 +95,13 @@ def launched() -> bool:
 def rank() -> int:
     """This process's rank in its torchrun job (0 outside one)."""
     return int(os.environ.get("RANK", "0"))
+
+
+def several_machines() -> bool:
+    """Whether this torchrun job spans more than this machine (torchrun's ``LOCAL_WORLD_SIZE`` below its
+    ``WORLD_SIZE``): ranks elsewhere may lack what rank 0 has on its disk."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return int(os.environ.get("LOCAL_WORLD_SIZE", str(world))) < world
 
 
 MULTI_MACHINE_VARIABLES = ("PET_NNODES", "PET_RDZV_ENDPOINT", "PET_MASTER_ADDR")
@@ -373,10 +382,11 @@ class RankZeroBackend:
         self.broken = False
 
     @classmethod
-    def start(cls, config: TorchTrainerConfig, world: World) -> RankZeroBackend:
+    def start(cls, config: TorchTrainerConfig, world: World, model_uri: str | None = None) -> RankZeroBackend:
         """Tell every rank to build a :class:`ShardedTrainer` from ``config``, build rank 0's; ConfigurationError
-        naming the ranks that could not (their error)."""
-        _send(world, _BUILD, [config] * world.size)
+        naming the ranks that could not (their error). ``model_uri``: the object-store copy of
+        ``config.model_path``, which a rank on a machine without that directory fetches (:func:`model_here`)."""
+        _send(world, _BUILD, [(config, model_uri)] * world.size)
         trainer = error = None
         try:
             trainer = ShardedTrainer(config, world)
@@ -456,7 +466,7 @@ def serve(world: World) -> None:
                 logger.info("rank %d: stopping, as rank 0 asked", world.rank)
                 return
             if kind == _BUILD:
-                trainer = _build_or_report(payload, world)
+                trainer = _build_or_report(*payload, world=world)
             elif trainer is None:
                 raise RuntimeError(f"rank 0 sent {kind!r} before {_BUILD!r}")
             elif kind == _SAVE:
@@ -482,9 +492,30 @@ def _receive(world: World) -> tuple[str, object]:
     return kind, payload
 
 
-def _build_or_report(config: TorchTrainerConfig, world: World) -> ShardedTrainer:
+def model_here(config: TorchTrainerConfig, model_uri: str | None) -> TorchTrainerConfig:
+    """``config`` with a model this machine has: as it is when ``config.model_path`` is a directory here (or a
+    name, not a path), else with the copy at ``model_uri`` fetched into ``$FULMEN_HOME/model-cache`` (a rank on
+    another machine than rank 0's: a resumed version, or the base model, which rank 0 put in the object store).
+    ConfigurationError when the path is missing here and there is no copy to fetch."""
+    path = Path(config.model_path)
+    if path.is_dir() or not path.is_absolute():
+        return config
+    if not model_uri:
+        raise ConfigurationError(
+            f"the model {path} is not on this machine ({socket.gethostname()}): put it at the same path on every "
+            "machine, or set FULMEN_TRAIN_CHECKPOINT_URI (s3://...) so that the ranks fetch it from the object store"
+        )
+    from fulmen.infra.objectstore import download_dir  # obstore: only on a rank that fetches
+
+    home = Path(os.environ.get("FULMEN_HOME") or Path.home() / ".local" / "share" / "fulmen").expanduser()
+    local = download_dir(model_uri, home / "model-cache")
+    logger.info("rank %s: the model %s is not on this machine; fetched %s into %s", rank(), path, model_uri, local)
+    return dataclasses.replace(config, model_path=str(local))
+
+
+def _build_or_report(config: TorchTrainerConfig, model_uri: str | None, *, world: World) -> ShardedTrainer:
     try:
-        trainer, error = ShardedTrainer(config, world), None
+        trainer, error = ShardedTrainer(model_here(config, model_uri), world), None
     except Exception as exc:
         trainer, error = None, f"{type(exc).__name__}: {exc}"
     if _gather_build_errors(world, error):

@@ -3,7 +3,10 @@
 :class:`Network` makes a bridge in this (the operator's) namespace with the first address of a private /24 that
 no interface here uses, and :meth:`Network.host` makes a host: a network namespace of its own with loopback and
 one interface (a veth pair to the bridge) holding the next address, and its own directory (``root/<name>``:
-its ``FULMEN_HOME`` and data, nothing shared on disk but what the test hands it). Hosts reach each other and the
+its ``FULMEN_HOME`` and data). A host sees no other host's directory: each command runs in a mount namespace
+of its own where ``root`` is an empty tmpfs with only the host's directory mounted back in it (the rest of the
+machine, the installed software included, stays visible, as an image's would), so nothing is shared on disk
+that a test does not hand over itself; the operator sees every directory. Hosts reach each other and the
 operator's address, nothing else: no default route, and this machine does not forward (``ip_forward`` is 0; the
 network refuses to start where it is 1), so no traffic leaves the namespaces the harness made.
 
@@ -84,6 +87,15 @@ async def until(probe: Callable[[], Any], timeout_s: float, what: str) -> Any:
     return value
 
 
+# sh -c script: $1 the host's directory, $2 the hosts' directory, then the command. The host's directory is bound
+# to a spare mount point, an empty tmpfs hides the hosts' directory, the host's own is bound back inside it.
+_OWN_DISK_ONLY = (
+    'set -e; own="$1"; hidden="$2"; shift 2; keep=$(mktemp -d); mount --bind "$own" "$keep"; '
+    'mount -t tmpfs -o size=1m,mode=0755 fulmen-hosts "$hidden"; mkdir -p "$own"; mount --bind "$keep" "$own"; '
+    'umount "$keep"; rmdir "$keep"; exec "$@"'
+)
+
+
 def _ip(*args: str, namespace: str | None = None) -> None:
     command = ["ip", "netns", "exec", namespace, "ip", *args] if namespace else ["ip", *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
@@ -100,12 +112,19 @@ class Host:
     address: str
     link: str  # the bridge side of its veth pair (in the operator's namespace)
     root: Path
+    hidden: Path | None = None  # the directory of every host, hidden from this one's commands (None: visible)
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
     def launcher(self) -> tuple[str, ...]:
-        """The prefix that runs a command on this host."""
-        return ("ip", "netns", "exec", self.namespace)
+        """The prefix that runs a command on this host: in its network namespace and, with ``hidden``, a mount
+        namespace where only its own directory is left under ``hidden`` (every step execs: the pid is the
+        command's own)."""
+        network = ("ip", "netns", "exec", self.namespace)
+        if self.hidden is None:
+            return network
+        mounts = ("unshare", "--mount", "--propagation", "private", "sh", "-c", _OWN_DISK_ONLY, "sh")
+        return (*network, *mounts, str(self.root), str(self.hidden))
 
     def spawn(self, argv: Sequence[str], env: Mapping[str, str], log_name: str) -> subprocess.Popen[bytes]:
         """Start ``argv`` on this host in its own session, output to ``<root>/<log_name>.log``."""
@@ -153,8 +172,9 @@ class Host:
 class Network:
     """A bridge and the hosts on it (a context manager: :meth:`close` on the way out)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, private_disks: bool = True) -> None:
         self.root = Path(root)
+        self.private_disks = private_disks  # each host sees its own directory only (module docstring)
         self.tag = secrets.token_hex(2)
         self.bridge = f"fbr{self.tag}"
         self.subnet = _free_subnet()
@@ -174,7 +194,7 @@ class Network:
         index = len(self.hosts)
         namespace, link = f"fh-{self.tag}-{name}", f"fv{self.tag}{index}"
         address = str(next(self._addresses))
-        host = Host(name, namespace, address, link, self.root / name)
+        host = Host(name, namespace, address, link, self.root / name, self.root if self.private_disks else None)
         host.root.mkdir(parents=True, exist_ok=True)
         self.hosts[name] = host
         _ip("netns", "add", namespace)

@@ -2,10 +2,8 @@
 gateway in one process), built once from its Go module into ``~/.cache/fulmen/seaweedfs/<version>/weed``.
 
 No binary can be downloaded here (only the package registries answer), so :func:`build_weed` builds it with the
-Go toolchain from the Go module proxy: a throwaway module that requires SeaweedFS at :data:`VERSION` (with the
-one ``replace`` SeaweedFS's own go.mod carries, which ``go install pkg@version`` refuses to honour), ``go build``
-of its ``weed`` command into a temporary folder beside the cache, renamed into place when whole (a second run
-finds it and does nothing). It takes minutes the first time and needs the Go toolchain.
+Go toolchain from the Go module proxy (:func:`fulmen.testing.gobuild.go_build`: SeaweedFS at :data:`VERSION`, with
+the one ``replace`` its own go.mod carries). It takes minutes the first time and needs the Go toolchain.
 
 :class:`SeaweedS3` runs ``weed server -s3`` on one address with its data in one directory, with one identity
 (:data:`ACCESS_KEY`, :data:`SECRET_KEY`), and makes a bucket; :meth:`SeaweedS3.environment` is what a client
@@ -18,17 +16,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from fulmen.schemas.errors import ConfigurationError
+from fulmen.testing.gobuild import GoServer, go_build
 
 __all__ = ["ACCESS_KEY", "MODULE", "SECRET_KEY", "VERSION", "SeaweedS3", "build_weed", "cached_weed"]
 
@@ -61,31 +56,12 @@ def cached_weed(cache: Path = CACHE) -> Path:
 def build_weed(cache: Path = CACHE, timeout_s: float = 1800) -> Path:
     """The ``weed`` binary, built the first time (minutes). ConfigurationError without Go or when the build fails."""
     target = cached_weed(cache)
-    if target.is_file() and os.access(target, os.X_OK):
-        return target
-    go = shutil.which("go")
-    if go is None:
-        raise ConfigurationError("SeaweedFS (the object store of the tests) is built with Go: install the Go toolchain")
-    target.parent.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent.parent))
-    try:
-        module = [f"module fulmen.local/weed-build\n\ngo {_GO_VERSION}\n\n", *(f"replace {r}\n" for r in _REPLACES)]
-        (work / "go.mod").write_text("".join(module))
-        log.info("building SeaweedFS %s with Go (once; minutes)", VERSION)
-        build = ["build", "-trimpath", "-ldflags=-s -w", "-o", "out/weed", f"{MODULE}/weed"]
-        for command in (["get", f"{MODULE}/weed@{VERSION}"], build):
-            done = subprocess.run(
-                [go, *command], cwd=work, capture_output=True, text=True, timeout=timeout_s, check=False
-            )
-            if done.returncode != 0:
-                raise ConfigurationError(f"go {' '.join(command)} failed:\n{(done.stdout + done.stderr)[-3000:]}")
-        (work / "out").rename(target.parent)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return target
+    return go_build(
+        MODULE, VERSION, f"{MODULE}/weed", target, replaces=_REPLACES, go_version=_GO_VERSION, timeout_s=timeout_s
+    )
 
 
-class SeaweedS3:
+class SeaweedS3(GoServer):
     """``weed server -s3`` on ``host`` with its data under ``data_dir`` (a context manager: started, stopped)."""
 
     def __init__(
@@ -102,7 +78,7 @@ class SeaweedS3:
         self.launcher = launcher  # e.g. ("ip", "netns", "exec", "<host>"): run it inside another network namespace
         # on another host (a namespace of its own) SeaweedFS's usual ports are free; here, any free ones
         self.ports = dict(_USUAL_PORTS) if launcher else {name: _free_port(host) for name in _USUAL_PORTS}
-        self.process: subprocess.Popen[bytes] | None = None
+        self.log = self.data_dir / "weed.log"
 
     @property
     def endpoint(self) -> str:
@@ -140,28 +116,9 @@ class SeaweedS3:
             "-s3.port.lance=0",
             *(f"-{name}={port}" for name, port in p.items()),  # every port chosen: several servers side by side
         ]
-        with open(self.data_dir / "weed.log", "ab") as out:
-            self.process = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-            )
+        self._spawn(command)
         self._wait_ready(timeout_s)
         return self
-
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(3)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-
-    def __enter__(self) -> SeaweedS3:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def _wait_ready(self, timeout_s: float) -> None:
         """Until the S3 port answers and the bucket is made (``weed shell``'s ``s3.bucket.create``), bounded."""
@@ -186,11 +143,6 @@ class SeaweedS3:
                 self.stop()
                 raise ConfigurationError(f"SeaweedFS did not start within {timeout_s:g}s: {self.log_tail()}")
             time.sleep(0.5)
-
-    def log_tail(self, lines: int = 20) -> str:
-        path = self.data_dir / "weed.log"
-        text = path.read_text(errors="replace") if path.is_file() else "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
 
 
 def _free_port(host: str) -> int:

@@ -37,7 +37,15 @@ from fulmen.infra.kafka.local import BrokerStatus, ClusterRole, LocalKafka, Vote
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
 from fulmen.schemas.errors import BrokerUnavailableError, ConfigurationError
 
-__all__ = ["ClusterStatus", "LocalCluster", "format_cluster", "running_layouts", "stop_all", "wait_members"]
+__all__ = [
+    "ClusterStatus",
+    "LocalCluster",
+    "format_cluster",
+    "quorum_leader",
+    "running_layouts",
+    "stop_all",
+    "wait_members",
+]
 
 log = logging.getLogger(__name__)
 
@@ -117,22 +125,8 @@ class LocalCluster:
         return self.nodes[0].fetch()
 
     def quorum_leader(self) -> int | None:
-        """The node that leads the controller quorum (the active controller), as the running nodes last recorded
-        it (``quorum-state`` in each node's metadata log); None if none knows a running leader (an election is
-        under way). Clients cannot ask for it: the metadata a broker answers names some broker as "controller",
-        not the quorum's leader."""
-        best: tuple[int, int] | None = None
-        running = {node.node_id for node in self.nodes if node.status().running}
-        for node in self.nodes:
-            if node.node_id not in running:
-                continue
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                text = (node.logs_dir / "__cluster_metadata-0" / "quorum-state").read_text()
-                state = json.loads(text)
-                epoch, leader = int(state["leaderEpoch"]), int(state["leaderId"])
-                if leader >= 0 and (best is None or epoch > best[0]):
-                    best = (epoch, leader)
-        return best[1] if best is not None and best[1] in running else None
+        """The node that leads the controller quorum (:func:`quorum_leader`)."""
+        return quorum_leader(self.nodes)
 
     def status(self) -> ClusterStatus:
         return ClusterStatus([n.status() for n in self.nodes], self.bootstrap, self.home)
@@ -216,6 +210,25 @@ class LocalCluster:
 
     def _wait_members(self) -> None:
         wait_members(self.nodes, self.broker.start_timeout_s)
+
+
+def quorum_leader(nodes: list[LocalKafka]) -> int | None:
+    """The node that leads the controller quorum (the active controller), as the running nodes last recorded it
+    (``quorum-state`` in each node's metadata log); None if none knows a running leader (an election is under
+    way). Clients cannot ask for it: the metadata a broker answers names some broker as "controller", not the
+    quorum's leader."""
+    best: tuple[int, int] | None = None
+    running = {node.node_id for node in nodes if node.status().running}
+    for node in nodes:
+        if node.node_id not in running:
+            continue
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            text = (node.logs_dir / "__cluster_metadata-0" / "quorum-state").read_text()
+            state = json.loads(text)
+            epoch, leader = int(state["leaderEpoch"]), int(state["leaderId"])
+            if leader >= 0 and (best is None or epoch > best[0]):
+                best = (epoch, leader)
+    return best[1] if best is not None and best[1] in running else None
 
 
 def format_cluster(nodes: list[LocalKafka]) -> str:

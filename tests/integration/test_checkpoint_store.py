@@ -4,6 +4,8 @@
 - a directory goes up file by file with its manifest last and comes back whole and checked; a prefix without a
   manifest (an upload cut short) is no checkpoint, and a file replaced after its manifest was written is refused,
   leaving nothing in the cache; a deleted checkpoint is gone from the listing;
+- the model a torchrun job of several machines starts from goes to the store once (without optimizer state),
+  at ``<run>/base`` or at a version's published place;
 - a gateway's model cache (:func:`fulmen.producers.llm_gateway.model_cache.local_version`) fetches a version
   published with an ``s3://`` URI once and hands the backend a local directory;
 - ``fulmen train`` with ``FULMEN_TRAIN_CHECKPOINT_URI`` publishes each version at its ``s3://`` URI (model and
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from fulmen.algorithm.service.checkpoints import model_in_store
 from fulmen.infra.objectstore import (
     MANIFEST,
     CheckpointUnavailableError,
@@ -107,6 +110,22 @@ def test_the_gateway_fetches_a_version_published_in_the_store_once(s3: SeaweedS3
     assert again.uri == local.uri and took < 1  # the cached copy
     on_disk = ModelVersion(model_name="fulmen", version=5, uri=str(tmp_path / "v4"), format="hf", run_id="r", step=5)
     assert local_version(on_disk, tmp_path / "model-cache") == (on_disk, 0.0)
+
+
+def test_the_model_a_torchrun_job_starts_from_is_put_in_the_store_once_for_ranks_on_other_machines(
+    s3: SeaweedS3, tmp_path: Path
+) -> None:
+    prefix = f"s3://{s3.bucket}/jobs"
+    base = a_checkpoint(tmp_path / "base-model")
+    (base / "training_state.pt").write_bytes(b"not a model file")
+    assert model_in_store(base, "job", prefix) == f"{prefix}/job/base"
+    first = read_manifest(f"{prefix}/job/base")
+    assert "training_state.pt" not in first["files"]
+    (base / "config.json").write_text('{"changed": true}')
+    assert model_in_store(base, "job", prefix) == f"{prefix}/job/base"
+    assert read_manifest(f"{prefix}/job/base") == first  # already there: not uploaded again
+    version = a_checkpoint(tmp_path / "run" / "checkpoints" / "v7")
+    assert model_in_store(version, "job", prefix) == f"{prefix}/job/v7"  # where a version is published
 
 
 async def test_fulmen_train_publishes_to_the_store_and_resumes_from_it_without_its_run_dir(

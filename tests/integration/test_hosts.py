@@ -2,12 +2,14 @@
 and directory, nothing shared on disk.
 
 - the network: hosts reach each other and the operator (this test), a partitioned host is unreachable until
-  healed, and no host reaches an address outside the hosts' network;
+  healed, and no host reaches an address outside the hosts' network; a host sees its own directory only;
 - a Kafka cluster of three nodes on three hosts (Kafka's usual ports on each address), ``fulmen consume`` with
   its store on a fourth host, the OTLP gateway on a fifth; the operator posts OTLP span batches to the gateway's
   address and kills the host of a broker (every process in it, SIGKILL) mid-stream: every acknowledged span is
   stored exactly once (counted by SQL through the store host's read endpoint), and the time from the kill to the
-  first acknowledged batch after it is recorded.
+  first acknowledged batch after it is recorded;
+- a training run across hosts (:mod:`bench.cluster_training`), versions through the object store only, whose
+  trainer host is lost with its disk: the same command resumes from the store, and nothing sent is lost or doubled.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -24,12 +27,15 @@ from pathlib import Path
 
 import pytest
 
+from bench.chaos import Plan
 from bench.chaos_count import span_counts
 from bench.chaos_load import SpanLoad, first_after
+from bench.cluster_training import train_across_hosts
 from fulmen.infra.kafka.admin import ensure_topics
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import RemoteReader
 from fulmen.testing.hosts import Host, Network, reachable, start_kafka, unavailable, until
+from fulmen.testing.seaweedfs import cached_weed
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -69,6 +75,11 @@ def outside_address() -> str:
 
 def test_hosts_reach_each_other_and_nothing_beyond(network: Network) -> None:
     a, b = network.host("a"), network.host("b")
+    (a.root / "own.txt").write_text("a's")
+    assert subprocess.run([*a.launcher, "cat", str(a.root / "own.txt")], capture_output=True).stdout == b"a's"
+    assert subprocess.run([*b.launcher, "test", "-e", str(a.root / "own.txt")]).returncode != 0  # no shared disk
+    subprocess.run([*b.launcher, "sh", "-c", f"echo b > {b.root / 'written.txt'}"], check=True)
+    assert (b.root / "written.txt").read_text() == "b\n"  # what a host writes is in its directory
     listen(a, 8000)
     assert reachable(a.address, 8000) and reachable(a.address, 8000, host=b)
     outside = outside_address()
@@ -148,4 +159,24 @@ async def test_spans_through_kafka_on_three_hosts_survive_a_broker_host_killed(
     }
     log.warning("broker host killed: %s", figures)  # shown with -rA; also in the junit properties
     for name, value in figures.items():
+        record_property(name, value)
+
+
+async def test_a_training_run_across_hosts_resumes_from_the_store_when_the_trainer_host_is_lost(
+    network: Network, tmp_path: Path, record_property: Callable[[str, object], None]
+) -> None:
+    """``bench/chaos.py``'s system, each part on a host of its own (one Kafka host here; the bench has three) and
+    versions through the object store only: the trainer's host is killed and comes back without its run
+    directory; the same ``fulmen train`` resumes from the store, the LLM gateway on its own host serves the
+    versions it fetched, and every span, call, feedback, rollout, transition and version is stored once."""
+    if shutil.which("go") is None and not cached_weed().is_file():
+        pytest.skip("SeaweedFS (the S3 server) is built with Go, which this machine lacks")
+    report = await train_across_hosts(network, tmp_path / "operator", Plan.quick(), ["trainer"], brokers=1)
+    for kind, row in report["totals"].items():
+        assert row["sent"] > 0 and (row["lost"], row["doubled"]) == (0, 0), (kind, row, report["details"])
+    assert report["trainer"]["recovery_s"] is not None, report["trainer"]
+    versions = report["details"]["model_versions"]
+    assert versions["uris"] and all(uri.startswith("s3://fulmen/runs/chaos/v") for uri in versions["uris"]), versions
+    assert max(versions["served"]) >= 1, versions  # the gateway on its host served a version fetched from the store
+    for name, value in (("trainer_host_recovery_s", report["trainer"]["recovery_s"]), ("wall_s", report["wall_s"])):
         record_property(name, value)

@@ -17,8 +17,15 @@ from safetensors.torch import load_file
 
 from fulmen.algorithm.tiny_model import build_tiny_model
 from fulmen.algorithm.trainer.base import StepMetrics
-from fulmen.algorithm.trainer.distributed import combine_metrics, relaunch_command, shard_by_tokens
-from fulmen.algorithm.trainer.torch_backend import TorchTrainer
+from fulmen.algorithm.trainer.distributed import (
+    combine_metrics,
+    model_here,
+    relaunch_command,
+    several_machines,
+    shard_by_tokens,
+)
+from fulmen.algorithm.trainer.torch_backend import TorchTrainer, TorchTrainerConfig
+from fulmen.schemas.errors import ConfigurationError
 from tests.unit import sharded_steps
 from tests.unit.test_torch_trainer import TINY, make_samples
 
@@ -167,6 +174,35 @@ def test_relaunch_is_standalone_unless_torchrun_variables_name_several_machines(
     ]
     monkeypatch.setenv("PET_NNODES", "2")
     assert "--standalone" not in relaunch_command(4, ["-m", "x"])
+
+
+def test_a_rank_on_another_machine_fetches_the_model_only_when_its_path_is_missing_there(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert several_machines()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert not several_machines()
+
+    here = TorchTrainerConfig(model_path=str(tmp_path))
+    assert model_here(here, "s3://fulmen/runs/r/v3") is here  # on this machine's disk: nothing fetched
+    named = TorchTrainerConfig(model_path="some-org/some-model")
+    assert model_here(named, None) is named  # a name, not a path: the loader resolves it
+    missing = TorchTrainerConfig(model_path=str(tmp_path / "runs" / "r" / "checkpoints" / "v3"))
+    with pytest.raises(ConfigurationError, match="not on this machine .* FULMEN_TRAIN_CHECKPOINT_URI"):
+        model_here(missing, None)
+    fetched = tmp_path / "home" / "model-cache" / "v3-abc"
+    calls = []
+
+    def download_dir(uri: str, cache: Path) -> Path:
+        calls.append((uri, cache))
+        return fetched
+
+    monkeypatch.setenv("FULMEN_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr("fulmen.infra.objectstore.download_dir", download_dir)
+    assert model_here(missing, "s3://fulmen/runs/r/v3").model_path == str(fetched)
+    assert calls == [("s3://fulmen/runs/r/v3", tmp_path / "home" / "model-cache")]
 
 
 def test_an_unknown_trainer_backend_is_a_configuration_error_listing_the_valid_ones() -> None:

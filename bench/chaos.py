@@ -144,7 +144,9 @@ class Chaos:
         self.calls_file = self.home_of("runner") / "agent-calls.jsonl"
         self.run_dir = self.home_of("trainer") / "run"
         self.phases = Phases()
-        self.spans = SpanLoad(f"{self.url('otlp_gateway', self.ports.otlp)}/v1/traces", plan.span_batches_per_s)
+        self.spans = SpanLoad(
+            f"{self.url('otlp_gateway', self.ports.otlp)}/v1/traces", batches_per_s=plan.span_batches_per_s
+        )
         llm = self.url("llm_gateway", self.ports.llm)
         self.llm = LlmLoad(f"{llm}/v1/chat/completions", calls_per_s=plan.llm_calls_per_s)
         self.feedback = FeedbackLoad(f"{llm}/v1/feedback", self._feedback_target, per_s=plan.feedback_per_s)

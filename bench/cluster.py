@@ -23,7 +23,7 @@ namespace). ``checkpoint_fetch_s``: a checkpoint (SmolLM2-135M, or ``--checkpoin
 by the operator to the store host's S3 and fetched by ``fetcher`` as a gateway does (checked against its
 manifest): from the upload's start to the folder in place there.
 
-The ``training`` part (:mod:`bench.cluster_training`): a training run on the tiny model across eleven hosts
+The ``training`` part (:mod:`bench.cluster_training`): a training run on the tiny model across ten hosts
 (three Kafka nodes, the store, the OTLP gateway, the LLM gateway, a runner, the trainer as a torchrun job of two
 hosts, S3), versions through the object store only, with the chaos load (spans, LLM calls, feedback, submitted
 tasks, the trainer's rollouts); the host of rank 0 (it comes back without its disk and resumes from the store),
@@ -32,14 +32,14 @@ Every span, call, feedback, rollout, transition and version is counted by SQL: `
 ``doubled`` include them, and ``faults`` has each host's ``recovery_s`` (from the restart to the first new unit
 of work it did).
 
-The ``wan`` part: the same on eleven hosts with one torchrun node, where the runner reaches both gateways through
-a slow, lossy link (``--latency-ms`` each way, ``--loss`` of the connections reset: Toxiproxy on host ``wan``,
-as this kernel has no netem), and the runner's host is killed midway.
+The ``wan`` part: the same with one trainer host and a ``wan`` host, where the runner reaches both gateways
+through a slow, lossy link (``--latency-ms`` each way, ``--loss`` of the connections reset: Toxiproxy on host
+``wan``, as this kernel has no netem), and the runner's host is killed midway.
 
 Parts run on their own (``--parts``) and are merged into ``--results`` as each ends; the top-level keys are
 computed from the parts there.
 
-    .venv/bin/python bench/cluster.py [--parts spans,training] [--checkpoint-mb 0] [--partition-s 30]
+    .venv/bin/python bench/cluster.py [--parts spans,training,wan] [--checkpoint-mb 0] [--partition-s 30]
 """
 
 from __future__ import annotations

@@ -95,20 +95,21 @@ def published_uri(path: Path, run_id: str, checkpoint_uri: str) -> str:
 
 
 def restore_from_store(run_dir: Path, run_id: str, checkpoint_uri: str) -> int | None:
-    """Copy the latest version of ``run_id`` in the store that has its optimizer state into
+    """Copy the latest version of ``run_id`` in the store, with its optimizer state when the store has it (a run
+    of several ranks saves none: its optimizer starts afresh, as on a local resume), into
     ``<run_dir>/checkpoints/v<N>`` (whole or not at all); its number, or None when the store has none."""
-    states = list_checkpoints(join_uri(checkpoint_uri, run_id, "state"))
     models = list_checkpoints(join_uri(checkpoint_uri, run_id))
-    both = sorted(set(states) & set(models))
-    if not both:
+    if not models:
         return None
-    version = both[-1]
+    version = max(models)
+    states = list_checkpoints(join_uri(checkpoint_uri, run_id, "state"))
     cache = run_dir / "store-cache"
     target = checkpoint_dir(run_dir, version)
     staging = target.with_name(f"{target.name}{TEMPORARY_MARK}{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(download_dir(models[version], cache), staging)
-    shutil.copy2(download_dir(states[version], cache) / TRAINING_STATE, staging / TRAINING_STATE)
+    if version in states:
+        shutil.copy2(download_dir(states[version], cache) / TRAINING_STATE, staging / TRAINING_STATE)
     staging.rename(target)
     shutil.rmtree(cache, ignore_errors=True)
     log.info("restored version %d of run %s from %s into %s", version, run_id, models[version], target)

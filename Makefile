@@ -64,7 +64,7 @@ $(LLAMACPP_STAMP): $(STAMP) $(LLAMACPP_BUILD)
 # module into ~/.cache/fulmen/seaweedfs (about 6 minutes on 2 cores, once). Without Go it prints why and the tests
 # that need it skip, saying so.
 WEED_STAMP := $(VENV)/.seaweedfs-built
-$(WEED_STAMP): $(STAMP) fulmen/testing/seaweedfs.py
+$(WEED_STAMP): $(STAMP) fulmen/testing/seaweedfs.py fulmen/testing/gobuild.py
 	@$(VENV)/bin/python -m fulmen.testing.seaweedfs && touch $(WEED_STAMP) || true
 
 # What the machine must have, checked before anything is downloaded: each missing tool named, with what needs it.

@@ -17,7 +17,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Self
 
@@ -70,9 +70,7 @@ class GoServer:
 
     log: Path
     process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Self:
-        raise NotImplementedError
+    start: Callable[[], Self]  # each server's own: spawn (:meth:`_spawn`), then wait until it answers
 
     def _spawn(self, command: Sequence[str]) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)

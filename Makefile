@@ -92,9 +92,12 @@ install: prereqs $(STAMP) $(VENDOR)/uPlot.iife.min.js chromium $(LLAMACPP_STAMP)
 demo: install
 	$(VENV)/bin/fulmen demo
 
-# The docs site first (a few seconds; a broken link or a missing page fails it), then the suite.
+# The docs site first (a few seconds; a broken link or a missing page fails it), then the suite on TEST_WORKERS
+# workers (pytest-xdist; each takes a whole test file at a time, so a file's fixtures stay in one process, in
+# collection order: tests/e2e, the longest files, first).
+TEST_WORKERS ?= 2
 test: install docs $(WEED_STAMP)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # No broker in these two: the venv is all they need (no Java, no Maven).
 test-unit: $(STAMP)

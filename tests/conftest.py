@@ -31,6 +31,17 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(Path(__file__).parent)  # no stray .env
 
 
+@pytest.fixture(autouse=True)
+def _wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's consoles 200 columns wide in every test that runs a command in this process (CliRunner). Rich fixes
+    a console's width when it is created if COLUMNS is set then, so without this the width would depend on which
+    test first imported the CLI in this worker (the order differs between runs on several workers)."""
+    from fulmen.cli import base
+
+    monkeypatch.setattr(base.console, "_width", 200)
+    monkeypatch.setattr(base.err, "_width", 200)
+
+
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
     """A real single-node Kafka for the whole session, on free ports."""

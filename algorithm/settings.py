@@ -345,16 +345,22 @@ class TrainSection(BaseModel):
     promote_if_better: bool = Field(
         default=False,
         description="validate every version and promote it (it serves "
-        "gateways that follow promotions) only when its held-out accuracy is at least "
-        "the serving version's minus promote_tolerance (fulmen.algorithm.service.promotion); "
-        "needs a validation set",
+        "gateways that follow promotions) only when it beats the serving version on the same held-out tasks: "
+        "the promote_confidence interval of its per-task gain above promote_margin "
+        "(fulmen.algorithm.service.promotion); needs a validation set",
     )
-    promote_tolerance: float = Field(
+    promote_margin: float = Field(
         default=0.0,
         ge=0,
-        le=1,
-        description="--promote-if-better: how much lower "
-        "than the serving version's a candidate's held-out accuracy may be",
+        lt=1,
+        description="--promote-if-better: the held-out accuracy "
+        "gain (a share: 0.02 is two points) the whole interval must lie above",
+    )
+    promote_confidence: float = Field(
+        default=0.95,
+        ge=0.5,
+        lt=1,
+        description="--promote-if-better: the confidence of the paired interval of the gain (two-sided)",
     )
     tasks_sql: str = Field(
         default="",

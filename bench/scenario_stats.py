@@ -4,10 +4,10 @@ breakdowns by template and failure kind (what ``bench/scenarios.py`` reports).
 A run's outcomes (``examples.outcomes``): per split (``heldout``, ``unseen``), the tasks in order and, per model
 version validated, whether each was solved and its failure kind. "Before" is the first version validated, "after"
 the last. The pooled interval of a gain over seeds: per task, the mean over seeds of (after - before); then the
-normal-approximation 95% interval of the mean of those per-task means (it covers which problems were drawn, with
-the training runs' variation averaged in); ``seed_ci95`` is the t interval of the per-seed gains (how much
-training runs vary). Every interval is clipped to what a difference of shares can be ([-1, 1]), and an accuracy's
-to [0, 1].
+normal-approximation 95% interval of the mean of those per-task means (``fulmen.infra.stats``, the promotion gate's; it
+covers which problems were drawn, with the training runs' variation averaged in); ``seed_ci95`` is the t interval
+of the per-seed gains (how much training runs vary). Every interval is clipped to what a difference of shares can
+be ([-1, 1]), and an accuracy's to [0, 1].
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
+
+from fulmen.infra.stats import mean_interval
 
 __all__ = ["accuracy", "before_after", "by_template", "failure_counts", "pooled_gain", "seed_interval", "t95"]
 
@@ -56,10 +58,8 @@ def pooled_gain(runs: Sequence[tuple[Sequence[bool], Sequence[bool]]]) -> dict[s
     if any(len(b) != n or len(a) != n for b, a in runs):
         raise ValueError("every run must validate the same tasks")
     per_task = [sum(float(a[i]) - float(b[i]) for b, a in runs) / len(runs) for i in range(n)]
-    mean = sum(per_task) / n
-    sd = math.sqrt(sum((d - mean) ** 2 for d in per_task) / (n - 1)) if n > 1 else 0.0
-    half = Z95 * sd / math.sqrt(n)
-    return {"gain": round(mean, 4), "ci95": _clip(mean - half, mean + half, 1.0), "n": n}
+    mean, low, high = mean_interval(per_task, 0.95)  # the promotion gate's interval (fulmen.infra.stats)
+    return {"gain": round(mean, 4), "ci95": _clip(low, high, 1.0), "n": n}
 
 
 def seed_interval(gains: Sequence[float]) -> list[float] | None:

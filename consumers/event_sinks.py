@@ -263,6 +263,13 @@ PROMOTION_SCHEMA = pa.schema(
         ("Uri", pa.string()),
         ("BaseModel", pa.string()),
         ("CreatedAt", _TS6),
+        ("HeldoutN", pa.uint32()),
+        ("Gain", pa.float64()),
+        ("GainLow", pa.float64()),
+        ("GainHigh", pa.float64()),
+        ("Confidence", pa.float64()),
+        ("Margin", pa.float64()),
+        ("Outcomes", pa.map_(pa.string(), pa.float64())),
     ]
 )
 
@@ -283,6 +290,13 @@ def promotion_rows(event: ModelPromotion) -> list[dict[str, Any]]:
             "Uri": model.uri,
             "BaseModel": model.base_model,
             "CreatedAt": event.created_at,
+            "HeldoutN": event.heldout_n,
+            "Gain": event.gain,
+            "GainLow": event.gain_low,
+            "GainHigh": event.gain_high,
+            "Confidence": event.confidence,
+            "Margin": event.margin,
+            "Outcomes": sorted(event.outcomes.items()),
         }
     ]
 

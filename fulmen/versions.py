@@ -10,7 +10,7 @@ from typing import Any
 
 from fulmen.schemas.events import PromotionAction
 
-__all__ = ["VersionRow", "model_names", "rollout_versions", "version_label", "version_rows"]
+__all__ = ["VersionRow", "model_names", "paired_test_label", "rollout_versions", "version_label", "version_rows"]
 
 
 def model_names(reader: Any, database: str = "") -> list[str]:
@@ -33,6 +33,7 @@ class VersionRow:
     decision: str
     serving: bool
     uri: str
+    test: str = "-"  # the gate's paired test: "+4.5 [+1.0, +8.0] n=200 (95%)", "-" when decided by hand
 
 
 def version_rows(reader: Any, model_name: str, database: str = "") -> list[VersionRow]:
@@ -56,7 +57,8 @@ def version_rows(reader: Any, model_name: str, database: str = "") -> list[Versi
         ).rows
     }
     decisions = reader.query(
-        f"SELECT Version, RunId, Action, Score, Uri, BaseModel, CreatedAt FROM {db}promotions"
+        f"SELECT Version, RunId, Action, Score, Uri, BaseModel, CreatedAt, HeldoutN, Gain, GainLow, GainHigh, "
+        f"Confidence FROM {db}promotions"
         " WHERE ModelName = %(name)s AND Adapter = '' ORDER BY CreatedAt",
         {"name": model_name},
         final=True,
@@ -64,12 +66,14 @@ def version_rows(reader: Any, model_name: str, database: str = "") -> list[Versi
     ).rows
     rows: dict[tuple[str, int], dict[str, Any]] = {}
     for version, run, uri, base, _ in versions:
-        rows[(run, int(version))] = {"uri": uri, "base": base, "decision": "-", "score": None}
+        rows[(run, int(version))] = {"uri": uri, "base": base, "decision": "-", "score": None, "test": "-"}
     serving: tuple[str, int] | None = None
-    for version, run, action, score, uri, base, _ in decisions:
+    for version, run, action, score, uri, base, _, *test in decisions:
         row = rows.setdefault((run, int(version)), {"uri": uri, "base": base, "decision": "-", "score": None})
         row["decision"] = {"promote": "promoted", "rollback": "rolled back to", "reject": "rejected"}[action]
         row["score"] = score if score is not None else row["score"]
+        label = paired_test_label(*test)
+        row["test"] = label if label != "-" else row.get("test", "-")  # a rollback keeps the test it was promoted by
         if action != PromotionAction.REJECT:
             serving = (run, int(version))
     shown = []
@@ -85,6 +89,7 @@ def version_rows(reader: Any, model_name: str, database: str = "") -> list[Versi
                 row["decision"],
                 serving == (run, version),
                 row["uri"],
+                row.get("test", "-"),
             )
         )
     return shown
@@ -116,3 +121,14 @@ def version_label(low: int | None, high: int | None = None) -> str:
     if low is None:
         return "–"
     return str(low) if high is None or high == low else f"{low}–{high}"
+
+
+def paired_test_label(
+    n: int | None, gain: float | None, low: float | None, high: float | None, confidence: float | None
+) -> str:
+    """A gated decision's paired test as ``fulmen models list`` and the dashboard show it; "-" when there was none
+    (a decision by hand, or one stored before the gate tested pairs)."""
+    if n is None or gain is None or low is None or high is None:
+        return "-"
+    level = f" ({100 * confidence:g}%)" if confidence else ""
+    return f"{100 * gain:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}] n={n}{level}"

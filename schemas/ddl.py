@@ -286,6 +286,16 @@ CREATE TABLE IF NOT EXISTS {db}.promotions (
 ORDER BY (ModelName, Adapter, CreatedAt, RunId, Version, Action)
 """
 
+# A gated decision's paired test (issue 44): the held-out tasks validated on both versions, the mean per-task gain,
+# its interval at Confidence, the Margin the interval had to clear (NULL for decisions made by hand), and the
+# candidate's Outcomes per held-out task id (1 solved, 0 not).
+_PROMOTION_TEST = (
+    "ALTER TABLE {db}.promotions ADD COLUMN IF NOT EXISTS HeldoutN Nullable(UInt32), "
+    "ADD COLUMN IF NOT EXISTS Gain Nullable(Float64), ADD COLUMN IF NOT EXISTS GainLow Nullable(Float64), "
+    "ADD COLUMN IF NOT EXISTS GainHigh Nullable(Float64), ADD COLUMN IF NOT EXISTS Confidence Nullable(Float64), "
+    "ADD COLUMN IF NOT EXISTS Margin Nullable(Float64), ADD COLUMN IF NOT EXISTS Outcomes Map(String, Float64)",
+)
+
 # Prompt bundles (``PromptBundle`` on the prompts topic, issue 29): immutable, keyed by their content hash, with
 # their lineage (Parents) and the per-validation-task scores that chose them. Templates keeps each template slot's
 # original template (the text the agent formats).
@@ -342,4 +352,5 @@ MIGRATIONS: tuple[Migration, ...] = (
         "prompt bundles and their promotions; the bundle of each rollout and transition",
         (_PROMPT_BUNDLES, _PROMPT_PROMOTIONS, *_PROMPT_BUNDLE_COLUMNS),
     ),
+    Migration(13, "promotions: the gate's paired test", _PROMOTION_TEST),
 )

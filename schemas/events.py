@@ -345,7 +345,9 @@ class ModelPromotion(Event):
     itself, so it never replaces what serves). ``model`` is the version's own event (its checkpoint, format, base
     model, run), so a gateway that follows promotions loads it without looking anything up. ``score`` is the
     candidate's held-out score, ``serving_score`` that of the version it was compared with (None when decided by
-    hand).
+    hand). A gated decision also carries its paired test (:mod:`fulmen.infra.stats`): ``heldout_n`` tasks validated
+    on both, the mean per-task ``gain``, its interval ``gain_low``-``gain_high`` at ``confidence``, the ``margin``
+    the interval had to clear; and the candidate's ``outcomes`` per held-out task.
     """
 
     schema_version: Literal[1] = 1
@@ -356,6 +358,18 @@ class ModelPromotion(Event):
     serving_score: float | None = None
     reason: str = Field(default="", max_length=1024)
     created_at: UtcDatetime = Field(default_factory=utc_now)
+    heldout_n: int | None = Field(default=None, ge=0)
+    gain: float | None = Field(default=None, ge=-1, le=1)
+    gain_low: float | None = Field(default=None, ge=-1, le=1)
+    gain_high: float | None = Field(default=None, ge=-1, le=1)
+    confidence: float | None = Field(default=None, gt=0, lt=1)
+    margin: float | None = Field(default=None, ge=0, lt=1)
+    outcomes: dict[str, float] = Field(
+        default_factory=dict,
+        max_length=20_000,
+        description="the candidate's held-out outcome per task id (1 solved, 0 not, a share when run several "
+        "times): the bar a later run compares its candidates with, task by task",
+    )
 
     @property
     def topic_key(self) -> str:

@@ -43,6 +43,7 @@ __all__ = [
     "keep_agents",
     "served_before",
     "shuffle_rewards",
+    "validation_summary",
 ]
 
 log = logging.getLogger(__name__)
@@ -263,3 +264,26 @@ def served_before(group: ClosedGroup, version: int, agents: list[str] | None = N
         for batch in group.rollouts
         for t in batch.transitions
     )
+
+
+CORRECT_ABOVE = 0.5
+"""A validation rollout is correct when its episode reward is above this."""
+
+
+def validation_summary(groups: list[ClosedGroup], missing_reward: float) -> tuple[dict[str, float], dict[str, float]]:
+    """A validation pass's figures (``accuracy``: the share of correct rollouts, ``reward_mean``, ``rollouts``;
+    empty when none came back) and its outcomes per task (the share of the task's rollouts that were correct)."""
+    rewards = [r.episode_reward for g in groups for r in g.rollouts]
+    if not rewards:
+        return {}, {}
+    outcomes: dict[str, list[bool]] = {}
+    for group in groups:
+        for rollout in group.rollouts:
+            correct = rollout.episode_reward is not None and rollout.episode_reward > CORRECT_ABOVE
+            outcomes.setdefault(group.task_id, []).append(correct)
+    figures = {
+        "accuracy": sum(r is not None and r > CORRECT_ABOVE for r in rewards) / len(rewards),
+        "reward_mean": sum(missing_reward if r is None else r for r in rewards) / len(rewards),
+        "rollouts": float(len(rewards)),
+    }
+    return figures, {task: sum(flags) / len(flags) for task, flags in outcomes.items()}

@@ -99,8 +99,9 @@ from fulmen.algorithm.service.groups import (
     keep_agents,
     served_before,
     shuffle_rewards,
+    validation_summary,
 )
-from fulmen.algorithm.service.promotion import PromotionGate
+from fulmen.algorithm.service.promotion import PromotionGate, save_baseline
 from fulmen.algorithm.service.replay import ReplayBuffer
 from fulmen.algorithm.service.samples import (
     StepSamples,
@@ -121,9 +122,6 @@ from fulmen.schemas.topics import TopicKey
 __all__ = ["LoopPlan", "TrainingLoop", "VersionCheck"]
 
 log = logging.getLogger(__name__)
-
-CORRECT_ABOVE = 0.5
-"""A validation rollout is correct when its episode reward is above this."""
 
 VAL_REDO = 5
 """How many times validation runs again the tasks whose calls an older model version served (waiting 0.5 s,
@@ -216,6 +214,7 @@ class TrainingLoop:
         self._feed_error: Exception | None = None
         self._in_step = 0  # groups the step under way took (trained on at the version being served)
         self._validating = False  # a validation pass is under way: the feeder dispatches no train groups
+        self.val_outcomes: dict[str, float] = {}  # the last validation's share of correct rollouts, per task
         self.agents = plan.train.per_agent  # per-agent adapters: their agents; None: one policy
 
     async def run(self, stop: asyncio.Event | None = None) -> list[TrainStep]:
@@ -243,7 +242,8 @@ class TrainingLoop:
     async def _steps(self, stop: asyncio.Event) -> list[TrainStep]:
         initial = await self._validate(stop, prefix="initial_val_") if self.val else {}
         if self.gate is not None and "initial_val_accuracy" in initial:
-            self.gate.know_score(initial["initial_val_accuracy"])
+            self.gate.know_serving(initial["initial_val_accuracy"], self.val_outcomes)
+            save_baseline(self.plan.run_dir, self.gate)
         published = []
         for number in range(self.version + 1, self.options.steps + 1):
             event = await self.step(number, stop, extra=initial)
@@ -310,6 +310,8 @@ class TrainingLoop:
         staleness = staleness_counts(data.samples, self.version)
         metrics = await asyncio.to_thread(self.backend.step, data.samples)
         published = self.clock()
+        if self.replay is not None:  # before the checkpoint: a run resumed from it goes on past these groups
+            await asyncio.to_thread(self.replay.save_position, self.plan.run_dir, number, self.options.replay_sql)
         path = await asyncio.to_thread(self.backend.save, checkpoint_dir(self.plan.run_dir, number))
         (checkpoint_dir(self.plan.run_dir, number - 1) / TRAINING_STATE).unlink(missing_ok=True)  # the latest has it
         serving = {self.gate.serving.version} if self.gate is not None else set()
@@ -365,7 +367,7 @@ class TrainingLoop:
         it to ``extra``; False when ``stop`` was set before it was acknowledged."""
         if self.gate is None or "val_accuracy" not in extra:
             return True
-        decision = self.gate.decide(self._versions(path, number)[0], extra["val_accuracy"])
+        decision = self.gate.decide(self._versions(path, number)[0], extra["val_accuracy"], self.val_outcomes)
         what = f"publishing the promotion decision of version {number}"
         if await self._retrying(lambda retry: self._send(TopicKey.PROMOTIONS, decision), stop, what) is None:
             return False
@@ -544,25 +546,17 @@ class TrainingLoop:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=0.5 * 2**attempt)
         await self._commit()
-        rewards = [r.episode_reward for g in counted for r in g.rollouts]
-        if not rewards:
+        figures, self.val_outcomes = validation_summary(counted, self.options.missing_reward)
+        if not figures:
             return {}
-        missing = self.options.missing_reward
-        accuracy = sum(r is not None and r > CORRECT_ABOVE for r in rewards) / len(rewards)
-        mean = sum(missing if r is None else r for r in rewards) / len(rewards)
         log.info(
             "validation at model version %d: accuracy %.3f, mean reward %.3f over %d rollouts",
             self.version,
-            accuracy,
-            mean,
-            len(rewards),
+            figures["accuracy"],
+            figures["reward_mean"],
+            figures["rollouts"],
         )
-        return {
-            f"{prefix}accuracy": accuracy,
-            f"{prefix}reward_mean": mean,
-            f"{prefix}rollouts": float(len(rewards)),
-            f"{prefix}redone": float(redone),
-        }
+        return {f"{prefix}{key}": value for key, value in figures.items()} | {f"{prefix}redone": float(redone)}
 
     def _validation_due(self, number: int) -> bool:
         if self.gate is not None:  # every candidate is judged before it may serve

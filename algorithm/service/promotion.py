@@ -1,17 +1,24 @@
-"""Gated promotion: never ship a worse model.
+"""Gated promotion: never ship a worse model, nor one that only looks better by chance.
 
 A run with ``promote_if_better`` (``fulmen train --promote-if-better``) validates every version it trains on the
-held-out set and decides, with :class:`PromotionGate`, whether it serves: a candidate whose held-out accuracy is at
-least the serving version's minus ``promote_tolerance`` is promoted (it serves from now on, and its score is the
-bar for the next one), any other is rejected. Each decision is a :class:`ModelPromotion` on the compacted
-promotions topic (``promote`` keyed by the model, so compaction keeps the version in force; ``reject`` keyed by the
-candidate). Gateways started with ``FULMEN_LLM_FOLLOW=promoted`` serve what is promoted; the training gateway
-(``newest``, the default) keeps serving each new version to the training rollouts.
+held-out set and decides, with :class:`PromotionGate`, whether it serves. The test is paired: per held-out task, the
+candidate's outcome minus the serving version's on the same task (:func:`fulmen.infra.stats.paired_gain`); the candidate
+is promoted only when the whole interval of the mean difference, at ``promote_confidence`` (95% by default), lies
+above ``promote_margin`` (0 by default). A tie, or a gain within the noise of which tasks were drawn, is refused.
+The serving version's outcomes come with its promotion (each ``promote`` carries the candidate's per-task
+outcomes), or, when it has none for these tasks (nothing promoted yet, a promotion by hand, another validation
+set), from the run's validation before step 1 (the weights the run starts from); a promoted candidate's outcomes
+become the bar for the next.
+Each decision is a :class:`ModelPromotion` on the compacted promotions topic (``promote`` keyed by the model, so
+compaction keeps the version in force; ``reject`` keyed by the candidate), with the test's figures: how many tasks,
+the gain, its interval, the confidence and the margin. Gateways started with ``FULMEN_LLM_FOLLOW=promoted`` serve
+what is promoted; the training gateway (``newest``, the default) keeps serving each new version to the training
+rollouts.
 
-What serves at the start (:func:`in_force`): the latest ``promote`` or ``rollback`` of the model on the topic. Its
-score is the one it was promoted with; a version promoted by hand (``fulmen models promote``) or a run with nothing
-on the topic (the base model serves) has no score yet, and the run's validation before step 1 stands for it (the
-weights the run starts from are the serving ones, unless the run resumes a checkpoint).
+What serves at the start (:func:`in_force`): the latest ``promote`` or ``rollback`` of the model on the topic; with
+none, the weights the run started from, whose outcomes the run keeps in ``<run_dir>/serving.json``
+(:func:`save_baseline`) so that a resumed run (or the next round of ``fulmen improve``), which starts from its
+latest candidate, still compares with them.
 
 ``fulmen models promote VERSION`` and ``fulmen models rollback`` (:func:`manual`) publish the same events by hand:
 a rollback is a ``rollback`` naming an earlier promoted version, and the gateways that follow promotions load it.
@@ -19,16 +26,28 @@ a rollback is a ``rollback`` naming an earlier promoted version, and the gateway
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from fulmen.infra.kafka.publish import Sender
+from fulmen.infra.stats import paired_gain
 from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import ModelPromotion, ModelVersion, PromotionAction
 from fulmen.schemas.topics import TopicKey
 
-__all__ = ["MODELS_SENDER", "PromotionGate", "Serving", "in_force", "manual", "previous_promoted"]
+__all__ = [
+    "MODELS_SENDER",
+    "PromotionGate",
+    "Serving",
+    "in_force",
+    "load_baseline",
+    "manual",
+    "previous_promoted",
+    "save_baseline",
+]
 
 log = logging.getLogger(__name__)
 
@@ -90,42 +109,85 @@ def manual(action: PromotionAction, model: ModelVersion, serving: ModelPromotion
 class PromotionGate:
     """Decides, version after version, which of a run's candidates serve (module docstring)."""
 
-    def __init__(self, serving: Serving, tolerance: float) -> None:
-        if tolerance < 0:
-            raise ConfigurationError("FULMEN_TRAIN_PROMOTE_TOLERANCE must be 0 or more")
+    def __init__(
+        self,
+        serving: Serving,
+        margin: float = 0.0,
+        confidence: float = 0.95,
+        outcomes: Mapping[str, float] | None = None,
+    ) -> None:
+        if not 0 <= margin < 1:
+            raise ConfigurationError("FULMEN_TRAIN_PROMOTE_MARGIN must be at least 0 and below 1")
+        if not 0.5 <= confidence < 1:
+            raise ConfigurationError("FULMEN_TRAIN_PROMOTE_CONFIDENCE must be at least 0.5 and below 1")
         self.serving = serving
-        self.tolerance = tolerance
+        self.margin = margin
+        self.confidence = confidence
+        self.outcomes = dict(outcomes or {})  # the serving version's, per held-out task (its promotion's, when known)
         self.promoted: list[int] = []
         self.rejected: list[int] = []
 
-    def know_score(self, score: float) -> None:
-        """The serving version's score when it had none (the run's validation before step 1)."""
+    def know_serving(self, score: float, outcomes: Mapping[str, float]) -> None:
+        """The run's validation before step 1 (the weights it starts from): the serving version's held-out outcomes
+        unless its promotion already gave them for every one of these tasks (a resumed run may start from a
+        candidate that was rejected), and its score when it had none."""
+        if not outcomes.keys() <= self.outcomes.keys():
+            self.outcomes = dict(outcomes)
         if self.serving.score is None:
             self.serving = Serving(self.serving.version, score, self.serving.run_id)
 
-    def decide(self, candidate: ModelVersion, score: float) -> ModelPromotion:
-        """Promote ``candidate`` if ``score`` is at least the serving score minus the tolerance, else reject it;
-        the event to publish. A promoted candidate is the serving version from now on."""
-        bar = self.serving.score
-        passed = bar is None or score >= bar - self.tolerance
-        action = PromotionAction.PROMOTE if passed else PromotionAction.REJECT
-        shown = "-" if bar is None else f"{bar:.4f}"
-        reason = (
-            f"held-out accuracy {score:.4f} {'>=' if passed else '<'} {shown} (version {self.serving.version}) "
-            f"minus tolerance {self.tolerance:g}"
-        )
+    def decide(self, candidate: ModelVersion, score: float, outcomes: Mapping[str, float]) -> ModelPromotion:
+        """Promote ``candidate`` when its paired gain over the serving version (per held-out task, ``outcomes``)
+        is above the margin at the gate's confidence, else reject it; the event to publish. A promoted candidate
+        is the serving version from now on."""
+        test = paired_gain(outcomes, self.outcomes, self.confidence)
+        passed = test.above(self.margin)
+        if test.n == 0:
+            reason = "no held-out task validated on both versions: nothing shows it is better"
+        else:
+            verdict = "above" if passed else "not above"
+            reason = f"{test.describe()}: {verdict} the margin {100 * self.margin:g} points"
         event = ModelPromotion(
-            action=action,
+            action=PromotionAction.PROMOTE if passed else PromotionAction.REJECT,
             model=candidate,
             score=score,
             serving_version=self.serving.version,
-            serving_score=bar,
-            reason=reason,
+            serving_score=self.serving.score,
+            reason=f"{reason} (against version {self.serving.version})",
+            heldout_n=test.n,
+            gain=test.gain,
+            gain_low=test.low,
+            gain_high=test.high,
+            confidence=self.confidence,
+            margin=self.margin,
+            outcomes=dict(outcomes),
         )
         if passed:
             self.promoted.append(candidate.version)
             self.serving = Serving(candidate.version, score, candidate.run_id)
+            self.outcomes = dict(outcomes)
         else:
             self.rejected.append(candidate.version)
-        log.info("model version %d %s: %s", candidate.version, "promoted" if passed else "rejected", reason)
+        log.info("model version %d %s: %s", candidate.version, "promoted" if passed else "rejected", event.reason)
         return event
+
+
+BASELINE = "serving.json"
+
+
+def save_baseline(run_dir: Path, gate: PromotionGate) -> None:
+    """What serves as the run measured it before step 1: its version, score and per-task outcomes."""
+    path = run_dir / BASELINE
+    staging = path.with_suffix(".json.tmp")
+    serving = {"version": gate.serving.version, "score": gate.serving.score, "run_id": gate.serving.run_id}
+    staging.write_text(json.dumps({"serving": serving, "outcomes": gate.outcomes}))
+    staging.replace(path)
+
+
+def load_baseline(run_dir: Path) -> tuple[Serving, dict[str, float]] | None:
+    """:func:`save_baseline`'s record (None: the run never measured it)."""
+    path = run_dir / BASELINE
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return Serving(**data["serving"]), {str(k): float(v) for k, v in data["outcomes"].items()}

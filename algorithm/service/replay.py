@@ -42,6 +42,7 @@ ConfigurationError rather than spinning.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections import Counter, defaultdict
@@ -105,6 +106,29 @@ class ReplayBuffer:
             self.passes += 1
         return group
 
+    def save_position(self, run_dir: Path, version: int, selection: str) -> None:
+        """Where the next group comes from once version ``version`` is trained (``<run_dir>/replay/v<N>.json``,
+        written before the version's checkpoint), so a run resumed from that checkpoint with the same
+        ``selection`` goes on past the groups it trained on instead of taking them again."""
+        folder = run_dir / "replay"
+        folder.mkdir(parents=True, exist_ok=True)
+        position = {"next": self._next, "passes": self.passes, "groups": len(self.groups), "selection": selection}
+        staging = folder / f".v{version}.json.tmp"
+        staging.write_text(json.dumps(position))
+        staging.replace(folder / f"v{version}.json")
+
+    def restore_position(self, run_dir: Path, version: int, selection: str) -> bool:
+        """Go on from where the run was once version ``version`` was trained; False when nothing says where: no
+        position was saved, or it was for another selection (a new round of ``fulmen improve``) or another buffer."""
+        path = run_dir / "replay" / f"v{version}.json"
+        if not path.is_file():
+            return False
+        position = json.loads(path.read_text())
+        if position.get("selection") != selection or position.get("groups") != len(self.groups):
+            return False
+        self._next, self.passes = int(position["next"]), int(position["passes"])
+        return True
+
     def summary(self) -> str:
         refused = ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in self.refused.items() if n) or "none"
         return (
@@ -157,13 +181,16 @@ def load_replay(
     vocab_size: int | None,
     group_size: int,
     require_reward: bool = True,
+    allow_empty: bool = False,
 ) -> ReplayBuffer:
     """Run ``selection`` and read what replay needs of the rollouts it names; the buffer (:func:`build_buffer`;
     ``require_reward=False`` keeps the rollouts with no reward too: a supervised warm-up imitates what the selection
     chose and reads no reward).
 
     Raises :class:`ConfigurationError` for a selection that is not one column, or that names nothing trainable
-    (saying what was refused), and the reader's errors (``ReadOnlyError`` for a statement that is not a read)."""
+    (saying what was refused; with ``allow_empty`` the empty buffer comes back instead: a round of ``fulmen
+    improve`` whose window has nothing new), and the reader's errors (``ReadOnlyError`` for a statement that is
+    not a read)."""
     selection = selection.strip().rstrip(";").strip()
     if not selection:
         raise ConfigurationError("--replay needs a SELECT that returns rollout ids")
@@ -200,7 +227,7 @@ def load_replay(
     buffer = build_buffer(
         rows, base_model=base_model, vocab_size=vocab_size, group_size=group_size, require_reward=require_reward
     )
-    if not buffer.groups:
+    if not buffer.groups and not allow_empty:
         raise ConfigurationError(f"nothing to replay: {buffer.summary()}")
     return buffer
 

@@ -34,7 +34,7 @@ from fulmen.algorithm.service.collector import Collector
 from fulmen.algorithm.service.dispatcher import DatasetTask, Dispatcher
 from fulmen.algorithm.service.groups import GroupBook
 from fulmen.algorithm.service.loop import LoopPlan, TrainingLoop
-from fulmen.algorithm.service.promotion import PromotionGate, Serving, in_force
+from fulmen.algorithm.service.promotion import PromotionGate, Serving, in_force, load_baseline
 from fulmen.algorithm.service.reporting import RunReport
 from fulmen.algorithm.settings import TrainSection, TrainSettings
 from fulmen.algorithm.trainer.base import ADAPTERS_FILE, TEMPORARY_MARK, TrainerBackend
@@ -142,21 +142,28 @@ async def version_on_topic(settings: FulmenSettings, event: ModelVersion) -> boo
 
 async def promotion_gate(settings: TrainSettings, version: int) -> PromotionGate:
     """The gate of a ``promote_if_better`` run: what serves now, read from the promotions topic (none: the version
-    the run starts from, its score measured by the run's first validation)."""
+    the run starts from); its per-task outcomes come from the run's first validation."""
     current = in_force(await read_to_end(settings, TopicKey.PROMOTIONS, ModelPromotion), settings.train.model_name)
+    train = settings.train
+    baseline = load_baseline(settings.run_dir) if current is None else None
+    if baseline is not None:  # nothing promoted yet: what served when the run started, as it measured it then
+        return PromotionGate(baseline[0], train.promote_margin, train.promote_confidence, baseline[1])
     if current is None:
-        serving = Serving(version, None, settings.train.run_id)
+        serving = Serving(version, None, train.run_id)
     else:
         serving = Serving(current.model.version, current.score, current.model.run_id)
         log.info(
-            "version %d of %s (run %s) serves, held-out score %s: candidates must reach it minus %g",
+            "version %d of %s (run %s) serves, held-out score %s: a candidate must beat it on the same tasks by "
+            "more than %g at %g%% confidence",
             serving.version,
-            settings.train.model_name,
+            train.model_name,
             serving.run_id,
             serving.score,
-            settings.train.promote_tolerance,
+            train.promote_margin,
+            100 * train.promote_confidence,
         )
-    return PromotionGate(serving, settings.train.promote_tolerance)
+    outcomes = current.outcomes if current is not None else {}
+    return PromotionGate(serving, train.promote_margin, train.promote_confidence, outcomes)
 
 
 def check_training_settings(options: TrainSection) -> None:
@@ -274,9 +281,10 @@ async def run_trainer(
     stop: asyncio.Event | None = None,
     *,
     backend: TrainerBackend | None = None,
+    replay: ReplayBuffer | None = None,
 ) -> list[TrainStep]:
     """Run ``settings.train.steps`` steps on ``tasks`` (validating on ``val_tasks``) and, with ``replay_sql``, on
-    the stored rollouts it selects; the TrainStep events."""
+    the stored rollouts it selects (``replay``: that selection's buffer, already read); the TrainStep events."""
     options = settings.train
     check_training_settings(options)
     if options.tasks_sql:
@@ -300,7 +308,7 @@ async def run_trainer(
     base_model = await asyncio.to_thread(resolve_model, options.model_path, run_dir)
     resumed = await asyncio.to_thread(_resumed, options, run_dir)
     if backend is not None:
-        return await _train_with(backend, settings, base_model, resumed, tasks, val_tasks, stop)
+        return await _train_with(backend, settings, base_model, resumed, tasks, val_tasks, stop, replay)
     if options.per_agent:
         built = await asyncio.to_thread(_per_agent_backend, options, base_model, resumed[1] if resumed else None)
     else:
@@ -308,7 +316,7 @@ async def run_trainer(
     if resumed is not None and not await asyncio.to_thread(_load_state, built, resumed[1]):
         log.info("run %s: v%d has no optimizer state; the optimizer starts afresh", options.run_id, resumed[0])
     try:
-        return await _train_with(built, settings, base_model, resumed, tasks, val_tasks, stop)
+        return await _train_with(built, settings, base_model, resumed, tasks, val_tasks, stop, replay)
     finally:
         close = getattr(built, "close", None)  # a sharded backend lets its other ranks end
         if close is not None:
@@ -323,6 +331,7 @@ async def _train_with(
     tasks: list[DatasetTask],
     val_tasks: list[DatasetTask] | None,
     stop: asyncio.Event | None,
+    replay: ReplayBuffer | None = None,
 ) -> list[TrainStep]:
     options = settings.train
     run_dir = settings.run_dir
@@ -333,7 +342,14 @@ async def _train_with(
     try:
         await start_or_raise(source, settings, "trainer collector")
         publisher = EventPublisher(broker, SENDER)
-        replay = await asyncio.to_thread(load_replay_buffer, settings, base_model) if options.replay_sql else None
+        if replay is None and options.replay_sql:
+            replay = await asyncio.to_thread(load_replay_buffer, settings, base_model)
+        if (
+            replay is not None
+            and resumed is not None
+            and replay.restore_position(run_dir, resumed[0], options.replay_sql)
+        ):
+            log.info("run %s: replay goes on past the groups trained on up to v%d", options.run_id, resumed[0])
         gate = await promotion_gate(settings, resumed[0] if resumed else 0) if options.promote_if_better else None
         loop = TrainingLoop(
             LoopPlan(options, run_dir, base_model, resumed[0] if resumed else 0),
@@ -470,10 +486,15 @@ def load_selected_tasks(settings: TrainSettings) -> list[DatasetTask]:
 
 
 def load_replay_buffer(
-    settings: TrainSettings, base_model: str, *, selection: str | None = None, require_reward: bool = True
-):  # -> ReplayBuffer
+    settings: TrainSettings,
+    base_model: str,
+    *,
+    selection: str | None = None,
+    require_reward: bool = True,
+    allow_empty: bool = False,
+) -> ReplayBuffer:
     """The run's replay buffer: ``replay_sql`` (or ``selection``) run against ``source_store`` (see
-    :mod:`fulmen.algorithm.service.replay`; ``require_reward`` as there)."""
+    :mod:`fulmen.algorithm.service.replay`; ``require_reward`` and ``allow_empty`` as there)."""
     from transformers import AutoConfig
 
     from fulmen.algorithm.service.replay import load_replay
@@ -493,6 +514,7 @@ def load_replay_buffer(
             vocab_size=vocab,
             group_size=options.group_size,
             require_reward=require_reward,
+            allow_empty=allow_empty,
         )
     finally:
         reader.close()

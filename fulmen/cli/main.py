@@ -20,6 +20,7 @@ from rich.table import Table
 
 from fulmen.cli.base import UtcOption, WideOption, console, err, friendly, load_settings, read_query
 from fulmen.cli.help_text import flow_help
+from fulmen.cli.improve import improve_command
 from fulmen.cli.init import init_command
 from fulmen.cli.models import models_app
 from fulmen.cli.optimize import optimize_prompt_command
@@ -488,6 +489,7 @@ def status(wide: WideOption = False, utc: UtcOption = False) -> None:
 
 # --- algorithm: fulmen train (fulmen/cli/train.py) ------------------------------------------------------------
 app.command("train")(train_command)
+app.command("improve")(improve_command)  # fulmen/cli/improve.py
 app.command("init")(init_command)  # fulmen/cli/init.py
 app.command("optimize-prompt")(optimize_prompt_command)  # fulmen/cli/optimize.py
 

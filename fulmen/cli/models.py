@@ -108,11 +108,18 @@ def models_list(
     if not rows:
         console.print(f"no version of {model} is stored yet")
         return
-    table = Table("", "version", "run", "parent", "held-out", "decision", "checkpoint")
+    table = Table("", "version", "run", "parent", "held-out", "decision", "gain vs serving (points)", "checkpoint")
     for row in rows:
         score = "-" if row.score is None else f"{row.score:.3f}"
         table.add_row(
-            "*" if row.serving else "", str(row.version), row.run_id, row.parent, score, row.decision, row.uri
+            "*" if row.serving else "",
+            str(row.version),
+            row.run_id,
+            row.parent,
+            score,
+            row.decision,
+            row.test,
+            row.uri,
         )
     console.print(table)
     if not any(row.serving for row in rows):

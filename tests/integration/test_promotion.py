@@ -73,7 +73,18 @@ def test_models_promote_rollback_and_list(settings: FulmenSettings, tmp_path: Pa
             await publisher.publish_many(TopicKey.MODELS, [version(1), version(2)])
             await publisher.publish_many(
                 TopicKey.PROMOTIONS,
-                [decided(PromotionAction.PROMOTE, 1, score=0.5), decided(PromotionAction.REJECT, 2, score=0.25)],
+                [
+                    decided(PromotionAction.PROMOTE, 1, score=0.5).model_copy(
+                        update={
+                            "heldout_n": 200,
+                            "gain": 0.1,
+                            "gain_low": 0.058,
+                            "gain_high": 0.142,
+                            "confidence": 0.95,
+                        }
+                    ),
+                    decided(PromotionAction.REJECT, 2, score=0.25),
+                ],
             )
 
     asyncio.run(publish())
@@ -123,4 +134,5 @@ def test_models_promote_rollback_and_list(settings: FulmenSettings, tmp_path: Pa
     assert rows[1].serving and not rows[2].serving  # rolled back to 1
     assert (rows[1].decision, rows[1].score, rows[1].parent) == ("rolled back to", 0.5, "-")
     assert (rows[2].decision, rows[2].parent, rows[2].uri) == ("promoted", "v1", "/ckpt/run-a/v2")
+    assert rows[1].test == "+10.0 [+5.8, +14.2] n=200 (95%)" and rows[2].test == "-"  # by hand: no test
     store.command(f"DROP DATABASE IF EXISTS {store.database}")

@@ -76,11 +76,15 @@ def answer(request: RolloutRequest, rng: random.Random) -> TransitionBatch:
 
 
 async def simulated_runners(
-    settings: FulmenSettings, stop: asyncio.Event, hold: Callable[[], bool] = lambda: False
+    settings: FulmenSettings,
+    stop: asyncio.Event,
+    hold: Callable[[], bool] = lambda: False,
+    respond: Callable[[RolloutRequest, random.Random], TransitionBatch] = answer,
 ) -> int:
-    """Consume the tasks topic (own group) and answer each request on the transitions topic; how many. While
-    ``hold()`` is true, requests fetched are held unanswered (checked after each fetch, so a request dispatched once
-    ``hold()`` became true is never answered before it is false again)."""
+    """Consume the tasks topic (own group) and answer each request on the transitions topic (``respond``: what
+    runners would publish for it); how many. While ``hold()`` is true, requests fetched are held unanswered (checked
+    after each fetch, so a request dispatched once ``hold()`` became true is never answered before it is false
+    again)."""
     tasks = consumer(settings, "test.runners", topic_name(TopicKey.TASKS, settings.kafka.topic_prefix))
     await start_or_raise(tasks, settings)
     rng, answered = random.Random(7), 0
@@ -91,7 +95,7 @@ async def simulated_runners(
                     while hold() and not stop.is_set():
                         await asyncio.sleep(0.05)
                     requests = [decode(RolloutRequest, r.value) for r in records]
-                    await publisher.publish_many(TopicKey.TRANSITIONS, [answer(r, rng) for r in requests])
+                    await publisher.publish_many(TopicKey.TRANSITIONS, [respond(r, rng) for r in requests])
                     answered += len(requests)
                 await tasks.commit()
     finally:

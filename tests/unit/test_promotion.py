@@ -27,20 +27,47 @@ def version(n: int, run: str = "r1", model: str = "fulmen") -> ModelVersion:
     return ModelVersion(model_name=model, version=n, uri=f"/ckpt/{run}/v{n}", run_id=run)
 
 
-def test_a_candidate_is_promoted_when_it_reaches_the_serving_score_minus_the_tolerance() -> None:
-    gate = PromotionGate(Serving(0, None), tolerance=0.05)
-    gate.know_score(0.5)  # the run's validation before step 1 stands for the serving version
-    first = gate.decide(version(1), 0.46)  # 0.46 >= 0.5 - 0.05
-    second = gate.decide(version(2), 0.40)  # below 0.46 - 0.05: rejected, version 1 keeps serving
-    third = gate.decide(version(3), 0.60)
-    assert [e.action for e in (first, second, third)] == ["promote", "reject", "promote"]
-    assert (second.serving_version, second.serving_score, second.score) == (1, 0.46, 0.40)
-    assert gate.promoted == [1, 3] and gate.rejected == [2] and gate.serving == Serving(3, 0.60, "r1")
-    assert "0.4000 < 0.4600 (version 1) minus tolerance 0.05" in second.reason
+def outcomes(solved: int, n: int = 200) -> dict[str, float]:
+    """Per held-out task: the first ``solved`` tasks of ``n`` solved."""
+    return {f"t{i}": float(i < solved) for i in range(n)}
+
+
+def test_a_candidate_is_promoted_only_when_its_paired_gain_is_above_the_margin() -> None:
+    gate = PromotionGate(Serving(0, None))
+    gate.know_serving(0.5, outcomes(100))  # the run's validation before step 1: the serving version's outcomes
+    first = gate.decide(version(1), 0.6, outcomes(120))  # +10 points, every changed task a gain: promoted
+    tie = gate.decide(version(2), 0.6, outcomes(120))  # the same tasks solved: a tie is refused
+    worse = gate.decide(version(3), 0.4, outcomes(80))
+    assert [e.action for e in (first, tie, worse)] == ["promote", "reject", "reject"]
+    assert (first.heldout_n, first.gain, first.confidence, first.margin) == (200, 0.1, 0.95, 0.0)
+    assert 0 < first.gain_low < 0.1 < first.gain_high
+    assert (tie.gain, tie.gain_low, tie.gain_high) == (0.0, 0.0, 0.0) and "not above the margin 0" in tie.reason
+    assert (tie.serving_version, tie.serving_score, tie.score) == (1, 0.6, 0.6)
+    assert gate.promoted == [1] and gate.rejected == [2, 3] and gate.serving == Serving(1, 0.6, "r1")
     # a rejection never takes the model's key on the compacted topic; a promotion does
-    assert first.topic_key == "fulmen" and second.topic_key == "fulmen@r1/v2"
-    with pytest.raises(ConfigurationError):
-        PromotionGate(Serving(0, None), tolerance=-0.1)
+    assert first.topic_key == "fulmen" and tie.topic_key == "fulmen@r1/v2"
+
+
+def test_the_gate_refuses_noise_and_gains_inside_the_margin() -> None:
+    serving = outcomes(100)
+    noisy = dict(serving) | {f"t{i}": 0.0 for i in range(10)} | {f"t{i}": 1.0 for i in range(100, 114)}  # +4 net
+    gate = PromotionGate(Serving(0, 0.5))
+    gate.know_serving(0.5, serving)
+    noise = gate.decide(version(1), 0.52, noisy)
+    assert noise.action == "reject" and noise.gain == pytest.approx(0.02) and noise.gain_low < 0 < noise.gain_high
+    strict = PromotionGate(Serving(0, 0.5), margin=0.1)
+    strict.know_serving(0.5, serving)
+    assert strict.decide(version(1), 0.6, outcomes(120)).action == "reject"  # +10, but the interval dips under 10
+    assert strict.decide(version(2), 0.8, outcomes(160)).action == "promote"
+    unmeasured = PromotionGate(Serving(0, 0.5))  # no validation of the serving version: nothing to compare with
+    refused = unmeasured.decide(version(1), 1.0, outcomes(200))
+    assert refused.action == "reject" and refused.heldout_n == 0 and "no held-out task" in refused.reason
+    looser = PromotionGate(Serving(0, 0.5), confidence=0.5)  # a narrower interval: the same noise passes
+    looser.know_serving(0.5, serving)
+    assert looser.decide(version(1), 0.52, noisy).action == "promote"
+    for bad in ({"margin": -0.1}, {"margin": 1.0}, {"confidence": 0.4}, {"confidence": 1.0}):
+        with pytest.raises(ConfigurationError):
+            PromotionGate(Serving(0, None), **bad)
 
 
 def test_what_is_in_force_and_what_a_rollback_goes_back_to() -> None:
@@ -66,12 +93,12 @@ def test_what_is_in_force_and_what_a_rollback_goes_back_to() -> None:
 
 
 def test_a_gated_run_judges_every_version_and_publishes_each_decision_before_its_metrics(tmp_path: Path) -> None:
-    """Held-out accuracy by the version that served: 0.5 before step 1, then 1.0, 0.0, 1.0."""
-    accuracy = {0: 0.5, 1: 1.0, 2: 0.0, 3: 1.0}
+    """Held-out accuracy by the version that served: 0.5 before step 1, then 0.75, 0.0, 1.0 (20 tasks)."""
+    accuracy = {0: 0.5, 1: 0.75, 2: 0.0, 3: 1.0}
 
     def answer(request: RolloutRequest, number: int):
         if request.mode is RolloutMode.VAL:
-            good = int(request.task_id[1:]) < accuracy[request.model_version] * 2
+            good = int(request.task_id[1:]) < accuracy[request.model_version] * 20
             return reply(request, number, reward=float(good))
         return reply(request, number)
 
@@ -82,13 +109,13 @@ def test_a_gated_run_judges_every_version_and_publishes_each_decision_before_its
     train = Dispatcher(publisher, [DatasetTask("t", {"n": 1})], group_size=2, max_in_flight=2)  # type: ignore[arg-type]
     val = Dispatcher(
         publisher,
-        [DatasetTask(f"v{i}", {"n": i}) for i in range(2)],
+        [DatasetTask(f"v{i}", {"n": i}) for i in range(20)],
         group_size=1,  # type: ignore[arg-type]
-        max_in_flight=2,
+        max_in_flight=20,
         mode=RolloutMode.VAL,
         cycle=False,
     )
-    gate = PromotionGate(Serving(0, None), options.promote_tolerance)
+    gate = PromotionGate(Serving(0, None), options.promote_margin, options.promote_confidence)
     loop = TrainingLoop(
         LoopPlan(options, tmp_path, "base"),
         FakeBackend(),
@@ -101,10 +128,11 @@ def test_a_gated_run_judges_every_version_and_publishes_each_decision_before_its
     steps = asyncio.run(asyncio.wait_for(loop.run(), 30))
     decisions: list[ModelPromotion] = publisher.events[TopicKey.PROMOTIONS]
     assert [(d.model.version, d.action.value, d.score) for d in decisions] == [
-        (1, "promote", 1.0),
+        (1, "promote", 0.75),
         (2, "reject", 0.0),
         (3, "promote", 1.0),
     ]
     assert decisions[0].serving_score == 0.5 and decisions[1].serving_version == 1
+    assert [d.heldout_n for d in decisions] == [20, 20, 20] and decisions[2].gain == 0.25  # against version 1
     assert [(s.extra["promoted"], s.extra["serving_version"]) for s in steps] == [(1.0, 1.0), (0.0, 1.0), (1.0, 3.0)]
     assert all("val_accuracy" in s.extra for s in steps)  # every version judged, not only every val_every

@@ -121,7 +121,7 @@ def test_replay_and_promotion_options_reach_the_settings_and_nothing_to_train_on
             "--max-staleness",
             "3",
             "--promote-if-better",
-            "--promote-tolerance",
+            "--promote-margin",
             "0.05",
         ],
     )
@@ -129,7 +129,7 @@ def test_replay_and_promotion_options_reach_the_settings_and_nothing_to_train_on
     options = seen["train"]
     assert seen["dataset"] is None and options.replay_sql == "SELECT RolloutId FROM r"
     assert (options.source_store, options.replay_fraction, options.max_staleness) == (str(tmp_path), 0.5, 3)
-    assert options.promote_if_better and options.promote_tolerance == 0.05 and options.correction == "tis"
+    assert options.promote_if_better and options.promote_margin == 0.05 and options.correction == "tis"
     refused = CliRunner().invoke(app, ["train", "--local", "--agent", "a:b"])
     assert refused.exit_code == 1 and "pass --dataset FILE or --tasks-sql SQL" in refused.output
     monkeypatch.undo()  # the real fulmen.train refuses too, before starting anything

@@ -88,7 +88,8 @@ VALUES = {
     "replay_sql": "SELECT RolloutId FROM rollouts",
     "replay_fraction": 0.5,
     "promote_if_better": True,
-    "promote_tolerance": 0.05,
+    "promote_margin": 0.05,
+    "promote_confidence": 0.9,
     "tasks_sql": "SELECT TaskId FROM tasks",
     "source_store": "/tmp/fulmen-options-store",
 }

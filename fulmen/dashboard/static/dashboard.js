@@ -312,7 +312,7 @@ function modelsPage() {
     list.replaceChildren(answer.versions.length ? table("versions-table", [
       ["serves", (v) => (v.serving ? "★" : "")], ["version", (v) => v.version], ["run", (v) => v.run_id],
       ["parent", (v) => v.parent], ["held-out", (v) => fmt(v.score, 3)], ["decision", (v) => v.decision],
-      ["checkpoint", (v) => el("code", { text: v.uri })],
+      ["gain vs serving (points)", (v) => v.test], ["checkpoint", (v) => el("code", { text: v.uri })],
     ], answer.versions.slice().reverse(), (v) => ({ "data-version": v.version, class: v.serving ? "serving" : "" }))
       : el("p", { class: "empty", text: "No version of this model is stored yet." }));
   });

@@ -7,8 +7,9 @@ Every ``every`` seconds a round:
    feedback arriving a little after an episode ended is there when it is trained on;
 2. selects among them what the user's SELECT selects (``--replay``): ``SELECT RolloutId FROM (<theirs>) WHERE
    RolloutId IN (<the window's rollouts>)`` (:func:`round_selection`), read through the store's read-only reader;
-3. trains on them as more steps of one run (``--run``): a step per ``groups_per_step`` replayed groups, one pass
-   (``steps_per_round`` caps it), each round resuming the run where the last stopped;
+3. trains on them as more steps of one run (``--run``): one pass over the window's groups, ``groups_per_step`` a
+   step (:func:`round_steps`; ``steps_per_round`` caps the steps, each then taking more), each round resuming the
+   run where the last stopped;
 4. validates every version on the held-out tasks and promotes it only when it beats the serving version by the
    paired test (:mod:`~fulmen.algorithm.service.promotion`): the gateways that follow promotions
    (``FULMEN_LLM_FOLLOW=promoted``) swap to it without failing a call; a round that promotes nothing leaves the
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -42,7 +44,7 @@ from fulmen.algorithm.settings import TrainSettings
 from fulmen.schemas.ddl import TABLES
 from fulmen.schemas.errors import ConfigurationError
 
-__all__ = ["ImprovePlan", "Round", "RoundBook", "improve", "round_selection"]
+__all__ = ["ImprovePlan", "Round", "RoundBook", "improve", "round_selection", "round_steps"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,7 @@ class Round:
     until: str
     steps_from: int  # the run's step when the round started
     steps_to: int = -1  # the run's step when the round's training ends (-1: not planned yet)
+    groups_per_step: int = 0  # the round's: its groups spread evenly over its steps
     selected: int = 0  # rollouts the selection returned
     groups: int = 0  # trainable groups among them
     done: bool = False
@@ -140,6 +143,7 @@ async def improve(
     while not stop.is_set() and (plan.rounds == 0 or len([r for r in book.rounds if r.done]) < plan.rounds):
         current = book.unfinished or book.next_round(plan, clock(), _steps_done(settings.run_dir))
         await _run_round(settings, plan, book, current, val_tasks, tasks or [], stop)
+        gc.collect()  # the round's trainer (model, optimizer) goes before the next round builds its own
         if not current.done:
             break  # stopped mid-round: the next run of the command finishes it
         done.append(current)
@@ -171,10 +175,10 @@ async def _run_round(
     buffer = await asyncio.to_thread(load_replay_buffer, round_settings, base_model, allow_empty=True)
     current.selected, current.groups = buffer.selected, len(buffer.groups)
     if current.steps_to < 0:  # planned once: a rerun after a kill trains up to the same step
-        per_step = max(round_settings.train.groups_per_step, 1)
-        steps = math.ceil(len(buffer.groups) / per_step)
-        current.steps_to = current.steps_from + (min(steps, plan.steps_per_round) if plan.steps_per_round else steps)
+        steps, current.groups_per_step = round_steps(len(buffer.groups), settings.train.groups_per_step, plan)
+        current.steps_to = current.steps_from + steps
         book.save()
+    round_settings.train.groups_per_step = max(current.groups_per_step, 1)
     log.info(
         "round %d: rollouts of [%s, %s): %s; training steps %d to %d",
         current.number,
@@ -192,6 +196,18 @@ async def _run_round(
     _record_decisions(current, run_dir)
     current.done, current.ended_at = True, time.time()
     book.save()
+
+
+def round_steps(groups: int, groups_per_step: int, plan: ImprovePlan) -> tuple[int, int]:
+    """A round's steps and groups a step: one pass over its ``groups``, ``groups_per_step`` a step (at most
+    ``plan.steps_per_round`` steps, each then taking more), spread evenly; when they do not divide evenly, the last
+    step fills up with the round's first groups (fewer than one a step)."""
+    if groups == 0:
+        return 0, 0
+    steps = math.ceil(groups / max(groups_per_step, 1))
+    if plan.steps_per_round:
+        steps = min(steps, plan.steps_per_round)
+    return steps, math.ceil(groups / steps)
 
 
 def _record_decisions(current: Round, run_dir: Path) -> None:

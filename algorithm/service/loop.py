@@ -240,7 +240,14 @@ class TrainingLoop:
         return published
 
     async def _steps(self, stop: asyncio.Event) -> list[TrainStep]:
-        initial = await self._validate(stop, prefix="initial_val_") if self.val else {}
+        # a resumed gated run whose serving version's outcomes are known (its promotion's) needs no first pass
+        known = (
+            self.version > 0
+            and self.gate is not None
+            and self.val is not None
+            and self.gate.knows(t.task_id for t in self.val.tasks)
+        )
+        initial = await self._validate(stop, prefix="initial_val_") if self.val and not known else {}
         if self.gate is not None and "initial_val_accuracy" in initial:
             self.gate.know_serving(initial["initial_val_accuracy"], self.val_outcomes)
             save_baseline(self.plan.run_dir, self.gate)

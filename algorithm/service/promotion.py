@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,6 +135,11 @@ class PromotionGate:
             self.outcomes = dict(outcomes)
         if self.serving.score is None:
             self.serving = Serving(self.serving.version, score, self.serving.run_id)
+
+    def knows(self, tasks: Iterable[str]) -> bool:
+        """Whether the serving version's outcomes cover every one of ``tasks`` (a gated run that resumes, or the next
+        round of ``fulmen improve``, then needs no validation before its first step)."""
+        return bool(self.outcomes) and set(tasks) <= self.outcomes.keys()
 
     def decide(self, candidate: ModelVersion, score: float, outcomes: Mapping[str, float]) -> ModelPromotion:
         """Promote ``candidate`` when its paired gain over the serving version (per held-out task, ``outcomes``)

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from fulmen.algorithm.service.dispatcher import DatasetTask
 from fulmen.algorithm.service.improve import ImprovePlan, Round, RoundBook, improve, round_selection
+from fulmen.algorithm.service.reporting import read_metrics
 from fulmen.algorithm.service.run import run_trainer
 from fulmen.algorithm.settings import TrainSettings
 from fulmen.cli.main import app
@@ -91,6 +92,8 @@ async def test_each_round_trains_on_what_came_since_the_last_and_promotes_only_w
     assert [(r.number, r.groups, r.steps_from, r.steps_to) for r in second] == [(2, 4, 2, 6)]
     assert second[0].promoted == [] and second[0].rejected == [3, 4, 5, 6]  # all 20 solved, as v2 did: ties
     assert second[0].serving_version == 2
+    metrics = {int(r["step"]): r for r in read_metrics(options.run_dir / "metrics.jsonl")}
+    assert "extra/initial_val_accuracy" in metrics[1] and "extra/initial_val_accuracy" not in metrics[3]  # v2's known
     decisions = await read_topic(settings, TopicKey.PROMOTIONS, ModelPromotion)
     assert [(d.model.version, d.action.value) for d in decisions] == [
         (1, "promote"),

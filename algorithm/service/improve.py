@@ -41,6 +41,7 @@ from fulmen.algorithm.service.dispatcher import DatasetTask
 from fulmen.algorithm.service.reporting import read_metrics
 from fulmen.algorithm.service.run import latest_checkpoint, load_replay_buffer, resolve_model, run_trainer
 from fulmen.algorithm.settings import TrainSettings
+from fulmen.infra.memory import release_free_memory
 from fulmen.schemas.ddl import TABLES
 from fulmen.schemas.errors import ConfigurationError
 
@@ -144,6 +145,7 @@ async def improve(
         current = book.unfinished or book.next_round(plan, clock(), _steps_done(settings.run_dir))
         await _run_round(settings, plan, book, current, val_tasks, tasks or [], stop)
         gc.collect()  # the round's trainer (model, optimizer) goes before the next round builds its own
+        release_free_memory()
         if not current.done:
             break  # stopped mid-round: the next run of the command finishes it
         done.append(current)

@@ -76,10 +76,12 @@ def improve_command(
 
 def _improve(settings: Any, plan: Any, val: Path, dataset: Path | None) -> None:
     from fulmen.algorithm.service.improve import Round, improve
+    from fulmen.infra.memory import limit_malloc_arenas
     from fulmen.infra.services import ensure_kafka
     from fulmen.schemas.task_file import load_task_file
 
     val_tasks, tasks = load_task_file(val), load_task_file(dataset) if dataset else None
+    limit_malloc_arenas()  # rounds of steps on worker threads: bounded memory (fulmen.infra.memory)
     ensure_kafka(settings)
 
     def said(done: Round) -> None:

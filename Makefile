@@ -67,6 +67,12 @@ WEED_STAMP := $(VENV)/.seaweedfs-built
 $(WEED_STAMP): $(STAMP) fulmen/testing/seaweedfs.py fulmen/testing/gobuild.py
 	@$(VENV)/bin/python -m fulmen.testing.seaweedfs && touch $(WEED_STAMP) || true
 
+# Prometheus, the server the metrics test scrapes the stack with (marker `metrics`), built the same way into
+# ~/.cache/fulmen/prometheus (minutes, once; without cloud service discovery). Without Go the test skips, saying so.
+PROMETHEUS_STAMP := $(VENV)/.prometheus-built
+$(PROMETHEUS_STAMP): $(STAMP) fulmen/testing/prometheus.py fulmen/testing/gobuild.py
+	@$(VENV)/bin/python -m fulmen.testing.prometheus && touch $(PROMETHEUS_STAMP) || true
+
 # What the machine must have, checked before anything is downloaded: each missing tool named, with what needs it.
 prereqs:
 	@missing=""; \
@@ -96,7 +102,7 @@ demo: install
 # workers (pytest-xdist; each takes a whole test file at a time, so a file's fixtures stay in one process, in
 # collection order: tests/e2e, the longest files, first).
 TEST_WORKERS ?= 2
-test: install docs $(WEED_STAMP)
+test: install docs $(WEED_STAMP) $(PROMETHEUS_STAMP)
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # No broker in these two: the venv is all they need (no Java, no Maven).

@@ -9,6 +9,10 @@ span with its token ids and published to the spans topic, acknowledged by Kafka 
 done = the answer received. A warm-up pass (2 s of each, not counted) comes first, then ``--repetitions`` passes;
 the JSON has the medians at the top level, ``spread`` (min, max), ``runs`` and the load average.
 
+What the Prometheus metrics cost per call is measured in the same run: a second gateway, the same but with
+``FULMEN_METRICS_ENABLED=false``, gets the same passes, interleaved (``metrics_off`` in the JSON, and
+``metrics_cost``: on minus off; ``--no-metrics-off`` skips it).
+
     .venv/bin/python bench/gateway_overhead.py [--seconds 10] [--repetitions 3]
 
 Prints one JSON object on its last line: ``added_p50_ms_c1``, ``added_p99_ms_c1``, ``calls_per_s_c16``,
@@ -88,11 +92,12 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--no-anchor", action="store_true", help="skip Agent Lightning 0.3.0 (bench/anchor.py)")
     parser.add_argument("--syscalls", action="store_true", help="count each process's system calls (perf stat)")
+    parser.add_argument("--no-metrics-off", action="store_true", help="skip the gateway without Prometheus metrics")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="fulmen-bench-gw-"))
     broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")
     broker.start()
-    upstream_port, gateway_port = free_port(), free_port()
+    upstream_port, gateway_port, off_port = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
         "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap,
         "FULMEN_HOME": str(home),
@@ -104,7 +109,7 @@ def main() -> None:
         "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
     }
     asyncio.run(ensure_topics(FulmenSettings(kafka={"bootstrap": broker.bootstrap})))
-    logs = {name: open(home / f"{name}.log", "wb") for name in ("upstream", "gateway")}  # noqa: SIM115
+    logs = {name: open(home / f"{name}.log", "wb") for name in ("upstream", "gateway", "gateway-off")}  # noqa: SIM115
     upstream = subprocess.Popen(
         [sys.executable, "-m", "bench.upstream_stub", str(upstream_port)],
         env=env,
@@ -117,10 +122,20 @@ def main() -> None:
         stdout=logs["gateway"],
         stderr=subprocess.STDOUT,
     )
+    gateway_off = None
+    if not args.no_metrics_off:
+        gateway_off = subprocess.Popen(
+            [sys.executable, "-m", "fulmen.cli.main", "llm-gateway"],
+            env=env | {"FULMEN_LLM_PORT": str(off_port), "FULMEN_METRICS_ENABLED": "false"},
+            stdout=logs["gateway-off"],
+            stderr=subprocess.STDOUT,
+        )
     report: dict = {}
     try:
         print(f"logs in {home}", file=sys.stderr)
         wait_for(lambda: _ready(gateway_port), 120, "the LLM gateway")
+        if gateway_off is not None:
+            wait_for(lambda: _ready(off_port), 120, "the LLM gateway without metrics")
         direct_url = f"http://127.0.0.1:{upstream_port}/v1/chat/completions"
         gateway_url = f"http://127.0.0.1:{gateway_port}/rollout/bench/attempt/1/v1/chat/completions"
         pids = {
@@ -130,6 +145,8 @@ def main() -> None:
             "load": os.getpid(),
         }
         urls = (direct_url, gateway_url)
+        off_urls = (direct_url, gateway_url.replace(f":{gateway_port}/", f":{off_port}/"))
+        off_pids = pids | {"gateway": gateway_off.pid} if gateway_off is not None else None
         with contextlib.ExitStack() as stack:
             anchor_urls = None
             if not args.no_anchor:
@@ -142,11 +159,16 @@ def main() -> None:
             one_pass(urls, pids, 2.0)  # warm-up
             if anchor_urls:
                 one_pass(anchor_urls, anchor_pids, 2.0)
+            if off_pids:
+                one_pass(off_urls, off_pids, 2.0)
             load_before = load_average()
-            runs, anchor_runs = [], []
-            for rep in range(args.repetitions):  # interleaved: Fulmen, anchor, Fulmen, anchor, ...
+            runs, anchor_runs, off_runs = [], [], []
+            for rep in range(args.repetitions):  # interleaved: Fulmen, anchor, Fulmen without metrics, Fulmen, ...
                 runs.append(one_pass(urls, pids, args.seconds, args.syscalls))
                 print(f"#{rep + 1}: {json.dumps(runs[-1])}", file=sys.stderr, flush=True)
+                if off_pids:
+                    off_runs.append(one_pass(off_urls, off_pids, args.seconds))
+                    print(f"metrics off #{rep + 1}: {json.dumps(off_runs[-1])}", file=sys.stderr, flush=True)
                 if anchor_urls:
                     anchor_runs.append(one_pass(anchor_urls, anchor_pids, args.seconds))
                     print(f"anchor #{rep + 1}: {json.dumps(anchor_runs[-1])}", file=sys.stderr, flush=True)
@@ -157,17 +179,30 @@ def main() -> None:
             report |= {f"anchor_{key}": anchor[key] for key in ("added_p50_ms_c1", "calls_per_s_c16", "errors_c16")}
             report["ratio_added_p50"] = round(anchor["added_p50_ms_c1"] / max(report["added_p50_ms_c1"], 1e-3), 2)
             report["ratio_calls_c16"] = round(report["calls_per_s_c16"] / max(anchor["calls_per_s_c16"], 1e-3), 2)
+        if off_runs:
+            report["metrics_off"] = summarise(off_runs, load_before, totals=("errors_c1", "errors_c16"))
+            report["metrics_cost"] = metrics_cost(report, report["metrics_off"])
         report["peak_rss_mb"] = {"gateway": peak_rss_mb(gateway.pid), "kafka": peak_rss_mb(broker.status().pid or 0)}
     finally:
-        for process in (gateway, upstream):
+        processes = [p for p in (gateway, gateway_off, upstream) if p is not None]
+        for process in processes:
             process.send_signal(signal.SIGTERM)
-        for process in (gateway, upstream):
+        for process in processes:
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
         broker.stop()
     print(json.dumps(report))
+
+
+def metrics_cost(on: dict, off: dict) -> dict:
+    """What the metrics change, on minus off, beside each side's spread over the repetitions."""
+    keys = ("added_p50_ms_c1", "added_p99_ms_c1", "calls_per_s_c16", "cpu_us_per_call_c16_gateway")
+    cost = {key: round(on[key] - off[key], 3) for key in keys if key in on and key in off}
+    cost["spread_on"] = {key: on["spread"][key] for key in keys if key in on.get("spread", {})}
+    cost["spread_off"] = {key: off["spread"][key] for key in keys if key in off.get("spread", {})}
+    return cost
 
 
 def one_pass(urls: tuple[str, str], pids: dict[str, int], seconds: float, syscalls: bool = False) -> dict:

@@ -22,6 +22,10 @@ brokers' disks. ``consumer_peak_rss_mb`` is the consumers process's peak residen
 ``consumer_memory_mb`` says what it is made of, sampled every 0.1 s: the peak of the anonymous memory (heap, the
 engine's working memory) and, at the largest sample, the file-backed part (mostly the engine library's code).
 
+``--metrics on`` (the default) has a Prometheus-like scraper read the gateway's and the consumers' ``/metrics``
+every ``--scrape-s`` seconds while the windows run; ``--metrics off`` starts both with ``FULMEN_METRICS_ENABLED=false``
+and scrapes nothing: run both, one after the other, to see what the metrics cost beside the run-to-run spread.
+
 Prints one JSON object on the last line: ``spans_per_s``, ``p99_ms`` (export -> queryable), ``request_p99_ms``,
 ``lost``, ``duplicated``, ``compression``, ``kafka_bytes_per_span``, ...
 """
@@ -37,10 +41,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import aiohttp
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -149,6 +155,8 @@ def main() -> None:
     )
     parser.add_argument("--no-anchor", action="store_true", help="skip Agent Lightning 0.3.0 (bench/anchor.py)")
     parser.add_argument("--syscalls", action="store_true", help="count each process's system calls (perf stat)")
+    parser.add_argument("--metrics", choices=("on", "off"), default="on", help="Prometheus metrics, scraped while on")
+    parser.add_argument("--scrape-s", type=float, default=1.0, help="how often /metrics is scraped (--metrics on)")
     args = parser.parse_args()
     args.compression = args.compression or KafkaSettings().compression
 
@@ -163,6 +171,7 @@ def main() -> None:
         "FULMEN_CLICKHOUSE_READ_PORT": str(read_port),
         "FULMEN_OTLP_PORT": str(gateway_port),
         "FULMEN_KAFKA_COMPRESSION": args.compression,
+        "FULMEN_METRICS_ENABLED": "true" if args.metrics == "on" else "false",
     }
     asyncio.run(ensure_topics(FulmenSettings(kafka={"bootstrap": broker.bootstrap})))
     fulmen = [sys.executable, "-m", "fulmen.cli.main"]
@@ -180,6 +189,8 @@ def main() -> None:
         with contextlib.ExitStack() as stack:
             anchor = None if args.no_anchor else stack.enter_context(AnchorStore(free_port(), home / "anchor.log"))
             memory = stack.enter_context(MemorySampler(consume.pid))
+            targets = [f"http://127.0.0.1:{port}/metrics" for port in (gateway_port, read_port)]
+            scraper = stack.enter_context(Scraper(targets, args.scrape_s)) if args.metrics == "on" else None
             window(reader, url, args, "w-", args.warmup_s, pids)
             if anchor:
                 anchor_window(anchor, args, "aw-", args.warmup_s)
@@ -206,6 +217,8 @@ def main() -> None:
         log_bytes = sum(f.stat().st_size for f in broker.logs_dir.glob(f"{topic_name(TopicKey.SPANS, '')}-*/*.log"))
         all_spans = reader.query("SELECT count() FROM fulmen.otel_traces", final=False).rows[0][0]
         report |= {
+            "metrics": args.metrics,
+            "scrapes": scraper.scrapes if scraper else 0,
             "compression": args.compression,
             "kafka_bytes_per_span": round(log_bytes / max(all_spans, 1), 1),
             "offered_rate": args.rate or "closed loop",
@@ -225,6 +238,31 @@ def main() -> None:
                 process.kill()
         broker.stop()
     print(json.dumps(report))
+
+
+class Scraper:
+    """Reads ``targets`` every ``every_s`` seconds on a thread, as Prometheus would (a context manager)."""
+
+    def __init__(self, targets: list[str], every_s: float) -> None:
+        self.targets, self.every_s = targets, every_s
+        self.scrapes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scraper", daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=5.0) as client:
+            while not self._stop.wait(self.every_s):
+                for target in self.targets:
+                    if client.get(target).status_code == 200:
+                        self.scrapes += 1
+
+    def __enter__(self) -> Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
 
 
 def window(

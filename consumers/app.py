@@ -20,6 +20,7 @@ from fulmen.consumers.batch import BatchConsumer, Sink
 from fulmen.consumers.dead_letters import DeadLetterSink
 from fulmen.consumers.event_sinks import EVENT_SINKS, EventSink, SinkHandler, subscribe
 from fulmen.consumers.feedback import FeedbackSection, FeedbackSink
+from fulmen.consumers.metrics import unwatch, watch
 from fulmen.consumers.production import ProductionEpisodesSink, ProductionSection
 from fulmen.consumers.settings import ConsumersSettings
 from fulmen.consumers.spans import SpanSink
@@ -28,6 +29,7 @@ from fulmen.consumers.transitions import TransitionBuilderSink, TransitionsSecti
 from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.clients import close_quietly, consumer, consumer_group, producer, start_or_raise
 from fulmen.infra.kafka.dlq import DeadLetters
+from fulmen.infra.metrics import MetricsListener
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import ReadEndpoint, Store
 from fulmen.schemas.topics import TopicKey, topic_name
@@ -98,7 +100,11 @@ class ConsumersApp:
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         prefix = self.settings.kafka.topic_prefix
+        watch(self)  # the workers' counts and lags in /metrics (fulmen.consumers.metrics)
         reads = self._read_endpoint()
+        metrics = None if reads is not None else MetricsListener.from_settings(self.settings.metrics, what="consumers")
+        if metrics is not None:
+            await metrics.start()
         if reads is not None:
             await reads.start()
         dlq_producer = producer(self.settings)
@@ -147,9 +153,12 @@ class ConsumersApp:
                 ready.set()
             await asyncio.gather(stop.wait(), *(worker.run(stop) for worker in loops))
         finally:
+            unwatch(self)
             await close_quietly(clients)
             if reads is not None:
                 await reads.stop()
+            if metrics is not None:
+                await metrics.stop()
 
     def _subscribe(self, broker: Any, sink: EventSink, group: str, dead_letters: DeadLetters) -> SinkHandler:
         """Declare ``sink``'s faststream subscriber on ``broker``, handled by a new :class:`SinkHandler`."""

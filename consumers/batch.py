@@ -22,6 +22,7 @@ import pyarrow as pa
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from fulmen.consumers.metrics import observe_batch
 from fulmen.consumers.tracked import WorkerStats
 from fulmen.infra.kafka.dlq import DeadLetters
 from fulmen.infra.kafka.offsets import RebalanceListener, commit_offsets, describe_offsets
@@ -172,7 +173,9 @@ class BatchConsumer:
     async def _insert_and_commit(
         self, batch: pa.Table | EncodedRows | None, records: list[ConsumerRecord], offsets: dict[TopicPartition, int]
     ) -> None:
+        started = time.perf_counter()
         rows = await self._insert(batch) if batch is not None else 0
+        observe_batch(self.sink.name, len(records), started)
         await self.dead_letters.flush()
         await self._commit(offsets)
         self.stats.batches += 1

@@ -36,6 +36,7 @@ from faststream.kafka.annotations import KafkaMessage
 from faststream.middlewares import AckPolicy
 
 from fulmen.consumers.batch import BatchStats
+from fulmen.consumers.metrics import observe_batch
 from fulmen.infra.kafka.broker import endpoint_title, provisioned, subscriber_options
 from fulmen.infra.kafka.dlq import DeadLetters
 from fulmen.infra.kafka.offsets import commit_offsets, describe_offsets
@@ -490,6 +491,7 @@ class SinkHandler:
         self.dead_letters = dead_letters
         self.retry_backoff_s = retry_backoff_s
         self.stats = BatchStats()
+        self.consumer: Any = None  # the subscriber's consumer, once a batch came
         self._failures = 0
 
     def handler(self) -> Callable[..., Any]:
@@ -503,10 +505,13 @@ class SinkHandler:
 
     async def handle(self, records: Sequence[ConsumerRecord], consumer: Any) -> None:
         """One batch, committed after its rows are inserted; on any failure rewound and raised."""
+        self.consumer = consumer  # its partitions' lag is read from it (fulmen.consumers.metrics)
         try:
             units, kept = await self._decode(records)
             batch = await self._to_batch(units, kept) if units else None
+            started = time.perf_counter()
             rows = await self._insert(batch) if batch is not None else 0
+            observe_batch(self.sink.name, len(kept), started)
             await self.dead_letters.flush()
         except BaseException as exc:
             self._rewind(consumer, records)

@@ -48,6 +48,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 from aiohttp.web_protocol import RequestPayloadError
 
+from fulmen.schemas.errors import ConfigurationError
+
 __all__ = [
     "ErrorResponder",
     "bearer_auth_middleware",
@@ -55,6 +57,7 @@ __all__ = [
     "is_loopback",
     "mask_url",
     "read_body",
+    "serve",
     "server_options",
     "url_secrets",
 ]
@@ -77,6 +80,24 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+async def serve(app: web.Application, host: str, port: int, *, read_timeout_s: float, port_setting: str, what: str):
+    """``app`` listening on ``host:port`` (0: any free port) with :func:`server_options`; returns ``(runner, port)``.
+    A port that cannot be taken is a ConfigurationError naming ``port_setting``, the variable that chooses it."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, **server_options(read_timeout_s))
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigurationError(
+            f"cannot serve {what} on {host}:{port} ({exc.strerror}): set {port_setting} to a free port, or 0 to "
+            "serve none"
+        ) from exc
+    sockets = site._server.sockets if site._server else []
+    return runner, sockets[0].getsockname()[1] if sockets else port
 
 
 def server_options(

@@ -27,6 +27,7 @@ __all__ = [
     "FulmenSettings",
     "KafkaSettings",
     "LogSettings",
+    "MetricsSettings",
     "default_home",
 ]
 
@@ -166,6 +167,20 @@ class LogSettings(BaseModel):
     file: Path | None = Field(default=None, description="also write the log to this file")
 
 
+class MetricsSettings(BaseModel):
+    """``FULMEN_METRICS_*``: Prometheus metrics. The gateways serve ``/metrics`` on their own port, ``fulmen consume``
+    on its read endpoint's; the others (runner, trainer, consume without a read endpoint) on ``port`` when set."""
+
+    enabled: bool = Field(default=True, description="record and serve metrics (false: the gateways record none)")
+    host: str = Field(default="127.0.0.1", description="listen address of the metrics listener (0.0.0.0: every one)")
+    port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="port of the metrics listener of a runner, trainer or consumers; 0 = none",
+    )
+
+
 class DashboardSettings(BaseModel):
     """The read-only dashboard (``fulmen dashboard``; ``fulmen up`` starts it): where it listens, how often
     its pages poll. It has no login: keep it on loopback, or behind a proxy that has one."""
@@ -234,6 +249,7 @@ class FulmenSettings(BaseSettings):
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
     log: LogSettings = Field(default_factory=LogSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
     @property
     def local_kafka(self) -> bool:

@@ -22,7 +22,9 @@ tasks (:meth:`Gateway.spawn`; they see :attr:`Gateway.stopping`, and are cancell
 the producer; :meth:`Gateway._teardown`.
 
 ``GET /healthz`` answers 200 while the process runs; ``GET /readyz`` 200 once the producer is connected, else
-503 with ``Retry-After``. Every gateway counts at least :class:`GatewayStats`; each extends it.
+503 with ``Retry-After``; ``GET /metrics`` the Prometheus metrics (:mod:`fulmen.producers.metrics`: every request
+counted by route and status and timed), unless ``FULMEN_METRICS_ENABLED=false``. Every gateway counts at least
+:class:`GatewayStats`; each extends it.
 """
 
 from __future__ import annotations
@@ -40,14 +42,16 @@ from pydantic import SecretStr
 
 from fulmen.infra.http import ErrorResponder, bearer_auth_middleware, body_limit_middleware, server_options
 from fulmen.infra.kafka.clients import close_quietly, start_or_raise
+from fulmen.infra.metrics import add_metrics_route
 from fulmen.infra.settings import FulmenSettings
+from fulmen.producers.metrics import request_metrics_middleware
 from fulmen.schemas.errors import BrokerUnavailableError
 
 __all__ = ["OPEN_PATHS", "Gateway", "GatewayStats", "ListenOptions"]
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # answered without the bearer token
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})  # answered without the bearer token
 _TASK_GRACE_S = 5.0
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.5, 10.0
 
@@ -78,6 +82,7 @@ class Gateway(abc.ABC):
     """
 
     name = "gateway"  # in log lines and errors: "LLM gateway", "OTLP gateway"
+    metrics_label = "gateway"  # the ``gateway`` label of its metrics: "llm", "otlp"
     stats: GatewayStats  # set by the subclass, to its own extension of GatewayStats
 
     def __init__(
@@ -125,9 +130,11 @@ class Gateway(abc.ABC):
     # --- lifecycle ------------------------------------------------------------------------------------------
     def app(self) -> web.Application:
         token = self.options.bearer_token.get_secret_value() if self.options.bearer_token else None
+        measured = [request_metrics_middleware(self.metrics_label)] if self.settings.metrics.enabled else []
         app = web.Application(
             client_max_size=self.options.max_body_bytes,
             middlewares=[
+                *measured,
                 # Content-Length is the size as sent (compressed, for gzip): this refuses only what cannot fit
                 # inflated either; read_body caps the inflated size.
                 body_limit_middleware(self.options.max_body_bytes, respond=self.respond),
@@ -137,6 +144,8 @@ class Gateway(abc.ABC):
         self._add_routes(app)
         app.router.add_get("/healthz", self.handle_health)
         app.router.add_get("/readyz", self.handle_ready)
+        if self.settings.metrics.enabled:
+            add_metrics_route(app)
         return app
 
     async def start(self) -> None:

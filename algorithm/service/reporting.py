@@ -27,6 +27,7 @@ import math
 from pathlib import Path
 from typing import Any, Protocol
 
+from fulmen.algorithm.service.metrics import observe_step
 from fulmen.schemas.errors import ConfigurationError
 from fulmen.schemas.events import TrainStep
 
@@ -79,6 +80,7 @@ class RunReport:
         self.tracker = _tracker(report_to, self.run_dir, run_id, config or {})
 
     def step(self, event: TrainStep) -> None:
+        observe_step(event)  # Prometheus (fulmen.algorithm.service.metrics)
         scalars = scalars_of(event)
         with self.metrics.open("a", encoding="utf-8") as out:
             out.write(json.dumps({"step": event.step, **scalars}) + "\n")

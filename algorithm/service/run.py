@@ -42,6 +42,7 @@ from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
 from fulmen.infra.kafka.publish import EventPublisher, Sender
 from fulmen.infra.kafka.read_all import read_to_end
+from fulmen.infra.metrics import MetricsListener
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas.errors import BrokerUnavailableError, ConfigurationError, RetryableError
 from fulmen.schemas.events import ModelPromotion, ModelVersion, RolloutMode, TrainStep
@@ -338,8 +339,11 @@ async def _train_with(
     report = RunReport(run_dir, options.run_id, options.report_to, options.model_dump(mode="json"))
     broker = kafka_broker(settings)
     source = consumer(settings, options.consumer_group, topic_name(TopicKey.TRANSITIONS, settings.kafka.topic_prefix))
+    metrics = MetricsListener.from_settings(settings.metrics, what=f"run {options.run_id}")
     await start_or_raise(broker, settings, "trainer publisher")
     try:
+        if metrics is not None:
+            await metrics.start()
         await start_or_raise(source, settings, "trainer collector")
         publisher = EventPublisher(broker, SENDER)
         if replay is None and options.replay_sql:
@@ -378,6 +382,8 @@ async def _train_with(
         ) from exc
     finally:
         await _close([source, broker])
+        if metrics is not None:
+            await metrics.stop()
         curves = await asyncio.to_thread(report.close)
         if curves is not None:
             log.info("run %s: curves in %s, metrics in %s", options.run_id, curves, report.metrics)

@@ -464,8 +464,9 @@ def down() -> None:
 @app.command("status")
 @friendly
 def status(wide: WideOption = False, utc: UtcOption = False) -> None:
-    """Each service of the stack `fulmen up` runs: pid, state, URL, uptime. Exit 1 when one is down, 3 when no
-    stack runs."""
+    """Each service of the stack `fulmen up` runs: pid, state, URL, uptime and what its metrics say it did (calls,
+    spans, rows stored, lag, dead letters; its /metrics is beside its URL). Exit 1 when one is down, 3 when no stack
+    runs."""
     from fulmen.cli.render import render, table_style
     from fulmen.cli.stack import stack_dir, status_rows
     from fulmen.infra.store import QueryResult
@@ -475,7 +476,7 @@ def status(wide: WideOption = False, utc: UtcOption = False) -> None:
     if not rows:
         console.print(f"no stack runs ({stack_dir(settings)} has no up.pid): start one with `fulmen up`")
         raise typer.Exit(code)
-    result = QueryResult(["service", "pid", "state", "url", "uptime"], [list(row) for row in rows])
+    result = QueryResult(["service", "pid", "state", "url", "uptime"], [list(row[:5]) for row in rows])
     render(
         result,
         "table",
@@ -483,6 +484,11 @@ def status(wide: WideOption = False, utc: UtcOption = False) -> None:
         table_style(settings.cli, wide=wide, utc=utc),
         cell_styles={"state": lambda state: None if state == "up" else "red"},
     )
+    said = [(row[0], row[5]) for row in rows if row[5] != "-"]
+    if said:
+        console.print("what each did (its /metrics; rates since it started):", highlight=False)
+        for name, activity in said:
+            console.print(f"  {name:<13} {activity}", highlight=False, soft_wrap=True)
     console.print(f"stack directory: {stack_dir(settings)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from fulmen.cli.activity import activity
 from fulmen.infra.kafka.local import process_alive
 from fulmen.infra.processes import FULMEN, RestartPolicy, Services, ServiceSpec
 from fulmen.infra.settings import FulmenSettings
@@ -183,6 +184,7 @@ def _record(
         "name": spec.name,
         "restarts": 0,
         "url": _public_url(spec),
+        "metrics_url": _metrics_url(spec),
         "ready_url": spec.ready_url,
         "log": str(home / "logs" / f"{spec.name}.log"),
     }
@@ -200,6 +202,14 @@ def _public_url(spec: ServiceSpec) -> str | None:
         return None
     root = spec.ready_url.rsplit("/", 1)[0]
     return f"{root}/v1" if spec.name == "llm-gateway" else root
+
+
+def _metrics_url(spec: ServiceSpec) -> str | None:
+    """Where its Prometheus metrics are: ``/metrics`` beside its readiness probe (the gateways, the consumers' read
+    endpoint); None for a service without (the dashboard)."""
+    if spec.ready_url is None or spec.name == "dashboard":
+        return None
+    return f"{spec.ready_url.rsplit('/', 1)[0]}/metrics"
 
 
 def _write_state(home: Path, state: dict[str, Any]) -> None:
@@ -255,6 +265,9 @@ def ready_lines(state: dict[str, Any]) -> list[str]:
     ]
     dashboard = next((e["url"] for e in state["services"] if e["name"] == "dashboard"), None)
     lines.append(f"dashboard: {dashboard}" if dashboard else "dashboard: not running (not installed)")
+    scraped = [e["metrics_url"] for e in state["services"] if e.get("metrics_url")]
+    if scraped:
+        lines.append(f"Prometheus metrics (scrape these; docs/operating.md): {' '.join(scraped)}")
     lines.append('query the store: fulmen sql "SELECT ..."; stop: Ctrl-C, or `fulmen down` when detached')
     return lines
 
@@ -352,9 +365,10 @@ def _kill_leftovers(home: Path, state: dict[str, Any], say: Say) -> None:
             say("stopped the local Kafka the stack had started")
 
 
-def status_rows(settings: FulmenSettings) -> tuple[list[tuple[str, str, str, str, str]], int]:
-    """(service, pid, state, URL, uptime) rows and the exit code: 0 all up, 1 something down, 3 no stack. The
-    supervisor's URL is '-' (its directory is :func:`stack_dir`, which ``fulmen status`` prints under the table)."""
+def status_rows(settings: FulmenSettings) -> tuple[list[tuple[str, str, str, str, str, str]], int]:
+    """(service, pid, state, URL, uptime, activity) rows and the exit code: 0 all up, 1 something down, 3 no stack.
+    The supervisor's URL is '-' (its directory is :func:`stack_dir`, which ``fulmen status`` prints under the table);
+    activity is what a service's metrics say it did (:func:`fulmen.cli.activity.activity`)."""
     home = stack_dir(settings)
     pid = _read_pid(home / "up.pid")
     state = read_state(settings)
@@ -362,19 +376,22 @@ def status_rows(settings: FulmenSettings) -> tuple[list[tuple[str, str, str, str
         return [], 3
     now = time.time()
     alive = process_alive(pid)
-    rows = [("supervisor", str(pid), "up" if alive else "down (stale pid file)", "-", _uptime(now, state))]
+    rows = [("supervisor", str(pid), "up" if alive else "down (stale pid file)", "-", _uptime(now, state), "-")]
     kafka = state.get("kafka")
     if kafka:
-        rows.append(("kafka", "-", "up" if _answers(kafka["bootstrap"]) else "down", kafka["bootstrap"], "-"))
+        rows.append(("kafka", "-", "up" if _answers(kafka["bootstrap"]) else "down", kafka["bootstrap"], "-", "-"))
     for entry in state["services"]:
         restarts = f" ({entry['restarts']} restarts)" if entry["restarts"] else ""
+        service_state = _service_state(entry)
+        metrics_url = entry.get("metrics_url") if service_state == "up" else None
         rows.append(
             (
                 entry["name"],
                 str(entry["pid"]),
-                _service_state(entry),
+                service_state,
                 entry["url"] or "-",
                 _uptime(now, entry) + restarts,
+                activity(entry["name"], metrics_url, now),
             )
         )
     if not alive:

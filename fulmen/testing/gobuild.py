@@ -1,7 +1,7 @@
 """Servers the tests and benches run, built once from their Go modules (no binary can be downloaded here; the Go
 module proxy answers): SeaweedFS's ``weed`` (:mod:`fulmen.testing.seaweedfs`), Toxiproxy's server
-(:mod:`fulmen.testing.toxiproxy`); :class:`GoServer` is what both share: the process in its own session, its
-log, stopping it.
+(:mod:`fulmen.testing.toxiproxy`), Prometheus (:mod:`fulmen.testing.prometheus`); :class:`GoServer` is what they
+share: the process in its own session, its log, stopping it.
 
 :func:`go_build` writes a throwaway module that requires the server's module at a pinned version (with the
 ``replace`` lines its own go.mod carries, which ``go install pkg@version`` refuses to honour), builds the command
@@ -35,11 +35,12 @@ def go_build(
     target: Path,
     *,
     replaces: Sequence[str] = (),
+    tags: Sequence[str] = (),
     go_version: str = "1.22",
     timeout_s: float = 1800,
 ) -> Path:
     """The command ``package`` of ``module`` at ``version``, built at ``target`` the first time (minutes);
-    ConfigurationError without the Go toolchain or when the build fails."""
+    ConfigurationError without the Go toolchain or when the build fails. ``tags``: Go build tags."""
     if target.is_file() and os.access(target, os.X_OK):
         return target
     go = shutil.which("go")
@@ -51,7 +52,8 @@ def go_build(
         header = f"module fulmen.local/{target.name}-build\n\ngo {go_version}\n\n"
         (work / "go.mod").write_text(header + "".join(f"replace {r}\n" for r in replaces))
         log.info("building %s %s with Go (once; minutes)", package, version)
-        build = ["build", "-trimpath", "-ldflags=-s -w", "-o", f"out/{target.name}", package]
+        tagged = [f"-tags={','.join(tags)}"] if tags else []
+        build = ["build", "-trimpath", "-ldflags=-s -w", *tagged, "-o", f"out/{target.name}", package]
         for command in (["get", f"{package}@{version}"], build):
             done = subprocess.run(
                 [go, *command], cwd=work, capture_output=True, text=True, timeout=timeout_s, check=False

@@ -12,13 +12,20 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
+from prometheus_client import Counter
 
 from fulmen.schemas.events import DeadLetterHeaders
 from fulmen.schemas.topics import TopicKey, group_name, topic_name
 
-__all__ = ["DeadLetters"]
+__all__ = ["DEAD_LETTERS", "DeadLetters"]
 
 log = logging.getLogger(__name__)
+
+DEAD_LETTERS = Counter(
+    "fulmen_dead_letters_total",
+    "records sent to the dead-letter topic, by source topic and error type",
+    ["topic", "reason"],
+)
 
 _MAX_ERROR_CHARS = 2000
 
@@ -47,6 +54,7 @@ class DeadLetters:
         future = await self.producer.send(self.topic, value=record.value, key=record.key, headers=headers.to_kafka())
         self._pending.append(future)
         self.sent += 1
+        DEAD_LETTERS.labels(record.topic, headers.error_type).inc()
 
     async def flush(self) -> None:
         """Wait until the broker acknowledged every record sent so far (raises if one failed)."""

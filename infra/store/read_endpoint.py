@@ -8,6 +8,7 @@ everyone else (``fulmen sql``, reports, dashboards). Every query runs through th
 Routes:
 
 * ``GET /ping``: who answers here (no query; open).
+* ``GET /metrics``: the process's Prometheus metrics (:mod:`fulmen.infra.metrics`; open, like ``/ping``).
 * ``POST /query`` with ``{"sql": "...", "final": true, "parameters": {...}}``: an Arrow IPC stream (exact
   types), used by :class:`RemoteReader`. ``parameters`` (optional) fill the query's ``%(name)s`` placeholders,
   bound before the check (:func:`~fulmen.infra.store.reads.bind_parameters`).
@@ -32,7 +33,8 @@ import httpx
 import pyarrow as pa
 from aiohttp import web
 
-from fulmen.infra.http import bearer_auth_middleware, body_limit_middleware, is_loopback, read_body, server_options
+from fulmen.infra.http import bearer_auth_middleware, body_limit_middleware, is_loopback, read_body, serve
+from fulmen.infra.metrics import add_metrics_route
 from fulmen.infra.store.reads import QueryResult, SqlReader
 from fulmen.infra.store.sql_guard import ReadOnlyError
 from fulmen.infra.store.store import Store
@@ -47,6 +49,7 @@ _ARROW_STREAM = "application/vnd.apache.arrow.stream"
 _MAX_BODY_BYTES = 1024 * 1024
 _READ_TIMEOUT_S = 30.0
 _DISCONNECT_POLL_S = 0.2
+_OPEN_PATHS = frozenset({"/ping", "/metrics"})  # no query, no data: answered to anyone
 
 
 class ReadEndpoint:
@@ -71,26 +74,22 @@ class ReadEndpoint:
             middlewares=[
                 body_limit_middleware(_MAX_BODY_BYTES),
                 self._same_site_only,
-                bearer_auth_middleware(self.token, open_paths=frozenset({"/ping"})),
+                bearer_auth_middleware(self.token, open_paths=_OPEN_PATHS),
             ],
         )
         app.router.add_get("/ping", self._ping)
+        add_metrics_route(app)
         app.router.add_post("/query", self._query)
         app.router.add_get("/", self._clickhouse_style)
         app.router.add_post("/", self._clickhouse_style)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, **server_options(_READ_TIMEOUT_S))
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        try:
-            await site.start()
-        except OSError as exc:
-            await self._runner.cleanup()
-            raise ConfigurationError(
-                f"cannot serve reads on {self.host}:{self.port} ({exc.strerror}): set FULMEN_CLICKHOUSE_READ_PORT "
-                "to a free port, or 0 to serve none"
-            ) from exc
-        sockets = site._server.sockets if site._server else []
-        self.port = sockets[0].getsockname()[1] if sockets else self.port
+        self._runner, self.port = await serve(
+            app,
+            self.host,
+            self.port,
+            read_timeout_s=_READ_TIMEOUT_S,
+            port_setting="FULMEN_CLICKHOUSE_READ_PORT",
+            what="reads",
+        )
         log.info("read-only SQL for %s at http://%s:%d/", self.store.location, self.host, self.port)
 
     async def stop(self) -> None:
@@ -101,7 +100,7 @@ class ReadEndpoint:
     # --- who may ask ----------------------------------------------------------------------------------------
     @web.middleware
     async def _same_site_only(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.path != "/ping":
+        if request.path not in _OPEN_PATHS:
             refusal = self._cross_site(request)
             if refusal:
                 log.warning("read endpoint refused %s %s: %s", request.method, request.path, refusal)

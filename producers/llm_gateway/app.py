@@ -77,6 +77,14 @@ from fulmen.producers.llm_gateway.responses import (
 )
 from fulmen.producers.llm_gateway.settings import LlmGatewaySettings, LlmSection
 from fulmen.producers.llm_gateway.spans import CallContext, build_record, parse_traceparent
+from fulmen.producers.metrics import (
+    FEEDBACK,
+    LLM_ADDED_SECONDS,
+    LLM_BUNDLE_CALLS,
+    LLM_MODEL_VERSION,
+    LLM_TOKENS,
+    LLM_UPSTREAM_SECONDS,
+)
 from fulmen.schemas import ModelVersion, TopicKey, semconv, topic_name
 from fulmen.schemas.codec import encode
 from fulmen.schemas.errors import BrokerUnavailableError
@@ -113,6 +121,7 @@ class LlmGateway(Gateway):
     """
 
     name = "LLM gateway"
+    metrics_label = "llm"
 
     def __init__(
         self,
@@ -138,6 +147,7 @@ class LlmGateway(Gateway):
         self.prompts = PromptRegistry()
         self.prompt_followers = prompt_followers(settings, self.prompts)
         self.stats = LlmGatewayStats()
+        self.measured = settings.metrics.enabled  # record each call's metrics (fulmen.producers.metrics)
         self.call_seeds = CallSeeds()
         # JSON decoding and checks, span and response encoding: CPU work kept off the event loop.
         self._cpu = ThreadPoolExecutor(2, thread_name_prefix="llm-gateway-cpu")
@@ -158,6 +168,7 @@ class LlmGateway(Gateway):
 
     async def _setup(self) -> None:
         await self.backend.start()
+        self._version_loaded()
 
     async def _on_connected(self) -> None:
         await asyncio.gather(*(follower.catch_up() for follower in self.prompt_followers))
@@ -180,6 +191,11 @@ class LlmGateway(Gateway):
         if fetch_s:
             log.info("fetched model version %d from %s in %.1fs", event.version, event.uri, fetch_s)
         await self.backend.load_version(local)
+        self._version_loaded()
+
+    def _version_loaded(self) -> None:
+        if self.measured and self.backend.model_version is not None:
+            LLM_MODEL_VERSION.labels(self.options.served_model_name).set(self.backend.model_version)
 
     def _served_version(self, adapter: str) -> int | None:
         """The version served of the model (``adapter`` empty) or of an agent's adapter (the models follower's
@@ -206,6 +222,7 @@ class LlmGateway(Gateway):
 
     async def _handle(self, request: web.Request, operation: str) -> web.StreamResponse:
         self.stats.requests += 1
+        arrived = time.perf_counter_ns()
         try:
             rollout_id, attempt = _rollout(request)
             agent = _agent(request)
@@ -236,6 +253,8 @@ class LlmGateway(Gateway):
             )
             big = len(raw) > INLINE_BYTES or result.prompt_tokens + result.completion_tokens > INLINE_TOKENS
             await self._record(context, result, big)
+            if self.measured:
+                self._measure(arrived, context, result, bundle)
         except ApiError as exc:
             self.stats.errors += 1
             if exc.status >= 500:
@@ -267,12 +286,15 @@ class LlmGateway(Gateway):
                 self.feedback_topic, feedback.target_id.encode(), encode(feedback), "the feedback", headers=labelled
             )
         except ApiError as exc:
+            self._count_feedback("refused")
             return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
         except web.HTTPException as exc:  # 408/413/400 from reading the body
+            self._count_feedback("refused")
             response = _error_response(request, exc.status, (exc.text or exc.reason).strip(), {})
             response.force_close()
             return response
         self.stats.feedback += 1
+        self._count_feedback("accepted")
         log.info(
             "feedback %s for %s %s: %s=%g",
             feedback.feedback_id,
@@ -282,6 +304,22 @@ class LlmGateway(Gateway):
             feedback.value,
         )
         return web.json_response({"feedback_id": feedback.feedback_id}, status=202)
+
+    def _measure(self, arrived_ns: int, context: CallContext, result: CallResult, bundle: str | None) -> None:
+        """A call answered: its tokens, the backend's time and what the gateway added (all of its handling so far,
+        the span's acknowledgement included, minus the backend's time), the bundle it was served with."""
+        upstream_s = (context.ended_ns - context.started_ns) / 1e9
+        handled_s = (time.perf_counter_ns() - arrived_ns) / 1e9
+        backend = self.backend.name
+        LLM_UPSTREAM_SECONDS.labels(backend).observe(upstream_s)
+        LLM_ADDED_SECONDS.labels(backend).observe(max(handled_s - upstream_s, 0.0))
+        LLM_TOKENS.labels("prompt").inc(result.prompt_tokens)
+        LLM_TOKENS.labels("completion").inc(result.completion_tokens)
+        LLM_BUNDLE_CALLS.labels(bundle or "none").inc()
+
+    def _count_feedback(self, outcome: str) -> None:
+        if self.measured:
+            FEEDBACK.labels(outcome).inc()
 
     async def _apply_prompts(
         self, named: str | None, agent: str | None, body: dict[str, Any], parsed: Any

@@ -38,6 +38,7 @@ from google.rpc import status_pb2
 from fulmen.infra.http import read_body
 from fulmen.infra.kafka.clients import producer
 from fulmen.producers.gateway import Gateway, GatewayStats
+from fulmen.producers.metrics import OTLP_SPANS
 from fulmen.producers.otlp_gateway.decoding import BodyDecoder, DecoderCrashedError
 from fulmen.producers.otlp_gateway.otlp import Prepared, encode_response
 from fulmen.producers.otlp_gateway.settings import OtlpGatewaySettings, OtlpSection
@@ -73,6 +74,7 @@ class OtlpGateway(Gateway):
     """
 
     name = "OTLP gateway"
+    metrics_label = "otlp"
 
     def __init__(self, settings: OtlpGatewaySettings, kafka_producer: AIOKafkaProducer | None = None) -> None:
         super().__init__(
@@ -156,6 +158,10 @@ class OtlpGateway(Gateway):
                 return failure
         self.stats.spans_accepted += prepared.accepted
         self.stats.spans_rejected += prepared.rejected
+        if prepared.accepted and self.settings.metrics.enabled:
+            OTLP_SPANS.labels("accepted").inc(prepared.accepted)
+        if prepared.rejected and self.settings.metrics.enabled:
+            OTLP_SPANS.labels("rejected").inc(prepared.rejected)
         payload = encode_response(prepared.rejected, prepared.error_message, as_json=as_json)
         return web.Response(body=payload, content_type=_JSON_TYPE if as_json else _PROTOBUF_TYPES[0])
 

@@ -58,6 +58,8 @@ from fulmen.infra.kafka.clients import admin_client, close_quietly, consumer, co
 from fulmen.infra.kafka.dlq import DeadLetters
 from fulmen.infra.kafka.offsets import OffsetTracker, RebalanceListener, commit_finished
 from fulmen.infra.kafka.publish import EventPublisher, Sender
+from fulmen.infra.metrics import MetricsListener
+from fulmen.producers.metrics import ROLLOUTS_FINISHED, ROLLOUTS_IN_FLIGHT, ROLLOUTS_RETRIED, ROLLOUTS_STARTED
 from fulmen.producers.runner.agent import AgentError, LLMEndpoint, call_agent
 from fulmen.producers.runner.backoff import DelayedRequests, hold_until, retry_delay_s, with_not_before
 from fulmen.producers.runner.ledger import RolloutLedger
@@ -144,7 +146,10 @@ class Runner:
     # --- lifecycle ------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         clients = [self.tasks, self.ledger.consumer, self.producer, self.broker]
+        metrics = MetricsListener.from_settings(self.settings.metrics, what=f"runner {self.runner_id}")
         try:
+            if metrics is not None:
+                await metrics.start()
             for client in reversed(clients):
                 await start_or_raise(client, self.settings, f"runner {self.runner_id}")
             await self.ledger.start(await partition_count(self.settings, self.ledger.topic))
@@ -163,6 +168,8 @@ class Runner:
             await close_quietly(clients)
             if self.sync_agent is not None:
                 self.sync_agent.close()
+            if metrics is not None:
+                await metrics.stop()
 
     async def _shutdown(self) -> None:
         if self.tasks.assignment():
@@ -310,7 +317,12 @@ class Runner:
         await self._publish_events(
             self._event(request, RolloutStatus.CLAIMED), self._event(request, RolloutStatus.RUNNING)
         )
-        status, reward, error = await self._call(request)
+        ROLLOUTS_STARTED.inc()
+        ROLLOUTS_IN_FLIGHT.inc()
+        try:
+            status, reward, error = await self._call(request)
+        finally:
+            ROLLOUTS_IN_FLIGHT.dec()
         self.reporting.add(request.rollout_id)  # the agent's slot is free for the next request
         self._slot_freed.set()
         await self.flusher.flush()  # the spans are out before the end is reported
@@ -318,11 +330,13 @@ class Runner:
         if status is not RolloutStatus.SUCCEEDED and request.attempt < request.max_attempts:
             retry = self._retry_of(request, utc_now())
             await self.publisher.publish(TopicKey.TASKS, retry)
+            ROLLOUTS_RETRIED.inc()
             # queued(attempt + 1) before this attempt's end: readers know it is superseded when they see its end
             await self._publish_events(self._event(retry, RolloutStatus.QUEUED), ended)
         else:
             await self._publish_event(ended)
         self.completed[status.value] += 1
+        ROLLOUTS_FINISHED.labels(status.value).inc()
         log.info("rollout %s attempt %d %s (reward %s)", request.rollout_id, request.attempt, status.value, reward)
         self._finish(pending.tp, pending.offset)
 

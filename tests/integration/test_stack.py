@@ -92,6 +92,7 @@ def test_up_status_agent_restart_down(env: dict[str, str], tiny_model: Path, tmp
             )
 
         _agent_answers_and_its_spans_land(env, otlp, base_url)
+        _every_service_says_what_it_did(env, state, started.stdout)
         old = {name: int((stack / f"{name}.pid").read_text()) for name in names} | {"up": state["pid"]}
         _killed_gateway_is_restarted(env, stack, old["otlp-gateway"])
         new_otlp = int((stack / "otlp-gateway.pid").read_text())
@@ -131,6 +132,24 @@ def _agent_answers_and_its_spans_land(env: dict[str, str], otlp: str, base_url: 
         return found if "stack-test-step" in found and any(n.startswith("chat") for n in found) else set()
 
     eventually(names, "the agent's span and the gateway's chat span in fulmen.otel_traces")
+
+
+def _every_service_says_what_it_did(env: dict[str, str], state: dict, up_output: str) -> None:
+    """Each service's /metrics answers (the URLs `fulmen up` printed), and `fulmen status` says what each did."""
+    urls = {entry["name"]: entry["metrics_url"] for entry in state["services"] if entry.get("metrics_url")}
+    assert set(urls) == {"consume", "otlp-gateway", "llm-gateway"}
+    assert all(url in up_output for url in urls.values()), up_output
+    for name, url in urls.items():
+        answer = httpx.get(url, timeout=10)
+        assert answer.status_code == 200 and "process_start_time_seconds" in answer.text, name
+    assert (
+        'fulmen_gateway_requests_total{gateway="llm",route="/v1/chat/completions",status="200"}'
+        in httpx.get(urls["llm-gateway"], timeout=10).text
+    )
+    shown = fulmen(["status"], env).stdout
+    said = {line.split()[0]: line for line in shown.split("what each did", 1)[-1].splitlines()[1:] if line.strip()}
+    assert " calls (" in said["llm-gateway"] and "model v0" in said["llm-gateway"], shown
+    assert " spans (" in said["otlp-gateway"] and " rows stored (" in said["consume"], shown
 
 
 def _killed_gateway_is_restarted(env: dict[str, str], stack: Path, pid: int) -> None:

@@ -80,6 +80,7 @@ def test_config_show_prints_every_section_masked(monkeypatch: pytest.MonkeyPatch
         "broker",
         "clickhouse",
         "log",
+        "metrics",
         "runner",
         "otlp",
         "llm",

@@ -4,6 +4,7 @@ the counter), and a real Prometheus server scrapes the consumers and answers a P
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import time
 from pathlib import Path
@@ -201,6 +202,13 @@ async def test_the_runner_counts_its_rollouts(settings: FulmenSettings, tmp_path
         await asyncio.wait_for(running, 60)
 
 
+def board_queries() -> list[str]:
+    """The PromQL of every panel of deploy/grafana/fulmen.json, Grafana's ``$__rate_interval`` made a duration."""
+    board = json.loads((ALERTS.parents[1] / "grafana" / "fulmen.json").read_text())
+    exprs = [target["expr"] for panel in board["panels"] for target in panel.get("targets", [])]
+    return [expr.replace("$__rate_interval", "1m") for expr in exprs]
+
+
 def _prometheus() -> Path:
     if shutil.which("go") is None and not cached_prometheus().is_file():
         pytest.skip("Prometheus is built with Go (make test builds it): no Go toolchain here")
@@ -242,6 +250,8 @@ async def test_prometheus_scrapes_the_consumers_and_promql_reads_their_lag(
             assert await asyncio.to_thread(server.targets_up) == {target: "up"}
             [group] = await asyncio.to_thread(server.rules)  # the alerting rules the docs give, as Prometheus read them
             assert {rule["name"] for rule in group["rules"]} >= {"FulmenConsumerLagGrowing", "FulmenDeadLetters"}
+            for expr in board_queries():  # every panel of the Grafana board is a query this Prometheus accepts
+                await asyncio.to_thread(server.query, expr)
     finally:
         server.stop()
         stop.set()

@@ -8,8 +8,10 @@ Every ``every`` seconds a round:
 2. selects among them what the user's SELECT selects (``--replay``): ``SELECT RolloutId FROM (<theirs>) WHERE
    RolloutId IN (<the window's rollouts>)`` (:func:`round_selection`), read through the store's read-only reader;
 3. trains on them as more steps of one run (``--run``): one pass over the window's groups, ``groups_per_step`` a
-   step (:func:`round_steps`; ``steps_per_round`` caps the steps, each then taking more), each round resuming the
-   run where the last stopped;
+   step (:func:`round_steps`; ``steps_per_round`` caps the steps, each then taking more), numbered after the run's
+   latest version, from the weights of the version that serves (``train_from = serving``, the default: a version
+   the gate refused is not trained further, so refusals cannot pile up into a drift) or from the latest version
+   (``latest``: the run's optimizer state goes on too);
 4. validates every version on the held-out tasks and promotes it only when it beats the serving version by the
    paired test (:mod:`~fulmen.algorithm.service.promotion`): the gateways that follow promotions
    (``FULMEN_LLM_FOLLOW=promoted``) swap to it without failing a call; a round that promotes nothing leaves the
@@ -36,10 +38,18 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Literal
 
+from fulmen.algorithm.service.checkpoints import checkpoint_dir
 from fulmen.algorithm.service.dispatcher import DatasetTask
 from fulmen.algorithm.service.reporting import read_metrics
-from fulmen.algorithm.service.run import latest_checkpoint, load_replay_buffer, resolve_model, run_trainer
+from fulmen.algorithm.service.run import (
+    latest_checkpoint,
+    load_replay_buffer,
+    promotion_gate,
+    resolve_model,
+    run_trainer,
+)
 from fulmen.algorithm.settings import TrainSettings
 from fulmen.infra.memory import release_free_memory
 from fulmen.schemas.ddl import TABLES
@@ -62,6 +72,7 @@ class ImprovePlan:
     settle_s: float = 60.0
     steps_per_round: int = 0  # 0: one pass over the window's groups
     since: datetime = EPOCH  # where the first round's window starts
+    train_from: Literal["serving", "latest"] = "serving"  # the weights a round starts from
 
 
 @dataclass
@@ -192,12 +203,42 @@ async def _run_round(
     )
     if current.steps_to > _steps_done(run_dir):
         round_settings.train.steps = current.steps_to
-        await run_trainer(round_settings, tasks, val_tasks, stop, replay=buffer if buffer.groups else None)
+        weights = await _round_weights(round_settings, plan, current, base_model)
+        replay = buffer if buffer.groups else None
+        await run_trainer(round_settings, tasks, val_tasks, stop, replay=replay, weights_from=weights)
     if _steps_done(run_dir) < current.steps_to:
         return
     _record_decisions(current, run_dir)
     current.done, current.ended_at = True, time.time()
     book.save()
+
+
+async def _round_weights(settings: TrainSettings, plan: ImprovePlan, current: Round, base_model: str) -> Path | None:
+    """The weights a round trains from when they are not the run's latest version: the serving version's, so that
+    versions the gate refused are not trained further (``plan.train_from = serving``); None: the latest (the
+    round already trained some of its steps, the latest serves, or the serving version is not one of this run's)."""
+    done = _steps_done(settings.run_dir)
+    if plan.train_from != "serving" or done == 0 or done != current.steps_from:
+        return None
+    serving = (await promotion_gate(settings, done)).serving
+    if serving.run_id != settings.train.run_id or serving.version == done:
+        return None
+    weights = Path(base_model) if serving.version == 0 else checkpoint_dir(settings.run_dir, serving.version)
+    if not weights.is_dir():
+        log.warning(
+            "round %d: the serving version's weights (%s) are gone: it trains on from the latest",
+            current.number,
+            weights,
+        )
+        return None
+    log.info(
+        "round %d: versions %d-%d were not promoted; it trains from the serving version %d",
+        current.number,
+        serving.version + 1,
+        done,
+        serving.version,
+    )
+    return weights
 
 
 def round_steps(groups: int, groups_per_step: int, plan: ImprovePlan) -> tuple[int, int]:

@@ -283,9 +283,14 @@ async def run_trainer(
     *,
     backend: TrainerBackend | None = None,
     replay: ReplayBuffer | None = None,
+    weights_from: Path | None = None,
 ) -> list[TrainStep]:
     """Run ``settings.train.steps`` steps on ``tasks`` (validating on ``val_tasks``) and, with ``replay_sql``, on
-    the stored rollouts it selects (``replay``: that selection's buffer, already read); the TrainStep events."""
+    the stored rollouts it selects (``replay``: that selection's buffer, already read); the TrainStep events.
+
+    ``weights_from``: a run that already has checkpoints goes on from these weights (an earlier version of the run,
+    or the model it started from) rather than its latest version, with a fresh optimizer; its steps are still
+    numbered after the latest (``fulmen improve`` after a round whose versions were all refused)."""
     options = settings.train
     check_training_settings(options)
     if options.tasks_sql:
@@ -310,12 +315,15 @@ async def run_trainer(
     resumed = await asyncio.to_thread(_resumed, options, run_dir)
     if backend is not None:
         return await _train_with(backend, settings, base_model, resumed, tasks, val_tasks, stop, replay)
+    start = weights_from if weights_from is not None and resumed is not None else (resumed[1] if resumed else None)
+    if start is not None and start != (resumed[1] if resumed else None):
+        log.info("run %s: goes on from %s (not its latest version v%d)", options.run_id, start, resumed[0])
     if options.per_agent:
-        built = await asyncio.to_thread(_per_agent_backend, options, base_model, resumed[1] if resumed else None)
+        built = await asyncio.to_thread(_per_agent_backend, options, base_model, start)
     else:
-        built = await asyncio.to_thread(build_backend, options, str(resumed[1]) if resumed else base_model)
-    if resumed is not None and not await asyncio.to_thread(_load_state, built, resumed[1]):
-        log.info("run %s: v%d has no optimizer state; the optimizer starts afresh", options.run_id, resumed[0])
+        built = await asyncio.to_thread(build_backend, options, str(start) if start else base_model)
+    if start is not None and not await asyncio.to_thread(_load_state, built, start):
+        log.info("run %s: %s has no optimizer state; the optimizer starts afresh", options.run_id, start)
     try:
         return await _train_with(built, settings, base_model, resumed, tasks, val_tasks, stop, replay)
     finally:

@@ -50,6 +50,13 @@ def improve_command(
     dataset: Annotated[
         Path | None, typer.Option(help="JSONL of tasks to run besides the replayed ones (--replay-fraction)")
     ] = None,
+    train_from: Annotated[
+        str,
+        typer.Option(
+            help="serving: each round trains from the version that serves (refused versions are not trained "
+            "further); latest: from the run's latest version"
+        ),
+    ] = "serving",
     **options: Any,
 ) -> None:
     """Improve the serving model from what agents did: every --every, train on the rollouts the --replay SELECT
@@ -63,6 +70,8 @@ def improve_command(
         raise FulmenError('what should each round train on? pass --replay "SELECT RolloutId FROM fulmen.rollouts ..."')
     from fulmen.algorithm.service.improve import ImprovePlan
 
+    if train_from not in ("serving", "latest"):
+        raise FulmenError(f"--train-from {train_from!r}: give serving or latest")
     start = datetime.fromisoformat(since).replace(tzinfo=UTC) if since else ImprovePlan.since
     plan = ImprovePlan(
         every_s=seconds(every, "--every"),
@@ -70,6 +79,7 @@ def improve_command(
         settle_s=seconds(settle, "--settle"),
         steps_per_round=steps_per_round,
         since=start,
+        train_from=train_from,  # type: ignore[arg-type]  # checked above
     )
     _improve(settings, plan, val, dataset)
 

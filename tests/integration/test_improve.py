@@ -6,6 +6,7 @@ command, past the groups it already trained on: nothing trained twice, nothing s
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -75,7 +76,7 @@ async def rounds_with_runners(options: TrainSettings, plan: ImprovePlan, now: da
 
 
 async def test_each_round_trains_on_what_came_since_the_last_and_promotes_only_what_beats_the_serving_version(
-    settings: FulmenSettings, linked_store: Store, tmp_path: Path
+    settings: FulmenSettings, linked_store: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     options = improve_settings(settings, tmp_path, linked_store)
     plan = ImprovePlan(every_s=0, rounds=1, settle_s=60)
@@ -111,6 +112,14 @@ async def test_each_round_trains_on_what_came_since_the_last_and_promotes_only_w
         options, ImprovePlan(every_s=0, rounds=3, settle_s=60), START + timedelta(hours=2)
     )
     assert [(r.number, r.groups, r.steps_from, r.steps_to) for r in nothing] == [(3, 0, 6, 6)]  # nothing new
+    store_groups(linked_store, ["d0"], START + timedelta(hours=2, minutes=30))
+    with caplog.at_level(logging.INFO, logger="fulmen.algorithm.service.run"):
+        fourth = await rounds_with_runners(
+            options, ImprovePlan(every_s=0, rounds=4, settle_s=60), START + timedelta(hours=3)
+        )
+    assert [(r.number, r.groups, r.steps_from, r.steps_to) for r in fourth] == [(4, 1, 6, 7)]
+    # v3-v6 were refused: the round trains from v2, the version that serves, not from v6 (numbered after it)
+    assert f"goes on from {options.run_dir / 'checkpoints' / 'v2'} (not its latest version v6)" in caplog.text
 
 
 async def test_a_round_cut_short_is_finished_by_the_next_run_past_the_groups_already_trained(
@@ -148,3 +157,5 @@ def test_the_command_says_what_is_missing_and_reads_durations() -> None:
     assert missing.exit_code == 1 and "--replay" in missing.output
     bad = runner.invoke(app, ["improve", "--val", "val.jsonl", "--every", "soon", "--replay", "SELECT 1"])
     assert bad.exit_code == 1 and "--every 'soon': give a duration such as 90s, 10m or 1h" in bad.output
+    where = runner.invoke(app, ["improve", "--val", "val.jsonl", "--train-from", "best", "--replay", "SELECT 1"])
+    assert where.exit_code == 1 and "--train-from 'best': give serving or latest" in where.output

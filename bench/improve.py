@@ -17,8 +17,9 @@ and a runner of the calc agent for the held-out tasks), plus:
 
 Arms: ``real``; ``control`` (the judge's rewards permuted within blocks of 16 episodes: the gate must refuse every
 round). Each finished arm is merged into ``--results`` (``bench/results/improve.json``) and skipped on the next
-run unless ``--rerun``. The replay measurement (``replay_fraction``) needs the stored rollouts of a scenario
-bench's on-policy calc run and is reported as not measured when there are none.
+run unless ``--rerun``. The replay measurement (``replay_fraction``) is the scenario bench's (its ``replay`` arm on
+the calc example: ``bench/scenarios.py --only calc_agent --arms real,replay``), read from its results file, and
+reported as not measured while that has none.
 
     .venv/bin/python bench/improve.py --arms real --minutes 60
     .venv/bin/python bench/improve.py --arms control --minutes 60
@@ -43,6 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the examples package
 RESULTS = ROOT / "bench" / "results" / "improve.json"
+SCENARIOS = ROOT / "bench" / "results" / "scenarios.json"  # where the replay measurement lives (calc_agent)
 ARMS = ("real", "control")
 PROMOTED_AT = "SELECT toUnixTimestamp64Micro(CreatedAt) / 1e6 AS t FROM fulmen.promotions WHERE Action = 'promote'"
 PRODUCTION = (
@@ -209,11 +211,23 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
         "failed_calls_during_promotion": real.get("failed_calls_during_promotion"),
         "control_promoted": control.get("promoted") if control else None,
         "control_refused": control.get("refused") if control else None,
-        "replay_fraction": None,
-        "replay_ci95": None,
-        "not_measured": ["replay_fraction: needs the stored rollouts of an on-policy calc run (bench/scenarios.py)"],
+        **replay_measured(),
         "wall_s": round(sum(a.get("wall_s", 0.0) for a in (real, control)), 1),
     }
+
+
+def replay_measured() -> dict[str, Any]:
+    """``replay_fraction`` and ``replay_ci95`` as the scenario bench measured them (its ``replay`` arm on the calc
+    example: a fresh warmed-up model trained by replay only on the rollouts each real seed stored)."""
+    calc = (json.loads(SCENARIOS.read_text()) if SCENARIOS.is_file() else {}).get("calc_agent", {}).get("summary", {})
+    if calc.get("replay_fraction") is None:
+        return {
+            "replay_fraction": None,
+            "replay_ci95": None,
+            "not_measured": ["replay_fraction: bench/scenarios.py --only calc_agent --arms real,replay"],
+        }
+    keys = ("replay_fraction", "replay_ci95", "replay_seeds", "replay_gain", "replay_on_policy_gain")
+    return {key: calc.get(key) for key in keys} | {"replay_from": str(SCENARIOS)}
 
 
 def main() -> int:

@@ -13,13 +13,23 @@ be ([-1, 1]), and an accuracy's to [0, 1].
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from fulmen.infra.stats import mean_interval
 
-__all__ = ["accuracy", "before_after", "by_template", "failure_counts", "pooled_gain", "seed_interval", "t95"]
+__all__ = [
+    "accuracy",
+    "before_after",
+    "by_template",
+    "failure_counts",
+    "pooled_gain",
+    "ratio_interval",
+    "seed_interval",
+    "t95",
+]
 
 Z95 = 1.959964
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
@@ -90,3 +100,38 @@ def failure_counts(kinds_by_run: Sequence[Sequence[str]]) -> dict[str, float]:
         total.update(kinds)
     runs = max(len(kinds_by_run), 1)
     return {kind: round(count / runs, 2) for kind, count in total.most_common()}
+
+
+def ratio_interval(
+    numerator: Sequence[tuple[Sequence[bool], Sequence[bool]]],
+    denominator: Sequence[tuple[Sequence[bool], Sequence[bool]]],
+    resamples: int = 5000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The ratio of two pooled gains on the same tasks (replay's over on-policy's) and its 95% interval: a paired
+    bootstrap over the tasks (each resample draws the same tasks for both), percentiles of the ratio; the interval is
+    None when a resample's denominator is not above zero."""
+    if not numerator or not denominator:
+        return {}
+    top, bottom = _per_task_gain(numerator), _per_task_gain(denominator)
+    if len(top) != len(bottom):
+        raise ValueError("both gains must be on the same tasks")
+    if sum(bottom) <= 0:
+        return {"ratio": None, "ci95": None}
+    rng = random.Random(seed)
+    n = len(top)
+    ratios = []
+    for _ in range(resamples):
+        drawn = [rng.randrange(n) for _ in range(n)]
+        below = sum(bottom[i] for i in drawn)
+        if below <= 0:
+            return {"ratio": round(sum(top) / sum(bottom), 4), "ci95": None}
+        ratios.append(sum(top[i] for i in drawn) / below)
+    ratios.sort()
+    low, high = ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
+    return {"ratio": round(sum(top) / sum(bottom), 4), "ci95": [round(low, 4), round(high, 4)]}
+
+
+def _per_task_gain(runs: Sequence[tuple[Sequence[bool], Sequence[bool]]]) -> list[float]:
+    n = len(runs[0][0])
+    return [sum(float(a[i]) - float(b[i]) for b, a in runs) / len(runs) for i in range(n)]

@@ -8,6 +8,10 @@ Kafka, the store, both gateways, a runner with the real framework, the trainer; 
 * ``real`` (one per seed, ``--seeds``): a cached supervised warm-up on the teacher's demonstrations of
   ``--warmup-tasks`` training tasks (seeded: its sampling order), then ``--steps`` GRPO steps on training tasks (a
   seeded task order; every rollout and LLM call seeded: ``fulmen.infra.seeds``);
+* ``replay`` (one per seed, after that seed's ``real``): a fresh copy of the same warmed-up model trained by replay
+  only (``--replay-store``: no rollouts of its own) on the training rollouts the real run stored, for as many steps;
+  ``replay_fraction`` is its held-out gain over the real run's (issue 44), with a paired bootstrap interval; it needs
+  the real run's store on this disk (``<run dir>/chdb``);
 * ``control`` (seed 0): the same with the rewards of each step shuffled across its rollouts;
 * ``sft`` (seed 0): the warmed-up model fine-tuned further on the teacher's demonstrations of ``--sft-tasks`` other
   training tasks, for as many tokens as the real runs trained on (their mean ``tokens_trained_per_step`` x steps),
@@ -47,11 +51,19 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scenario_stats import accuracy, before_after, by_template, failure_counts, pooled_gain, seed_interval
+from scenario_stats import (
+    accuracy,
+    before_after,
+    by_template,
+    failure_counts,
+    pooled_gain,
+    ratio_interval,
+    seed_interval,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("sql_agent", "rag_agent", "calc_agent")
-ARMS = ("real", "control", "sft", "zero_shot")
+ARMS = ("real", "replay", "control", "sft", "zero_shot")
 MODEL = "SmolLM2-135M-Instruct (CPU, float32)"
 RESULTS = ROOT / "bench" / "results" / "scenarios.json"
 
@@ -187,9 +199,12 @@ def expand(outcomes: dict[str, Any]) -> dict[str, Any]:
 def run_part(
     name: str, arm: str, seed: int, args: argparse.Namespace, matmul: float, sft_tokens: int | None
 ) -> dict[str, Any]:
-    """One part of the protocol (module docstring); its figures and compacted outcomes."""
+    """One part of the protocol (module docstring); its figures and compacted outcomes. ``sft_tokens``: the SFT
+    baseline's budget; for ``replay``, the store of the real run it replays (passed as its path, a str)."""
     extra = ["--seed", str(seed)]
-    if arm == "control":
+    if arm == "replay":
+        extra += ["--replay-store", str(sft_tokens)]
+    elif arm == "control":
         extra += ["--shuffle-rewards"]
     elif arm == "sft":
         extra += ["--steps", "0", "--sft-tokens", str(sft_tokens)]
@@ -204,6 +219,35 @@ def run_part(
         "seed": seed,
         "arm": arm,
         "sft_tokens": report.get("sft_tokens"),
+    }
+
+
+def replayed_store(runs: dict[str, Any], seed: int) -> str | None:
+    """The store of the real run of ``seed`` (what its replay arm trains on), when it is still on this disk."""
+    run_dir = (runs.get(f"real/{seed}") or {}).get("run_dir")
+    store = Path(run_dir) / "chdb" if run_dir else None
+    return str(store) if store is not None and store.is_dir() else None
+
+
+def replay_figures(runs: dict[str, Any]) -> dict[str, Any]:
+    """``replay_fraction``: the gain of training a fresh copy of the warmed-up model by replay only, on the stored
+    rollouts of the real run of the same seed, over that real run's gain, pooled over the seeds that have both (on
+    the same held-out tasks), with a paired bootstrap interval (``scenario_stats.ratio_interval``)."""
+    seeds = [k.split("/")[1] for k in sorted(runs) if k.startswith("replay/") and "outcomes" in runs[k]]
+    seeds = [s for s in seeds if "outcomes" in runs.get(f"real/{s}", {})]
+    if not seeds:
+        return {"replay_fraction": None, "replay_ci95": None, "replay_seeds": 0}
+    replayed = _pairs([runs[f"replay/{s}"] for s in seeds], "heldout")
+    on_policy = _pairs([runs[f"real/{s}"] for s in seeds], "heldout")
+    ratio = ratio_interval(replayed, on_policy)
+    return {
+        "replay_fraction": ratio.get("ratio"),
+        "replay_ci95": ratio.get("ci95"),
+        "replay_seeds": len(seeds),
+        "replay_gain": pooled_gain(replayed)["gain"],
+        "replay_gain_ci95": pooled_gain(replayed)["ci95"],
+        "replay_on_policy_gain": pooled_gain(on_policy)["gain"],
+        "replay_gain_by_seed": [round(accuracy(a) - accuracy(b), 4) for b, a in replayed],
     }
 
 
@@ -266,6 +310,7 @@ def summary(name: str, runs: dict[str, Any]) -> dict[str, Any]:
     out["sft_baseline_after"] = _only_version(runs.get("sft/0"), "heldout")
     out["sft_baseline_unseen"] = _only_version(runs.get("sft/0"), "unseen")
     out["sft_tokens"] = (runs.get("sft/0") or {}).get("sft_tokens")
+    out |= replay_figures(runs)
     out["zero_shot"] = _only_version(runs.get("zero_shot/0"), "heldout")
     out["zero_shot_unseen"] = _only_version(runs.get("zero_shot/0"), "unseen")
     steps = [r["s_per_step"] for r in real if r.get("s_per_step")]
@@ -431,7 +476,7 @@ def parts(args: argparse.Namespace) -> list[tuple[str, int]]:
     chosen = []
     for arm in ARMS:
         if arm in args.arms:
-            chosen += [(arm, s) for s in range(args.seeds)] if arm == "real" else [(arm, 0)]
+            chosen += [(arm, s) for s in range(args.seeds)] if arm in ("real", "replay") else [(arm, 0)]
     return chosen
 
 
@@ -487,6 +532,11 @@ def main() -> int:
             if arm == "sft" and not budget:
                 print(f"--- {name} sft: no real run to match the compute of yet; skipped", file=sys.stderr)
                 continue
+            if arm == "replay":
+                budget = replayed_store(runs, seed)
+                if budget is None:
+                    print(f"--- {name} replay/{seed}: the store of real/{seed} is gone; skipped", file=sys.stderr)
+                    continue
             runs[key] = run_part(name, arm, seed, args, matmul or 0.0, budget)
             runs[key]["settings"] = {
                 k: (str(v) if isinstance(v, Path) else v)

@@ -83,6 +83,7 @@ class ExampleOptions:
     sft_tokens: int = 0  # the equal-compute SFT baseline: after the warm-up, this many more supervised tokens (at
     # warmup_lr)
     sft_tasks: int = 512  # ... on the teacher's demonstrations of these training tasks (after the warm-up's)
+    replay_store: Path | None = None  # train by replay only: the train rollouts stored in this run's store (chdb)
     extra_train: dict[str, Any] = field(default_factory=dict)
 
 
@@ -214,8 +215,21 @@ def train_fields(example: Example, options: ExampleOptions) -> dict[str, Any]:
             "micro_batch_tokens": options.micro_batch_tokens,
         }
         | _adapter_fields(example, options)
+        | _replay_fields(options)
         | options.extra_train
     )
+
+
+REPLAYED = "SELECT RolloutId FROM fulmen.rollouts WHERE Mode = 'train'"
+"""What ``--replay-store`` trains on: every training rollout of the earlier run."""
+
+
+def _replay_fields(options: ExampleOptions) -> dict[str, Any]:
+    """``--replay-store DIR``: no rollouts of its own, the earlier run's stored ones replayed (their calls were
+    sampled by that run's versions, so any staleness is let through and importance-corrected)."""
+    if options.replay_store is None:
+        return {}
+    return {"replay_sql": REPLAYED, "source_store": str(options.replay_store), "max_staleness": 1000}
 
 
 def _adapter_fields(example: Example, options: ExampleOptions) -> dict[str, Any]:
@@ -433,7 +447,7 @@ def train_example(
         settings,
         plan,
         train_fields(example, options),
-        splits.train if options.steps else [],
+        splits.train if options.steps and options.replay_store is None else [],
         splits.validated,
         on_phase=on_phase,
         on_step=on_step,
@@ -479,6 +493,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-lr", type=float, default=defaults.warmup_lr)
     parser.add_argument("--kl-coef", type=float, default=defaults.kl_coef)
     parser.add_argument("--shuffle-rewards", action="store_true", help="control run: rewards permuted each step")
+    parser.add_argument(
+        "--replay-store",
+        type=Path,
+        default=None,
+        help="train by replay only, on the training rollouts of an earlier run of this example (its <run dir>/chdb)",
+    )
     parser.add_argument(
         "--adapters",
         choices=("shared", "per_agent"),

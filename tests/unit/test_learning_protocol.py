@@ -8,7 +8,14 @@ from collections import Counter
 
 import pytest
 
-from bench.scenario_stats import before_after, by_template, failure_counts, pooled_gain, seed_interval
+from bench.scenario_stats import (
+    before_after,
+    by_template,
+    failure_counts,
+    pooled_gain,
+    ratio_interval,
+    seed_interval,
+)
 from examples.calc_agent import data
 from examples.calc_agent.failures import failure_kind
 from examples.outcomes import Episode, outcomes_by_split
@@ -155,3 +162,18 @@ def test_the_scenarios_summary_pools_seeds_and_reads_the_baselines_from_their_pa
         and "zero-shot (no warm-up) 0.0%" in table
     )
     assert "| unseen | `buy` | 1 | 0.0% | 50.0% |" in table
+    assert figures["replay_fraction"] is None and figures["replay_seeds"] == 0  # no replay arm yet
+    runs["replay/0"] = part([False, True], [True, True])  # replay got what real/0 got
+    replayed = summary("calc_agent", runs)
+    assert replayed["replay_seeds"] == 1 and replayed["replay_fraction"] == 1.0 and replayed["replay_gain"] == 0.5
+
+
+def test_the_replay_fraction_is_a_ratio_of_gains_on_the_same_tasks_with_a_paired_bootstrap_interval() -> None:
+    before = [False] * 100 + [True] * 100
+    on_policy = [True] * 150 + [False] * 50  # +100 -50: +0.25
+    replay = [True] * 130 + [False] * 70  # +100 -70: +0.15
+    found = ratio_interval([(before, replay)], [(before, on_policy)])
+    assert found["ratio"] == 0.6 and found["ci95"][0] < 0.6 < found["ci95"][1]
+    assert ratio_interval([(before, replay)], [(before, before)]) == {"ratio": None, "ci95": None}  # no gain to share
+    with pytest.raises(ValueError):
+        ratio_interval([([True], [True])], [(before, on_policy)])

@@ -2,7 +2,9 @@
 
 Starts what a deployment runs: a local Kafka broker, ``fulmen consume`` (owns a fresh embedded store, serves
 read-only SQL), and per case one ``fulmen runner`` process with 16 workers (``--concurrency``); for the ten-span
-case also ``fulmen otlp-gateway``, to which the runner exports each rollout's spans by OTLP. Each case:
+case the runner writes each rollout's spans straight into the spans topic (``FULMEN_RUNNER_SPAN_EXPORT=kafka``, the
+default); ``--only ten_spans_otlp`` runs the same by OTLP through ``fulmen otlp-gateway``
+(``rollouts_per_s_10_spans_otlp``: the way before, and the way agents in other processes still go). Each case:
 
 1. warm-up: a burst of ``--warmup`` rollouts (start-up costs), then one of ``--burst`` whose rate sizes the bursts
    that follow so that each lasts at least ``--seconds`` (the window; ``--burst`` is the smallest burst); neither
@@ -195,7 +197,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1000)
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--workers", type=int, default=16)
-    parser.add_argument("--only", choices=("noop", "ten_spans"), action="append")
+    parser.add_argument(
+        "--only",
+        choices=("noop", "ten_spans", "ten_spans_otlp"),
+        action="append",
+        help="ten_spans_otlp: ten spans by OTLP through the gateway (FULMEN_RUNNER_SPAN_EXPORT=otlp), no anchor",
+    )
     parser.add_argument("--no-anchor", action="store_true", help="skip Agent Lightning 0.3.0 (bench/anchor.py)")
     parser.add_argument("--profile", type=Path, default=None, help="write a cProfile of each runner here")
     parser.add_argument("--syscalls", action="store_true", help="count each process's system calls (perf stat)")
@@ -227,11 +234,13 @@ def main() -> None:
         reader = wait_for(lambda: RemoteReader.find("127.0.0.1", read_port), 120, "the store's read endpoint")
         wait_for(lambda: _ready(otlp_port), 60, "the OTLP gateway")
         settings = FulmenSettings(kafka={"bootstrap": broker.bootstrap})
-        for agent in args.only or ("noop", "ten_spans"):
-            spans = agent == "ten_spans"
+        for case in args.only or ("noop", "ten_spans"):
+            spans = case.startswith("ten_spans")
+            agent = "ten_spans" if spans else case
             otlp = f"http://127.0.0.1:{otlp_port}/v1/traces" if spans else ""
-            env = base_env | {"FULMEN_RUNNER_OTLP_ENDPOINT": otlp}
-            profile = ["-m", "cProfile", "-o", str(args.profile / f"{agent}.prof")] if args.profile else []
+            export = "otlp" if case == "ten_spans_otlp" else "kafka"
+            env = base_env | {"FULMEN_RUNNER_OTLP_ENDPOINT": otlp, "FULMEN_RUNNER_SPAN_EXPORT": export}
+            profile = ["-m", "cProfile", "-o", str(args.profile / f"{case}.prof")] if args.profile else []
             runner = subprocess.Popen(
                 [
                     sys.executable,
@@ -258,7 +267,8 @@ def main() -> None:
                 }
                 if spans:
                     pids["gateway"] = services[1].pid
-                report[agent] = run_case(settings, reader, agent, spans, args, pids, anchor)
+                mine = anchor if case != "ten_spans_otlp" else None
+                report[case] = run_case(settings, reader, case, spans, args, pids, mine)
             finally:
                 runner.send_signal(signal.SIGTERM)
                 runner.wait(timeout=60)
@@ -278,11 +288,12 @@ def main() -> None:
     if "noop" in report:
         report["rollouts_per_s"] = report["noop"]["rollouts_per_s"]
         report["kafka_only_rollouts_per_s"] = report["noop"]["kafka_only_rollouts_per_s"]
-    if "ten_spans" in report:
-        report["rollouts_per_s_10_spans"] = report["ten_spans"]["rollouts_per_s"]
-        report["all_spans_stored"] = all(
-            run["spans_stored"] >= run["spans_expected"] for run in report["ten_spans"]["runs"]
-        )
+    for case, key in (("ten_spans", "rollouts_per_s_10_spans"), ("ten_spans_otlp", "rollouts_per_s_10_spans_otlp")):
+        if case in report:
+            report[key] = report[case]["rollouts_per_s"]
+            report["all_spans_stored"] = report.get("all_spans_stored", True) and all(
+                run["spans_stored"] >= run["spans_expected"] for run in report[case]["runs"]
+            )
     report["done"] = "the terminal state of every rollout of a burst queryable in fulmen.rollouts (and its 10 spans "
     report["done"] += "in fulmen.otel_traces); kafka_only: every terminal event read back from the rollouts topic"
     report["workers"] = args.workers

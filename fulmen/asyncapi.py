@@ -59,6 +59,13 @@ NOT_ON_FASTSTREAM: tuple[Endpoint, ...] = (
     ),
     Endpoint("runner", "send", TopicKey.DLQ, "Requests that cannot be decoded (aiokafka producer)."),
     Endpoint(
+        "runner",
+        "send",
+        TopicKey.SPANS,
+        "FULMEN_RUNNER_SPAN_EXPORT=kafka (the default): the spans of agents in its process, one record per trace as "
+        "the OTLP gateway writes them, flushed (acks=all) before a rollout's end is published (aiokafka producer).",
+    ),
+    Endpoint(
         "otlp-gateway",
         "send",
         TopicKey.SPANS,

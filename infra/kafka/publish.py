@@ -25,7 +25,7 @@ from fulmen.schemas.errors import BrokerUnavailableError
 from fulmen.schemas.events import Event
 from fulmen.schemas.topics import TOPICS, TopicKey, topic
 
-__all__ = ["ANY_SENDER", "EventPublisher", "Sender", "declare_publishers"]
+__all__ = ["ANY_SENDER", "EventPublisher", "Sender", "Waves", "declare_publishers"]
 
 _JSON = [("content-type", b"application/json")]  # what a faststream subscriber decodes the body by
 
@@ -174,3 +174,58 @@ class EventPublisher:
         name = self.topic_name(key)
         record_key = str(getattr(event, spec.record_key)).encode()
         return await broker_producer(self.broker).send(name, encode(event), key=record_key, headers=_JSON)
+
+
+class Waves:
+    """Publishes the events of many concurrent callers to one topic together, a wave at a time.
+
+    A caller's :meth:`publish_many` returns once its events are acknowledged, as :meth:`EventPublisher.publish_many`
+    does; callers that arrive while a wave is out join the next one, which goes as soon as the wave before is
+    acknowledged. Under load a wave carries the events of every rollout that finished meanwhile: one send loop, one
+    wait and (mostly) one produce request for all of them, instead of one per caller. A caller's events stay in
+    order (they go in one wave); a failed wave fails every caller in it with the publisher's error (their records
+    may still land, as :class:`EventPublisher` says). One caller's cancellation leaves the wave going on.
+    """
+
+    def __init__(self, publisher: EventPublisher, key: TopicKey) -> None:
+        publisher.topic_name(key)  # a topic the sender declared (ValueError otherwise)
+        self.publisher = publisher
+        self.key = key
+        self.waves = 0  # sent so far (their count against the callers' shows what was saved)
+        self._waiting: list[tuple[list[Event], asyncio.Future[None]]] = []
+        self._running: asyncio.Task[None] | None = None
+
+    async def publish_many(self, events: Iterable[Event]) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((list(events), future))
+        if self._running is None or self._running.done():
+            self._running = asyncio.create_task(self._drain(), name=f"waves-{self.key.value}")
+        try:
+            await asyncio.shield(future)  # a cancelled caller does not cancel the others' wave
+        except asyncio.CancelledError:
+            future.add_done_callback(_retrieved)  # its outcome is nobody's now
+            raise
+
+    async def _drain(self) -> None:
+        while self._waiting:
+            wave, self._waiting = self._waiting, []
+            self.waves += 1
+            try:
+                await self.publisher.publish_many(self.key, [event for events, _ in wave for event in events])
+            except asyncio.CancelledError:  # the loop is going away: so are the callers
+                for _, future in wave + self._waiting:
+                    future.cancel()
+                raise
+            except Exception as exc:  # every caller of the wave gets the error
+                for _, future in wave:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for _, future in wave:
+                if not future.done():
+                    future.set_result(None)
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()

@@ -57,11 +57,12 @@ from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.clients import admin_client, close_quietly, consumer, consumer_group, producer, start_or_raise
 from fulmen.infra.kafka.dlq import DeadLetters
 from fulmen.infra.kafka.offsets import OffsetTracker, RebalanceListener, commit_finished
-from fulmen.infra.kafka.publish import EventPublisher, Sender
+from fulmen.infra.kafka.publish import EventPublisher, Sender, Waves
 from fulmen.infra.metrics import MetricsListener
 from fulmen.producers.metrics import ROLLOUTS_FINISHED, ROLLOUTS_IN_FLIGHT, ROLLOUTS_RETRIED, ROLLOUTS_STARTED
 from fulmen.producers.runner.agent import AgentError, LLMEndpoint, call_agent
 from fulmen.producers.runner.backoff import DelayedRequests, hold_until, retry_delay_s, with_not_before
+from fulmen.producers.runner.kafka_spans import KafkaSpanExporter
 from fulmen.producers.runner.ledger import RolloutLedger
 from fulmen.producers.runner.settings import RunnerSettings
 from fulmen.producers.runner.sync import sync_caller
@@ -106,6 +107,7 @@ class Runner:
         # broker-side fetch waits so that a freed slot or a catch-up is not held by a long poll.
         self.broker = kafka_broker(settings, linger_ms=0)
         self.publisher = EventPublisher(self.broker, SENDER)
+        self.lifecycle = Waves(self.publisher, TopicKey.ROLLOUTS)  # rollouts finishing together: one send
         self.producer = producer(settings, linger_ms=0)  # dead letters (an aiokafka loop's, like its consumers)
         self.tasks = consumer(
             settings,
@@ -118,7 +120,10 @@ class Runner:
             consumer(settings, None, fetch_max_wait_ms=20), topic_name(TopicKey.ROLLOUTS, prefix)
         )
         self.dead_letters = DeadLetters(self.producer, prefix=prefix, consumer_group=self.options.group)
-        self.provider = tracer_provider or build_tracer_provider(self.options.otlp_endpoint or None)
+        self.span_producer, self.span_exporter = self._span_export(tracer_provider)
+        self.provider = tracer_provider or build_tracer_provider(
+            self.options.otlp_endpoint or None, exporter=self.span_exporter
+        )
         self.tracer = self.provider.get_tracer("fulmen.runner")
         self.flusher = CoalescedFlush(self.provider)
         self.sync_agent = (
@@ -143,9 +148,22 @@ class Runner:
         self._slot_freed = asyncio.Event()
         self._committed_at = 0.0
 
+    def _span_export(self, given: TracerProvider | None) -> tuple[Any, KafkaSpanExporter | None]:
+        """The producer and exporter that write in-process agents' spans into the spans topic (``span_export =
+        kafka``), or none (spans by OTLP, nowhere, or through a provider the caller gave)."""
+        if given is not None or not self.options.otlp_endpoint or self.options.span_export != "kafka":
+            return None, None
+        prefix = self.settings.kafka.topic_prefix
+        spans = producer(self.settings, linger_ms=0)  # a rollout's end waits for its spans: no lingering
+        exporter = KafkaSpanExporter(spans, topic_name(TopicKey.SPANS, prefix), topic_name(TopicKey.FEEDBACK, prefix))
+        return spans, exporter
+
     # --- lifecycle ------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         clients = [self.tasks, self.ledger.consumer, self.producer, self.broker]
+        if self.span_producer is not None:
+            clients.append(self.span_producer)
+            self.span_exporter.bind(asyncio.get_running_loop())
         metrics = MetricsListener.from_settings(self.settings.metrics, what=f"runner {self.runner_id}")
         try:
             if metrics is not None:
@@ -165,6 +183,8 @@ class Runner:
                 await self.poll_once()
             await self._shutdown()
         finally:
+            if self.span_exporter is not None:
+                self.span_exporter.shutdown()  # every rollout flushed its spans before its end was reported
             await close_quietly(clients)
             if self.sync_agent is not None:
                 self.sync_agent.close()
@@ -403,7 +423,7 @@ class Runner:
         await self._publish_events(event)
 
     async def _publish_events(self, *events: RolloutEvent) -> None:
-        await self.publisher.publish_many(TopicKey.ROLLOUTS, events)
+        await self.lifecycle.publish_many(events)
         for event in events:
             self.ledger.observe(event)
 

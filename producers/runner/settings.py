@@ -33,6 +33,12 @@ class RunnerSection(BaseModel):
     otlp_endpoint: str = Field(
         default="http://127.0.0.1:4318/v1/traces", description="where the agents' spans go (OTLP/HTTP); '' = nowhere"
     )
+    span_export: Literal["kafka", "otlp"] = Field(
+        default="kafka",
+        description="how the spans of agents that run in the runner's process reach Fulmen: kafka writes them "
+        "straight into the spans topic as the OTLP gateway would (no HTTP hop); otlp posts them to otlp_endpoint. "
+        "Agents in their own processes and tracer providers the agent sets up itself use otlp_endpoint either way",
+    )
     retry_backoff_s: float = Field(
         default=2.0,
         ge=0,

@@ -3,7 +3,8 @@
 The runner installs the global tracer provider, so spans from any instrumentation (the openai client's, a
 framework's, the agent's own) pass through :class:`RolloutStamper`, which reads the rollout of the current
 asyncio task (a context variable, copied into the worker thread of a sync agent) and stamps it on the span.
-Spans are exported by OTLP/HTTP to the OTLP gateway and flushed before a rollout's end is reported.
+Spans are exported (straight into the spans topic, :mod:`~fulmen.producers.runner.kafka_spans`, or by OTLP/HTTP to
+the OTLP gateway) and flushed before a rollout's end is reported.
 
 An agent that sets up OpenTelemetry itself, as its framework's docs say (its own ``TracerProvider`` with an
 OTLP exporter, installed globally when its module is imported, before the runner builds its provider), keeps
@@ -41,7 +42,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from fulmen.schemas import semconv
 from fulmen.schemas.events import RolloutRequest
@@ -88,8 +89,12 @@ class RolloutStamper(SpanProcessor):
         return True
 
 
-def build_tracer_provider(otlp_endpoint: str | None, *, install: bool = True) -> TracerProvider:
-    """The provider the runner traces with: it stamps rollouts and exports to ``otlp_endpoint`` (None: nowhere).
+def build_tracer_provider(
+    otlp_endpoint: str | None, *, install: bool = True, exporter: SpanExporter | None = None
+) -> TracerProvider:
+    """The provider the runner traces with: it stamps rollouts and exports to ``otlp_endpoint`` (None: nowhere),
+    or through ``exporter`` when given (the runner's :class:`~fulmen.producers.runner.kafka_spans.KafkaSpanExporter`;
+    the agents' own providers are still joined by ``otlp_endpoint``).
 
     With ``install``, it becomes the global provider; when the process already has one (the agent's own), that
     one is kept and joined as the module docstring says, and may be the provider returned.
@@ -108,10 +113,12 @@ def build_tracer_provider(otlp_endpoint: str | None, *, install: bool = True) ->
         return current
     provider = TracerProvider(resource=Resource.create({semconv.SERVICE_NAME: "fulmen-agent"}))
     provider.add_span_processor(RolloutStamper())
-    if otlp_endpoint:
+    if otlp_endpoint and exporter is None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint, timeout=30)))
+        exporter = OTLPSpanExporter(endpoint=otlp_endpoint, timeout=30)
+    if otlp_endpoint and exporter is not None:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
     if install:
         _install(provider)
     return provider

@@ -27,7 +27,17 @@ class TransitionsSection(BaseModel):
         le=24 * 3600,
         description="how long after its build a rollout is watched for late spans (rebuilt if any); 0 = never",
     )
-    late_check_interval_s: float = Field(default=2.0, gt=0, description="how often to look for late spans")
+    late_check_interval_s: float = Field(
+        default=5.0, gt=0, description="how often to look for late spans (each look reads the store)"
+    )
+    build_interval_s: float = Field(
+        default=2.0,
+        ge=0,
+        le=60,
+        description="at most one build (one read of the finished rollouts' spans from the store) this often: under "
+        "load a build takes every rollout released meanwhile, and a read costs about the same for 50 rollouts or "
+        "500; a build after a quiet spell goes at once; 0 = build whatever is released at once",
+    )
     spans_group: str | None = Field(default=None, description="the spans consumer's group; unset = <prefix>.spans")
     max_batch: int = Field(default=500, ge=1, le=100_000, description="rollout events handled together")
 

@@ -7,7 +7,9 @@ Lifecycle of the events of one poll (up to ``max_batch``):
    or waiting to be, is only acknowledged);
 3. take the spans topic's end offsets and let the events wait for the spans consumer to commit past them
    (``barrier``); polling goes on meanwhile, and rounds are released in order;
-4. read the released rollouts' spans in one query (``reader``), build one batch per rollout (``builder``);
+4. read the released rollouts' spans in one query (``reader``), build one batch per rollout (``builder``); at most
+   one such build per ``build_interval_s`` (a read of the store costs about the same for 50 rollouts or 500: it
+   follows the table's parts, not the rollouts), so under load a build takes everything released meanwhile;
 5. insert the transitions' rows into the transitions table, then publish the batches to
    ``fulmen.transitions`` keyed by group id, acknowledged;
 6. commit the rollouts offsets once the batches are out *and* their late window has passed (``window``).
@@ -126,6 +128,7 @@ class TransitionWorker(TrackedWorker):
         self.late = LateSpanCheck(self.reader, section.late_window_s, section.late_check_interval_s, clock)
         self.max_batch_bytes = int(topic(TopicKey.TRANSITIONS).config.get("max.message.bytes", 1024 * 1024))
         self._waiting_keys: set[RolloutKey] = set()
+        self._next_build = 0.0  # the clock's time of the earliest next build (build_interval_s after the last)
 
     async def start(self) -> None:
         await start_or_raise(self.publisher.broker, self.settings, "transitions publisher")
@@ -139,15 +142,19 @@ class TransitionWorker(TrackedWorker):
         return len(self.waiting) >= _MAX_WAITING_ROUNDS
 
     def poll_ms(self) -> int:
-        return 20 if len(self.waiting) else 200
+        if not len(self.waiting):
+            return 200
+        return max(20, min(200, round(1000 * (self._next_build - self.clock()))))  # no sooner than the next build
 
     async def work(self, stop: asyncio.Event) -> None:
-        """Release and build what the barrier lets through; look for late spans when due."""
-        if len(self.waiting):
+        """Release and build what the barrier lets through (at most one build per ``build_interval_s``); look for
+        late spans when due."""
+        if len(self.waiting) and self.clock() >= self._next_build:
             committed = await self.retrying(self.barrier.committed, "reading the spans group's offsets", stop)
             if committed is not STOPPED:
                 ready = self.waiting.release(committed)
                 if ready:
+                    self._next_build = self.clock() + self.section.build_interval_s
                     await self._build_round(ready, stop)
         if self.late.due() and not stop.is_set():
             await self._check_late(stop)

@@ -84,13 +84,17 @@ def ended(rollout: str, status: RolloutStatus = RolloutStatus.SUCCEEDED, attempt
     )
 
 
-def build(late_window_s: float = 0.0, failures: int = 0) -> tuple[TransitionWorker, dict[str, Any]]:
+def build(
+    late_window_s: float = 0.0, failures: int = 0, build_interval_s: float = 0.0
+) -> tuple[TransitionWorker, dict[str, Any]]:
     consumer = PausingConsumer()
     producer = FakeProducer(consumer.events)
     store = FakeStore(consumer.events, failures)
     barrier = FakeBarrier()
     now = [0.0]
-    section = TransitionsSection(late_window_s=late_window_s, late_check_interval_s=3600)
+    section = TransitionsSection(
+        late_window_s=late_window_s, late_check_interval_s=3600, build_interval_s=build_interval_s
+    )
     worker = TransitionWorker(
         TransitionBuilderSink(section),
         None,
@@ -134,6 +138,26 @@ async def test_rollouts_wait_for_the_barrier_while_polling_goes_on() -> None:
     assert [b.rollout_id for b in batches(fx["producer"])] == ["r0", "r1"]
     assert consumer.committed == {TopicPartition(ROLLOUTS, 0): 2}
     assert [row["RolloutId"] for row in fx["store"].rows] == ["r0", "r1"]
+
+
+async def test_builds_are_spaced_by_the_interval_and_a_build_takes_everything_released_meanwhile() -> None:
+    worker, fx = build(build_interval_s=2.0)
+    stop = asyncio.Event()
+    consumer, barrier, now = fx["consumer"], fx["barrier"], fx["now"]
+    barrier.end = barrier.commit = 1
+    consumer.append(ROLLOUTS, 0, ended("r0"))
+    await worker.poll_once(stop)
+    assert [b.rollout_id for b in batches(fx["producer"])] == ["r0"]  # the first build goes at once
+    for name, at in (("r1", 0.5), ("r2", 1.5)):
+        now[0] = at
+        consumer.append(ROLLOUTS, 0, ended(name))
+        await worker.poll_once(stop)
+    assert [b.rollout_id for b in batches(fx["producer"])] == ["r0"] and len(worker.waiting) == 2
+    now[0] = 2.0  # the interval has passed: one build of both
+    await worker.poll_once(stop)
+    assert [b.rollout_id for b in batches(fx["producer"])] == ["r0", "r1", "r2"] and not len(worker.waiting)
+    assert consumer.committed == {TopicPartition(ROLLOUTS, 0): 3}
+    assert worker.poll_ms() == 200  # nothing waits: the usual poll
 
 
 async def test_rows_are_inserted_then_published_then_committed_and_a_failed_insert_is_retried() -> None:

@@ -69,16 +69,17 @@ def llm_call(name: str, rollout: str, start_ms: int, **fields: Any) -> FakeSpan:
     return FakeSpan(name, rollout, start_ms=start_ms, end_ms=start_ms + 5, attributes=attributes, **fields)
 
 
-def _value(value: Any) -> AnyValue:
+def any_value(value: Any) -> AnyValue:
+    """An attribute value as an OTLP ``AnyValue`` message (lists and tuples as arrays)."""
     if isinstance(value, bool):
         return AnyValue(bool_value=value)
     if isinstance(value, int):
         return AnyValue(int_value=value)
     if isinstance(value, float):
         return AnyValue(double_value=value)
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         array = AnyValue()
-        array.array_value.values.extend(_value(v) for v in value)
+        array.array_value.values.extend(any_value(v) for v in value)
         return array
     return AnyValue(string_value=str(value))
 
@@ -95,7 +96,7 @@ def encode(spans: Sequence[FakeSpan], base_ns: int) -> bytes:
         span.start_time_unix_nano = base_ns + fake.start_ms * 1_000_000
         span.end_time_unix_nano = base_ns + fake.end_ms * 1_000_000
         attributes = {semconv.ROLLOUT_ID: fake.rollout, semconv.ROLLOUT_ATTEMPT: fake.attempt, **fake.attributes}
-        span.attributes.extend(KeyValue(key=k, value=_value(v)) for k, v in attributes.items())
+        span.attributes.extend(KeyValue(key=k, value=any_value(v)) for k, v in attributes.items())
     return request.SerializeToString()
 
 

@@ -20,7 +20,8 @@ load average. Done = every span of the window queryable in ``fulmen.otel_traces`
 ``kafka_bytes_per_span`` is the spans topic's log on disk per span, what the codec saves on the network and the
 brokers' disks. ``consumer_peak_rss_mb`` is the consumers process's peak resident memory (``VmHWM``);
 ``consumer_memory_mb`` says what it is made of, sampled every 0.1 s: the peak of the anonymous memory (heap, the
-engine's working memory) and, at the largest sample, the file-backed part (mostly the engine library's code).
+engine's working memory) and, at the largest sample, the file-backed part (mostly the engine library's code);
+``consumer_anon_peak_mb`` is that anonymous peak on its own (what the process itself holds, not the code).
 
 ``--metrics on`` (the default) has a Prometheus-like scraper read the gateway's and the consumers' ``/metrics``
 every ``--scrape-s`` seconds while the windows run; ``--metrics off`` starts both with ``FULMEN_METRICS_ENABLED=false``
@@ -208,6 +209,7 @@ def main() -> None:
             report["ratio_spans"] = round(report["spans_per_s"] / anchor_report["spans_per_s"], 2)
         report["consumer_peak_rss_mb"] = round(peak_rss_mb(consume.pid) + children_peak_rss_mb(consume.pid), 1)
         report["consumer_memory_mb"] = memory.peaks()  # what the peak is made of: anonymous, file-backed (code)
+        report["consumer_anon_peak_mb"] = report["consumer_memory_mb"]["peak_anon_mb"]  # the process's own memory
         report["peak_rss_mb"] = {
             "gateway": peak_rss_mb(gateway.pid),
             "consumer": peak_rss_mb(consume.pid),

@@ -120,9 +120,11 @@ class Runner:
             consumer(settings, None, fetch_max_wait_ms=20), topic_name(TopicKey.ROLLOUTS, prefix)
         )
         self.dead_letters = DeadLetters(self.producer, prefix=prefix, consumer_group=self.options.group)
-        self.span_producer, self.span_exporter = self._span_export(tracer_provider)
+        self.span_producer: Any = None  # with span_export = kafka, made when the runner's provider exports
+        self.span_exporter: KafkaSpanExporter | None = None
+        kafka_spans = self._kafka_span_exporter if self.options.span_export == "kafka" else None
         self.provider = tracer_provider or build_tracer_provider(
-            self.options.otlp_endpoint or None, exporter=self.span_exporter
+            self.options.otlp_endpoint or None, exporter=kafka_spans
         )
         self.tracer = self.provider.get_tracer("fulmen.runner")
         self.flusher = CoalescedFlush(self.provider)
@@ -148,20 +150,18 @@ class Runner:
         self._slot_freed = asyncio.Event()
         self._committed_at = 0.0
 
-    def _span_export(self, given: TracerProvider | None) -> tuple[Any, KafkaSpanExporter | None]:
-        """The producer and exporter that write in-process agents' spans into the spans topic (``span_export =
-        kafka``), or none (spans by OTLP, nowhere, or through a provider the caller gave)."""
-        if given is not None or not self.options.otlp_endpoint or self.options.span_export != "kafka":
-            return None, None
+    def _kafka_span_exporter(self) -> KafkaSpanExporter:
+        """The exporter (and its producer) that writes in-process agents' spans into the spans topic."""
         prefix = self.settings.kafka.topic_prefix
-        spans = producer(self.settings, linger_ms=0)  # a rollout's end waits for its spans: no lingering
-        exporter = KafkaSpanExporter(spans, topic_name(TopicKey.SPANS, prefix), topic_name(TopicKey.FEEDBACK, prefix))
-        return spans, exporter
+        self.span_producer = producer(self.settings, linger_ms=0)  # a rollout's end waits for its spans: no lingering
+        spans, feedback = topic_name(TopicKey.SPANS, prefix), topic_name(TopicKey.FEEDBACK, prefix)
+        self.span_exporter = KafkaSpanExporter(self.span_producer, spans, feedback)
+        return self.span_exporter
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         clients = [self.tasks, self.ledger.consumer, self.producer, self.broker]
-        if self.span_producer is not None:
+        if self.span_producer is not None and self.span_exporter is not None:
             clients.append(self.span_producer)
             self.span_exporter.bind(asyncio.get_running_loop())
         metrics = MetricsListener.from_settings(self.settings.metrics, what=f"runner {self.runner_id}")

@@ -34,6 +34,7 @@ import asyncio
 import logging
 import threading
 import weakref
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urlsplit
@@ -90,11 +91,13 @@ class RolloutStamper(SpanProcessor):
 
 
 def build_tracer_provider(
-    otlp_endpoint: str | None, *, install: bool = True, exporter: SpanExporter | None = None
+    otlp_endpoint: str | None, *, install: bool = True, exporter: Callable[[], SpanExporter] | None = None
 ) -> TracerProvider:
     """The provider the runner traces with: it stamps rollouts and exports to ``otlp_endpoint`` (None: nowhere),
-    or through ``exporter`` when given (the runner's :class:`~fulmen.producers.runner.kafka_spans.KafkaSpanExporter`;
-    the agents' own providers are still joined by ``otlp_endpoint``).
+    or through the exporter ``exporter()`` makes when given (the runner's
+    :class:`~fulmen.producers.runner.kafka_spans.KafkaSpanExporter`; called only when the runner's provider exports
+    at all, not when the agent's own provider already exports to ``otlp_endpoint``; the agents' own providers are
+    still joined by ``otlp_endpoint``).
 
     With ``install``, it becomes the global provider; when the process already has one (the agent's own), that
     one is kept and joined as the module docstring says, and may be the provider returned.
@@ -113,12 +116,12 @@ def build_tracer_provider(
         return current
     provider = TracerProvider(resource=Resource.create({semconv.SERVICE_NAME: "fulmen-agent"}))
     provider.add_span_processor(RolloutStamper())
-    if otlp_endpoint and exporter is None:
+    if otlp_endpoint and exporter is not None:
+        provider.add_span_processor(BatchSpanProcessor(exporter()))
+    elif otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        exporter = OTLPSpanExporter(endpoint=otlp_endpoint, timeout=30)
-    if otlp_endpoint and exporter is not None:
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint, timeout=30)))
     if install:
         _install(provider)
     return provider

@@ -476,7 +476,8 @@ def parts(args: argparse.Namespace) -> list[tuple[str, int]]:
     chosen = []
     for arm in ARMS:
         if arm in args.arms:
-            chosen += [(arm, s) for s in range(args.seeds)] if arm in ("real", "replay") else [(arm, 0)]
+            seeds = args.seed if args.seed is not None else range(args.seeds)
+            chosen += [(arm, s) for s in seeds] if arm in ("real", "replay") else [(arm, 0)]
     return chosen
 
 
@@ -487,6 +488,9 @@ def main() -> int:
         "--arms", type=lambda text: text.split(","), default=list(ARMS), help=f"comma-separated, of {', '.join(ARMS)}"
     )
     parser.add_argument("--seeds", type=int, default=3, help="real runs (seeds 0..N-1)")
+    parser.add_argument(
+        "--seed", type=int, action="append", help="run only these seeds of the real and replay arms (repeatable)"
+    )
     parser.add_argument("--rerun", action="store_true", help="run parts the results file already holds again")
     parser.add_argument("--report-only", action="store_true", help="run nothing: the summary of the results file")
     parser.add_argument("--markdown", action="store_true", help="also print the docs' table of each scenario")
@@ -541,7 +545,7 @@ def main() -> int:
             runs[key]["settings"] = {
                 k: (str(v) if isinstance(v, Path) else v)
                 for k, v in vars(args).items()
-                if k not in ("only", "arms", "rerun", "report_only")
+                if k not in ("only", "arms", "rerun", "report_only", "seed")
             } | {"matmul_gflops": matmul, "loadavg": os.getloadavg(), "finished": time.strftime("%Y-%m-%d %H:%M")}
             save_results(args.results, results)  # the part is kept before anything else can fail
         results[name]["summary"] = summary(name, runs)

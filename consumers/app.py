@@ -26,6 +26,7 @@ from fulmen.consumers.settings import ConsumersSettings
 from fulmen.consumers.spans import SpanSink
 from fulmen.consumers.tracked import Worker, WorkerContext
 from fulmen.consumers.transitions import TransitionBuilderSink, TransitionsSection
+from fulmen.consumers.transitions.feed import SpanFeed
 from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.clients import close_quietly, consumer, consumer_group, producer, start_or_raise
 from fulmen.infra.kafka.dlq import DeadLetters
@@ -39,9 +40,9 @@ __all__ = ["ConsumerOptions", "ConsumersApp", "WorkerSink", "consume_sinks", "de
 log = logging.getLogger(__name__)
 
 
-def default_sinks() -> list[Sink]:
-    """Every sink: spans, the JSON event topics, then the dead-letter topic."""
-    return [SpanSink(), *EVENT_SINKS.values(), DeadLetterSink()]
+def default_sinks(feed: SpanFeed | None = None) -> list[Sink]:
+    """Every sink: spans (feeding ``feed``, if given), the JSON event topics, then the dead-letter topic."""
+    return [SpanSink(feed=feed), *EVENT_SINKS.values(), DeadLetterSink()]
 
 
 @runtime_checkable
@@ -57,14 +58,19 @@ class WorkerSink(Protocol):
 
 
 def consume_sinks(settings: FulmenSettings) -> list[Sink | WorkerSink]:
-    """What ``fulmen consume`` runs: every table sink, the transitions consumer (``transition_builder``), the
-    feedback consumer (``feedback``) and, unless ``FULMEN_PRODUCTION_ENABLED=false``, the production episode
-    detector (``production``)."""
+    """What ``fulmen consume`` runs: every table sink, the transitions consumer (``transition_builder``, fed by the
+    spans sink unless ``FULMEN_TRANSITIONS_FROM_STREAM=false``), the feedback consumer (``feedback``) and, unless
+    ``FULMEN_PRODUCTION_ENABLED=false``, the production episode detector (``production``)."""
     if isinstance(settings, ConsumersSettings):
         transitions, feedback, production = settings.transitions, settings.feedback, settings.production
     else:
         transitions, feedback, production = TransitionsSection(), FeedbackSection(), ProductionSection()
-    sinks: list[Sink | WorkerSink] = [*default_sinks(), TransitionBuilderSink(transitions), FeedbackSink(feedback)]
+    feed = SpanFeed(transitions.feed_max_mb * 1024**2) if transitions.from_stream else None
+    sinks: list[Sink | WorkerSink] = [
+        *default_sinks(feed),
+        TransitionBuilderSink(transitions, feed),
+        FeedbackSink(feedback),
+    ]
     if production.enabled:
         sinks.append(ProductionEpisodesSink(production))
     return sinks

@@ -75,12 +75,12 @@ class OffsetBarrier:
 
     async def snapshot(self) -> Snapshot:
         """The spans topic's end offsets now."""
-        partitions = await self._spans_partitions()
+        partitions = await self.spans_partitions()
         return dict(await self._offsets.end_offsets(partitions))
 
     async def committed(self) -> dict[TopicPartition, int]:
         """The spans group's committed offset per partition (0 where it has committed nothing)."""
-        partitions = await self._spans_partitions()
+        partitions = await self.spans_partitions()
         if self._coordinator is None:
             self._coordinator = await self._admin.find_coordinator(self.spans_group)
         try:
@@ -90,7 +90,13 @@ class OffsetBarrier:
             raise
         return {tp: max(0, found[tp].offset) if tp in found else 0 for tp in partitions}
 
-    async def _spans_partitions(self) -> list[TopicPartition]:
+    async def end_offsets(self, topic: str, partitions: set[int]) -> dict[int, int]:
+        """Another topic's end offsets now (the transitions consumer's mark on the rollouts topic), by partition."""
+        ends = await self._offsets.end_offsets([TopicPartition(topic, p) for p in sorted(partitions)])
+        return {tp.partition: end for tp, end in ends.items()}
+
+    async def spans_partitions(self) -> list[TopicPartition]:
+        """The spans topic's partitions (described again every minute: partitions may be added)."""
         if not self._partitions or time.monotonic() - self._partitions_at > _METADATA_MAX_AGE_S:
             described = await self._admin.describe_topics([self.spans_topic])
             numbers = [p["partition"] for p in described[0]["partitions"]] if described[0]["error_code"] == 0 else []

@@ -43,6 +43,11 @@ class Sink(Protocol):
     valid; ``to_batch`` turns a batch of decoded units into one insert, an Arrow table or pre-encoded rows (it
     may raise for a unit that cannot be stored, or a PoisonInputError for one a sink decodes only here; the batch
     is then converted unit by unit and the culprits dead-lettered, a PoisonInputError as it was raised).
+
+    Optional hooks, called when a sink has them: ``stored(batch)`` once the store took a batch, before its
+    offsets are committed; ``assigned(partitions)`` and ``revoked(partitions)`` when the group's assignment
+    changes (after the buffered batch was stored and committed, on a revoke). The spans sink feeds the
+    transitions consumer with them (``fulmen.consumers.transitions.feed``).
     """
 
     name: str
@@ -103,9 +108,13 @@ class BatchConsumer:
     async def revoked(self, partitions: list[TopicPartition]) -> None:
         """Partitions taken away: insert and commit everything buffered (the revoked partitions with the rest)."""
         await self.flush()
+        if (hook := getattr(self.sink, "revoked", None)) is not None:
+            hook(partitions)
 
     def assigned(self, partitions: list[TopicPartition]) -> None:
         """Partitions given: nothing to reset (a revoke flushed the buffer, so it holds none of theirs)."""
+        if (hook := getattr(self.sink, "assigned", None)) is not None:
+            hook(partitions)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set; flush what is buffered before returning."""
@@ -175,6 +184,8 @@ class BatchConsumer:
     ) -> None:
         started = time.perf_counter()
         rows = await self._insert(batch) if batch is not None else 0
+        if batch is not None and (stored := getattr(self.sink, "stored", None)) is not None:
+            stored(batch)
         observe_batch(self.sink.name, len(records), started)
         await self.dead_letters.flush()
         await self._commit(offsets)

@@ -72,6 +72,12 @@ class ConsumersCollector(Collector):
                 "rollouts built again because spans arrived after their transitions",
                 labels=[],
             ),
+            "sources": CounterMetricFamily(
+                "fulmen_transitions_rollouts_built",
+                "rollouts built, by where their spans came from: feed (the spans this process stored) or store "
+                "(read back)",
+                labels=["source"],
+            ),
         }
         sums: dict[tuple[str, tuple[str, ...]], float] = {}
         for app in list(self.apps):
@@ -113,6 +119,8 @@ def _worker_counts(worker: Any, prefix: str) -> Iterable[tuple[tuple[str, tuple[
     if hasattr(stats, "transitions"):
         yield ("transitions", ()), stats.transitions
         yield ("late", ()), stats.late_rebuilds
+        yield ("sources", ("feed",)), stats.from_feed
+        yield ("sources", ("store",)), stats.from_store
 
 
 async def _partition_lag(worker: Any) -> dict[tuple[str, str, int], int]:

@@ -14,7 +14,8 @@ RowBinary's parsing cost) when it is installed, else the pure-Python :class:`Spa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from aiokafka.structs import ConsumerRecord
@@ -28,11 +29,25 @@ from fulmen.schemas.ddl import TABLES
 from fulmen.schemas.errors import DecodeError
 from fulmen.schemas.topics import TopicKey
 
-__all__ = ["SpanSink", "native_flattener"]
+if TYPE_CHECKING:
+    from aiokafka.structs import TopicPartition
+
+    from fulmen.consumers.transitions.feed import SpanFeed
+
+__all__ = ["SpanBlock", "SpanSink", "native_flattener"]
+
+
+@dataclass(frozen=True)
+class SpanBlock(EncodedRows):
+    """A Native block of spans, with the records of its stamped spans for the span feed (``records``)."""
+
+    records: list[Any] = field(default_factory=list)
 
 
 def native_flattener() -> Any | None:
     """The native flattener built with our attribute keys, or None when the extension is not installed."""
+    from fulmen.consumers.transitions.feed import RECORD_ATTRIBUTES, RECORD_EVENT_ATTRIBUTES
+
     try:
         from fulmen.infra._otlp_rows import Flattener
     except ImportError:
@@ -48,21 +63,26 @@ def native_flattener() -> Any | None:
         semconv.TOKEN_ARRAY_INVALID,
         list(semconv.AGENT_NAME_KEYS),
         list(semconv.REWARD_KEYS),
+        list(RECORD_ATTRIBUTES),
+        list(RECORD_EVENT_ATTRIBUTES),
     )
 
 
 class SpanSink:
-    """A :class:`fulmen.consumers.batch.Sink` for the spans topic. ``native=None`` uses the extension if present."""
+    """A :class:`fulmen.consumers.batch.Sink` for the spans topic. ``native=None`` uses the extension if present.
+    With a ``feed`` (and the native flattener), each stored batch's stamped spans go to the transitions consumer's
+    :class:`~fulmen.consumers.transitions.feed.SpanFeed` too."""
 
     name = "spans"
     topic = TopicKey.SPANS
     table = TABLES["spans"]
 
-    def __init__(self, native: bool | None = None) -> None:
+    def __init__(self, native: bool | None = None, feed: SpanFeed | None = None) -> None:
         self.flattener = native_flattener() if native in (None, True) else None
         if native is True and self.flattener is None:
             raise ImportError("the native span flattener (fulmen.infra._otlp_rows) is not built: make install")
         self._native_columns = tuple(self.flattener.columns()) if self.flattener is not None else ()
+        self.feed = feed if self.flattener is not None else None  # the Python path makes no records
 
     @property
     def native(self) -> bool:
@@ -86,11 +106,28 @@ class SpanSink:
     def to_batch(self, units: Sequence[Any]) -> pa.Table | EncodedRows:
         if self.flattener is not None:
             try:
-                data, rows = self.flattener.flatten(list(units))
+                if self.feed is None or not self.feed.covering:
+                    data, rows = self.flattener.flatten(list(units))
+                    return EncodedRows(self._native_columns, data, rows, fmt="Native")
+                data, rows, records = self.flattener.flatten_records(list(units))
             except ValueError as exc:
                 raise DecodeError(f"ExportTraceServiceRequest: not valid OTLP protobuf ({exc})") from None
-            return EncodedRows(self._native_columns, data, rows, fmt="Native")
+            return SpanBlock(self._native_columns, data, rows, fmt="Native", records=records)
         columns = SpanColumns()
         for request in units:
             columns.add_request(request)
         return columns.to_table()
+
+    # --- the span feed (optional hooks of a Sink: fulmen.consumers.batch) ---------------------------------------
+    def stored(self, batch: pa.Table | EncodedRows) -> None:
+        """The store took ``batch`` (its offsets are not committed yet): its stamped spans go to the feed."""
+        if self.feed is not None and isinstance(batch, SpanBlock):
+            self.feed.add(batch.records)
+
+    def assigned(self, partitions: list[TopicPartition]) -> None:
+        if self.feed is not None:
+            self.feed.assigned(partitions)
+
+    def revoked(self, partitions: list[TopicPartition]) -> None:
+        if self.feed is not None:
+            self.feed.revoked(partitions)

@@ -4,7 +4,8 @@ Credit is not assigned here: the run that trains chooses it (``FULMEN_TRAIN_CRED
 from the episode reward and the per-call intermediate rewards each batch carries.
 
 ``tree`` (trace tree, repaired), ``selection`` (LLM calls, agents), ``rewards`` (intermediate rewards matched
-to calls), ``builder`` (rollout → TransitionBatch, pure), ``reader`` (spans from the store), ``window`` (commits,
+to calls), ``builder`` (rollout → TransitionBatch, pure), ``reader`` (spans from the store), ``feed`` (spans from
+the spans consumer of the same process, so most rollouts are not read back), ``window`` (commits,
 attempts, what is watched), ``late`` (late spans), ``worker`` (what is its own of the consume loop: the rest is
 ``fulmen.consumers.tracked``; it waits for the spans consumer with ``fulmen.consumers.barrier``), ``app`` (its
 entry in ``fulmen consume``), ``settings`` (``FULMEN_TRANSITIONS_*``).

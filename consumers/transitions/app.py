@@ -4,13 +4,16 @@ It has its own consumer group over the rollouts topic (``<group_prefix>.transiti
 group's committed offsets for its barrier (``<group_prefix>.spans`` unless ``FULMEN_TRANSITIONS_SPANS_GROUP``
 says otherwise; Fulmen's group names take ``FULMEN_KAFKA_TOPIC_PREFIX``, see ``fulmen.schemas.topics.group_name``),
 and publishes through a broker of its own whose request limit fits the transitions topic's ``max.message.bytes``
-(a batch of long episodes is larger than the default 1 MiB).
+(a batch of long episodes is larger than the default 1 MiB). With a :class:`SpanFeed` (when the spans sink runs
+in the same process, unless ``FULMEN_TRANSITIONS_FROM_STREAM=false``) it builds finished rollouts from the spans
+that sink stored, reading the store only for what the feed cannot vouch for (``fulmen.consumers.transitions.feed``).
 """
 
 from __future__ import annotations
 
 from fulmen.consumers.barrier import OffsetBarrier
 from fulmen.consumers.tracked import WorkerContext
+from fulmen.consumers.transitions.feed import SpanFeed
 from fulmen.consumers.transitions.settings import TransitionsSection
 from fulmen.consumers.transitions.worker import TransitionWorker
 from fulmen.infra.kafka.broker import kafka_broker
@@ -30,8 +33,9 @@ class TransitionBuilderSink:
     topic = TopicKey.ROLLOUTS
     table = TABLES["transitions"]
 
-    def __init__(self, section: TransitionsSection | None = None) -> None:
+    def __init__(self, section: TransitionsSection | None = None, feed: SpanFeed | None = None) -> None:
         self.section = section or TransitionsSection()
+        self.feed = feed  # what this process's spans sink stores, when it runs here (fulmen.consumers.app)
 
     def worker(self, context: WorkerContext) -> TransitionWorker:
         settings, prefix = context.settings, context.settings.kafka.topic_prefix
@@ -40,5 +44,13 @@ class TransitionBuilderSink:
         limit = int(topic(TopicKey.TRANSITIONS).config.get("max.message.bytes", 1024 * 1024))
         publisher = EventPublisher(kafka_broker(settings, max_request_size=limit), SENDER)
         return TransitionWorker(
-            self, settings, context.consumer, context.store, context.dead_letters, publisher, barrier, self.section
+            self,
+            settings,
+            context.consumer,
+            context.store,
+            context.dead_letters,
+            publisher,
+            barrier,
+            self.section,
+            feed=self.feed,
         )

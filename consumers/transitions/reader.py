@@ -24,7 +24,7 @@ from fulmen.schemas import semconv
 from fulmen.schemas.ddl import TABLES
 from fulmen.schemas.events import production_trace_id
 
-__all__ = ["EXTRA_ATTRIBUTES", "RolloutKey", "SpanReader"]
+__all__ = ["EXTRA_ATTRIBUTES", "RolloutKey", "SpanReader", "span_record"]
 
 RolloutKey = tuple[str, int]
 """(rollout id, attempt)."""
@@ -148,29 +148,59 @@ def _condition(clause: str, name: str, stamped: list[Any], traces: Iterable[str]
 
 
 def _record(row: Sequence[Any]) -> SpanRecord:
-    start = int(row[6])
+    """A row of ``_SPANS_SQL``."""
+    return span_record(
+        row[2:10],
+        row[10],
+        row[11],
+        row[12],
+        row[13],
+        attributes=(row[14], row[15], row[22]),
+        events=(row[16], row[17], row[18], row[21]),
+        links=(row[19], row[20]),
+    )
+
+
+def span_record(
+    head: Sequence[Any],
+    prompt: Iterable[int],
+    response: Iterable[int],
+    logprobs: Iterable[float],
+    reward: float | None,
+    *,
+    attributes: Sequence[str],
+    events: tuple[Sequence[int], Sequence[str], Sequence[str], Sequence[str]],
+    links: tuple[Sequence[str], Sequence[str]],
+) -> SpanRecord:
+    """A :class:`SpanRecord` from what the store answers (or what the span feed holds: ``transitions.feed``).
+    ``head`` is (trace id, span id, parent span id, name, start ns, duration ns, agent name, model version|None);
+    ``attributes`` the texts of :data:`EXTRA_ATTRIBUTES`; ``events`` each event's start ns, its texts of the two
+    reward keys, and its response id text; ``links`` the linked trace ids and span ids."""
+    trace_id, span_id, parent_span_id, name, start, duration, agent_name, model_version = head
+    start = int(start)
+    times, first_rewards, second_rewards, response_ids = events
     rewarded = [
         ((int(at), value), response_id)
-        for at, first, second, response_id in zip(row[16], row[17], row[18], row[21], strict=True)
+        for at, first, second, response_id in zip(times, first_rewards, second_rewards, response_ids, strict=True)
         if (value := _number(first) if first else _number(second)) is not None
     ]
     return SpanRecord(
-        trace_id=row[2],
-        span_id=row[3],
-        parent_span_id=row[4],
-        name=row[5],
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_span_id=parent_span_id,
+        name=name,
         start_ns=start,
-        end_ns=start + int(row[7]),
-        agent_name=row[8],
-        attributes={k: v for k, v in zip(EXTRA_ATTRIBUTES, (row[14], row[15], row[22]), strict=True) if v},
-        prompt_token_ids=tuple(row[10]),
-        response_token_ids=tuple(row[11]),
-        response_logprobs=tuple(float(x) for x in row[12]),
-        model_version=int(row[9]) if row[9] is not None else None,
-        reward=row[13],
+        end_ns=start + int(duration),
+        agent_name=agent_name,
+        attributes={k: v for k, v in zip(EXTRA_ATTRIBUTES, attributes, strict=True) if v},
+        prompt_token_ids=tuple(prompt),
+        response_token_ids=tuple(response),
+        response_logprobs=tuple(float(x) for x in logprobs),
+        model_version=int(model_version) if model_version is not None else None,
+        reward=reward,
         event_rewards=tuple(reward for reward, _ in rewarded),
         event_response_ids=tuple(response_id for _, response_id in rewarded),
-        links=tuple(zip(row[19], row[20], strict=True)),
+        links=tuple(zip(*links, strict=True)),
     )
 
 

@@ -38,6 +38,14 @@ class TransitionsSection(BaseModel):
         "load a build takes every rollout released meanwhile, and a read costs about the same for 50 rollouts or "
         "500; a build after a quiet spell goes at once; 0 = build whatever is released at once",
     )
+    from_stream: bool = Field(
+        default=True,
+        description="build a finished rollout from the spans this process's spans consumer stored (the span feed) "
+        "when it saw them all; false = always read them back from the store",
+    )
+    feed_max_mb: int = Field(
+        default=64, ge=1, le=65_536, description="spans the feed holds for running rollouts (past it: read back)"
+    )
     spans_group: str | None = Field(default=None, description="the spans consumer's group; unset = <prefix>.spans")
     max_batch: int = Field(default=500, ge=1, le=100_000, description="rollout events handled together")
 

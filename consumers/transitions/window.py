@@ -40,6 +40,7 @@ class Built:
     created_at: datetime
     tp: TopicPartition
     record: ConsumerRecord
+    feed_epoch: int | None = None  # the span feed's epoch at the build, when it covered the spans topic
 
 
 class BuildWindow:

@@ -7,14 +7,17 @@ Lifecycle of the events of one poll (up to ``max_batch``):
    or waiting to be, is only acknowledged);
 3. take the spans topic's end offsets and let the events wait for the spans consumer to commit past them
    (``barrier``); polling goes on meanwhile, and rounds are released in order;
-4. read the released rollouts' spans in one query (``reader``), build one batch per rollout (``builder``); at most
-   one such build per ``build_interval_s`` (a read of the store costs about the same for 50 rollouts or 500: it
-   follows the table's parts, not the rollouts), so under load a build takes everything released meanwhile;
+4. take the released rollouts' spans from the span feed where it vouches for them (``feed``: the spans consumer
+   of this process handed them over as it stored them), read the others' in one query (``reader``), and build
+   one batch per rollout (``builder``); at most one such build per ``build_interval_s`` (a read of the store
+   costs about the same for 50 rollouts or 500: it follows the table's parts, not the rollouts), so under load
+   a build takes everything released meanwhile;
 5. insert the transitions' rows into the transitions table, then publish the batches to
    ``fulmen.transitions`` keyed by group id, acknowledged;
 6. commit the rollouts offsets once the batches are out *and* their late window has passed (``window``).
 
-Late spans (``late``): a watched rollout that received spans after its build is rebuilt, and its batch inserted
+Late spans (``late``, or the feed for rollouts built while it covers the spans topic): a watched rollout that
+received spans after its build is rebuilt from the store, and its batch inserted
 and published again with a newer ``created_at`` (the transitions table keeps the newest row per call; readers
 of the topic keep the newest batch of a rollout attempt); a WARNING says so.
 
@@ -37,7 +40,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +55,7 @@ from fulmen.consumers.barrier import OffsetBarrier, WaitingRounds
 from fulmen.consumers.event_sinks import TRANSITION_SCHEMA, transition_rows
 from fulmen.consumers.tracked import STORE_ERRORS, Fetched, TrackedWorker, WorkerStats
 from fulmen.consumers.transitions.builder import BuildOptions, BuildResult, build_batch
+from fulmen.consumers.transitions.feed import SpanFeed
 from fulmen.consumers.transitions.late import LateSpanCheck
 from fulmen.consumers.transitions.reader import RolloutKey, SpanReader
 from fulmen.consumers.transitions.settings import TransitionsSection
@@ -63,14 +69,15 @@ from fulmen.infra.store import Store
 from fulmen.schemas.codec import decode, encode
 from fulmen.schemas.ddl import TABLES
 from fulmen.schemas.errors import PoisonInputError
-from fulmen.schemas.events import RolloutEvent
-from fulmen.schemas.topics import TopicKey, topic
+from fulmen.schemas.events import RolloutEvent, RolloutStatus
+from fulmen.schemas.topics import TopicKey, topic, topic_name
 
 __all__ = ["TransitionStats", "TransitionWorker"]
 
 log = logging.getLogger(__name__)
 
 _MAX_WAITING_ROUNDS = 32  # pause fetching events while this many polls wait for the barrier
+_MAX_CLAIMS = 200_000  # claimed events remembered (rollouts running), the oldest forgotten first
 Item = tuple[TopicPartition, ConsumerRecord, RolloutEvent]
 
 
@@ -83,6 +90,8 @@ class TransitionStats(WorkerStats):
     duplicates: int = 0
     late_rebuilds: int = 0
     skipped_calls: int = 0
+    from_feed: int = 0  # rollouts built from the span feed
+    from_store: int = 0  # rollouts built from spans read back from the store
 
 
 class TransitionWorker(TrackedWorker):
@@ -103,6 +112,7 @@ class TransitionWorker(TrackedWorker):
         *,
         retry_backoff_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
+        feed: SpanFeed | None = None,
     ) -> None:
         self.window = BuildWindow()  # the offset tracker: an event is committed once its late window has passed
         super().__init__(
@@ -129,6 +139,9 @@ class TransitionWorker(TrackedWorker):
         self.max_batch_bytes = int(topic(TopicKey.TRANSITIONS).config.get("max.message.bytes", 1024 * 1024))
         self._waiting_keys: set[RolloutKey] = set()
         self._next_build = 0.0  # the clock's time of the earliest next build (build_interval_s after the last)
+        self.feed = feed
+        self._claims: OrderedDict[RolloutKey, tuple[int, int]] = OrderedDict()  # (partition, offset) of claimed
+        self._mark: tuple[int, dict[int, int]] | None = None  # (feed epoch, rollouts end offset per partition)
 
     async def start(self) -> None:
         await start_or_raise(self.publisher.broker, self.settings, "transitions publisher")
@@ -137,6 +150,11 @@ class TransitionWorker(TrackedWorker):
     async def close(self) -> None:
         await self.barrier.stop()
         await close_quietly([self.publisher.broker])
+
+    @property
+    def feed_ready(self) -> bool:
+        """Whether rollouts claimed from now on build from the span feed (it covers the spans topic, marked)."""
+        return self.feed is not None and self._mark is not None and self._mark[0] == self.feed.epoch
 
     def full(self) -> bool:
         return len(self.waiting) >= _MAX_WAITING_ROUNDS
@@ -158,6 +176,30 @@ class TransitionWorker(TrackedWorker):
                     await self._build_round(ready, stop)
         if self.late.due() and not stop.is_set():
             await self._check_late(stop)
+        if self.feed is not None and not stop.is_set():
+            await self._follow_feed(stop)
+
+    async def _follow_feed(self, stop: asyncio.Event) -> None:
+        """Tell the feed the spans topic's partitions; once it covers them all in a new epoch, take the mark: the
+        rollouts topic's end offsets (a rollout claimed at or past them has all its spans in the feed)."""
+        assert self.feed is not None
+        partitions = await self.retrying(self.barrier.spans_partitions, "reading the spans topic's partitions", stop)
+        if partitions is STOPPED:
+            return
+        self.feed.expect(partitions)
+        if not self.feed.covering or (self._mark is not None and self._mark[0] == self.feed.epoch):
+            return
+        name = topic_name(TopicKey.ROLLOUTS, self.settings.kafka.topic_prefix)
+        rollouts = self.consumer.partitions_for_topic(name)
+        if not rollouts:
+            return  # no metadata yet: next time
+        epoch = self.feed.epoch
+        ends = await self.retrying(
+            lambda: self.barrier.end_offsets(name, rollouts), "reading the rollouts' end offsets", stop
+        )
+        if ends is not STOPPED:
+            self._mark = (epoch, ends)
+            log.info("transitions: the span feed covers the spans topic; rollouts claimed from %s build from it", ends)
 
     # --- reading events -------------------------------------------------------------------------------------
     async def take(self, fetched: Fetched, stop: asyncio.Event) -> None:
@@ -183,6 +225,10 @@ class TransitionWorker(TrackedWorker):
             await self.dead_letter(tp, record, exc)
             return None
         self.attempts.observe(event)
+        if event.status is RolloutStatus.CLAIMED and self.feed is not None:
+            self._claims[(event.rollout_id, event.attempt)] = (record.partition, record.offset)
+            if len(self._claims) > _MAX_CLAIMS:
+                self._claims.popitem(last=False)
         if not event.status.terminal:
             self.done(tp, record.offset)
             return None
@@ -194,6 +240,7 @@ class TransitionWorker(TrackedWorker):
         key = (event.rollout_id, event.attempt)
         if self.attempts.superseded(event):
             self.stats.superseded += 1
+            self._forget_spans(key)
             log.info("rollout %s attempt %d superseded by a later attempt: not built", *key)
         elif self.window.has_built(key) or key in self._waiting_keys:
             self.stats.duplicates += 1
@@ -210,6 +257,7 @@ class TransitionWorker(TrackedWorker):
             if self.attempts.superseded(event):
                 self.stats.superseded += 1
                 self._waiting_keys.discard((event.rollout_id, event.attempt))
+                self._forget_spans((event.rollout_id, event.attempt))
                 self.done(tp, record.offset)
             else:
                 items.append((tp, record, event))
@@ -219,16 +267,27 @@ class TransitionWorker(TrackedWorker):
         self._waiting_keys.difference_update((event.rollout_id, event.attempt) for _, _, event in items)
         ready_at = self.clock() + self.section.late_window_s
         for (tp, record, event), result in published:
-            self.window.built(Built(event, result.span_count, result.batch.created_at, tp, record), ready_at)
+            self.window.built(self._built(event, result, tp, record), ready_at)
         calls = sum(len(result.batch.transitions) for _, result in published)
         log.info("transitions: %d rollout(s) built, %d transition(s) published", len(published), calls)
 
-    async def _build_and_publish(self, items: list[Item], stop: asyncio.Event) -> list[tuple[Item, BuildResult]] | None:
-        """Read, build, insert, publish; None when stopped first. Unbuildable events are dead-lettered."""
+    async def _build_and_publish(
+        self, items: list[Item], stop: asyncio.Event, *, from_feed: bool = True
+    ) -> list[tuple[Item, BuildResult]] | None:
+        """Take (the feed) or read (the store), build, insert, publish; None when stopped first. Unbuildable events
+        are dead-lettered."""
         keys = [(event.rollout_id, event.attempt) for _, _, event in items]
-        spans = await self.retrying(lambda: asyncio.to_thread(self.reader.spans, keys), "reading spans", stop)
-        if spans is STOPPED:
-            return None
+        spans = {key: found for key in keys if from_feed and (found := self._from_feed(key)) is not None}
+        unfed = [key for key in keys if key not in spans]
+        if unfed:
+            for key in unfed:  # before the read: a span fed while it runs then shows as late, if the read missed it
+                self._forget_spans(key)
+            read = await self.retrying(lambda: asyncio.to_thread(self.reader.spans, unfed), "reading spans", stop)
+            if read is STOPPED:
+                return None
+            spans |= read
+        self.stats.from_feed += len(keys) - len(unfed)
+        self.stats.from_store += len(unfed)
         built = []
         for item, key in zip(items, keys, strict=True):
             result = await self._build_one(item, spans.get(key, []))
@@ -247,6 +306,7 @@ class TransitionWorker(TrackedWorker):
             error = exc if isinstance(exc, PoisonInputError) else PoisonInputError(f"cannot build: {exc}")
             log.error("rollout %s attempt %d: %s; dead-lettered", event.rollout_id, event.attempt, error.message)
             self.window.unwatch((event.rollout_id, event.attempt))
+            self._forget_spans((event.rollout_id, event.attempt))
             await self.dead_letter(tp, record, error)
             return None
         for reason in result.skipped:
@@ -303,19 +363,44 @@ class TransitionWorker(TrackedWorker):
         self.stats.empty_batches += sum(1 for batch in batches if not batch.transitions)
         return True
 
+    # --- the span feed ------------------------------------------------------------------------------------
+    def _from_feed(self, key: RolloutKey) -> list | None:
+        """The spans of ``key`` from the feed when it vouches for all of them (``feed``: claimed at or past the
+        mark of the epoch that still lasts, none dropped for room), else None: read them from the store."""
+        claim = self._claims.pop(key, None)
+        if self.feed is None or self._mark is None or claim is None or self._mark[0] != self.feed.epoch:
+            return None
+        partition, offset = claim
+        if offset < self._mark[1].get(partition, math.inf):
+            return None
+        return self.feed.take(key)
+
+    def _forget_spans(self, key: RolloutKey) -> None:
+        if self.feed is not None:
+            self.feed.discard(key)
+
+    def _built(self, event: RolloutEvent, result: BuildResult, tp: TopicPartition, record: ConsumerRecord) -> Built:
+        """What the window watches; ``feed_epoch`` when the feed covers: its late spans show in the feed."""
+        covering = self.feed is not None and self.feed.covering
+        epoch = self.feed.epoch if covering and self.feed is not None else None
+        return Built(event, result.span_count, result.batch.created_at, tp, record, feed_epoch=epoch)
+
     # --- late spans -----------------------------------------------------------------------------------------
     async def _check_late(self, stop: asyncio.Event) -> None:
         watched = self.window.watched()
-        try:
-            late = await asyncio.to_thread(self.late.late, watched)
-        except STORE_ERRORS as exc:
-            log.warning("transitions: the late-span check failed, trying again next time: %s", exc)
-            return
+        fed = {key for key, built in watched.items() if self._fed_since_build(built)}
+        late = [key for key in fed if self.feed is not None and self.feed.arrived(key)]
+        unfed = {key: built for key, built in watched.items() if key not in fed}
+        if unfed:
+            try:
+                late += list(await asyncio.to_thread(self.late.late, unfed))
+            except STORE_ERRORS as exc:
+                log.warning("transitions: the late-span check failed, trying again next time: %s", exc)
         if not late:
             return
         before = {key: watched[key].span_count for key in late}
         items = [(watched[key].tp, watched[key].record, watched[key].event) for key in late]
-        published = await self._build_and_publish(items, stop)
+        published = await self._build_and_publish(items, stop, from_feed=False)
         if published is None:
             return
         ready_at = self.clock() + self.section.late_window_s
@@ -326,11 +411,15 @@ class TransitionWorker(TrackedWorker):
                 "transition(s) and published again",
                 key[0],
                 key[1],
-                late[key] - before[key],
+                result.span_count - before[key],
                 len(result.batch.transitions),
             )
-            self.window.built(Built(event, result.span_count, result.batch.created_at, tp, record), ready_at)
+            self.window.built(self._built(event, result, tp, record), ready_at)
         self.stats.late_rebuilds += len(published)
+
+    def _fed_since_build(self, built: Built) -> bool:
+        """Whether the feed has covered the spans topic since ``built``'s build, so its late spans show there."""
+        return self.feed is not None and built.feed_epoch == self.feed.epoch and self.feed.covering
 
     def forget(self, partitions: list[TopicPartition]) -> None:
         for _, _, event in self.waiting.drop(lambda item: item[0] not in partitions):

@@ -13,7 +13,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from bench.otlp_payloads import make_request
 from fulmen.consumers.otlp_rows import SPAN_SCHEMA
-from fulmen.consumers.spans import SpanSink, native_flattener
+from fulmen.consumers.spans import SpanBlock, SpanSink, native_flattener
+from fulmen.consumers.transitions.feed import feed_span_record
+from fulmen.consumers.transitions.reader import SpanReader
 from fulmen.infra.store import Store
 from fulmen.schemas import semconv
 from fulmen.schemas.errors import DecodeError
@@ -152,6 +154,40 @@ def test_native_rows_equal_the_reference(store: Store, batch: list[ExportTraceSe
     store.insert_batch("native_spans", native.to_batch(payloads))
     store.insert_batch("python_spans", python.to_batch([ExportTraceServiceRequest.FromString(p) for p in payloads]))
     assert _rows(store, "native_spans") == _rows(store, "python_spans")
+
+
+@settings(
+    max_examples=int(os.environ.get("SPAN_ROWS_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(batch=st.lists(requests(), min_size=1, max_size=3))
+def test_feed_records_equal_what_the_store_answers_the_transitions_reader(
+    store: Store, batch: list[ExportTraceServiceRequest]
+) -> None:
+    """The span feed's records (``flatten_records``) give the transitions builder exactly the spans it would read
+    back from the store: one record per stamped span, and none for the others."""
+    store.command(f"TRUNCATE TABLE {store.table('otel_traces')}")
+    payloads = [r.SerializeToString() for r in batch]
+    data, rows, records = native_flattener().flatten_records(payloads)
+    store.insert_batch("otel_traces", SpanBlock(tuple(native_flattener().columns()), data, rows, records=records))
+    stamped = store.query(f"SELECT count() FROM {store.table('otel_traces')} WHERE RolloutId != ''").rows[0][0]
+    assert len(records) == stamped
+    fed: dict = {}
+    for record in records:
+        fed.setdefault((record[0], record[1]), {})[(record[2], record[3])] = feed_span_record(record)
+    read = SpanReader(store).spans(fed)
+    assert {key: _by_id(spans) for key, spans in read.items()} == {
+        key: {k: _nan_safe_record(v) for k, v in spans.items()} for key, spans in fed.items()
+    }
+
+
+def _by_id(spans: list) -> dict:
+    return {(s.trace_id, s.span_id): _nan_safe_record(s) for s in spans}
+
+
+def _nan_safe_record(record: object) -> object:
+    return repr(record)  # NaN != NaN: compare the texts (the same value prints the same)
 
 
 def test_native_block_has_the_columns_of_the_reference() -> None:

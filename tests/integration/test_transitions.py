@@ -315,3 +315,77 @@ async def test_two_runs_with_different_credit_share_one_consume_process(
     # observed: R = 1 and a reward of 0.25 after the first of three calls
     assert credited["run-a"] == [0.25, 0.5, 1.0]  # gamma^(T-1-t) * R
     assert credited["run-b"] == pytest.approx([0.25 + 0.5 * 0.5, 0.5, 1.0])  # i_t + gamma * G_{t+1}
+
+
+async def _feed_ready(app) -> None:  # type: ignore[no-untyped-def]
+    worker = builders(app)[0]
+    for _ in range(300):
+        if worker.feed_ready:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the span feed never covered the spans topic")
+
+
+async def test_rollouts_claimed_once_the_feed_covers_build_from_it_as_from_the_store(
+    settings: FulmenSettings, linked_store: Store, kafka: tuple
+) -> None:
+    """Rollouts claimed after the feed covers the spans topic are built from what the spans consumer stored, not
+    read back; one that was never seen claimed is read back; both give the batch the store gives."""
+    from fulmen.consumers.transitions import BuildOptions, build_batch
+    from fulmen.consumers.transitions.reader import SpanReader
+
+    client, publisher = kafka
+    fed = [f"fed-{i}" for i in range(4)]
+    async with consumers_running(settings, linked_store, SECTION) as app, BatchReader(settings) as reader:
+        await _feed_ready(app)
+        await publisher.publish_many(TopicKey.ROLLOUTS, [ended(r, RolloutStatus.CLAIMED) for r in fed])
+        await produce_spans(client, settings, [s for r in [*fed, "unclaimed"] for s in agent_rollout(r, calls=2)])
+        ends = [ended(r, reward=1.0) for r in [*fed, "unclaimed"]]
+        await publisher.publish_many(TopicKey.ROLLOUTS, ends)
+        batches = by_rollout(await reader.until(5))
+        worker = builders(app)[0]
+        assert (worker.stats.from_feed, worker.stats.from_store) == (4, 1)
+        assert worker.feed is not None and len(worker.feed) == 0  # released at their builds
+    stored = SpanReader(linked_store).spans([(e.rollout_id, 1) for e in ends])
+    for event in ends:
+        expected = build_batch(event, stored[(event.rollout_id, 1)], BuildOptions.create(None)).batch
+        built = batches[(event.rollout_id, 1)]
+        assert built.transitions == expected.transitions and len(built.transitions) == 2
+
+
+async def test_a_late_span_shows_in_the_feed(settings: FulmenSettings, linked_store: Store, kafka: tuple) -> None:
+    """A rollout built from the feed learns of its late span from the feed, without asking the store."""
+    client, publisher = kafka
+    section = TransitionsSection(late_window_s=60, late_check_interval_s=0.2)
+    async with consumers_running(settings, linked_store, section) as app, BatchReader(settings) as reader:
+        await _feed_ready(app)
+        await publisher.publish(TopicKey.ROLLOUTS, ended("r1", RolloutStatus.CLAIMED))
+        await produce_spans(client, settings, agent_rollout("r1", calls=2))
+        await publisher.publish(TopicKey.ROLLOUTS, ended("r1", reward=1.0))
+        (first,) = await reader.until(1)
+        late = llm_call("call-late", "r1", 500, parent="invoke_agent")
+        await produce_spans(client, settings, [late])
+        batches = await reader.until(2)
+        worker = builders(app)[0]
+        assert (worker.stats.late_rebuilds, worker.stats.from_feed) == (1, 1)
+        assert worker.late._since_ms is None  # the store's late-span check never ran
+    assert len(first.transitions) == 2 and [t.span_id for t in batches[1].transitions][-1] == late.span_id
+
+
+async def test_rollouts_the_feed_dropped_for_room_are_read_back(
+    settings: FulmenSettings, linked_store: Store, kafka: tuple
+) -> None:
+    from fulmen.consumers.transitions.feed import SpanFeed
+
+    client, publisher = kafka
+    rollouts = [f"big-{i}" for i in range(3)]
+    feed = SpanFeed(max_bytes=1)  # every stored batch overflows it
+    async with consumers_running(settings, linked_store, SECTION, feed=feed) as app, BatchReader(settings) as reader:
+        await _feed_ready(app)
+        await publisher.publish_many(TopicKey.ROLLOUTS, [ended(r, RolloutStatus.CLAIMED) for r in rollouts])
+        await produce_spans(client, settings, [s for r in rollouts for s in agent_rollout(r, calls=1)])
+        await publisher.publish_many(TopicKey.ROLLOUTS, [ended(r) for r in rollouts])
+        batches = by_rollout(await reader.until(3))
+        worker = builders(app)[0]
+        assert (worker.stats.from_feed, worker.stats.from_store) == (0, 3) and feed.evictions >= 3
+    assert all(len(batches[(r, 1)].transitions) == 1 for r in rollouts)

@@ -17,6 +17,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from fulmen.consumers import ConsumerOptions, ConsumersApp, SpanSink
 from fulmen.consumers.transitions import TransitionBuilderSink, TransitionsSection, TransitionWorker
+from fulmen.consumers.transitions.feed import SpanFeed
 from fulmen.infra.kafka.clients import consumer, start_or_raise
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import Store
@@ -143,10 +144,22 @@ def builders(app: ConsumersApp) -> list[TransitionWorker]:
 
 @asynccontextmanager
 async def consumers_running(
-    settings: FulmenSettings, store: Store, section: TransitionsSection, *, spans: bool = True, builder: bool = True
+    settings: FulmenSettings,
+    store: Store,
+    section: TransitionsSection,
+    *,
+    spans: bool = True,
+    builder: bool = True,
+    feed: SpanFeed | None = None,
 ) -> AsyncIterator[ConsumersApp]:
-    """A consumers process with the spans sink and/or the transition builder, in this event loop."""
-    sinks: list[Any] = ([SpanSink()] if spans else []) + ([TransitionBuilderSink(section)] if builder else [])
+    """A consumers process with the spans sink and/or the transition builder, in this event loop; with both, the
+    span feed joins them as in ``fulmen consume`` (``feed``, or one of the section's size) unless the section
+    turns it off."""
+    if feed is None and spans and builder and section.from_stream:
+        feed = SpanFeed(section.feed_max_mb * 1024**2)
+    sinks: list[Any] = ([SpanSink(feed=feed)] if spans else []) + (
+        [TransitionBuilderSink(section, feed)] if builder else []
+    )
     stop, ready = asyncio.Event(), asyncio.Event()
     app = ConsumersApp(settings, store, sinks, ConsumerOptions(max_wait_s=0.1))
     task = asyncio.create_task(app.run(stop, ready))

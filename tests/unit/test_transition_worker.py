@@ -229,3 +229,50 @@ async def test_an_attempt_superseded_while_it_waited_is_not_built() -> None:
     await worker.poll_once(stop)
     assert batches(fx["producer"]) == [] and worker.stats.superseded == 1
     assert consumer.committed == {TopicPartition(ROLLOUTS, 0): 2}
+
+
+async def test_the_feed_is_used_only_for_rollouts_claimed_after_its_mark_in_the_same_epoch() -> None:
+    """Claimed before the mark (spans maybe consumed before the feed covered), or across a change of the spans
+    consumer's assignment: read back from the store. Claimed at or past the mark, within the epoch: the feed."""
+    from types import SimpleNamespace
+
+    from fulmen.consumers.transitions.feed import SpanFeed
+    from tests.unit.test_span_feed import record
+
+    worker, fx = build()
+    consumer, barrier = fx["consumer"], fx["barrier"]
+    feed = worker.feed = SpanFeed()
+    worker.settings = SimpleNamespace(kafka=SimpleNamespace(topic_prefix=""))  # type: ignore[assignment]
+    consumer.partitions_for_topic = lambda name: {0}
+    barrier.spans_partitions = lambda: _returning([SPANS])
+    barrier.end_offsets = lambda topic, partitions: _returning({p: consumer_end(consumer) for p in partitions})
+    stop = asyncio.Event()
+    consumer.append(ROLLOUTS, 0, ended("r0", RolloutStatus.CLAIMED))  # offset 0: before the feed covers
+    feed.assigned([SPANS])
+    await worker.poll_once(stop)
+    assert worker.feed_ready  # marked at offset 1
+    consumer.append(ROLLOUTS, 0, ended("r1", RolloutStatus.CLAIMED))
+    feed.add([record("r0", "a"), record("r1", "a")])
+    consumer.append(ROLLOUTS, 0, ended("r0"))
+    consumer.append(ROLLOUTS, 0, ended("r1"))
+    await worker.poll_once(stop)
+    await worker.poll_once(stop)
+    assert (worker.stats.from_feed, worker.stats.from_store) == (1, 1) and len(feed) == 0
+    consumer.append(ROLLOUTS, 0, ended("r2", RolloutStatus.CLAIMED))
+    feed.add([record("r2", "a")])
+    feed.revoked([SPANS])  # the spans consumer's assignment changed: r2's spans may be elsewhere
+    feed.assigned([SPANS])
+    consumer.append(ROLLOUTS, 0, ended("r2"))
+    await worker.poll_once(stop)
+    await worker.poll_once(stop)
+    assert (worker.stats.from_feed, worker.stats.from_store) == (1, 2)
+    assert worker.feed_ready  # marked again in the new epoch
+    assert [b.rollout_id for b in batches(fx["producer"])] == ["r0", "r1", "r2"]
+
+
+async def _returning(value: Any) -> Any:
+    return value
+
+
+def consumer_end(consumer: Any) -> int:
+    return len(consumer.log[TopicPartition(ROLLOUTS, 0)])

@@ -9,16 +9,18 @@
 use prost::Message;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList};
 use std::sync::Mutex;
 
 mod json;
 mod native;
 mod proto;
+mod records;
 mod wire;
 
 use proto::{any_value::Value, AnyValue, ExportTraceServiceRequest, KeyValue, Span};
 use native::{Block, Row};
+use records::{Record, RecordKeys};
 
 /// The block's columns, in `otel_traces` (and `SPAN_SCHEMA`) order, with the Native types written for them.
 const COLUMNS: &[(&str, &str)] = &[
@@ -70,6 +72,8 @@ struct Flattener {
     invalid: String,
     agent_keys: Vec<String>,
     reward_keys: Vec<String>,
+    /// What `flatten_records` copies into each record besides the typed columns.
+    record_keys: RecordKeys,
     /// The last batch's block, emptied: its columns keep their memory for the next batch.
     spare: Mutex<Option<Block>>,
 }
@@ -78,6 +82,7 @@ struct Flattener {
 impl Flattener {
     #[new]
     #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (service_name, rollout_id, attempt, model_version, prompt_ids, response_ids, logprobs, invalid, agent_keys, reward_keys, record_attributes=Vec::new(), record_event_attributes=Vec::new()))]
     fn new(
         service_name: String,
         rollout_id: String,
@@ -89,8 +94,11 @@ impl Flattener {
         invalid: String,
         agent_keys: Vec<String>,
         reward_keys: Vec<String>,
+        record_attributes: Vec<String>,
+        record_event_attributes: Vec<String>,
     ) -> Self {
-        Flattener { service_name, rollout_id, attempt, model_version, prompt_ids, response_ids, logprobs, invalid, agent_keys, reward_keys, spare: Mutex::new(None) }
+        let record_keys = RecordKeys { attributes: record_attributes, event_attributes: record_event_attributes };
+        Flattener { service_name, rollout_id, attempt, model_version, prompt_ids, response_ids, logprobs, invalid, agent_keys, reward_keys, record_keys, spare: Mutex::new(None) }
     }
 
     /// The names of the block's columns, in order.
@@ -102,20 +110,45 @@ impl Flattener {
     /// One Native block of every span of every request, and how many rows it holds. The records are read where
     /// they are (not copied) and the block is written straight into the bytes object returned.
     fn flatten<'py>(&self, py: Python<'py>, requests: Vec<Bound<'py, PyBytes>>) -> PyResult<(Bound<'py, PyBytes>, usize)> {
-        let records: Vec<&[u8]> = requests.iter().map(|r| r.as_bytes()).collect();
+        let (block, _) = self.decode_all(py, &requests, false)?;
+        self.finish(py, block)
+    }
+
+    /// `flatten`, and the record (see `records.rs`) of every span a rollout stamped, in the order they came.
+    fn flatten_records<'py>(
+        &self,
+        py: Python<'py>,
+        requests: Vec<Bound<'py, PyBytes>>,
+    ) -> PyResult<(Bound<'py, PyBytes>, usize, Bound<'py, PyList>)> {
+        let (block, records) = self.decode_all(py, &requests, true)?;
+        let (data, rows) = self.finish(py, block)?;
+        let tuples = records.into_iter().map(|r| r.into_py(py)).collect::<PyResult<Vec<_>>>()?;
+        Ok((data, rows, PyList::new(py, tuples)?))
+    }
+}
+
+impl Flattener {
+    /// Every request's spans into one block (the last batch's, emptied, when there is one), and their records
+    /// when `with_records`; a request that is not valid protobuf fails the whole call.
+    fn decode_all(&self, py: Python<'_>, requests: &[Bound<'_, PyBytes>], with_records: bool) -> PyResult<(Block, Vec<Record>)> {
+        let data: Vec<&[u8]> = requests.iter().map(|r| r.as_bytes()).collect();
         let spare = self.spare.lock().ok().and_then(|mut spare| spare.take());
-        let block = py
-            .detach(|| {
-                let mut block = spare.unwrap_or_else(|| Block::new(COLUMNS));
-                for data in &records {
-                    match ExportTraceServiceRequest::decode(*data) {
-                        Ok(request) => self.write_request(&mut block, &request),
-                        Err(e) => return Err(e.to_string()),
-                    }
+        py.detach(|| {
+            let mut block = spare.unwrap_or_else(|| Block::new(COLUMNS));
+            let mut records = Vec::new();
+            for bytes in &data {
+                match ExportTraceServiceRequest::decode(*bytes) {
+                    Ok(request) => self.write_request(&mut block, &request, with_records.then_some(&mut records)),
+                    Err(e) => return Err(e.to_string()),
                 }
-                Ok(block)
-            })
-            .map_err(PyValueError::new_err)?;
+            }
+            Ok((block, records))
+        })
+        .map_err(PyValueError::new_err)
+    }
+
+    /// The block as the bytes returned, and its row count; the block is kept, emptied, for the next call.
+    fn finish<'py>(&self, py: Python<'py>, block: Block) -> PyResult<(Bound<'py, PyBytes>, usize)> {
         let rows = block.rows();
         let out = PyBytes::new_with(py, block.size(), |buf| {
             block.write_to(buf);
@@ -144,7 +177,7 @@ impl<'a> Typed<'a> {
 }
 
 impl Flattener {
-    fn write_request(&self, block: &mut Block, request: &ExportTraceServiceRequest) {
+    fn write_request(&self, block: &mut Block, request: &ExportTraceServiceRequest, mut records: Option<&mut Vec<Record>>) {
         for resource_spans in &request.resource_spans {
             let empty = Vec::new();
             let resource_kvs = resource_spans.resource.as_ref().map(|r| &r.attributes).unwrap_or(&empty);
@@ -154,7 +187,10 @@ impl Flattener {
             for scope_spans in &resource_spans.scope_spans {
                 let (scope_name, scope_version) = scope_spans.scope.as_ref().map(|s| (s.name.as_str(), s.version.as_str())).unwrap_or(("", ""));
                 for span in &scope_spans.spans {
-                    self.write_span(&mut block.row(), span, &resource, service, scope_name, scope_version, &last);
+                    let record = self.write_span(&mut block.row(), span, &resource, service, scope_name, scope_version, &last, records.is_some());
+                    if let (Some(records), Some(record)) = (records.as_deref_mut(), record) {
+                        records.push(record);
+                    }
                 }
             }
         }
@@ -170,7 +206,8 @@ impl Flattener {
         scope_name: &str,
         scope_version: &str,
         resource_get: &dyn Fn(&str) -> Option<&'a str>,
-    ) {
+        with_record: bool,
+    ) -> Option<Record> {
         let mut attrs: Vec<(&str, String)> = Vec::with_capacity(span.attributes.len() + 1);
         let mut typed = Typed { texts: Vec::with_capacity(span.attributes.len()), prompt: None, response: None, logprobs: None };
         for kv in &span.attributes {
@@ -211,22 +248,70 @@ impl Flattener {
         w.next().str(&enum_name(&STATUS, code));
         w.next().str(message);
         write_events_and_links(w, span);
-        self.write_typed(w, &typed, resource_get);
+        let columns = self.typed_columns(&typed, resource_get);
+        columns.write(w, &typed);
+        if !with_record || columns.rollout.is_empty() {
+            return None;
+        }
+        let (rollout, agent) = (columns.rollout.to_string(), columns.agent.to_string());
+        let (attempt, model_version, reward) = (columns.attempt, columns.model_version, columns.reward);
+        let keys = &self.record_keys;
+        let pairs = || attrs.iter().map(|(key, value)| (*key, value.as_str()));
+        Some(Record {
+            rollout,
+            attempt,
+            trace: records::hex(&span.trace_id),
+            span: records::hex(&span.span_id),
+            parent: records::hex(&span.parent_span_id),
+            name: span.name.clone(),
+            start: start as i64,
+            duration: end.saturating_sub(start),
+            agent,
+            model_version,
+            prompt: typed.prompt.unwrap_or_default(),
+            response: typed.response.unwrap_or_default(),
+            logprobs: typed.logprobs.unwrap_or_default(),
+            reward,
+            attributes: keys.attributes.iter().map(|key| records::first(pairs(), key)).collect(),
+            event_times: span.events.iter().map(|e| e.time_unix_nano as i64).collect(),
+            event_values: records::event_values(&span.events, &keys.event_attributes, |kv| text(kv.value.as_ref())),
+            link_traces: span.links.iter().map(|l| records::hex(&l.trace_id)).collect(),
+            link_spans: span.links.iter().map(|l| records::hex(&l.span_id)).collect(),
+        })
     }
 
-    fn write_typed<'a>(&self, w: &mut Row, typed: &Typed, resource_get: &dyn Fn(&str) -> Option<&'a str>) {
+    fn typed_columns<'t, 'a: 't>(&self, typed: &'t Typed, resource_get: &dyn Fn(&str) -> Option<&'a str>) -> TypedColumns<'t> {
         let rollout = typed.get(&self.rollout_id).filter(|v| !v.is_empty()).or_else(|| resource_get(&self.rollout_id)).unwrap_or("");
-        w.next().str(rollout);
         let attempt = typed.get(&self.attempt).filter(|v| !v.is_empty()).or_else(|| resource_get(&self.attempt));
-        w.next().u32(attempt.and_then(|t| whole(t, 4_294_967_296.0)).unwrap_or(0) as u32);
-        let agent = self.agent_keys.iter().find_map(|k| typed.get(k).filter(|v| !v.is_empty())).unwrap_or("");
-        w.next().str(agent);
-        w.next().nullable_u64(typed.get(&self.model_version).and_then(|t| whole(t, 9_223_372_036_854_775_808.0)));
+        TypedColumns {
+            rollout,
+            attempt: attempt.and_then(|t| whole(t, 4_294_967_296.0)).unwrap_or(0) as u32,
+            agent: self.agent_keys.iter().find_map(|k| typed.get(k).filter(|v| !v.is_empty())).unwrap_or(""),
+            model_version: typed.get(&self.model_version).and_then(|t| whole(t, 9_223_372_036_854_775_808.0)),
+            reward: self.reward_keys.iter().find_map(|k| typed.get(k)).and_then(strict_number),
+        }
+    }
+}
+
+/// The typed columns a span's attributes (or its resource's) give.
+struct TypedColumns<'t> {
+    rollout: &'t str,
+    attempt: u32,
+    agent: &'t str,
+    model_version: Option<u64>,
+    reward: Option<f64>,
+}
+
+impl TypedColumns<'_> {
+    fn write(&self, w: &mut Row, typed: &Typed) {
+        w.next().str(self.rollout);
+        w.next().u32(self.attempt);
+        w.next().str(self.agent);
+        w.next().nullable_u64(self.model_version);
         w.next().u32s(typed.prompt.as_deref().unwrap_or(&[]));
         w.next().u32s(typed.response.as_deref().unwrap_or(&[]));
         w.next().f32s(typed.logprobs.as_deref().unwrap_or(&[]));
-        let reward = self.reward_keys.iter().find_map(|k| typed.get(k)).and_then(strict_number);
-        w.next().nullable_f64(reward);
+        w.next().nullable_f64(self.reward);
     }
 }
 

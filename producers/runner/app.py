@@ -66,7 +66,7 @@ from fulmen.producers.runner.kafka_spans import KafkaSpanExporter
 from fulmen.producers.runner.ledger import RolloutLedger
 from fulmen.producers.runner.settings import RunnerSettings
 from fulmen.producers.runner.sync import sync_caller
-from fulmen.producers.runner.tracing import CURRENT_ROLLOUT, CoalescedFlush, build_tracer_provider
+from fulmen.producers.runner.tracing import CURRENT_ROLLOUT, CoalescedFlush, ExportFailures, build_tracer_provider
 from fulmen.schemas import semconv
 from fulmen.schemas.codec import decode
 from fulmen.schemas.errors import DecodeError
@@ -95,8 +95,14 @@ class Runner:
     """One runner process. Build it inside the event loop; :meth:`run` until ``stop`` is set."""
 
     def __init__(
-        self, settings: RunnerSettings, agent: Callable[..., Any], tracer_provider: TracerProvider | None = None
+        self,
+        settings: RunnerSettings,
+        agent: Callable[..., Any],
+        tracer_provider: TracerProvider | None = None,
+        export_failures: ExportFailures | None = None,
     ) -> None:
+        """``export_failures``: where the exporters of ``tracer_provider`` note what they could not write (its
+        own is made otherwise)."""
         self.settings = settings
         self.options = settings.runner
         self.agent = agent
@@ -123,8 +129,9 @@ class Runner:
         self.span_producer: Any = None  # with span_export = kafka, made when the runner's provider exports
         self.span_exporter: KafkaSpanExporter | None = None
         kafka_spans = self._kafka_span_exporter if self.options.span_export == "kafka" else None
+        self.export_failures = export_failures or ExportFailures()  # what its exporters could not write
         self.provider = tracer_provider or build_tracer_provider(
-            self.options.otlp_endpoint or None, exporter=kafka_spans
+            self.options.otlp_endpoint or None, exporter=kafka_spans, failures=self.export_failures
         )
         self.tracer = self.provider.get_tracer("fulmen.runner")
         self.flusher = CoalescedFlush(self.provider)
@@ -155,7 +162,7 @@ class Runner:
         prefix = self.settings.kafka.topic_prefix
         self.span_producer = producer(self.settings, linger_ms=0)  # a rollout's end waits for its spans: no lingering
         spans, feedback = topic_name(TopicKey.SPANS, prefix), topic_name(TopicKey.FEEDBACK, prefix)
-        self.span_exporter = KafkaSpanExporter(self.span_producer, spans, feedback)
+        self.span_exporter = KafkaSpanExporter(self.span_producer, spans, feedback, failures=self.export_failures)
         return self.span_exporter
 
     # --- lifecycle ------------------------------------------------------------------------------------------
@@ -346,6 +353,10 @@ class Runner:
         self.reporting.add(request.rollout_id)  # the agent's slot is free for the next request
         self._slot_freed.set()
         await self.flusher.flush()  # the spans are out before the end is reported
+        lost = self.export_failures.take(request.rollout_id, request.attempt)
+        if lost is not None and status is RolloutStatus.SUCCEEDED:  # never trained on with spans missing
+            status, reward, error = RolloutStatus.FAILED, None, f"some of its spans were not exported: {lost}"
+            log.warning("rollout %s attempt %d: %s", request.rollout_id, request.attempt, error)
         ended = self._event(request, status, reward=reward, error=error)
         if status is not RolloutStatus.SUCCEEDED and request.attempt < request.max_attempts:
             retry = self._retry_of(request, utc_now())

@@ -14,7 +14,8 @@ Threads: the SDK calls :meth:`KafkaSpanExporter.export` on its worker thread or 
 runner's event loop and blocks until Kafka acknowledged every record, so a flush that returned means the spans
 are on the topic, which is what the transitions consumer's offset barrier needs before a rollout's end is
 published. An export before :meth:`bind` (no loop yet), after the loop stopped, or on the loop's own thread fails
-(logged) rather than block.
+(logged) rather than block. Every failed export is noted by rollout (``failures``, the runner's
+``ExportFailures``): those rollouts end failed rather than be trained on with spans missing.
 
 Agents in their own processes (``sync_isolation = process``) and providers the agent set up itself keep
 exporting by OTLP to ``otlp_endpoint``.
@@ -35,6 +36,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from fulmen.producers.otlp_gateway.otlp import prepare
+from fulmen.producers.runner.tracing import ExportFailures
 from fulmen.schemas.errors import PoisonInputError
 
 __all__ = ["KafkaSpanExporter"]
@@ -55,6 +57,7 @@ class KafkaSpanExporter(SpanExporter):
         *,
         max_record_bytes: int = 1024 * 1024,
         timeout_s: float = 30.0,
+        failures: ExportFailures | None = None,
     ) -> None:
         if timeout_s <= 0 or max_record_bytes <= _RECORD_OVERHEAD:
             raise ValueError(f"timeout_s must be > 0 and max_record_bytes > {_RECORD_OVERHEAD}")
@@ -63,6 +66,7 @@ class KafkaSpanExporter(SpanExporter):
         self.feedback_topic = feedback_topic
         self.max_record_bytes = max_record_bytes
         self.timeout_s = timeout_s
+        self.failures = failures or ExportFailures()
         self.records = 0  # records acknowledged
         self.spans = 0  # spans in them
         self.refused = 0  # spans refused (over the record limit)
@@ -83,12 +87,15 @@ class KafkaSpanExporter(SpanExporter):
             (log.debug if self._shut else log.warning)(
                 "%d span(s) not exported: the runner's event loop is not there to send them", len(spans)
             )
+            if not self._shut:
+                self.failures.note(spans, "the runner's event loop was not there to send them")
             return SpanExportResult.FAILURE
         body = encode_spans(spans).SerializeToString()
         try:
             prepared = prepare(body, False, self.max_record_bytes - _RECORD_OVERHEAD, self.max_record_bytes)
         except PoisonInputError as exc:  # the SDK's own encoding: never expected
             log.error("%d span(s) not exported: %s", len(spans), exc)
+            self.failures.note(spans, str(exc))
             return SpanExportResult.FAILURE
         if prepared.rejected:
             self.refused += prepared.rejected
@@ -107,6 +114,7 @@ class KafkaSpanExporter(SpanExporter):
             sent.cancel()
             reason = "no acknowledgement in time" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
             log.warning("%d span(s) not exported to %s: %s", prepared.accepted, self.spans_topic, reason)
+            self.failures.note(spans, f"not written to {self.spans_topic}: {reason}")
             return SpanExportResult.FAILURE
         self.records += len(prepared.keys)
         self.spans += prepared.accepted

@@ -4,7 +4,9 @@ The runner installs the global tracer provider, so spans from any instrumentatio
 framework's, the agent's own) pass through :class:`RolloutStamper`, which reads the rollout of the current
 asyncio task (a context variable, copied into the worker thread of a sync agent) and stamps it on the span.
 Spans are exported (straight into the spans topic, :mod:`~fulmen.producers.runner.kafka_spans`, or by OTLP/HTTP to
-the OTLP gateway) and flushed before a rollout's end is reported.
+the OTLP gateway) and flushed before a rollout's end is reported. An export the runner's exporter could not
+complete is noted by rollout (:class:`ExportFailures`, the runner's): such a rollout ends failed (and is retried
+when it has attempts left) rather than be trained on with spans missing.
 
 An agent that sets up OpenTelemetry itself, as its framework's docs say (its own ``TracerProvider`` with an
 OTLP exporter, installed globally when its module is imported, before the runner builds its provider), keeps
@@ -34,7 +36,8 @@ import asyncio
 import logging
 import threading
 import weakref
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urlsplit
@@ -43,7 +46,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from fulmen.schemas import semconv
 from fulmen.schemas.events import RolloutRequest
@@ -51,6 +54,8 @@ from fulmen.schemas.events import RolloutRequest
 __all__ = [
     "CURRENT_ROLLOUT",
     "CoalescedFlush",
+    "ExportFailures",
+    "NotingExporter",
     "RolloutStamper",
     "build_tracer_provider",
     "exports_to",
@@ -62,6 +67,63 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CURRENT_ROLLOUT: ContextVar[RolloutRequest | None] = ContextVar("fulmen_current_rollout", default=None)
+
+
+class ExportFailures:
+    """The rollout attempts some of whose spans the runner's exporter could not write, and why (thread-safe: the
+    SDK exports on its worker thread; the ``capacity`` noted last are kept)."""
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._failed: OrderedDict[tuple[str, int], str] = OrderedDict()
+
+    def note(self, spans: Sequence[ReadableSpan], reason: str) -> None:
+        """``spans`` were not exported: remember the rollout attempts they belong to (the stamped ones)."""
+        keys = set()
+        for span in spans:
+            attributes = span.attributes or {}
+            rollout = attributes.get(semconv.ROLLOUT_ID)
+            if rollout:
+                keys.add((str(rollout), int(attributes.get(semconv.ROLLOUT_ATTEMPT, 1))))  # type: ignore[arg-type]
+        with self._lock:
+            for key in keys:
+                self._failed[key] = reason
+                self._failed.move_to_end(key)
+            while len(self._failed) > self.capacity:
+                self._failed.popitem(last=False)
+
+    def take(self, rollout_id: str, attempt: int) -> str | None:
+        """Why spans of this attempt were not exported (forgotten then), or None if all were."""
+        with self._lock:
+            return self._failed.pop((rollout_id, attempt), None)
+
+
+class NotingExporter(SpanExporter):
+    """An exporter that notes in ``failures`` the rollouts of every export ``inner`` fails (the OTLP exporter of
+    ``span_export = otlp``; the Kafka one notes its own). ``_endpoint`` is the inner one's, so the provider is
+    still seen to export there (:func:`exports_to`)."""
+
+    def __init__(self, inner: SpanExporter, failures: ExportFailures) -> None:
+        self.inner = inner
+        self.failures = failures
+        self._endpoint = getattr(inner, "_endpoint", None)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self.inner.export(spans)
+        except Exception as exc:  # an exporter that raises loses the spans just the same
+            self.failures.note(spans, f"{type(exc).__name__}: {exc}")
+            raise
+        if result is not SpanExportResult.SUCCESS:
+            self.failures.note(spans, f"the OTLP export to {self._endpoint} failed")
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self.inner.force_flush(timeout_millis)
 
 
 class RolloutStamper(SpanProcessor):
@@ -91,13 +153,17 @@ class RolloutStamper(SpanProcessor):
 
 
 def build_tracer_provider(
-    otlp_endpoint: str | None, *, install: bool = True, exporter: Callable[[], SpanExporter] | None = None
+    otlp_endpoint: str | None,
+    *,
+    install: bool = True,
+    exporter: Callable[[], SpanExporter] | None = None,
+    failures: ExportFailures | None = None,
 ) -> TracerProvider:
     """The provider the runner traces with: it stamps rollouts and exports to ``otlp_endpoint`` (None: nowhere),
     or through the exporter ``exporter()`` makes when given (the runner's
     :class:`~fulmen.producers.runner.kafka_spans.KafkaSpanExporter`; called only when the runner's provider exports
     at all, not when the agent's own provider already exports to ``otlp_endpoint``; the agents' own providers are
-    still joined by ``otlp_endpoint``).
+    still joined by ``otlp_endpoint``). The OTLP exporter notes its failures in ``failures``, when given.
 
     With ``install``, it becomes the global provider; when the process already has one (the agent's own), that
     one is kept and joined as the module docstring says, and may be the provider returned.
@@ -121,7 +187,8 @@ def build_tracer_provider(
     elif otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint, timeout=30)))
+        otlp = OTLPSpanExporter(endpoint=otlp_endpoint, timeout=30)
+        provider.add_span_processor(BatchSpanProcessor(NotingExporter(otlp, failures) if failures else otlp))
     if install:
         _install(provider)
     return provider

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from fulmen.infra.kafka.clients import consumer, start_or_raise
 from fulmen.infra.settings import FulmenSettings
 from fulmen.producers.runner import Runner, RunnerSettings, load_agent
-from fulmen.producers.runner.tracing import RolloutStamper
+from fulmen.producers.runner.tracing import ExportFailures, RolloutStamper
 from fulmen.schemas import RolloutEvent, RolloutRequest, RolloutStatus, TopicKey, decode, semconv, topic, topic_name
 from fulmen.testing.publishing import event_publisher
 
@@ -43,10 +43,14 @@ def runner_settings(settings: FulmenSettings, agent: str, concurrency: int = 4) 
 
 @asynccontextmanager
 async def runner_running(
-    settings: FulmenSettings, agent: str, provider: TracerProvider | None = None, concurrency: int = 4
+    settings: FulmenSettings,
+    agent: str,
+    provider: TracerProvider | None = None,
+    concurrency: int = 4,
+    failures: ExportFailures | None = None,
 ) -> AsyncIterator[Runner]:
     options = runner_settings(settings, agent, concurrency)
-    runner = Runner(options, load_agent(agent), tracer_provider=provider or TracerProvider())
+    runner = Runner(options, load_agent(agent), tracer_provider=provider or TracerProvider(), export_failures=failures)
     stop = asyncio.Event()
     task = asyncio.create_task(runner.run(stop))
     try:
@@ -298,3 +302,34 @@ async def test_an_agent_project_with_its_own_schemas_infra_and_consumers_runs(
         await asyncio.to_thread(runner.wait, 60)
     (done,) = [e for e in events["own-modules"] if e.status.terminal]
     assert (done.status, done.reward) == (RolloutStatus.SUCCEEDED, 0.75), log.read_text()[-3000:]
+
+
+class _FailsFirstAttempts(InMemorySpanExporter):
+    """Fails every export that holds a span of a rollout's first attempt."""
+
+    def export(self, spans):  # type: ignore[no-untyped-def]
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        if any((span.attributes or {}).get(semconv.ROLLOUT_ATTEMPT) == 1 for span in spans):
+            return SpanExportResult.FAILURE
+        return super().export(spans)
+
+
+async def test_a_rollout_whose_spans_were_not_exported_fails_and_is_retried(settings: FulmenSettings) -> None:
+    """Its agent succeeded, but training on it would miss spans: the attempt ends failed, saying why, and the next
+    attempt (spans exported) is the one that succeeds."""
+    from fulmen.producers.runner.tracing import NotingExporter
+
+    failures = ExportFailures()
+    provider = TracerProvider()
+    provider.add_span_processor(RolloutStamper())
+    provider.add_span_processor(SimpleSpanProcessor(NotingExporter(_FailsFirstAttempts(), failures)))
+    await submit(settings, [request("lost-spans", {"reward": 1.0}, max_attempts=2)])
+    async with runner_running(settings, "tests.agents.simple:echo_reward", provider, failures=failures):
+        events = await wait_terminal(settings, {"lost-spans"}, final=2)
+    ends = [e for e in events["lost-spans"] if e.status.terminal]
+    assert [(e.attempt, e.status, e.reward) for e in ends] == [
+        (1, RolloutStatus.FAILED, None),
+        (2, RolloutStatus.SUCCEEDED, 1.0),
+    ]
+    assert "spans were not exported" in (ends[0].error or "")

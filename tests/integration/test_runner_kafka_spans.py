@@ -59,3 +59,17 @@ async def test_an_export_with_no_loop_to_send_on_fails_rather_than_blocks(settin
         pass
     assert exporter.export([span]) is SpanExportResult.FAILURE  # not bound to a loop yet
     assert exporter.export([]) is SpanExportResult.SUCCESS
+
+
+async def test_a_failed_export_is_noted_by_rollout(settings: FulmenSettings) -> None:
+    from fulmen.producers.runner.tracing import ExportFailures
+
+    failures = ExportFailures()
+    exporter = KafkaSpanExporter(producer(settings), "spans", "feedback", failures=failures)
+    provider = TracerProvider()
+    with provider.get_tracer("t").start_as_current_span("s", attributes={semconv.ROLLOUT_ID: "r1"}) as span:
+        span.set_attribute(semconv.ROLLOUT_ATTEMPT, 2)
+    assert exporter.export([span]) is SpanExportResult.FAILURE  # not bound to a loop yet
+    assert failures.take("r1", 1) is None
+    assert "event loop" in (failures.take("r1", 2) or "")
+    assert failures.take("r1", 2) is None  # taken once

@@ -206,6 +206,13 @@ def main() -> None:
     parser.add_argument("--no-anchor", action="store_true", help="skip Agent Lightning 0.3.0 (bench/anchor.py)")
     parser.add_argument("--profile", type=Path, default=None, help="write a cProfile of each runner here")
     parser.add_argument("--syscalls", action="store_true", help="count each process's system calls (perf stat)")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="FULMEN_X=VALUE",
+        help="a setting for Fulmen's processes (repeatable; a lever's before and after in one sitting)",
+    )
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="fulmen-bench-rollouts-"))
     broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")
@@ -218,7 +225,7 @@ def main() -> None:
         "FULMEN_OTLP_PORT": str(otlp_port),
         "FULMEN_CLICKHOUSE_READ_PORT": str(read_port),
         "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
-    }
+    } | dict(setting.split("=", 1) for setting in args.env)
     fulmen = [sys.executable, "-m", "fulmen.cli.main"]
     report: dict = {}
     logs = open(home / "services.log", "wb")  # noqa: SIM115
@@ -297,6 +304,7 @@ def main() -> None:
     report["done"] = "the terminal state of every rollout of a burst queryable in fulmen.rollouts (and its 10 spans "
     report["done"] += "in fulmen.otel_traces); kafka_only: every terminal event read back from the rollouts topic"
     report["workers"] = args.workers
+    report["env"] = args.env
     print(json.dumps(report))
 
 

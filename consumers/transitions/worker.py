@@ -142,6 +142,7 @@ class TransitionWorker(TrackedWorker):
         self.feed = feed
         self._claims: OrderedDict[RolloutKey, tuple[int, int]] = OrderedDict()  # (partition, offset) of claimed
         self._mark: tuple[int, dict[int, int]] | None = None  # (feed epoch, rollouts end offset per partition)
+        self._build_epoch: int | None = None  # the feed's epoch when the last build took or read its spans
 
     async def start(self) -> None:
         await start_or_raise(self.publisher.broker, self.settings, "transitions publisher")
@@ -277,6 +278,7 @@ class TransitionWorker(TrackedWorker):
         """Take (the feed) or read (the store), build, insert, publish; None when stopped first. Unbuildable events
         are dead-lettered."""
         keys = [(event.rollout_id, event.attempt) for _, _, event in items]
+        self._build_epoch = self.feed.epoch if self.feed is not None and self.feed.covering else None
         spans = {key: found for key in keys if from_feed and (found := self._from_feed(key)) is not None}
         unfed = [key for key in keys if key not in spans]
         if unfed:
@@ -380,10 +382,17 @@ class TransitionWorker(TrackedWorker):
             self.feed.discard(key)
 
     def _built(self, event: RolloutEvent, result: BuildResult, tp: TopicPartition, record: ConsumerRecord) -> Built:
-        """What the window watches; ``feed_epoch`` when the feed covers: its late spans show in the feed."""
-        covering = self.feed is not None and self.feed.covering
-        epoch = self.feed.epoch if covering and self.feed is not None else None
-        return Built(event, result.span_count, result.batch.created_at, tp, record, feed_epoch=epoch)
+        """What the window watches; ``feed_epoch`` when the feed has covered the spans topic since the build took
+        or read its spans (an epoch that began meanwhile dropped what arrived before it): late spans show there."""
+        same = self.feed is not None and self.feed.covering and self.feed.epoch == self._build_epoch
+        return Built(
+            event,
+            result.span_count,
+            result.batch.created_at,
+            tp,
+            record,
+            feed_epoch=self._build_epoch if same else None,
+        )
 
     # --- late spans -----------------------------------------------------------------------------------------
     async def _check_late(self, stop: asyncio.Event) -> None:

@@ -218,14 +218,18 @@ def main() -> None:
     broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")
     broker.start()
     otlp_port, read_port = free_port(), free_port()
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
-        "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap,
-        "FULMEN_HOME": str(home),
-        "FULMEN_LOG_LEVEL": "WARNING",
-        "FULMEN_OTLP_PORT": str(otlp_port),
-        "FULMEN_CLICKHOUSE_READ_PORT": str(read_port),
-        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
-    } | dict(setting.split("=", 1) for setting in args.env)
+    base_env = (
+        {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")}
+        | {
+            "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap,
+            "FULMEN_HOME": str(home),
+            "FULMEN_LOG_LEVEL": "WARNING",
+            "FULMEN_OTLP_PORT": str(otlp_port),
+            "FULMEN_CLICKHOUSE_READ_PORT": str(read_port),
+            "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+        }
+        | dict(setting.split("=", 1) for setting in args.env)
+    )
     fulmen = [sys.executable, "-m", "fulmen.cli.main"]
     report: dict = {}
     logs = open(home / "services.log", "wb")  # noqa: SIM115

@@ -158,6 +158,13 @@ def main() -> None:
     parser.add_argument("--syscalls", action="store_true", help="count each process's system calls (perf stat)")
     parser.add_argument("--metrics", choices=("on", "off"), default="on", help="Prometheus metrics, scraped while on")
     parser.add_argument("--scrape-s", type=float, default=1.0, help="how often /metrics is scraped (--metrics on)")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="FULMEN_X=VALUE",
+        help="a setting for Fulmen's processes (repeatable; a lever's before and after in one sitting)",
+    )
     args = parser.parse_args()
     args.compression = args.compression or KafkaSettings().compression
 
@@ -165,15 +172,19 @@ def main() -> None:
     broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")
     broker.start()
     gateway_port, read_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
-        "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap,
-        "FULMEN_HOME": str(home),
-        "FULMEN_LOG_LEVEL": "WARNING",
-        "FULMEN_CLICKHOUSE_READ_PORT": str(read_port),
-        "FULMEN_OTLP_PORT": str(gateway_port),
-        "FULMEN_KAFKA_COMPRESSION": args.compression,
-        "FULMEN_METRICS_ENABLED": "true" if args.metrics == "on" else "false",
-    }
+    env = (
+        {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")}
+        | {
+            "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap,
+            "FULMEN_HOME": str(home),
+            "FULMEN_LOG_LEVEL": "WARNING",
+            "FULMEN_CLICKHOUSE_READ_PORT": str(read_port),
+            "FULMEN_OTLP_PORT": str(gateway_port),
+            "FULMEN_KAFKA_COMPRESSION": args.compression,
+            "FULMEN_METRICS_ENABLED": "true" if args.metrics == "on" else "false",
+        }
+        | dict(setting.split("=", 1) for setting in args.env)
+    )
     asyncio.run(ensure_topics(FulmenSettings(kafka={"bootstrap": broker.bootstrap})))
     fulmen = [sys.executable, "-m", "fulmen.cli.main"]
     logs = {name: open(home / f"{name}.log", "wb") for name in ("gateway", "consume")}  # noqa: SIM115
@@ -239,6 +250,7 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 process.kill()
         broker.stop()
+    report["env"] = args.env
     print(json.dumps(report))
 
 

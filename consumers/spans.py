@@ -39,9 +39,11 @@ __all__ = ["SpanBlock", "SpanSink", "native_flattener"]
 
 @dataclass(frozen=True)
 class SpanBlock(EncodedRows):
-    """A Native block of spans, with the records of its stamped spans for the span feed (``records``)."""
+    """A Native block of spans, with the records of its wanted rollouts' spans for the span feed (``records``) and
+    the other stamped rollout attempts it holds spans of (``skipped``)."""
 
     records: list[Any] = field(default_factory=list)
+    skipped: list[tuple[str, int]] = field(default_factory=list)
 
 
 def native_flattener() -> Any | None:
@@ -109,10 +111,10 @@ class SpanSink:
                 if self.feed is None or not self.feed.covering:
                     data, rows = self.flattener.flatten(list(units))
                     return EncodedRows(self._native_columns, data, rows, fmt="Native")
-                data, rows, records = self.flattener.flatten_records(list(units))
+                data, rows, records, skipped = self.flattener.flatten_records(list(units), self.feed.wanted)
             except ValueError as exc:
                 raise DecodeError(f"ExportTraceServiceRequest: not valid OTLP protobuf ({exc})") from None
-            return SpanBlock(self._native_columns, data, rows, fmt="Native", records=records)
+            return SpanBlock(self._native_columns, data, rows, fmt="Native", records=records, skipped=skipped)
         columns = SpanColumns()
         for request in units:
             columns.add_request(request)
@@ -122,7 +124,7 @@ class SpanSink:
     def stored(self, batch: pa.Table | EncodedRows) -> None:
         """The store took ``batch`` (its offsets are not committed yet): its stamped spans go to the feed."""
         if self.feed is not None and isinstance(batch, SpanBlock):
-            self.feed.add(batch.records)
+            self.feed.add(batch.records, batch.skipped)
 
     def assigned(self, partitions: list[TopicPartition]) -> None:
         if self.feed is not None:

@@ -141,6 +141,13 @@ class ClickHouseSettings(BaseModel):
     engine_cache_bytes: int = Field(
         default=128 * 1024**2, ge=0, description="embedded: size of each of the engine's mark and index caches"
     )
+    engine_merge_threads: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="embedded: threads of the engine's merge pool (background_pool_size; each merge holds its own "
+        "buffers); 0 = the engine's default, 16",
+    )
     engine_compress_block_bytes: int = Field(
         default=256 * 1024,
         ge=64 * 1024,

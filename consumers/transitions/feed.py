@@ -1,9 +1,11 @@
 """The span feed: the transitions consumer builds a finished rollout from the spans it saw go by, not from the store.
 
 When the spans consumer runs in the same process (``fulmen consume`` runs both), the spans sink hands the feed the
-narrow record of every span a rollout stamped (the native flattener's ``flatten_records``), after the batch is in
-the store and before its offsets are committed. The feed holds them by rollout attempt until the transitions
-worker takes them at the rollout's end; the store is read only when the feed cannot vouch for a rollout.
+narrow record of every span of a rollout the transitions worker saw claimed and has not built yet (the native
+flattener's ``flatten_records``, given those rollout ids: spans of anything else cost nothing more than storing
+them), after the batch is in the store and before its offsets are committed. The feed holds them by rollout
+attempt until the transitions worker takes them at the rollout's end; the store is read only when the feed cannot
+vouch for a rollout.
 
 **When the feed has every span of a rollout** (:class:`~fulmen.consumers.transitions.worker.TransitionWorker`
 checks this, the feed gives the facts):
@@ -18,17 +20,20 @@ checks this, the feed gives the facts):
 3. *The barrier*: the rollout's end waits, as before, until the spans group has committed past the spans topic's
    end offsets read after the end (:mod:`fulmen.consumers.barrier`). Within an epoch only this process commits
    that group, and it feeds before it commits: every span of the rollout is here.
-4. *Not evicted*: the feed holds at most ``max_bytes`` (token ids and logprobs at four bytes each, plus an
-   allowance a span); past it the rollouts that began first are dropped and remembered as evicted, and their
-   builds read the store. Past ``max_evicted`` remembered rollouts the epoch ends: everything held is dropped.
+4. *Nothing dropped*: a span of a rollout not (or no longer) wanted when its batch was flattened is not held, and
+   its rollout attempt is remembered as dropped (its claim was read after that span, or it was built already:
+   a late span); the feed holds at most ``max_bytes`` (token ids and logprobs at four bytes each, plus an
+   allowance a span), and past it the rollouts that began first are dropped too. A dropped rollout's build reads
+   the store. Past ``max_evicted`` remembered rollouts (or ``max_evicted`` wanted ones) the epoch ends: everything
+   held is dropped.
 
 A rollout that fails any of these (claimed before the mark, production episodes, which nothing stamps, a restart
 or rebalance) is read from the store exactly as before: the crash rules do not change, since nothing here is
 committed or kept across a restart.
 
-*Late spans*: a rollout built while an epoch covers (from the feed or the store) is dropped from the feed at its
-build; a span of it that arrives later is held again, and that is how the worker learns it is late, without
-asking the store, as long as the epoch lasts.
+*Late spans*: a rollout built while an epoch covers (from the feed or the store) is no longer wanted from its
+build; a span of it that arrives later is remembered as dropped, and that is how the worker learns it is late,
+without asking the store, as long as the epoch lasts.
 """
 
 from __future__ import annotations
@@ -73,7 +78,8 @@ class SpanFeed:
         self._held: dict[RolloutKey, dict[tuple[str, str], tuple[Any, ...]]] = {}  # in order of first span
         self._sizes: dict[RolloutKey, int] = {}
         self._bytes = 0
-        self._evicted: dict[RolloutKey, None] = {}  # an ordered set
+        self._evicted: dict[RolloutKey, None] = {}  # an ordered set: the rollouts with spans not held
+        self.wanted: set[str] = set()  # the rollout ids claimed and not built yet (flatten_records takes it)
 
     # --- the spans consumer's side ----------------------------------------------------------------------------
     def assigned(self, partitions: Collection[TopicPartition]) -> None:
@@ -84,10 +90,13 @@ class SpanFeed:
         self._owned.difference_update(partitions)
         self._new_epoch()
 
-    def add(self, records: Iterable[Sequence[Any]]) -> None:
-        """Hold the records of a batch the store took (``Flattener.flatten_records``' tuples)."""
+    def add(self, records: Iterable[Sequence[Any]], skipped: Iterable[RolloutKey] = ()) -> None:
+        """Hold the records of a batch the store took (``Flattener.flatten_records``' tuples); ``skipped``: the
+        rollout attempts it had spans of that were not wanted then (not held: their builds read the store)."""
         if not self.covering:
             return
+        for rollout, attempt in skipped:
+            self._drop((rollout, int(attempt)))
         for record in records:
             key = (record[0], int(record[1]))
             if key in self._evicted:
@@ -119,15 +128,25 @@ class SpanFeed:
     def covering(self) -> bool:
         return bool(self._expected) and self._expected <= self._owned
 
+    def want(self, rollout_id: str) -> None:
+        """The worker saw ``rollout_id`` claimed: hold its spans from now on."""
+        self.wanted.add(rollout_id)
+        if len(self.wanted) > self.max_evicted:
+            log.warning("span feed: over %d running rollouts wanted; starting over", self.max_evicted)
+            self._new_epoch()
+
     def take(self, key: RolloutKey) -> list[SpanRecord] | None:
         """The spans held for ``key``, released (``[]``: none arrived); None when some were dropped for room."""
+        self.wanted.discard(key[0])
         if key in self._evicted:
             del self._evicted[key]
+            self._release(key)
             return None
         return [feed_span_record(record) for record in self._release(key).values()]
 
     def discard(self, key: RolloutKey) -> None:
         """Drop what is held for ``key`` (built from the store, superseded, dead-lettered)."""
+        self.wanted.discard(key[0])
         self._release(key)
         self._evicted.pop(key, None)
 
@@ -151,12 +170,15 @@ class SpanFeed:
         """Drop the rollouts that began first until a quarter of the room is free again."""
         evicted = 0
         while self._held and self._bytes > self.max_bytes * 3 // 4:
-            key = next(iter(self._held))
-            self._release(key)
-            self._evicted[key] = None
+            self._drop(next(iter(self._held)))
             evicted += 1
         self.evictions += evicted
         log.info("span feed: %d rollout(s) dropped for room (their builds read the store)", evicted)
+
+    def _drop(self, key: RolloutKey) -> None:
+        """Hold nothing of ``key`` from now on, and remember that (its build reads the store)."""
+        self._release(key)
+        self._evicted[key] = None
         if len(self._evicted) > self.max_evicted:
             log.warning("span feed: over %d dropped rollouts remembered; starting over", self.max_evicted)
             self._new_epoch()
@@ -166,6 +188,7 @@ class SpanFeed:
         self._held.clear()
         self._sizes.clear()
         self._evicted.clear()
+        self.wanted.clear()
         self._bytes = 0
 
 

@@ -228,6 +228,7 @@ class TransitionWorker(TrackedWorker):
         self.attempts.observe(event)
         if event.status is RolloutStatus.CLAIMED and self.feed is not None:
             self._claims[(event.rollout_id, event.attempt)] = (record.partition, record.offset)
+            self.feed.want(event.rollout_id)
             if len(self._claims) > _MAX_CLAIMS:
                 self._claims.popitem(last=False)
         if not event.status.terminal:

@@ -255,6 +255,8 @@ def engine_options(settings: ClickHouseSettings) -> dict[str, int]:
         options["max_server_memory_usage"] = settings.engine_max_memory_bytes
     for cache in _ENGINE_CACHES:
         options[cache] = settings.engine_cache_bytes
+    if settings.engine_merge_threads:
+        options["background_pool_size"] = settings.engine_merge_threads
     return options
 
 

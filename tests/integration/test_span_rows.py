@@ -166,13 +166,17 @@ def test_feed_records_equal_what_the_store_answers_the_transitions_reader(
     store: Store, batch: list[ExportTraceServiceRequest]
 ) -> None:
     """The span feed's records (``flatten_records``) give the transitions builder exactly the spans it would read
-    back from the store: one record per stamped span, and none for the others."""
+    back from the store: one record per stamped span of a wanted rollout; the others' attempts named once."""
     store.command(f"TRUNCATE TABLE {store.table('otel_traces')}")
     payloads = [r.SerializeToString() for r in batch]
-    data, rows, records = native_flattener().flatten_records(payloads)
-    store.insert_batch("otel_traces", SpanBlock(tuple(native_flattener().columns()), data, rows, records=records))
-    stamped = store.query(f"SELECT count() FROM {store.table('otel_traces')} WHERE RolloutId != ''").rows[0][0]
-    assert len(records) == stamped
+    flattener = native_flattener()
+    _, _, none, skipped = flattener.flatten_records(payloads, set())
+    data, rows, records, rest = flattener.flatten_records(payloads, {rollout for rollout, _ in skipped})
+    store.insert_batch("otel_traces", SpanBlock(tuple(flattener.columns()), data, rows, records=records))
+    table = store.table("otel_traces")
+    stamped = store.query(f"SELECT DISTINCT RolloutId, Attempt FROM {table} WHERE RolloutId != ''").rows
+    assert none == [] and rest == [] and sorted(skipped) == sorted(tuple(key) for key in stamped)
+    assert len(records) == store.query(f"SELECT count() FROM {table} WHERE RolloutId != ''").rows[0][0]
     fed: dict = {}
     for record in records:
         fed.setdefault((record[0], record[1]), {})[(record[2], record[3])] = feed_span_record(record)

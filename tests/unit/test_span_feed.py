@@ -81,13 +81,30 @@ def test_too_many_dropped_rollouts_start_a_new_epoch() -> None:
 
 def test_a_span_after_the_take_shows_as_arrived() -> None:
     feed = covering_feed()
+    feed.want("r1")
     feed.add([record("r1", "a")])
     feed.take(("r1", 1))
-    assert not feed.arrived(("r1", 1))
-    feed.add([record("r1", "late")])
+    assert not feed.arrived(("r1", 1)) and "r1" not in feed.wanted  # not wanted once built
+    feed.add([], skipped=[("r1", 1)])  # its late span, flattened as not wanted
     assert feed.arrived(("r1", 1))
     feed.discard(("r1", 1))
     assert not feed.arrived(("r1", 1))
+
+
+def test_a_rollout_with_spans_flattened_before_its_claim_was_seen_is_not_vouched_for() -> None:
+    feed = covering_feed()
+    feed.add([], skipped=[("r1", 1)])  # a span of r1 before the worker read r1's claim
+    feed.want("r1")
+    feed.add([record("r1", "b")])
+    assert feed.take(("r1", 1)) is None
+
+
+def test_too_many_wanted_rollouts_start_a_new_epoch() -> None:
+    feed = covering_feed(max_evicted=2)
+    epoch = feed.epoch
+    for i in range(3):
+        feed.want(f"r{i}")
+    assert feed.epoch > epoch and feed.wanted == set()
 
 
 def test_token_ids_and_logprobs_come_back_as_numbers() -> None:

@@ -10,6 +10,7 @@ use prost::Message;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
+use std::collections::HashSet;
 use std::sync::Mutex;
 
 mod json;
@@ -20,7 +21,7 @@ mod wire;
 
 use proto::{any_value::Value, AnyValue, ExportTraceServiceRequest, KeyValue, Span};
 use native::{Block, Row};
-use records::{Record, RecordKeys};
+use records::{Collected, Record, RecordKeys};
 
 /// The block's columns, in `otel_traces` (and `SPAN_SCHEMA`) order, with the Native types written for them.
 const COLUMNS: &[(&str, &str)] = &[
@@ -110,39 +111,47 @@ impl Flattener {
     /// One Native block of every span of every request, and how many rows it holds. The records are read where
     /// they are (not copied) and the block is written straight into the bytes object returned.
     fn flatten<'py>(&self, py: Python<'py>, requests: Vec<Bound<'py, PyBytes>>) -> PyResult<(Bound<'py, PyBytes>, usize)> {
-        let (block, _) = self.decode_all(py, &requests, false)?;
+        let (block, _) = self.decode_all(py, &requests, None)?;
         self.finish(py, block)
     }
 
-    /// `flatten`, and the record (see `records.rs`) of every span a rollout stamped, in the order they came.
+    /// `flatten`, the record (see `records.rs`) of every span of a rollout in `wanted` (rollout ids), in the order
+    /// they came, and the (rollout id, attempt) of the other stamped spans, once each.
+    #[allow(clippy::type_complexity)]
     fn flatten_records<'py>(
         &self,
         py: Python<'py>,
         requests: Vec<Bound<'py, PyBytes>>,
-    ) -> PyResult<(Bound<'py, PyBytes>, usize, Bound<'py, PyList>)> {
-        let (block, records) = self.decode_all(py, &requests, true)?;
+        wanted: HashSet<String>,
+    ) -> PyResult<(Bound<'py, PyBytes>, usize, Bound<'py, PyList>, Vec<(String, u32)>)> {
+        let (block, collected) = self.decode_all(py, &requests, Some(Collected::new(wanted)))?;
         let (data, rows) = self.finish(py, block)?;
-        let tuples = records.into_iter().map(|r| r.into_py(py)).collect::<PyResult<Vec<_>>>()?;
-        Ok((data, rows, PyList::new(py, tuples)?))
+        let collected = collected.unwrap_or_else(|| Collected::new(HashSet::new()));
+        let tuples = collected.records.into_iter().map(|r| r.into_py(py)).collect::<PyResult<Vec<_>>>()?;
+        Ok((data, rows, PyList::new(py, tuples)?, collected.skipped.into_iter().collect()))
     }
 }
 
 impl Flattener {
     /// Every request's spans into one block (the last batch's, emptied, when there is one), and their records
-    /// when `with_records`; a request that is not valid protobuf fails the whole call.
-    fn decode_all(&self, py: Python<'_>, requests: &[Bound<'_, PyBytes>], with_records: bool) -> PyResult<(Block, Vec<Record>)> {
+    /// into `collected` when given; a request that is not valid protobuf fails the whole call.
+    fn decode_all(
+        &self,
+        py: Python<'_>,
+        requests: &[Bound<'_, PyBytes>],
+        mut collected: Option<Collected>,
+    ) -> PyResult<(Block, Option<Collected>)> {
         let data: Vec<&[u8]> = requests.iter().map(|r| r.as_bytes()).collect();
         let spare = self.spare.lock().ok().and_then(|mut spare| spare.take());
         py.detach(|| {
             let mut block = spare.unwrap_or_else(|| Block::new(COLUMNS));
-            let mut records = Vec::new();
             for bytes in &data {
                 match ExportTraceServiceRequest::decode(*bytes) {
-                    Ok(request) => self.write_request(&mut block, &request, with_records.then_some(&mut records)),
+                    Ok(request) => self.write_request(&mut block, &request, collected.as_mut()),
                     Err(e) => return Err(e.to_string()),
                 }
             }
-            Ok((block, records))
+            Ok((block, collected))
         })
         .map_err(PyValueError::new_err)
     }
@@ -177,7 +186,7 @@ impl<'a> Typed<'a> {
 }
 
 impl Flattener {
-    fn write_request(&self, block: &mut Block, request: &ExportTraceServiceRequest, mut records: Option<&mut Vec<Record>>) {
+    fn write_request(&self, block: &mut Block, request: &ExportTraceServiceRequest, mut collected: Option<&mut Collected>) {
         for resource_spans in &request.resource_spans {
             let empty = Vec::new();
             let resource_kvs = resource_spans.resource.as_ref().map(|r| &r.attributes).unwrap_or(&empty);
@@ -187,9 +196,10 @@ impl Flattener {
             for scope_spans in &resource_spans.scope_spans {
                 let (scope_name, scope_version) = scope_spans.scope.as_ref().map(|s| (s.name.as_str(), s.version.as_str())).unwrap_or(("", ""));
                 for span in &scope_spans.spans {
-                    let record = self.write_span(&mut block.row(), span, &resource, service, scope_name, scope_version, &last, records.is_some());
-                    if let (Some(records), Some(record)) = (records.as_deref_mut(), record) {
-                        records.push(record);
+                    let wanted = collected.as_deref().map(|c| &c.wanted);
+                    let record = self.write_span(&mut block.row(), span, &resource, service, scope_name, scope_version, &last, wanted);
+                    if let (Some(collected), Some(record)) = (collected.as_deref_mut(), record) {
+                        collected.add(record);
                     }
                 }
             }
@@ -206,8 +216,8 @@ impl Flattener {
         scope_name: &str,
         scope_version: &str,
         resource_get: &dyn Fn(&str) -> Option<&'a str>,
-        with_record: bool,
-    ) -> Option<Record> {
+        wanted: Option<&HashSet<String>>,
+    ) -> Option<Result<Record, (String, u32)>> {
         let mut attrs: Vec<(&str, String)> = Vec::with_capacity(span.attributes.len() + 1);
         let mut typed = Typed { texts: Vec::with_capacity(span.attributes.len()), prompt: None, response: None, logprobs: None };
         for kv in &span.attributes {
@@ -250,14 +260,18 @@ impl Flattener {
         write_events_and_links(w, span);
         let columns = self.typed_columns(&typed, resource_get);
         columns.write(w, &typed);
-        if !with_record || columns.rollout.is_empty() {
+        let wanted = wanted?;
+        if columns.rollout.is_empty() {
             return None;
+        }
+        if !wanted.contains(columns.rollout) {
+            return Some(Err((columns.rollout.to_string(), columns.attempt)));
         }
         let (rollout, agent) = (columns.rollout.to_string(), columns.agent.to_string());
         let (attempt, model_version, reward) = (columns.attempt, columns.model_version, columns.reward);
         let keys = &self.record_keys;
         let pairs = || attrs.iter().map(|(key, value)| (*key, value.as_str()));
-        Some(Record {
+        Some(Ok(Record {
             rollout,
             attempt,
             trace: records::hex(&span.trace_id),
@@ -277,7 +291,7 @@ impl Flattener {
             event_values: records::event_values(&span.events, &keys.event_attributes, |kv| text(kv.value.as_ref())),
             link_traces: span.links.iter().map(|l| records::hex(&l.trace_id)).collect(),
             link_spans: span.links.iter().map(|l| records::hex(&l.span_id)).collect(),
-        })
+        }))
     }
 
     fn typed_columns<'t, 'a: 't>(&self, typed: &'t Typed, resource_get: &dyn Fn(&str) -> Option<&'a str>) -> TypedColumns<'t> {

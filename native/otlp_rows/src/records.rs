@@ -1,10 +1,13 @@
 //! The narrow records of stamped spans, for the transitions consumer's span feed (`consumers/transitions/feed.py`).
 //!
-//! Beside the Native block of every span, `Flattener.flatten_records` gives one Python tuple per span that a
-//! rollout stamped (`RolloutId` not empty) holding only what the transitions builder reads: the same values the
+//! Beside the Native block of every span, `Flattener.flatten_records` gives one Python tuple per span of a rollout
+//! the caller wants (its `RolloutId` in the set given: the rollouts the consumer saw claimed) holding only what the
+//! transitions builder reads, and the (rollout id, attempt) of the other stamped spans: the same values the
 //! store would answer for `consumers/transitions/reader.py`'s query, so the consumer builds a finished rollout
 //! from what it consumed instead of reading it back. Token ids and logprobs travel as little-endian bytes (u32,
 //! f32): four bytes a token while a rollout waits for its end, not a Python int each.
+
+use std::collections::HashSet;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
@@ -39,6 +42,29 @@ pub struct Record {
     pub event_values: Vec<Vec<String>>,
     pub link_traces: Vec<String>,
     pub link_spans: Vec<String>,
+}
+
+/// What `flatten_records` gathers: the records of the spans of the `wanted` rollouts, and the (rollout id,
+/// attempt) of the other stamped spans.
+pub struct Collected {
+    pub wanted: HashSet<String>,
+    pub records: Vec<Record>,
+    pub skipped: HashSet<(String, u32)>,
+}
+
+impl Collected {
+    pub fn new(wanted: HashSet<String>) -> Self {
+        Collected { wanted, records: Vec::new(), skipped: HashSet::new() }
+    }
+
+    pub fn add(&mut self, record: Result<Record, (String, u32)>) {
+        match record {
+            Ok(record) => self.records.push(record),
+            Err(key) => {
+                self.skipped.insert(key);
+            }
+        }
+    }
 }
 
 /// The first value of `key` among `pairs` ('' when absent), as a Map lookup in the store answers it.

@@ -111,7 +111,9 @@ class SpanSink:
                 if self.feed is None or not self.feed.covering:
                     data, rows = self.flattener.flatten(list(units))
                     return EncodedRows(self._native_columns, data, rows, fmt="Native")
-                data, rows, records, skipped = self.flattener.flatten_records(list(units), self.feed.wanted)
+                # while rollouts run, every stamped span (a span may come before its claim is read); else none
+                wanted = None if self.feed.wanted else set()
+                data, rows, records, skipped = self.flattener.flatten_records(list(units), wanted)
             except ValueError as exc:
                 raise DecodeError(f"ExportTraceServiceRequest: not valid OTLP protobuf ({exc})") from None
             return SpanBlock(self._native_columns, data, rows, fmt="Native", records=records, skipped=skipped)

@@ -1,9 +1,10 @@
 """The span feed: the transitions consumer builds a finished rollout from the spans it saw go by, not from the store.
 
 When the spans consumer runs in the same process (``fulmen consume`` runs both), the spans sink hands the feed the
-narrow record of every span of a rollout the transitions worker saw claimed and has not built yet (the native
-flattener's ``flatten_records``, given those rollout ids: spans of anything else cost nothing more than storing
-them), after the batch is in the store and before its offsets are committed. The feed holds them by rollout
+narrow record of every span a rollout stamped (the native flattener's ``flatten_records``) while the transitions
+worker has rollouts claimed and not built yet (when it has none, no record is made: stored spans then cost nothing
+more, and their rollout attempts are only named), after the batch is in the store and before its offsets are
+committed. The feed holds them by rollout
 attempt until the transitions worker takes them at the rollout's end; the store is read only when the feed cannot
 vouch for a rollout.
 
@@ -20,9 +21,9 @@ checks this, the feed gives the facts):
 3. *The barrier*: the rollout's end waits, as before, until the spans group has committed past the spans topic's
    end offsets read after the end (:mod:`fulmen.consumers.barrier`). Within an epoch only this process commits
    that group, and it feeds before it commits: every span of the rollout is here.
-4. *Nothing dropped*: a span of a rollout not (or no longer) wanted when its batch was flattened is not held, and
-   its rollout attempt is remembered as dropped (its claim was read after that span, or it was built already:
-   a late span); the feed holds at most ``max_bytes`` (token ids and logprobs at four bytes each, plus an
+4. *Nothing dropped*: a span flattened while no rollout was wanted is not held, and its rollout attempt is
+   remembered as dropped (its claim was read after that span, or it was built already: a late span); the feed
+   holds at most ``max_bytes`` (token ids and logprobs at four bytes each, plus an
    allowance a span), and past it the rollouts that began first are dropped too. A dropped rollout's build reads
    the store. Past ``max_evicted`` remembered rollouts (or ``max_evicted`` wanted ones) the epoch ends: everything
    held is dropped.
@@ -31,8 +32,8 @@ A rollout that fails any of these (claimed before the mark, production episodes,
 or rebalance) is read from the store exactly as before: the crash rules do not change, since nothing here is
 committed or kept across a restart.
 
-*Late spans*: a rollout built while an epoch covers (from the feed or the store) is no longer wanted from its
-build; a span of it that arrives later is remembered as dropped, and that is how the worker learns it is late,
+*Late spans*: a rollout built while an epoch covers (from the feed or the store) is released at its build; a span
+of it that arrives later is held again (or remembered as dropped), and that is how the worker learns it is late,
 without asking the store, as long as the epoch lasts.
 """
 
@@ -79,7 +80,7 @@ class SpanFeed:
         self._sizes: dict[RolloutKey, int] = {}
         self._bytes = 0
         self._evicted: dict[RolloutKey, None] = {}  # an ordered set: the rollouts with spans not held
-        self.wanted: set[str] = set()  # the rollout ids claimed and not built yet (flatten_records takes it)
+        self.wanted: set[str] = set()  # the rollout ids claimed and not built yet: records are made while any
 
     # --- the spans consumer's side ----------------------------------------------------------------------------
     def assigned(self, partitions: Collection[TopicPartition]) -> None:

@@ -172,6 +172,7 @@ def test_feed_records_equal_what_the_store_answers_the_transitions_reader(
     flattener = native_flattener()
     _, _, none, skipped = flattener.flatten_records(payloads, set())
     data, rows, records, rest = flattener.flatten_records(payloads, {rollout for rollout, _ in skipped})
+    assert [r[:4] for r in flattener.flatten_records(payloads, None)[2]] == [r[:4] for r in records]  # None: all
     store.insert_batch("otel_traces", SpanBlock(tuple(flattener.columns()), data, rows, records=records))
     table = store.table("otel_traces")
     stamped = store.query(f"SELECT DISTINCT RolloutId, Attempt FROM {table} WHERE RolloutId != ''").rows

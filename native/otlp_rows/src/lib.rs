@@ -115,18 +115,18 @@ impl Flattener {
         self.finish(py, block)
     }
 
-    /// `flatten`, the record (see `records.rs`) of every span of a rollout in `wanted` (rollout ids), in the order
-    /// they came, and the (rollout id, attempt) of the other stamped spans, once each.
+    /// `flatten`, the record (see `records.rs`) of every span of a rollout in `wanted` (rollout ids; None: every
+    /// stamped span), in the order they came, and the (rollout id, attempt) of the other stamped spans, once each.
     #[allow(clippy::type_complexity)]
     fn flatten_records<'py>(
         &self,
         py: Python<'py>,
         requests: Vec<Bound<'py, PyBytes>>,
-        wanted: HashSet<String>,
+        wanted: Option<HashSet<String>>,
     ) -> PyResult<(Bound<'py, PyBytes>, usize, Bound<'py, PyList>, Vec<(String, u32)>)> {
         let (block, collected) = self.decode_all(py, &requests, Some(Collected::new(wanted)))?;
         let (data, rows) = self.finish(py, block)?;
-        let collected = collected.unwrap_or_else(|| Collected::new(HashSet::new()));
+        let collected = collected.unwrap_or_else(|| Collected::new(None));
         let tuples = collected.records.into_iter().map(|r| r.into_py(py)).collect::<PyResult<Vec<_>>>()?;
         Ok((data, rows, PyList::new(py, tuples)?, collected.skipped.into_iter().collect()))
     }
@@ -196,8 +196,7 @@ impl Flattener {
             for scope_spans in &resource_spans.scope_spans {
                 let (scope_name, scope_version) = scope_spans.scope.as_ref().map(|s| (s.name.as_str(), s.version.as_str())).unwrap_or(("", ""));
                 for span in &scope_spans.spans {
-                    let wanted = collected.as_deref().map(|c| &c.wanted);
-                    let record = self.write_span(&mut block.row(), span, &resource, service, scope_name, scope_version, &last, wanted);
+                    let record = self.write_span(&mut block.row(), span, &resource, service, scope_name, scope_version, &last, collected.as_deref());
                     if let (Some(collected), Some(record)) = (collected.as_deref_mut(), record) {
                         collected.add(record);
                     }
@@ -216,7 +215,7 @@ impl Flattener {
         scope_name: &str,
         scope_version: &str,
         resource_get: &dyn Fn(&str) -> Option<&'a str>,
-        wanted: Option<&HashSet<String>>,
+        collected: Option<&Collected>,
     ) -> Option<Result<Record, (String, u32)>> {
         let mut attrs: Vec<(&str, String)> = Vec::with_capacity(span.attributes.len() + 1);
         let mut typed = Typed { texts: Vec::with_capacity(span.attributes.len()), prompt: None, response: None, logprobs: None };
@@ -260,11 +259,11 @@ impl Flattener {
         write_events_and_links(w, span);
         let columns = self.typed_columns(&typed, resource_get);
         columns.write(w, &typed);
-        let wanted = wanted?;
+        let collected = collected?;
         if columns.rollout.is_empty() {
             return None;
         }
-        if !wanted.contains(columns.rollout) {
+        if !collected.wants(columns.rollout) {
             return Some(Err((columns.rollout.to_string(), columns.attempt)));
         }
         let (rollout, agent) = (columns.rollout.to_string(), columns.agent.to_string());

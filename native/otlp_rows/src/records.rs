@@ -47,14 +47,19 @@ pub struct Record {
 /// What `flatten_records` gathers: the records of the spans of the `wanted` rollouts, and the (rollout id,
 /// attempt) of the other stamped spans.
 pub struct Collected {
-    pub wanted: HashSet<String>,
+    /// None: every stamped span is wanted.
+    pub wanted: Option<HashSet<String>>,
     pub records: Vec<Record>,
     pub skipped: HashSet<(String, u32)>,
 }
 
 impl Collected {
-    pub fn new(wanted: HashSet<String>) -> Self {
+    pub fn new(wanted: Option<HashSet<String>>) -> Self {
         Collected { wanted, records: Vec::new(), skipped: HashSet::new() }
+    }
+
+    pub fn wants(&self, rollout: &str) -> bool {
+        self.wanted.as_ref().is_none_or(|wanted| wanted.contains(rollout))
     }
 
     pub fn add(&mut self, record: Result<Record, (String, u32)>) {

@@ -21,11 +21,32 @@ import statistics
 import subprocess
 import tempfile
 import threading
+from argparse import ArgumentParser
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 __all__ = ["MemorySampler", "ProcessCounters", "cpu_seconds", "load_average", "resident_mb", "summarise"]
+
+
+def add_env_option(parser: ArgumentParser) -> None:
+    """``--env FULMEN_X=VALUE`` (repeatable): a setting for the Fulmen processes a bench starts, so a lever's before
+    and after run in one sitting; :func:`env_settings` turns the values into environment entries."""
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="FULMEN_X=VALUE",
+        help="a setting for Fulmen's processes (repeatable; a lever's before and after in one sitting)",
+    )
+
+
+def env_settings(values: Sequence[str]) -> dict[str, str]:
+    """``--env``'s values as environment entries; one without ``=`` is refused."""
+    bad = [value for value in values if "=" not in value]
+    if bad:
+        raise SystemExit(f"--env takes FULMEN_X=VALUE, not {', '.join(bad)}")
+    return dict(value.split("=", 1) for value in values)
 
 
 def load_average() -> list[float]:

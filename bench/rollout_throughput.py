@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aiokafka import TopicPartition
 
 from bench.anchor import PYTHON, AnchorStore
-from bench.harness import ProcessCounters, load_average, summarise
+from bench.harness import ProcessCounters, add_env_option, env_settings, load_average, summarise
 from bench.span_ingest import _ready, free_port, wait_for
 from fulmen.infra.kafka.admin import ensure_topics, partition_count
 from fulmen.infra.kafka.broker import kafka_broker
@@ -206,13 +206,7 @@ def main() -> None:
     parser.add_argument("--no-anchor", action="store_true", help="skip Agent Lightning 0.3.0 (bench/anchor.py)")
     parser.add_argument("--profile", type=Path, default=None, help="write a cProfile of each runner here")
     parser.add_argument("--syscalls", action="store_true", help="count each process's system calls (perf stat)")
-    parser.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="FULMEN_X=VALUE",
-        help="a setting for Fulmen's processes (repeatable; a lever's before and after in one sitting)",
-    )
+    add_env_option(parser)
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="fulmen-bench-rollouts-"))
     broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")
@@ -228,7 +222,7 @@ def main() -> None:
             "FULMEN_CLICKHOUSE_READ_PORT": str(read_port),
             "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
         }
-        | dict(setting.split("=", 1) for setting in args.env)
+        | env_settings(args.env)
     )
     fulmen = [sys.executable, "-m", "fulmen.cli.main"]
     report: dict = {}

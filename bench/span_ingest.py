@@ -52,7 +52,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.anchor import ATTEMPT_ID_KEY, ROLLOUT_ID_KEY, AnchorStore
-from bench.harness import MemorySampler, ProcessCounters, load_average, summarise
+from bench.harness import MemorySampler, ProcessCounters, add_env_option, env_settings, load_average, summarise
 from bench.otlp_payloads import make_request
 from fulmen.infra.kafka.admin import ensure_topics
 from fulmen.infra.kafka.local import LocalKafka
@@ -158,13 +158,7 @@ def main() -> None:
     parser.add_argument("--syscalls", action="store_true", help="count each process's system calls (perf stat)")
     parser.add_argument("--metrics", choices=("on", "off"), default="on", help="Prometheus metrics, scraped while on")
     parser.add_argument("--scrape-s", type=float, default=1.0, help="how often /metrics is scraped (--metrics on)")
-    parser.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="FULMEN_X=VALUE",
-        help="a setting for Fulmen's processes (repeatable; a lever's before and after in one sitting)",
-    )
+    add_env_option(parser)
     args = parser.parse_args()
     args.compression = args.compression or KafkaSettings().compression
 
@@ -183,7 +177,7 @@ def main() -> None:
             "FULMEN_KAFKA_COMPRESSION": args.compression,
             "FULMEN_METRICS_ENABLED": "true" if args.metrics == "on" else "false",
         }
-        | dict(setting.split("=", 1) for setting in args.env)
+        | env_settings(args.env)
     )
     asyncio.run(ensure_topics(FulmenSettings(kafka={"bootstrap": broker.bootstrap})))
     fulmen = [sys.executable, "-m", "fulmen.cli.main"]

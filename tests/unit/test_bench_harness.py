@@ -31,3 +31,13 @@ def test_the_memory_sampler_sees_anonymous_memory_apart_from_mapped_code() -> No
     peaks = memory.peaks()
     assert peaks["peak_anon_mb"] >= 64 and peaks["file_mb_at_peak"] > 0
     assert resident_mb(2**22 + 7) == {}  # no such process
+
+
+def test_env_settings_split_on_the_first_equals_and_refuse_a_value_without_one() -> None:
+    import pytest
+
+    from bench.harness import env_settings
+
+    assert env_settings(["FULMEN_A=1", "FULMEN_B=x=y"]) == {"FULMEN_A": "1", "FULMEN_B": "x=y"}
+    with pytest.raises(SystemExit, match="FULMEN_X=VALUE"):
+        env_settings(["FULMEN_A"])

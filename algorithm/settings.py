@@ -331,7 +331,8 @@ class TrainSection(BaseModel):
     replay_sql: str = Field(
         default="",
         description="replay: train on the stored transitions of the rollouts this "
-        "read-only SELECT returns (one column of rollout ids), with no new rollouts of them "
+        "read-only SELECT returns (a column of rollout ids, and optionally a numeric one that orders "
+        "them), with no new rollouts of them "
         "(fulmen.algorithm.service.replay); always corrected: tis unless correction says mis or "
         "decoupled",
     )

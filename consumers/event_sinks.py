@@ -378,6 +378,7 @@ TRAIN_STEP_SCHEMA = pa.schema(
         ("PublishS", pa.float64()),
         ("DroppedStale", pa.uint64()),
         ("Extra", _ATTR_F64),
+        ("GroupIds", pa.list_(pa.string())),
         ("CreatedAt", _TS6),
     ]
 )
@@ -404,6 +405,7 @@ def train_step_rows(event: TrainStep) -> list[dict[str, Any]]:
             "PublishS": event.publish_s,
             "DroppedStale": event.dropped_stale,
             "Extra": list(event.extra.items()),
+            "GroupIds": event.group_ids,
             "CreatedAt": event.created_at,
         }
     ]

@@ -220,8 +220,14 @@ def train_fields(example: Example, options: ExampleOptions) -> dict[str, Any]:
     )
 
 
-REPLAYED = "SELECT RolloutId FROM fulmen.rollouts WHERE Mode = 'train'"
-"""What ``--replay-store`` trains on: every training rollout of the earlier run."""
+REPLAYED = (
+    "SELECT r.RolloutId, s.Position FROM fulmen.rollouts AS r INNER JOIN (SELECT GroupIds[i] AS GroupId, "
+    "min(Step * 100000 + i) AS Position FROM fulmen.train_steps ARRAY JOIN arrayEnumerate(GroupIds) AS i "
+    "GROUP BY GroupId) AS s ON r.GroupId = s.GroupId WHERE r.Mode = 'train'"
+)
+"""What ``--replay-store`` trains on: the groups the earlier run's steps trained on, in the order it took them
+(``train_steps.GroupIds``), so a replay run of as many steps takes the same batches; groups the run dispatched but
+never trained on (still running when it stopped) are left out."""
 
 
 def _replay_fields(options: ExampleOptions) -> dict[str, Any]:

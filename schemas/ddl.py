@@ -335,6 +335,10 @@ _PROMPT_BUNDLE_COLUMNS = (
     "ALTER TABLE {db}.transitions ADD COLUMN IF NOT EXISTS PromptBundle String DEFAULT ''",
 )
 
+# The groups each step trained on, in the order it took them: a replay of the run can take the same batches in the
+# same order (examples/train.py ``--replay-store``).
+_TRAIN_STEP_GROUPS = ("ALTER TABLE {db}.train_steps ADD COLUMN IF NOT EXISTS GroupIds Array(String)",)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "spans (otel_traces)", (_SPANS,)),
     Migration(2, "rollouts", (_ROLLOUTS,)),
@@ -353,4 +357,5 @@ MIGRATIONS: tuple[Migration, ...] = (
         (_PROMPT_BUNDLES, _PROMPT_PROMOTIONS, *_PROMPT_BUNDLE_COLUMNS),
     ),
     Migration(13, "promotions: the gate's paired test", _PROMOTION_TEST),
+    Migration(14, "train_steps: the groups each step trained on", _TRAIN_STEP_GROUPS),
 )

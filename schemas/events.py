@@ -401,6 +401,9 @@ class TrainStep(Event):
     publish_s: float = Field(default=0.0, ge=0)
     dropped_stale: int = Field(default=0, ge=0)
     extra: dict[str, float] = Field(default_factory=dict)
+    group_ids: list[Identifier] = Field(
+        default_factory=list, description="the groups this step trained on, in the order it took them"
+    )
     created_at: UtcDatetime = Field(default_factory=utc_now)
 
 

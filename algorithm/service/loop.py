@@ -782,6 +782,7 @@ class TrainingLoop:
             publish_s=max(publish_s, 0.0),
             dropped_stale=stale,
             extra=extra,
+            group_ids=[group.group_id for group in groups],
         )
 
 

@@ -1,12 +1,13 @@
 """Replay: train on transitions the store already holds, without running the agent again.
 
 ``fulmen train --replay "SELECT RolloutId FROM fulmen.rollouts WHERE ..."`` (``FULMEN_TRAIN_REPLAY_SQL``): the
-selection is any read-only SELECT returning one column of rollout ids, run through the store's read-only reader
-(the guard of ``fulmen sql``). :func:`load_replay` then reads, for those rollouts, the transitions (prompt and
-response token ids, the behaviour logprobs, the model version that served each call, the rewards), the late
-feedback (the ``feedback`` table), the calls recorded without token ids (spans) and the model versions' base
-models, and builds :class:`ReplayBuffer`, the groups the training loop takes instead of dispatching
-(:class:`~fulmen.algorithm.service.loop.TrainingLoop`; with a dataset too, ``replay_fraction`` of each step's groups).
+selection is any read-only SELECT returning a column of rollout ids, and optionally a second, numeric column that
+orders them (below), run through the store's read-only reader (the guard of ``fulmen sql``). :func:`load_replay`
+then reads, for those rollouts, the transitions (prompt and response token ids, the behaviour logprobs, the model
+version that served each call, the rewards), the late feedback (the ``feedback`` table), the calls recorded without
+token ids (spans) and the model versions' base models, and builds :class:`ReplayBuffer`, the groups the training
+loop takes instead of dispatching (:class:`~fulmen.algorithm.service.loop.TrainingLoop`; with a dataset too,
+``replay_fraction`` of each step's groups).
 
 Rules:
 
@@ -26,9 +27,10 @@ Rules:
   reward, no call reward, no feedback; replay cannot tell good from bad there, so it does not guess),
   ``other_base_model`` (rollouts with a call served by a version of another base model, or whose token ids do
   not fit this model's vocabulary), ``not_found`` (selected ids the store has no transitions or calls for);
-- order: groups are replayed in the order they were stored (their earliest transition), so a run replaying
-  another run's rollouts sees them in the order that run trained on them; when every group was taken, the
-  buffer starts again (``passes``).
+- order: groups are replayed in the order they were stored (their earliest transition); with a second column,
+  in the order of its values (a group's smallest, then the order stored). ``train_steps.GroupIds`` records the
+  groups each step trained on, so joining it replays another run's batches in its order (examples/train.py's
+  ``--replay-store`` does); when every group was taken, the buffer starts again (``passes``).
 
 Off-policy by construction: each transition keeps its behaviour logprobs (``Sample.old_logprobs``), and a replay
 run corrects with ``tis`` unless ``FULMEN_TRAIN_CORRECTION`` says otherwise; the loop drops transitions older
@@ -147,6 +149,7 @@ class ReplayRows:
     no_token_ids: dict[str, int] = field(default_factory=dict)  # rollout id -> calls without token ids
     feedback: dict[tuple[str, str], float] = field(default_factory=dict)  # (rollout id, span id or '') -> value
     version_bases: dict[int, set[str]] = field(default_factory=dict)  # model version -> base models it names
+    order: dict[str, float] = field(default_factory=dict)  # rollout id -> the selection's order key, when it has one
 
 
 _TRANSITION_COLUMNS = (
@@ -187,21 +190,21 @@ def load_replay(
     ``require_reward=False`` keeps the rollouts with no reward too: a supervised warm-up imitates what the selection
     chose and reads no reward).
 
-    Raises :class:`ConfigurationError` for a selection that is not one column, or that names nothing trainable
-    (saying what was refused; with ``allow_empty`` the empty buffer comes back instead: a round of ``fulmen
-    improve`` whose window has nothing new), and the reader's errors (``ReadOnlyError`` for a statement that is
-    not a read)."""
+    Raises :class:`ConfigurationError` for a selection that is not one or two columns (the second numbers), or
+    that names nothing trainable (saying what was refused; with ``allow_empty`` the empty buffer comes back
+    instead: a round of ``fulmen improve`` whose window has nothing new), and the reader's errors
+    (``ReadOnlyError`` for a statement that is not a read)."""
     selection = selection.strip().rstrip(";").strip()
     if not selection:
         raise ConfigurationError("--replay needs a SELECT that returns rollout ids")
     found = _read(reader, selection)
-    if len(found.columns) != 1:
+    if len(found.columns) not in (1, 2):
         raise ConfigurationError(
-            f"the replay selection must return one column, the rollout ids; it returns "
-            f"{len(found.columns)} ({', '.join(found.columns)})"
+            f"the replay selection must return the rollout ids, and optionally a second column that orders them; "
+            f"it returns {len(found.columns)} columns ({', '.join(found.columns)})"
         )
     selected = list(dict.fromkeys(str(row[0]) for row in found.rows if row[0] is not None))
-    rows = ReplayRows(selected=selected, transitions=[])
+    rows = ReplayRows(selected=selected, transitions=[], order=_order(found))
     if selected:
         ids = {"ids": selected}
         columns = ", ".join(_TRANSITION_COLUMNS)
@@ -230,6 +233,24 @@ def load_replay(
     if not buffer.groups and not allow_empty:
         raise ConfigurationError(f"nothing to replay: {buffer.summary()}")
     return buffer
+
+
+def _order(found: Any) -> dict[str, float]:
+    """The selection's second column, per rollout id (its smallest value); none with one column."""
+    if len(found.columns) == 1:
+        return {}
+    order: dict[str, float] = {}
+    for rollout_id, value in found.rows:
+        if rollout_id is None:
+            continue
+        key = _number(value) if isinstance(value, int | float) else None
+        if key is None:
+            raise ConfigurationError(
+                f"the replay selection's second column ({found.columns[1]}) orders the rollouts and must be finite "
+                f"numbers; rollout {rollout_id} has {value!r}"
+            )
+        order[str(rollout_id)] = min(order.get(str(rollout_id), key), key)
+    return order
 
 
 def _read(reader: StoreReader, sql: str, parameters: dict[str, Any] | None = None) -> Any:
@@ -285,7 +306,8 @@ def build_buffer(
             continue
         buffer.feedback_applied += applied
         batches.append(batch)
-    buffer.groups = _groups(batches, {r: min(row["CreatedAt"] for row in calls[r]) for r in calls}, group_size)
+    stored_at = {r: (rows.order.get(r, math.inf), min(row["CreatedAt"] for row in calls[r])) for r in calls}
+    buffer.groups = _groups(batches, stored_at, group_size)
     return buffer
 
 
@@ -363,8 +385,8 @@ def _batch(
 
 
 def _groups(batches: list[TransitionBatch], stored_at: dict[str, Any], group_size: int) -> list[ClosedGroup]:
-    """Closed groups in the order they were stored: the dispatched groups as they were, the rollouts without a
-    group cut into batches of ``group_size`` (see the module docstring)."""
+    """Closed groups in the order of ``stored_at`` (the selection's order key, then when stored): the dispatched
+    groups as they were, the rollouts without a group cut into batches of ``group_size`` (module docstring)."""
     by_group: dict[str, list[TransitionBatch]] = defaultdict(list)
     loose: list[TransitionBatch] = []
     for batch in sorted(batches, key=lambda b: (stored_at[b.rollout_id], b.rollout_id)):

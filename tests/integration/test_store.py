@@ -118,6 +118,7 @@ def test_model_versions_and_train_steps(store: Store) -> None:
             loss=0.1,
             kl=None,
             extra={"grad_norm": 1.5, "lr": 1e-4},
+            group_ids=["g-b", "g-a"],
             created_at=WHEN,
         ),
     )
@@ -126,6 +127,18 @@ def test_model_versions_and_train_steps(store: Store) -> None:
     ]
     rows = store.query(f"SELECT Step, Kl, Extra['grad_norm'], mapKeys(Extra) FROM {store.database}.train_steps").rows
     assert rows == [[7, None, 1.5, ["grad_norm", "lr"]]]
+    assert store.query(f"SELECT GroupIds FROM {store.database}.train_steps").rows == [[["g-b", "g-a"]]]
+    # the examples' --replay-store selection, through the read-only guard: the trained groups' rollouts, each with
+    # its step and place in the step; g-c was dispatched but never trained on
+    rollouts = [
+        RolloutEvent(rollout_id=f"r-{g}", task_id="t", group_id=g, attempt=1, status=RolloutStatus.SUCCEEDED)
+        for g in ("g-a", "g-b", "g-c")
+    ]
+    _insert(store, "rollouts", *rollouts)
+    from examples.train import REPLAYED
+
+    replayed = REPLAYED.replace("fulmen.", f"{store.database}.")
+    assert sorted(store.query(replayed, read_only=True).rows) == [["r-g-a", 700002], ["r-g-b", 700001]]
 
 
 def test_duplicates_are_invisible_to_system_queries_but_visible_raw(store: Store) -> None:

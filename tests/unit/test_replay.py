@@ -151,12 +151,41 @@ class RowsReader:
         return self.selection
 
 
-def test_load_replay_wants_one_column_and_something_trainable() -> None:
-    two = RowsReader(QueryResult(["RolloutId", "Reward"], [["r1", 1.0]]), [])
-    with pytest.raises(ConfigurationError, match="one column"):
+def test_a_second_column_orders_the_groups_by_their_smallest_value() -> None:
+    transitions = [row("r1", "g1", at=1), row("r2", "g1", at=2), row("r3", "g2", at=3), row("r4", "g3", at=4)]
+    buffer = buffer_of(transitions, order={"r1": 7.0, "r2": 2.0, "r3": 5.0})
+    # g1 by its smallest key (2), then g2 (5); g3 has no key: after every ordered group, in stored order
+    assert [g.group_id for g in buffer.groups] == ["g1", "g2", "g3"]
+    buffer = buffer_of(transitions, order={"r1": 9.0, "r3": 1.0, "r4": 4.0})
+    assert [g.group_id for g in buffer.groups] == ["g2", "g3", "g1"]
+
+
+def test_load_replay_reads_the_order_column_and_refuses_one_that_is_not_numbers() -> None:
+    options = {
+        "database": "fulmen",
+        "model_name": "fulmen",
+        "base_model": "base",
+        "vocab_size": None,
+        "group_size": 2,
+    }
+    ordered = RowsReader(
+        QueryResult(["RolloutId", "Position"], [["r1", 3], ["r3", 1], ["r1", 2]]),
+        [row("r1", "g1", at=1), row("r3", "g2", at=2)],
+    )
+    buffer = load_replay(ordered, "SELECT RolloutId, Position FROM t", **options)
+    assert [g.group_id for g in buffer.groups] == ["g2", "g1"]  # r1's smallest key is 2, r3's 1
+    for value in ("late", None, float("nan")):
+        bad = RowsReader(QueryResult(["RolloutId", "Position"], [["r1", value]]), [row("r1")])
+        with pytest.raises(ConfigurationError, match=r"second column \(Position\).*finite numbers; rollout r1"):
+            load_replay(bad, "SELECT RolloutId, Position FROM t", **options)
+
+
+def test_load_replay_wants_one_or_two_columns_and_something_trainable() -> None:
+    two = RowsReader(QueryResult(["RolloutId", "Reward", "Step"], [["r1", 1.0, 1]]), [])
+    with pytest.raises(ConfigurationError, match="optionally a second column that orders them; it returns 3 col"):
         load_replay(
             two,
-            "SELECT RolloutId, Reward FROM fulmen.rollouts",
+            "SELECT RolloutId, Reward, Step FROM fulmen.rollouts",
             database="fulmen",
             model_name="fulmen",
             base_model="base",
@@ -225,6 +254,7 @@ def test_a_replay_only_run_trains_on_the_buffer_and_dispatches_nothing(tmp_path:
     assert [s.extra["replayed_groups"] for s in steps] == [2.0, 2.0] and steps[1].extra["replay_passes"] == 2.0
     assert steps[0].extra["replay_refused_no_reward"] == 0.0
     assert all(s.old_logprobs == [-0.5, -0.25] for s in backend.batches[0])  # the stored behaviour logprobs
+    assert [s.group_ids for s in steps] == [["g1", "g2"], ["g1", "g2"]]  # what each step trained on, recorded
 
 
 def test_replay_fraction_mixes_replayed_and_dispatched_groups(tmp_path: Path) -> None:

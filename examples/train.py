@@ -231,11 +231,12 @@ never trained on (still running when it stopped) are left out."""
 
 
 def _replay_fields(options: ExampleOptions) -> dict[str, Any]:
-    """``--replay-store DIR``: no rollouts of its own, the earlier run's stored ones replayed (their calls were
-    sampled by that run's versions, so any staleness is let through and importance-corrected)."""
+    """``--replay-store DIR``: no rollouts of its own, the earlier run's stored ones replayed, its batches in its
+    order; a step's calls were sampled by that run's versions, as old as that run saw them at the same step, so
+    the same ``max_staleness`` drops the same calls, and the rest are importance-corrected."""
     if options.replay_store is None:
         return {}
-    return {"replay_sql": REPLAYED, "source_store": str(options.replay_store), "max_staleness": 1000}
+    return {"replay_sql": REPLAYED, "source_store": str(options.replay_store)}
 
 
 def _adapter_fields(example: Example, options: ExampleOptions) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from fulmen.schemas.events import IDENTIFIER_PATTERN, new_id
 
 __all__ = [
     "ASYNC_CORRECTION",
+    "NO_CORRECTION",
     "AdapterMode",
     "AdvantageScope",
     "IncompletePolicy",
@@ -40,6 +41,10 @@ __all__ = [
 ASYNC_CORRECTION = "tis"
 """The off-policy correction asynchronous mode and replay use unless ``correction`` is set: truncated importance
 weights between the policy that sampled (recorded) and the weights at the start of the step (recomputed)."""
+
+NO_CORRECTION = "none"
+"""``correction`` set to none on purpose: uncorrected even where replay or asynchronous mode would pick
+:data:`ASYNC_CORRECTION` (a replay of a run's own batches at the ages it trained them, with the objective it used)."""
 
 
 class IncompletePolicy(StrEnum):
@@ -242,7 +247,8 @@ class TrainSection(BaseModel):
     correction: str = Field(
         default="",
         description="off-policy correction between the recorded (behaviour) and "
-        "recomputed (proximal) logprobs: '' (none), tis, mis, decoupled",
+        "recomputed (proximal) logprobs: '' (none; replay and async mode pick tis), tis, mis, decoupled, "
+        "none (none, even for replay and async mode)",
     )
     correction_level: str = Field(
         default="token", description="token or sequence (the product of a response's token ratios)"
@@ -462,6 +468,11 @@ class TrainSection(BaseModel):
                 f"({self.overlong_max_tokens})"
             )
         return self
+
+    @property
+    def applied_correction(self) -> str | None:
+        """The correction the trainer applies: None for '' and :data:`NO_CORRECTION`."""
+        return None if self.correction in ("", NO_CORRECTION) else self.correction
 
     @property
     def overlong_limits(self) -> tuple[int, int, float] | None:

@@ -39,6 +39,7 @@ from examples.outcomes import outcomes_by_split, validation_episodes
 from examples.spec import Example
 from fulmen.algorithm.local import LocalPlan, LocalRun, run_locally
 from fulmen.algorithm.service.dispatcher import DatasetTask
+from fulmen.algorithm.settings import NO_CORRECTION
 from fulmen.infra.settings import FulmenSettings
 from fulmen.schemas.events import RolloutMode, TrainStep
 from fulmen.schemas.task_file import stable_task_id
@@ -232,11 +233,12 @@ never trained on (still running when it stopped) are left out."""
 
 def _replay_fields(options: ExampleOptions) -> dict[str, Any]:
     """``--replay-store DIR``: no rollouts of its own, the earlier run's stored ones replayed, its batches in its
-    order; a step's calls were sampled by that run's versions, as old as that run saw them at the same step, so
-    the same ``max_staleness`` drops the same calls, and the rest are importance-corrected."""
+    order. A step's calls were sampled by that run's versions, as old as that run saw them at the same step, so
+    the run's own objective applies: the same ``max_staleness`` drops the same calls, and they are corrected as
+    that run corrected them (not at all: ``none``, where replay alone would pick ``tis``)."""
     if options.replay_store is None:
         return {}
-    return {"replay_sql": REPLAYED, "source_store": str(options.replay_store)}
+    return {"replay_sql": REPLAYED, "source_store": str(options.replay_store), "correction": NO_CORRECTION}
 
 
 def _adapter_fields(example: Example, options: ExampleOptions) -> dict[str, Any]:

@@ -190,8 +190,8 @@ def check_training_settings(options: TrainSection) -> None:
     named("POLICY_LOSS", options.policy_loss, get_policy_loss_fn)
     named("LOSS_AGGREGATION", options.loss_aggregation, get_aggregation)
     named("CORRECTION_LEVEL", options.correction_level, get_level)
-    if options.correction:
-        named("CORRECTION", options.correction, get_correction_fn)
+    if options.applied_correction:
+        named("CORRECTION", options.applied_correction, get_correction_fn)
     _ = options.overlong_limits  # raises when overlong shaping is on without its limit
 
 
@@ -229,7 +229,7 @@ def torch_config(options: TrainSection, model_path: str):  # -> TorchTrainerConf
         seed=options.seed,
         max_len=options.max_len,
         recompute_old_logprobs=options.recompute_old_logprobs,
-        correction=options.correction or None,
+        correction=options.applied_correction,
         correction_level=options.correction_level,
         correction_low=options.correction_low,
         correction_high=options.correction_high,

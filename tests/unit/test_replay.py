@@ -278,3 +278,10 @@ def test_replay_settings_default_to_the_tis_correction() -> None:
     assert TrainSection(replay_sql="SELECT 1").correction == "tis"
     assert TrainSection(replay_sql="SELECT 1", correction="mis").correction == "mis"
     assert TrainSection().correction == ""
+    # what the trainer applies: none for '' and for 'none', which replay keeps (a replay of a run's own batches)
+    assert TrainSection(replay_sql="SELECT 1").applied_correction == "tis"
+    assert TrainSection().applied_correction is None
+    chosen = TrainSection(replay_sql="SELECT 1", correction="none")
+    assert chosen.correction == "none" and chosen.applied_correction is None
+    chosen.replay_sql = "SELECT 2"  # re-checked after a change: still none
+    assert TrainSection.model_validate(chosen.model_dump()).applied_correction is None

@@ -216,6 +216,38 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def plot(results: dict[str, Any], path: Path) -> None:
+    """The serving version's held-out accuracy over the run, per arm: the start, then after each round (a step at
+    the round's end), with the promotions marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for arm, style in (("real", "-o"), ("control", "--s")):
+        data = results.get(arm) or {}
+        rounds = [r for r in data.get("rounds_detail") or [] if r.get("ended_at")]
+        if not rounds or data.get("heldout_start") is None:
+            continue
+        origin = rounds[0]["started_at"]
+        minutes = [0.0] + [(r["ended_at"] - origin) / 60 for r in rounds]
+        served = [data["heldout_start"]] + [
+            v if v is not None else data["heldout_start"] for v in data["heldout_by_round"]
+        ]
+        label = "judge's rewards" if arm == "real" else "rewards shuffled (control)"
+        ax.step(minutes, [100 * v for v in served], style, where="post", label=label)
+        for at in data.get("promotions_at") or []:
+            ax.axvline((at - origin) / 60, color="g", alpha=0.3)
+    ax.set_xlabel("minutes since the first round (green: a promotion)")
+    ax.set_ylabel("served version, held-out accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def replay_measured() -> dict[str, Any]:
     """``replay_fraction`` and ``replay_ci95`` as the scenario bench measured them (its ``replay`` arm on the calc
     example: a fresh warmed-up model trained by replay only on the rollouts each real seed stored)."""
@@ -242,6 +274,7 @@ def main() -> int:
     parser.add_argument("--rerun", action="store_true")
     parser.add_argument("--home", type=Path, default=Path.home() / ".cache" / "fulmen" / "bench-scenarios")
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "improve_serving.png")
     args = parser.parse_args()
     results = json.loads(args.results.read_text()) if args.results.is_file() else {}
     for arm in args.arms:
@@ -254,6 +287,7 @@ def main() -> int:
         args.results.write_text(json.dumps(results, indent=1) + "\n")
     results["summary"] = summary(results)
     args.results.write_text(json.dumps(results, indent=1) + "\n")
+    plot(results, args.plot)
     print(json.dumps(results["summary"] | {"results": str(args.results)}))
     return 0
 

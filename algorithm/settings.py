@@ -339,8 +339,8 @@ class TrainSection(BaseModel):
         description="replay: train on the stored transitions of the rollouts this "
         "read-only SELECT returns (a column of rollout ids, and optionally a numeric one that orders "
         "them), with no new rollouts of them "
-        "(fulmen.algorithm.service.replay); always corrected: tis unless correction says mis or "
-        "decoupled",
+        "(fulmen.algorithm.service.replay); corrected with tis unless correction says mis, "
+        "decoupled or none",
     )
     replay_fraction: float = Field(
         default=1.0,

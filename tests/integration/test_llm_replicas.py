@@ -53,17 +53,34 @@ def vllm_options(servers: list[VllmStandIn], **llm: Any) -> dict[str, Any]:
     }
 
 
-async def agent(gateway: LlmGateway, rollout_id: str | None, calls: int, pause_s: float = 0.0) -> list[str]:
-    """``calls`` chat calls one after the other (a rollout when ``rollout_id`` is given); the answers."""
+async def agent(
+    gateway: LlmGateway,
+    rollout_id: str | None,
+    calls: int,
+    pause_s: float = 0.0,
+    until: asyncio.Event | None = None,
+) -> list[str]:
+    """``calls`` chat calls one after the other (a rollout when ``rollout_id`` is given); the answers. With
+    ``until``, the calls go on until it is set and then make three more: load that spans the event however slow
+    the machine is."""
     client = AsyncOpenAI(base_url=base_url(gateway, rollout_id), api_key="x", max_retries=0)
-    answers = []
-    for index in range(calls):
-        marker = f"{rollout_id or 'free'}-{secrets.token_hex(4)}-{index}"
+    answers: list[str] = []
+
+    async def call() -> None:
+        marker = f"{rollout_id or 'free'}-{secrets.token_hex(4)}-{len(answers)}"
         reply = await client.chat.completions.create(model="fulmen", messages=[{"role": "user", "content": marker}])
         text = reply.choices[0].message.content or ""
         assert text.startswith(f"{marker} | "), (marker, text)  # its own answer
         answers.append(text)
         await asyncio.sleep(pause_s)
+
+    for _ in range(calls):
+        await call()
+    if until is not None:
+        while not until.is_set():
+            await call()
+        for _ in range(3):
+            await call()
     return answers
 
 
@@ -120,7 +137,8 @@ async def test_a_version_rolls_over_three_replicas_under_load_and_reaches_a_rest
         event_publisher(settings) as publisher,
         llm_gateway_running(settings, BASE_MODEL, **vllm_options(servers)) as gateway,
     ):
-        load = [asyncio.create_task(agent(gateway, f"r{i}", 25, pause_s=0.01)) for i in range(8)]
+        swapped = asyncio.Event()
+        load = [asyncio.create_task(agent(gateway, f"r{i}", 5, pause_s=0.01, until=swapped)) for i in range(8)]
         await asyncio.sleep(0.3)
         await publisher.publish(TopicKey.MODELS, ModelVersion(model_name="fulmen", version=1, uri=str(checkpoint)))
         async with asyncio.timeout(30):
@@ -128,6 +146,7 @@ async def test_a_version_rolls_over_three_replicas_under_load_and_reaches_a_rest
                 assert all(s.label in ("default", "1") for s in servers)
                 await asyncio.sleep(0.005)
         assert [s.label for s in servers] == ["1", "1", "1"]  # announced once every replica confirmed
+        swapped.set()
         answers = [a for task in load for a in await task]
         assert {served_version(a) for a in answers} == {0, 1}  # the swap happened under load
         # A replica that restarts comes back with its start-up weights; it gets version 1 before it serves again.

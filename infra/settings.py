@@ -70,6 +70,11 @@ class KafkaSettings(BaseModel):
     compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = Field(
         default="zstd", description="codec of every record batch Fulmen produces (consumers read any codec)"
     )
+    client: Literal["aiokafka", "librdkafka"] = Field(
+        default="aiokafka",
+        description="the library of Fulmen's producers (the runner's events, spans and dead letters, the gateways' "
+        "spans); librdkafka does the protocol work in C threads. Consumers are aiokafka's either way",
+    )
 
     @field_validator("bootstrap")
     @classmethod

@@ -92,12 +92,21 @@ def _ssl_context(settings: FulmenSettings) -> ssl.SSLContext:
 
 def producer(settings: FulmenSettings, **overrides: Any) -> AIOKafkaProducer:
     """An idempotent producer with ``acks="all"``, its batches compressed with ``FULMEN_KAFKA_COMPRESSION``;
-    start it with :func:`start_or_raise`."""
+    start it with :func:`start_or_raise`. ``FULMEN_KAFKA_CLIENT=librdkafka``: the same on librdkafka
+    (:class:`~fulmen.infra.kafka.rdkafka.RdkafkaProducer`, aiokafka's calls and errors)."""
     kwargs = connection_kwargs(settings)
     kwargs.update(acks="all", enable_idempotence=True, linger_ms=5, max_batch_size=1024 * 1024)
     if settings.kafka.compression != "none":
         kwargs["compression_type"] = settings.kafka.compression
     kwargs.update(overrides)
+    if settings.kafka.client == "librdkafka":
+        from fulmen.infra.kafka.rdkafka import RdkafkaProducer, rdkafka_config
+
+        kafka = settings.kafka
+        files = {"ssl_cafile": kafka.ssl_cafile, "ssl_certfile": kafka.ssl_certfile, "ssl_keyfile": kafka.ssl_keyfile}
+        if "ssl_context" in kwargs:
+            kwargs.update({name: path for name, path in files.items() if path is not None})
+        return RdkafkaProducer(rdkafka_config(kwargs))  # type: ignore[return-value]  # aiokafka's calls, duck-typed
     return AIOKafkaProducer(**kwargs)
 
 

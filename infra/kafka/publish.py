@@ -68,8 +68,8 @@ def declare_publishers(registrar: Registrar, sender: Sender) -> dict[TopicKey, A
 class EventPublisher:
     """Sends events through the broker's idempotent producer. Each send returns once the broker acknowledged it.
 
-    Lifecycle: build it on a ``KafkaBroker`` (not a router: it sends through the broker's producer; started before
-    the first publish, stopped by its owner), publish, and
+    Lifecycle: build it on a ``KafkaBroker`` (not a router: it sends through the broker's producer, or through
+    ``producer`` when one is given; started before the first publish, stopped by its owner), publish, and
     :meth:`settle` before looking whether an earlier unacknowledged record landed.
 
     The idempotent producer retries an unreachable broker without end; ``timeout_s`` bounds how long a caller
@@ -83,10 +83,13 @@ class EventPublisher:
     sender did not declare.
     """
 
-    def __init__(self, broker: Registrar, sender: Sender = ANY_SENDER, *, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, broker: Registrar, sender: Sender = ANY_SENDER, *, timeout_s: float = 30.0, producer: Any = None
+    ) -> None:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be > 0")
         self.broker = broker
+        self.producer = producer  # None: the broker's own; else one of clients.producer's, started by its owner
         self.sender = sender
         self.timeout_s = timeout_s
         self.publishers = declare_publishers(broker, sender)
@@ -173,7 +176,8 @@ class EventPublisher:
             raise TypeError(f"topic {spec.name} carries {expected}, not {type(event).__name__}")
         name = self.topic_name(key)
         record_key = str(getattr(event, spec.record_key)).encode()
-        return await broker_producer(self.broker).send(name, encode(event), key=record_key, headers=_JSON)
+        producer = self.producer or broker_producer(self.broker)
+        return await producer.send(name, encode(event), key=record_key, headers=_JSON)
 
 
 class Waves:

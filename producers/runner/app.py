@@ -112,9 +112,9 @@ class Runner:
         # Lifecycle events are on the critical path of every rollout: no lingering on the producer, and short
         # broker-side fetch waits so that a freed slot or a catch-up is not held by a long poll.
         self.broker = kafka_broker(settings, linger_ms=0)
-        self.publisher = EventPublisher(self.broker, SENDER)
+        self.producer = producer(settings, linger_ms=0)  # lifecycle events and dead letters
+        self.publisher = EventPublisher(self.broker, SENDER, producer=self.producer)
         self.lifecycle = Waves(self.publisher, TopicKey.ROLLOUTS)  # rollouts finishing together: one send
-        self.producer = producer(settings, linger_ms=0)  # dead letters (an aiokafka loop's, like its consumers)
         self.tasks = consumer(
             settings,
             self.options.group,

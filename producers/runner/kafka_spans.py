@@ -11,10 +11,11 @@ tell them apart.
 
 Threads: the SDK calls :meth:`KafkaSpanExporter.export` on its worker thread or on the thread that flushes
 (``CoalescedFlush`` flushes in a worker thread), never on the event loop. The export hands the sends to the
-runner's event loop and blocks until Kafka acknowledged every record, so a flush that returned means the spans
-are on the topic, which is what the transitions consumer's offset barrier needs before a rollout's end is
-published. An export before :meth:`bind` (no loop yet), after the loop stopped, or on the loop's own thread fails
-(logged) rather than block. Every failed export is noted by rollout (``failures``, the runner's
+runner's event loop (librdkafka's producer sends them from the exporting thread itself) and blocks until Kafka
+acknowledged every record, so a flush that returned means the spans are on the topic, which is what the
+transitions consumer's offset barrier needs before a rollout's end is published. An export before :meth:`bind`
+(no loop yet), after the loop stopped, or on the loop's own thread fails (logged) rather than block. Every failed
+export is noted by rollout (``failures``, the runner's
 ``ExportFailures``): those rollouts end failed rather than be trained on with spans missing.
 
 Agents in their own processes (``sync_isolation = process``) and providers the agent set up itself keep
@@ -35,6 +36,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from fulmen.infra.kafka.rdkafka import RdkafkaProducer
 from fulmen.producers.otlp_gateway.otlp import prepare
 from fulmen.producers.runner.tracing import ExportFailures
 from fulmen.schemas.errors import PoisonInputError
@@ -51,7 +53,7 @@ class KafkaSpanExporter(SpanExporter):
 
     def __init__(
         self,
-        producer: AIOKafkaProducer,
+        producer: AIOKafkaProducer | RdkafkaProducer,
         spans_topic: str,
         feedback_topic: str,
         *,
@@ -107,11 +109,9 @@ class KafkaSpanExporter(SpanExporter):
         ]
         if not records:
             return SpanExportResult.SUCCESS
-        sent = asyncio.run_coroutine_threadsafe(self._send(records), loop)
         try:
-            sent.result(timeout=self.timeout_s + 1.0)
+            self._send_from_thread(records, loop)
         except (TimeoutError, KafkaError, RuntimeError, CancelledError) as exc:
-            sent.cancel()
             reason = "no acknowledgement in time" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
             log.warning("%d span(s) not exported to %s: %s", prepared.accepted, self.spans_topic, reason)
             self.failures.note(spans, f"not written to {self.spans_topic}: {reason}")
@@ -119,6 +119,19 @@ class KafkaSpanExporter(SpanExporter):
         self.records += len(prepared.keys)
         self.spans += prepared.accepted
         return SpanExportResult.SUCCESS
+
+    def _send_from_thread(self, records: list[tuple[str, bytes, bytes]], loop: asyncio.AbstractEventLoop) -> None:
+        """Send and wait from the exporting thread: by librdkafka straight from here (it is thread-safe), else
+        through the runner's loop, where the aiokafka producer lives."""
+        if isinstance(self.producer, RdkafkaProducer):
+            self.producer.send_many_blocking(records, self.timeout_s)
+            return
+        sent = asyncio.run_coroutine_threadsafe(self._send(records), loop)
+        try:
+            sent.result(timeout=self.timeout_s + 1.0)
+        except BaseException:
+            sent.cancel()
+            raise
 
     async def _send(self, records: list[tuple[str, bytes, bytes]]) -> None:
         """Hand every record to the producer, then wait for every acknowledgement (bounded by ``timeout_s``)."""

@@ -73,7 +73,8 @@ class KafkaSettings(BaseModel):
     client: Literal["aiokafka", "librdkafka"] = Field(
         default="aiokafka",
         description="the library of Fulmen's producers (the runner's events, spans and dead letters, the gateways' "
-        "spans); librdkafka does the protocol work in C threads. Consumers are aiokafka's either way",
+        "spans): librdkafka does the protocol work in C threads, and measured slower than aiokafka on every path on "
+        "two cores (docs/benchmarks.md); consumers are aiokafka's either way",
     )
 
     @field_validator("bootstrap")

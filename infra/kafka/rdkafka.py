@@ -4,8 +4,8 @@
 ``AIOKafkaProducer``: same guarantees (idempotent, ``acks=all``, the configured codec), same calls (``start``,
 ``send`` returning a future of the acknowledgement, ``flush``, ``stop``), same errors (aiokafka's
 :class:`~aiokafka.errors.KafkaError` family), so callers do not change. The protocol work (batching, compression,
-requests, retries) runs in librdkafka's own C threads instead of on the event loop; a Python thread polls for
-acknowledgements and hands each poll's worth to the loop at once (one wake-up, not one per record).
+requests, retries) runs in librdkafka's own C threads instead of on the event loop; the loop itself polls for
+acknowledgements while records are in flight (a thread handing them over cost more than it saved).
 
 A thread that is not the loop's can also send and wait without the loop (:meth:`RdkafkaProducer.send_many_blocking`):
 the runner's span exporter runs in the OpenTelemetry SDK's thread and writes from there.
@@ -16,9 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import threading
 import time
-from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -30,6 +28,7 @@ from confluent_kafka import KafkaException, Message, Producer
 __all__ = ["RdkafkaProducer", "rdkafka_config"]
 
 log = logging.getLogger(__name__)
+_LIBRDKAFKA_LOG = logging.getLogger("fulmen.librdkafka")  # librdkafka's own log lines (else on stderr)
 
 # aiokafka's producer options that Fulmen passes (clients.producer and its callers' overrides), as librdkafka names
 # them. Anything else is refused: a silently ignored option would be a guarantee that does not hold.
@@ -50,7 +49,8 @@ _SSL_FILES = {
     "ssl_certfile": "ssl.certificate.location",
     "ssl_keyfile": "ssl.key.location",
 }
-_POLL_S = 0.1  # how long the poll thread waits for an acknowledgement before looking whether it should stop
+_POLL_S = 0.1  # a metadata request's try while starting
+_SPIN_S = 0.0005  # while records are in flight, the loop polls for their acknowledgements this often
 
 
 def rdkafka_config(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -90,17 +90,13 @@ class RdkafkaProducer:
         self.config = config
         self._producer: Producer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._poller: threading.Thread | None = None
-        self._stopping = threading.Event()
-        self._acknowledged: deque[tuple[Any, Message | None, RdError | None]] = deque()
-        self._wake_pending = False
-        self._lock = threading.Lock()
+        self._poller: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Create the client and wait until a broker answers a metadata request; raises
         :class:`~aiokafka.errors.KafkaConnectionError` when none does within ``request.timeout.ms``."""
         self._loop = asyncio.get_running_loop()
-        self._producer = Producer({**self.config, "error_cb": self._client_error})
+        self._producer = Producer({**self.config, "error_cb": self._client_error, "logger": _LIBRDKAFKA_LOG})
         deadline = time.monotonic() + self.config.get("request.timeout.ms", 30_000) / 1000
         while True:  # short tries: a caller that stops waiting (start_or_raise's timeout) leaves no long call behind
             try:
@@ -110,8 +106,6 @@ class RdkafkaProducer:
                 if time.monotonic() > deadline:
                     servers = self.config["bootstrap.servers"]
                     raise KafkaConnectionError(f"no broker answered at {servers}: {exc}") from None
-        self._poller = threading.Thread(target=self._poll, name="rdkafka-poll", daemon=True)
-        self._poller.start()
 
     async def send(
         self,
@@ -127,6 +121,7 @@ class RdkafkaProducer:
             raise KafkaConnectionError("the producer is not started")
         future: asyncio.Future[RecordMetadata] = loop.create_future()
         await self._produce(topic, value, key, partition, headers, future)
+        self._kick()
         return future
 
     async def send_and_wait(self, topic: str, value: bytes | None = None, key: bytes | None = None, **kw: Any) -> Any:
@@ -144,6 +139,8 @@ class RdkafkaProducer:
             future: concurrent.futures.Future[RecordMetadata] = concurrent.futures.Future()
             self._produce_blocking(topic, value, key, future, deadline)
             futures.append(future)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._kick)  # the loop serves the acknowledgements
         _, pending = concurrent.futures.wait(futures, timeout=max(0.0, deadline - time.monotonic()))
         if pending:
             raise KafkaTimeoutError(f"{len(pending)} of {len(futures)} record(s) unacknowledged after {timeout_s:g}s")
@@ -153,9 +150,9 @@ class RdkafkaProducer:
 
     async def flush(self) -> None:
         """Wait until every queued record is acknowledged or failed."""
-        if self._producer is not None:
-            while await asyncio.to_thread(self._producer.flush, _POLL_S * 10):
-                pass
+        while self._producer is not None and len(self._producer) > 0:
+            self._kick()
+            await asyncio.sleep(_SPIN_S * 10)
 
     async def stop(self) -> None:
         """Wait for what is in flight, then stop polling (callers bound this: see ``close_quietly``)."""
@@ -164,10 +161,8 @@ class RdkafkaProducer:
         try:
             await self.flush()
         finally:
-            self._stopping.set()
             if self._poller is not None:
-                await asyncio.to_thread(self._poller.join)
-            self._settle()  # acknowledged by the last flush
+                self._poller.cancel()
             self._producer = None
 
     # --- internals ------------------------------------------------------------------------------------------
@@ -213,43 +208,24 @@ class RdkafkaProducer:
                 raise _aiokafka_error(exc.args[0]) from None
 
     def _delivered(self, future: Any, err: RdError | None, msg: Message | None) -> None:
-        """librdkafka's delivery report (in whichever thread polled): kept for the loop, or settled here for a
-        thread's own future."""
-        if isinstance(future, concurrent.futures.Future):
-            if err is None:
-                future.set_result(_metadata(msg))
-            else:
-                future.set_exception(_aiokafka_error(err))
+        """librdkafka's delivery report, served on the loop by :meth:`_drain`."""
+        if future.done():
             return
-        self._acknowledged.append((future, msg, err))
+        if err is None:
+            future.set_result(_metadata(msg))
+        else:
+            future.set_exception(_aiokafka_error(err))
 
-    def _poll(self) -> None:
-        producer = self._producer
-        assert producer is not None and self._loop is not None
-        while not self._stopping.is_set():
-            producer.poll(_POLL_S)
-            if self._acknowledged:
-                with self._lock:
-                    if self._wake_pending:
-                        continue
-                    self._wake_pending = True
-                try:
-                    self._loop.call_soon_threadsafe(self._settle)
-                except RuntimeError:  # the loop closed: nobody waits for these any more
-                    return
+    def _kick(self) -> None:
+        """On the loop: make sure something serves acknowledgements while records are in flight."""
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.get_running_loop().create_task(self._drain(), name="rdkafka-acks")
 
-    def _settle(self) -> None:
-        """In the loop: settle every future acknowledged since the last call."""
-        with self._lock:
-            self._wake_pending = False
-        while self._acknowledged:
-            future, msg, err = self._acknowledged.popleft()
-            if future.done():
-                continue
-            if err is None:
-                future.set_result(_metadata(msg))
-            else:
-                future.set_exception(_aiokafka_error(err))
+    async def _drain(self) -> None:
+        """Serve delivery reports on the loop (no thread hands them over) for as long as records are in flight:
+        a poll that served none waits a short spin before the next."""
+        while (producer := self._producer) is not None and len(producer) > 0:
+            await asyncio.sleep(0 if producer.poll(0) else _SPIN_S)
 
     def _client_error(self, err: RdError) -> None:
         level = logging.ERROR if err.fatal() else logging.DEBUG  # transport errors are retried by librdkafka

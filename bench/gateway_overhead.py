@@ -30,7 +30,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,11 +38,10 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.anchor import AnchorLLMProxy, AnchorStore
-from bench.harness import ProcessCounters, load_average, summarise
+from bench.harness import ProcessCounters, add_env_option, fulmen_env, load_average, started_broker, summarise
 from bench.span_ingest import _ready, free_port, peak_rss_mb, wait_for
 from fulmen.infra.kafka.admin import ensure_topics
-from fulmen.infra.kafka.local import LocalKafka
-from fulmen.infra.settings import BrokerSettings, FulmenSettings
+from fulmen.infra.settings import FulmenSettings
 
 BODY = {
     "model": "fulmen",
@@ -93,21 +91,19 @@ def main() -> None:
     parser.add_argument("--no-anchor", action="store_true", help="skip Agent Lightning 0.3.0 (bench/anchor.py)")
     parser.add_argument("--syscalls", action="store_true", help="count each process's system calls (perf stat)")
     parser.add_argument("--no-metrics-off", action="store_true", help="skip the gateway without Prometheus metrics")
+    add_env_option(parser)
     args = parser.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="fulmen-bench-gw-"))
-    broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")
-    broker.start()
+    home, broker = started_broker("fulmen-bench-gw-")
     upstream_port, gateway_port, off_port = free_port(), free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")} | {
-        "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap,
-        "FULMEN_HOME": str(home),
-        "FULMEN_LOG_LEVEL": "WARNING",
-        "FULMEN_LLM_PORT": str(gateway_port),
-        "FULMEN_LLM_BACKEND": "vllm",
-        "FULMEN_LLM_MODEL": "stub",
-        "FULMEN_LLM_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}/v1",
-        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
-    }
+    env = fulmen_env(
+        broker.bootstrap,
+        home,
+        args.env,
+        FULMEN_LLM_PORT=str(gateway_port),
+        FULMEN_LLM_BACKEND="vllm",
+        FULMEN_LLM_MODEL="stub",
+        FULMEN_LLM_UPSTREAM_URL=f"http://127.0.0.1:{upstream_port}/v1",
+    )
     asyncio.run(ensure_topics(FulmenSettings(kafka={"bootstrap": broker.bootstrap})))
     logs = {name: open(home / f"{name}.log", "wb") for name in ("upstream", "gateway", "gateway-off")}  # noqa: SIM115
     upstream = subprocess.Popen(
@@ -182,6 +178,7 @@ def main() -> None:
         if off_runs:
             report["metrics_off"] = summarise(off_runs, load_before, totals=("errors_c1", "errors_c16"))
             report["metrics_cost"] = metrics_cost(report, report["metrics_off"])
+        report["env"] = args.env
         report["peak_rss_mb"] = {"gateway": peak_rss_mb(gateway.pid), "kafka": peak_rss_mb(broker.status().pid or 0)}
     finally:
         processes = [p for p in (gateway, gateway_off, upstream) if p is not None]

@@ -49,6 +49,36 @@ def env_settings(values: Sequence[str]) -> dict[str, str]:
     return dict(value.split("=", 1) for value in values)
 
 
+def started_broker(prefix: str) -> tuple[Path, Any]:
+    """A fresh home directory (``/tmp/<prefix>...``) and a local Kafka started in it on free ports; stop it when
+    done."""
+    from fulmen.infra.kafka.local import LocalKafka
+    from fulmen.infra.processes import free_port
+    from fulmen.infra.settings import BrokerSettings
+
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")
+    broker.start()
+    return home, broker
+
+
+def fulmen_env(bootstrap: str, home: Path, lever: Sequence[str] = (), **settings: str) -> dict[str, str]:
+    """The environment of the Fulmen processes a bench starts: this process's without any ``FULMEN_*``, then the
+    bench's broker and home, warnings only, the source tree on ``PYTHONPATH``, ``settings`` (``FULMEN_X=...``) and
+    last ``--env``'s values (``lever``), so a lever overrides what the bench sets."""
+    return (
+        {name: value for name, value in os.environ.items() if not name.startswith("FULMEN_")}
+        | {
+            "FULMEN_KAFKA_BOOTSTRAP": bootstrap,
+            "FULMEN_HOME": str(home),
+            "FULMEN_LOG_LEVEL": "WARNING",
+            "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+        }
+        | settings
+        | env_settings(lever)
+    )
+
+
 def load_average() -> list[float]:
     """1, 5 and 15 minute load averages (2 cores: above 2 means something else competed)."""
     return [round(value, 2) for value in os.getloadavg()]

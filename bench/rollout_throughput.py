@@ -36,7 +36,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -45,14 +44,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aiokafka import TopicPartition
 
 from bench.anchor import PYTHON, AnchorStore
-from bench.harness import ProcessCounters, add_env_option, env_settings, load_average, summarise
+from bench.harness import ProcessCounters, add_env_option, fulmen_env, load_average, started_broker, summarise
 from bench.span_ingest import _ready, free_port, wait_for
 from fulmen.infra.kafka.admin import ensure_topics, partition_count
 from fulmen.infra.kafka.broker import kafka_broker
 from fulmen.infra.kafka.clients import close_quietly, consumer, start_or_raise
-from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.kafka.publish import EventPublisher
-from fulmen.infra.settings import BrokerSettings, FulmenSettings
+from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.store import RemoteReader
 from fulmen.schemas import RolloutEvent, RolloutRequest, TopicKey, decode, topic_name
 from fulmen.schemas.events import TERMINAL_STATUSES
@@ -208,21 +206,14 @@ def main() -> None:
     parser.add_argument("--syscalls", action="store_true", help="count each process's system calls (perf stat)")
     add_env_option(parser)
     args = parser.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="fulmen-bench-rollouts-"))
-    broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")
-    broker.start()
+    home, broker = started_broker("fulmen-bench-rollouts-")
     otlp_port, read_port = free_port(), free_port()
-    base_env = (
-        {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")}
-        | {
-            "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap,
-            "FULMEN_HOME": str(home),
-            "FULMEN_LOG_LEVEL": "WARNING",
-            "FULMEN_OTLP_PORT": str(otlp_port),
-            "FULMEN_CLICKHOUSE_READ_PORT": str(read_port),
-            "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
-        }
-        | env_settings(args.env)
+    base_env = fulmen_env(
+        broker.bootstrap,
+        home,
+        args.env,
+        FULMEN_OTLP_PORT=str(otlp_port),
+        FULMEN_CLICKHOUSE_READ_PORT=str(read_port),
     )
     fulmen = [sys.executable, "-m", "fulmen.cli.main"]
     report: dict = {}

@@ -41,7 +41,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -52,12 +51,19 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.anchor import ATTEMPT_ID_KEY, ROLLOUT_ID_KEY, AnchorStore
-from bench.harness import MemorySampler, ProcessCounters, add_env_option, env_settings, load_average, summarise
+from bench.harness import (
+    MemorySampler,
+    ProcessCounters,
+    add_env_option,
+    fulmen_env,
+    load_average,
+    started_broker,
+    summarise,
+)
 from bench.otlp_payloads import make_request
 from fulmen.infra.kafka.admin import ensure_topics
-from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.processes import free_port
-from fulmen.infra.settings import BrokerSettings, FulmenSettings, KafkaSettings
+from fulmen.infra.settings import FulmenSettings, KafkaSettings
 from fulmen.infra.store import RemoteReader
 from fulmen.schemas import TopicKey, topic_name
 
@@ -162,22 +168,16 @@ def main() -> None:
     args = parser.parse_args()
     args.compression = args.compression or KafkaSettings().compression
 
-    home = Path(tempfile.mkdtemp(prefix="fulmen-bench-"))
-    broker = LocalKafka(BrokerSettings(port=free_port(), controller_port=free_port()), home / "kafka")
-    broker.start()
+    home, broker = started_broker("fulmen-bench-")
     gateway_port, read_port = free_port(), free_port()
-    env = (
-        {k: v for k, v in os.environ.items() if not k.startswith("FULMEN_")}
-        | {
-            "FULMEN_KAFKA_BOOTSTRAP": broker.bootstrap,
-            "FULMEN_HOME": str(home),
-            "FULMEN_LOG_LEVEL": "WARNING",
-            "FULMEN_CLICKHOUSE_READ_PORT": str(read_port),
-            "FULMEN_OTLP_PORT": str(gateway_port),
-            "FULMEN_KAFKA_COMPRESSION": args.compression,
-            "FULMEN_METRICS_ENABLED": "true" if args.metrics == "on" else "false",
-        }
-        | env_settings(args.env)
+    env = fulmen_env(
+        broker.bootstrap,
+        home,
+        args.env,
+        FULMEN_CLICKHOUSE_READ_PORT=str(read_port),
+        FULMEN_OTLP_PORT=str(gateway_port),
+        FULMEN_KAFKA_COMPRESSION=args.compression,
+        FULMEN_METRICS_ENABLED="true" if args.metrics == "on" else "false",
     )
     asyncio.run(ensure_topics(FulmenSettings(kafka={"bootstrap": broker.bootstrap})))
     fulmen = [sys.executable, "-m", "fulmen.cli.main"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
+from typing import Any
 
 from bench.harness import MemorySampler, ProcessCounters, context_switches, resident_mb
 
@@ -41,3 +43,13 @@ def test_env_settings_split_on_the_first_equals_and_refuse_a_value_without_one()
     assert env_settings(["FULMEN_A=1", "FULMEN_B=x=y"]) == {"FULMEN_A": "1", "FULMEN_B": "x=y"}
     with pytest.raises(SystemExit, match="FULMEN_X=VALUE"):
         env_settings(["FULMEN_A"])
+
+
+def test_a_bench_s_processes_get_its_broker_and_home_and_the_lever_last(monkeypatch: Any, tmp_path: Path) -> None:
+    from bench.harness import fulmen_env
+
+    monkeypatch.setenv("FULMEN_KAFKA_CLIENT", "from-the-shell")  # never leaks into a bench's processes
+    monkeypatch.setenv("KEEP_ME", "1")
+    env = fulmen_env("h:9092", tmp_path, ["FULMEN_OTLP_PORT=9", "FULMEN_KAFKA_CLIENT=librdkafka"], FULMEN_OTLP_PORT="8")
+    assert env["KEEP_ME"] == "1" and env["FULMEN_KAFKA_BOOTSTRAP"] == "h:9092" and env["FULMEN_HOME"] == str(tmp_path)
+    assert env["FULMEN_OTLP_PORT"] == "9" and env["FULMEN_KAFKA_CLIENT"] == "librdkafka"  # --env overrides the bench

@@ -168,7 +168,8 @@ def matmul_rate(size: int = 2048, repeats: int = 5) -> float:
 
 def compact(report: dict[str, Any]) -> dict[str, Any]:
     """A run's outcomes as the results file keeps them: per split and version, the solved flags as a string of
-    0/1 and the failure kinds; the task ids and templates once per split."""
+    0/1, the failure kinds and the episode rewards (runs before 2026-12-07 kept none); the task ids and templates
+    once per split."""
     kept: dict[str, Any] = {}
     for split, data in (report.get("outcomes") or {}).items():
         kept[split] = {
@@ -176,6 +177,7 @@ def compact(report: dict[str, Any]) -> dict[str, Any]:
             "templates": data["templates"],
             "by_version": {
                 version: {"solved": "".join("1" if s else "0" for s in v["solved"]), "failures": v["failures"]}
+                | ({"rewards": v["rewards"]} if "rewards" in v else {})
                 for version, v in data["by_version"].items()
             },
         }
@@ -188,8 +190,7 @@ def expand(outcomes: dict[str, Any]) -> dict[str, Any]:
         split: data
         | {
             "by_version": {
-                version: {"solved": [c == "1" for c in v["solved"]], "failures": v["failures"]}
-                for version, v in data["by_version"].items()
+                version: v | {"solved": [c == "1" for c in v["solved"]]} for version, v in data["by_version"].items()
             }
         }
         for split, data in outcomes.items()
@@ -292,6 +293,10 @@ def summary(name: str, runs: dict[str, Any]) -> dict[str, Any]:
             f"{split}_gain_by_seed": [round(accuracy(a) - accuracy(b), 4) for b, a in pairs],
             f"{split}_seed_ci95": seed_interval([accuracy(a) - accuracy(b) for b, a in pairs]),
         }
+        rewards = [r for r in (_mean_rewards(run, split) for run in real) if r is not None]
+        if rewards:  # the mean episode reward (RAG: answer F1, where solved is exact match), runs that kept it
+            out[f"{split}_reward_before"] = round(sum(b for b, _ in rewards) / len(rewards), 4)
+            out[f"{split}_reward_after"] = round(sum(a for _, a in rewards) / len(rewards), 4)
         templates = expand(real[0]["outcomes"])[split]["templates"]
         out.setdefault("by_template", {})[split] = by_template(templates, pairs)
     out["gain_by_seed"] = out.pop("heldout_gain_by_seed", None)
@@ -327,6 +332,17 @@ def summary(name: str, runs: dict[str, Any]) -> dict[str, Any]:
     out["engine"] = next((r.get("engine") for r in real), None)
     out["profile"] = {k: (r.get("profile") or {}).get("step") for k, r in sorted(runs.items())}
     return out
+
+
+def _mean_rewards(run: dict[str, Any], split: str) -> tuple[float, float] | None:
+    """The mean episode reward of ``split`` at the run's first and last validated versions, where it kept them."""
+    data = expand(run.get("outcomes") or {}).get(split)
+    if not data:
+        return None
+    versions = [data["by_version"][v] for v in sorted(data["by_version"], key=int)]
+    if "rewards" not in versions[0] or "rewards" not in versions[-1]:
+        return None
+    return tuple(sum(v["rewards"]) / max(len(v["rewards"]), 1) for v in (versions[0], versions[-1]))  # type: ignore[return-value]
 
 
 def curve(run: dict[str, Any], split: str) -> list[tuple[int, float]]:

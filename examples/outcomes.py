@@ -93,8 +93,8 @@ def _messages(outputs: list[str]) -> list[dict[str, Any]]:
 
 def outcomes_by_split(example: Any, splits: Splits, episodes: list[Episode]) -> dict[str, Any]:
     """``{"outcomes": {split: {"tasks": [ids], "templates": [...], "by_version": {version: {"solved": [bools],
-    "failures": [kinds]}}}}}``, tasks in the split's order; a task with no episode at a version counts as
-    ``missing`` (not solved)."""
+    "failures": [kinds], "rewards": [episode rewards]}}}}}``, tasks in the split's order; a task with no episode
+    at a version counts as ``missing`` (not solved, reward 0)."""
     kind_of = getattr(example, "failure_kind", None) or generic_failure_kind
     by_task_version = {(e.task_id, e.version): e for e in episodes}
     versions = sorted({e.version for e in episodes}, key=lambda v: int(v) if v.isdigit() else -1)
@@ -108,6 +108,7 @@ def outcomes_by_split(example: Any, splits: Splits, episodes: list[Episode]) -> 
             by_version[version] = {
                 "solved": [bool(e and e.solved) for e in found],
                 "failures": [kind_of(t.input, e) if e else "missing" for t, e in zip(tasks, found, strict=True)],
+                "rewards": [round(e.reward, 4) if e else 0.0 for e in found],
             }
         outcomes[name] = {
             "tasks": [t.task_id for t in tasks],

@@ -87,7 +87,9 @@ def test_outcomes_are_filed_by_split_and_version_with_missing_episodes_unsolved(
     assert outcomes["heldout"]["by_version"]["0"] == {
         "solved": [False] * 3,
         "failures": ["no_tool_call", "missing", "missing"],
+        "rewards": [0.0, 0.0, 0.0],
     }
+    assert outcomes["heldout"]["by_version"]["2"]["rewards"] == [1.0, 0.0, 0.0]
     assert outcomes["heldout"]["by_version"]["2"]["solved"] == [True, False, False]
     assert outcomes["unseen"]["by_version"]["2"]["failures"] == ["missing", "timed_out"]
     assert outcomes["unseen"]["templates"] == [t.input["template"] for t in splits.unseen]
@@ -162,10 +164,31 @@ def test_the_scenarios_summary_pools_seeds_and_reads_the_baselines_from_their_pa
         and "zero-shot (no warm-up) 0.0%" in table
     )
     assert "| unseen | `buy` | 1 | 0.0% | 50.0% |" in table
+    assert "heldout_reward_before" not in figures  # no part kept its rewards
     assert figures["replay_fraction"] is None and figures["replay_seeds"] == 0  # no replay arm yet
     runs["replay/0"] = part([False, True], [True, True])  # replay got what real/0 got
     replayed = summary("calc_agent", runs)
     assert replayed["replay_seeds"] == 1 and replayed["replay_fraction"] == 1.0 and replayed["replay_gain"] == 0.5
+
+
+def test_the_summary_means_the_episode_rewards_of_the_runs_that_kept_them() -> None:
+    from bench.scenarios import compact, expand, summary
+
+    def part(rewards: dict[str, list[float]]) -> dict:
+        by_version = {
+            v: {"solved": [r >= 1 for r in rs], "failures": ["x"] * len(rs), "rewards": rs} for v, rs in rewards.items()
+        }
+        outcomes = {"heldout": {"tasks": ["a", "b"], "templates": ["t", "t"], "by_version": by_version}}
+        return {"outcomes": compact({"outcomes": outcomes})}
+
+    kept = part({"0": [0.5, 1.0], "20": [1.0, 1.0]})
+    assert expand(kept["outcomes"])["heldout"]["by_version"]["20"] == {
+        "solved": [True, True],
+        "failures": ["x", "x"],
+        "rewards": [1.0, 1.0],
+    }
+    figures = summary("rag_agent", {"real/0": kept, "real/1": part({"0": [0.0, 0.5], "20": [0.5, 0.5]})})
+    assert figures["heldout_reward_before"] == 0.5 and figures["heldout_reward_after"] == 0.75  # F1 for RAG
 
 
 def test_the_replay_fraction_is_a_ratio_of_gains_on_the_same_tasks_with_a_paired_bootstrap_interval() -> None:

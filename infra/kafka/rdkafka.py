@@ -185,7 +185,8 @@ class RdkafkaProducer:
             try:
                 self._producer.produce(topic, value, key, **options)
                 return
-            except BufferError:  # the local queue is full: wait for acknowledgements to make room
+            except BufferError:  # the local queue is full: serve acknowledgements to make room
+                self._kick()
                 await asyncio.sleep(0.005)
             except KafkaException as exc:
                 raise _aiokafka_error(exc.args[0]) from None
@@ -200,9 +201,11 @@ class RdkafkaProducer:
                     topic, value, key, on_delivery=lambda err, msg: self._delivered(future, err, msg)
                 )
                 return
-            except BufferError:
+            except BufferError:  # the queue is full: the loop serves acknowledgements to make room
                 if time.monotonic() > deadline:
                     raise KafkaTimeoutError("the producer's queue stayed full") from None
+                if self._loop is not None:
+                    self._loop.call_soon_threadsafe(self._kick)
                 time.sleep(0.005)
             except KafkaException as exc:
                 raise _aiokafka_error(exc.args[0]) from None

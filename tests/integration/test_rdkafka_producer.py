@@ -16,7 +16,7 @@ import pytest
 from aiokafka.errors import KafkaError
 
 from fulmen.infra.kafka.admin import ensure_topics
-from fulmen.infra.kafka.clients import close_quietly, producer, start_or_raise
+from fulmen.infra.kafka.clients import close_quietly, connection_kwargs, producer, start_or_raise
 from fulmen.infra.kafka.local import LocalKafka
 from fulmen.infra.kafka.publish import EventPublisher
 from fulmen.infra.kafka.rdkafka import RdkafkaProducer, rdkafka_config
@@ -58,6 +58,21 @@ async def test_what_it_sends_is_what_a_consumer_reads_with_the_offsets_it_acknow
         (m.partition, m.offset) for m in acknowledged
     )  # the acknowledged offsets are where the records are
     assert {m.topic for m in acknowledged} == {name}
+
+
+async def test_a_full_queue_waits_for_room_instead_of_failing(settings: FulmenSettings) -> None:
+    config = rdkafka_config(connection_kwargs(settings) | {"linger_ms": 0}) | {"queue.buffering.max.messages": 4}
+    client = RdkafkaProducer(config)
+    name = topic_name(TopicKey.SPANS, settings.kafka.topic_prefix)
+    await start_or_raise(client, settings, "test producer")
+    try:
+        futures = [await client.send(name, b"v%d" % i, b"k%d" % i) for i in range(60)]
+        assert len({(m.partition, m.offset) for m in [await f for f in futures]}) == 60
+        records = [(name, b"t%d" % i, b"from a thread") for i in range(40)]
+        assert await asyncio.to_thread(client.send_many_blocking, records, 10.0) == 40
+    finally:
+        await close_quietly([client])
+    assert len(await records_of(settings, TopicKey.SPANS, 100)) == 100
 
 
 async def test_the_runner_publishes_through_it(settings: FulmenSettings) -> None:

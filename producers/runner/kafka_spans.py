@@ -29,6 +29,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from concurrent.futures import CancelledError
+from typing import TYPE_CHECKING
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
@@ -36,10 +37,12 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from fulmen.infra.kafka.rdkafka import RdkafkaProducer
 from fulmen.producers.otlp_gateway.otlp import prepare
 from fulmen.producers.runner.tracing import ExportFailures
 from fulmen.schemas.errors import PoisonInputError
+
+if TYPE_CHECKING:  # confluent-kafka is loaded only by a runner that uses it
+    from fulmen.infra.kafka.rdkafka import RdkafkaProducer
 
 __all__ = ["KafkaSpanExporter"]
 
@@ -53,7 +56,7 @@ class KafkaSpanExporter(SpanExporter):
 
     def __init__(
         self,
-        producer: AIOKafkaProducer | RdkafkaProducer,
+        producer: AIOKafkaProducer | RdkafkaProducer,  # RdkafkaProducer only where FULMEN_KAFKA_CLIENT says so
         spans_topic: str,
         feedback_topic: str,
         *,
@@ -123,8 +126,9 @@ class KafkaSpanExporter(SpanExporter):
     def _send_from_thread(self, records: list[tuple[str, bytes, bytes]], loop: asyncio.AbstractEventLoop) -> None:
         """Send and wait from the exporting thread: by librdkafka straight from here (it is thread-safe), else
         through the runner's loop, where the aiokafka producer lives."""
-        if isinstance(self.producer, RdkafkaProducer):
-            self.producer.send_many_blocking(records, self.timeout_s)
+        send_many_blocking = getattr(self.producer, "send_many_blocking", None)  # librdkafka's: thread-safe
+        if send_many_blocking is not None:
+            send_many_blocking(records, self.timeout_s)
             return
         sent = asyncio.run_coroutine_threadsafe(self._send(records), loop)
         try:

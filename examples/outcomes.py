@@ -21,7 +21,7 @@ from fulmen.schemas.events import RolloutMode
 if TYPE_CHECKING:
     from examples.train import Splits
 
-__all__ = ["SOLVED", "Episode", "generic_failure_kind", "outcomes_by_split", "validation_episodes"]
+__all__ = ["SOLVED", "Episode", "argument_of_calls", "generic_failure_kind", "outcomes_by_split", "validation_episodes"]
 
 SOLVED = 0.999  # an episode with at least this reward counts as solved
 
@@ -46,6 +46,22 @@ def generic_failure_kind(task: dict[str, Any], episode: Episode) -> str:
     if episode.solved:
         return "correct"
     return episode.status if episode.status in ("timed_out", "failed") else "wrong"
+
+
+def argument_of_calls(message: dict[str, Any], key: str) -> list[str]:
+    """Argument ``key`` of each tool call in one assistant message, as the model wrote it ("" where a call's arguments
+    are not a JSON object holding a string ``key``)."""
+    found = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        arguments = function.get("arguments")
+        try:
+            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except ValueError:
+            parsed = None
+        value = parsed.get(key) if isinstance(parsed, dict) else None
+        found.append(value if isinstance(value, str) else "")
+    return found
 
 
 def validation_episodes(

@@ -9,12 +9,11 @@ ends on another number); ``wrong_final_answer`` (the right result came back and 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from examples.calc_agent.calculator import CalcError, calculate
 from examples.calc_agent.reward import TOLERANCE, numbers
-from examples.outcomes import Episode
+from examples.outcomes import Episode, argument_of_calls, generic_failure_kind
 
 __all__ = ["KINDS", "failure_kind"]
 
@@ -33,11 +32,10 @@ KINDS = (
 
 def failure_kind(task: dict[str, Any], episode: Episode) -> str:
     """The kind of ``episode``'s outcome on ``task`` (module docstring)."""
-    if episode.solved:
-        return "correct"
-    if episode.status in ("timed_out", "failed"):
-        return episode.status
-    expressions = [e for message in episode.outputs for e in _expressions(message)]
+    finished = generic_failure_kind(task, episode)
+    if finished != "wrong":  # solved, or the rollout did not finish
+        return finished
+    expressions = [e for message in episode.outputs for e in argument_of_calls(message, "expression")]
     if not expressions:
         return "no_tool_call"
     try:
@@ -51,18 +49,3 @@ def failure_kind(task: dict[str, Any], episode: Episode) -> str:
         return "no_answer"
     right = any(abs(n - float(task["answer"])) <= TOLERANCE for n in numbers(final))
     return "extra_numbers" if right else "wrong_final_answer"
-
-
-def _expressions(message: dict[str, Any]) -> list[str]:
-    """The ``expression`` argument of each calculator call in one assistant message."""
-    found = []
-    for call in message.get("tool_calls") or []:
-        function = call.get("function") or {}
-        arguments = function.get("arguments")
-        try:
-            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except ValueError:
-            parsed = None
-        expression = parsed.get("expression") if isinstance(parsed, dict) else None
-        found.append(expression if isinstance(expression, str) else "")
-    return found

@@ -1,6 +1,6 @@
 """Multi-hop question answering with a search tool, on the OpenAI Agents SDK (see README.md)."""
 
-from examples.rag_agent import data, teacher
+from examples.rag_agent import data, failures, teacher
 from examples.spec import Example
 
 EXAMPLE = Example(
@@ -16,4 +16,5 @@ EXAMPLE = Example(
     credit="intermediate",
     gamma=1.0,
     teacher=teacher.teach,
+    failure_kind=failures.failure_kind,
 )

@@ -200,3 +200,31 @@ def test_the_replay_fraction_is_a_ratio_of_gains_on_the_same_tasks_with_a_paired
     assert ratio_interval([(before, replay)], [(before, before)]) == {"ratio": None, "ci95": None}  # no gain to share
     with pytest.raises(ValueError):
         ratio_interval([([True], [True])], [(before, on_policy)])
+
+
+def _search(query: str) -> dict:
+    arguments = json.dumps({"query": query})
+    return {"role": "assistant", "tool_calls": [{"function": {"name": "search", "arguments": arguments}}]}
+
+
+def test_rag_failure_kinds_follow_the_gold_path() -> None:
+    from examples.rag_agent import data as rag_data
+    from examples.rag_agent.failures import failure_kind as rag_kind
+    from examples.rag_agent.teacher import queries
+
+    task = next(t for t in rag_data.heldout_tasks(20) if t["hops"] == 3)
+    first, second, third = (_search(q) for q in queries(task))
+    astray = _search("zzzz unknown words")
+    answer = {"role": "assistant", "content": "Somewhere"}
+    cases = {
+        "correct": ([first, second, third, {"content": task["answer"]}], "succeeded", 1.0),
+        "timed_out": ([first], "timed_out", 0.0),
+        "no_search": ([answer], "succeeded", 0.0),
+        "out_of_turns": ([first, second, astray, astray], "succeeded", 0.0),
+        "lost_path": ([first, astray, answer], "succeeded", 0.0),
+        "answered_early": ([first, second, answer], "succeeded", 0.0),
+        "no_answer": ([first, second, third, third], "succeeded", 0.0),
+        "wrong_answer": ([first, second, third, answer], "succeeded", 0.0),
+    }
+    for kind, (outputs, status, reward) in cases.items():
+        assert rag_kind(task, _episode(outputs, status, reward)) == kind, kind

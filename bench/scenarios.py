@@ -29,6 +29,7 @@ ends, and a part already there is skipped unless ``--rerun``; ``--arms`` and ``-
     .venv/bin/python bench/scenarios.py --only calc_agent --arms real --seeds 1        # seed 0 only
     .venv/bin/python bench/scenarios.py --only calc_agent                              # the rest of the protocol
     .venv/bin/python bench/scenarios.py --only calc_agent --report-only                # the summary from the file
+    .venv/bin/python bench/scenarios.py --only rag_agent --reclassify                  # failure kinds, from kept stores
 
 Prints one JSON object on its last line keyed by scenario with the issue's keys (``seeds``, ``heldout_before``,
 ``heldout_after``, ``gain_by_seed``, ``heldout_ci95``, ``heldout_n``, ``unseen_before``, ``unseen_after``,
@@ -51,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the examples, read again by --reclassify
 from scenario_stats import (
     accuracy,
     before_after,
@@ -221,6 +223,30 @@ def run_part(
         "arm": arm,
         "sft_tokens": report.get("sft_tokens"),
     }
+
+
+def reclassified(name: str, run: dict[str, Any]) -> dict[str, Any] | None:
+    """``run``'s outcomes read again from its store (``<run dir>/chdb``, opened by ``fulmen sql``) with the example's
+    current failure kinds, compacted; None when the store is gone. For a part that ran before its example could name
+    its failures: the episodes are the same, only their kinds are new."""
+    store = Path(run.get("run_dir") or "/nonexistent") / "chdb"
+    if not store.is_dir():
+        return None
+    from types import SimpleNamespace
+
+    from examples.outcomes import outcomes_by_split, validation_episodes
+    from examples.train import ExampleOptions, dataset, load_example, sql
+
+    kept = run.get("settings") or {}
+    options = ExampleOptions(
+        train=kept.get("train", 2000),
+        heldout=kept.get("heldout", 200),
+        unseen=kept.get("unseen", 200),
+        max_tokens=kept.get("max_tokens") or None,
+    )
+    reader = SimpleNamespace(env={"FULMEN_CLICKHOUSE_PATH": str(store)})
+    example = load_example(name)
+    return compact(outcomes_by_split(example, dataset(example, options), validation_episodes(reader, "fulmen", sql)))
 
 
 def replayed_store(runs: dict[str, Any], seed: int) -> str | None:
@@ -509,6 +535,9 @@ def main() -> int:
     )
     parser.add_argument("--rerun", action="store_true", help="run parts the results file already holds again")
     parser.add_argument("--report-only", action="store_true", help="run nothing: the summary of the results file")
+    parser.add_argument(
+        "--reclassify", action="store_true", help="run nothing: read the kept stores' outcomes again (failure kinds)"
+    )
     parser.add_argument("--markdown", action="store_true", help="also print the docs' table of each scenario")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--group-size", type=int, default=8)
@@ -541,9 +570,14 @@ def main() -> int:
     if unknown:
         parser.error(f"--arms: unknown {', '.join(unknown)}; choose from {', '.join(ARMS)}")
     results = load_results(args.results)
+    args.report_only |= args.reclassify
     matmul = matmul_rate() if not args.report_only else None
     for name in args.only or SCENARIOS:
         runs = results.setdefault(name, {}).setdefault("runs", {})
+        for key in sorted(runs) if args.reclassify else []:
+            again = reclassified(name, runs[key])
+            print(f"--- {name} {key}: {'reclassified' if again else 'its store is gone; kept'}", file=sys.stderr)
+            runs[key] |= {"outcomes": again} if again else {}
         for arm, seed in [] if args.report_only else parts(args):
             key = f"{arm}/{seed}"
             if key in runs and "error" not in runs[key] and not args.rerun:

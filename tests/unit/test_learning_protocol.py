@@ -228,3 +228,36 @@ def test_rag_failure_kinds_follow_the_gold_path() -> None:
     }
     for kind, (outputs, status, reward) in cases.items():
         assert rag_kind(task, _episode(outputs, status, reward)) == kind, kind
+
+
+def test_reclassify_reads_a_kept_store_again_with_the_examples_failure_kinds(tmp_path, monkeypatch) -> None:
+    import examples.train
+    from bench.scenarios import reclassified
+    from examples.rag_agent import data as rag_data
+    from examples.rag_agent.teacher import queries
+
+    assert reclassified("rag_agent", {"run_dir": str(tmp_path / "gone")}) is None
+    (tmp_path / "chdb").mkdir()
+    task = examples.train.dataset(load_example("rag_agent"), ExampleOptions(train=4, heldout=2, unseen=0)).heldout[1]
+    searched = [_search(q) for q in queries(task.input)[:2]]
+
+    def sql(reader, query: str) -> list[dict]:
+        assert reader.env == {"FULMEN_CLICKHOUSE_PATH": str(tmp_path / "chdb")}
+        if "FROM fulmen.rollouts FINAL" in query:
+            return [
+                {
+                    "rollout": "r",
+                    "version": "0",
+                    "task": task.task_id,
+                    "status": "succeeded",
+                    "reward": 0.0,
+                    "attempt": 1,
+                }
+            ]
+        return [{"rollout": "r", "attempt": 1, "outputs": [json.dumps([m]) for m in [*searched, {"content": "x"}]]}]
+
+    monkeypatch.setattr(examples.train, "sql", sql)
+    run = {"run_dir": str(tmp_path), "settings": {"train": 4, "heldout": 2, "unseen": 0}}
+    kept = reclassified("rag_agent", run)
+    assert rag_data.heldout_tasks(2)[1]["hops"] == 3
+    assert kept["heldout"]["by_version"]["0"]["failures"] == ["missing", "answered_early"]

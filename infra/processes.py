@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -39,11 +40,44 @@ log = logging.getLogger(__name__)
 FULMEN = [sys.executable, "-m", "fulmen.cli.main"]
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_PICKS = 64  # random tries before asking the kernel for one
+_pick = random.SystemRandom()  # not the random module's state, which tests and training seed alike in every process
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on right now, for a service started next to listen on.
+
+    It is drawn at random from the 16,384 ports just below the kernel's ephemeral range. A port the kernel hands
+    out itself (binding port 0) comes from that range, where the local end of any outgoing connection (a Kafka
+    client's, an HTTP request's) may take it before the service binds it: CI once lost an LLM gateway's port so.
+    Below the range only another listener can take it, and two drawing at once rarely draw the same."""
+    low = _ephemeral_low()
+    first = max(10_000, low - 16_384)  # well-known services (Kafka 9092, ClickHouse 8123, ...) live below 10,000
+    if low - first >= 1_024:
+        for _ in range(_PICKS):
+            port = _pick.randrange(first, low)
+            if _bindable(host, port):
+                return port
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default; elsewhere only the kernel's pick is tried below it
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ API an instant PromQL query.
 
 from __future__ import annotations
 
-import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from fulmen.infra.processes import free_port
 from fulmen.schemas.errors import ConfigurationError
 from fulmen.testing.gobuild import GoServer, go_build
 
@@ -62,7 +62,7 @@ class PrometheusServer(GoServer):
         self.targets = list(targets)
         self.rule_files = [Path(f).resolve() for f in rule_files]
         self.binary = binary or build_prometheus()
-        self.port = _free_port()
+        self.port = free_port()
         self.log = self.data_dir / "prometheus.log"
 
     @property
@@ -126,12 +126,6 @@ def _config(targets: Sequence[str], rule_files: Sequence[Path] = ()) -> str:
     rules = "".join(f"  - '{path}'\n" for path in rule_files)
     head = "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
     return head + (f"rule_files:\n{rules}" if rules else "") + "scrape_configs:\n" + "".join(jobs)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from fulmen.infra.processes import free_port
 from fulmen.schemas.errors import ConfigurationError
 from fulmen.testing.gobuild import GoServer, go_build
 
@@ -77,7 +78,7 @@ class SeaweedS3(GoServer):
         self.weed = weed or build_weed()
         self.launcher = launcher  # e.g. ("ip", "netns", "exec", "<host>"): run it inside another network namespace
         # on another host (a namespace of its own) SeaweedFS's usual ports are free; here, any free ones
-        self.ports = dict(_USUAL_PORTS) if launcher else {name: _free_port(host) for name in _USUAL_PORTS}
+        self.ports = dict(_USUAL_PORTS) if launcher else {name: free_port(host) for name in _USUAL_PORTS}
         self.log = self.data_dir / "weed.log"
 
     @property
@@ -143,12 +144,6 @@ class SeaweedS3(GoServer):
                 self.stop()
                 raise ConfigurationError(f"SeaweedFS did not start within {timeout_s:g}s: {self.log_tail()}")
             time.sleep(0.5)
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _accepts(host: str, port: int) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from fulmen.cli.stack import StackOptions, _claim, down, ready_lines, stack_dir, status_rows
+from fulmen.infra import processes
+from fulmen.infra.processes import free_port
 from fulmen.infra.settings import FulmenSettings
 from fulmen.infra.stack import StackPorts
 from fulmen.schemas.errors import FulmenError
@@ -127,3 +130,20 @@ def test_a_service_past_its_restarts_stops_the_stack(tmp_path: Path, monkeypatch
     assert sum("boom" in line for line in said) == 3
     assert said[-1] == "flaky exited 3 times within 600s: stopping the stack"
     assert json.loads((home / "state.json").read_text())["services"][0]["restarts"] == 2
+
+
+def test_a_free_port_is_drawn_below_the_range_outgoing_connections_take() -> None:
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(max(10_000, low - 16_384) <= port < low for port in ports)
+    assert len(ports) > 1  # drawn, not the same one each time
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports.pop()))  # and nothing listens there
+
+
+def test_a_free_port_without_the_kernels_range_is_the_kernels_pick(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(processes, "_EPHEMERAL_RANGE", Path("/nonexistent/ip_local_port_range"))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", free_port()))
+    monkeypatch.setattr(processes, "_ephemeral_low", lambda: 10_500)  # too few ports below it: the kernel picks
+    assert free_port() >= 1_024

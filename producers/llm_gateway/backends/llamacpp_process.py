@@ -21,7 +21,6 @@ import ctypes
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 import weakref
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import httpx
 
+from fulmen.infra.processes import free_port
 from fulmen.schemas.errors import FulmenError
 
 __all__ = ["LlamaServer", "ServerStartError"]
@@ -51,12 +51,6 @@ class ServerStartError(FulmenError):
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class LlamaServer:
@@ -108,7 +102,7 @@ class LlamaServer:
 
     async def _start_once(self, timeout_s: float) -> None:
         self.tail.clear()
-        self.port = _free_port()
+        self.port = free_port()
         command = [
             str(self.binary),
             "-m",

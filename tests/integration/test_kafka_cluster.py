@@ -42,9 +42,10 @@ AGENT = "tests.agents.simple:echo_reward"
 
 
 def free_port_run(count: int) -> int:
-    """The first of ``count`` consecutive free ports on loopback."""
+    """The first of ``count`` consecutive free ports on loopback, below the kernel's ephemeral range (where an
+    outgoing connection could take one before its node binds it; see ``free_port``)."""
     for _ in range(500):
-        base = random.randint(20_000, 60_000 - count)
+        base = random.randint(16_384, 32_768 - count)
         if all(port_is_free("127.0.0.1", base + i) for i in range(count)):
             return base
     raise RuntimeError(f"no {count} consecutive free ports found")

@@ -33,7 +33,7 @@ import httpx
 
 from fulmen.schemas.errors import FulmenError
 
-__all__ = ["FULMEN", "RestartPolicy", "ServiceSpec", "Services", "free_port"]
+__all__ = ["FULMEN", "RestartPolicy", "ServiceSpec", "Services", "free_port", "port_is_free"]
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     if low - first >= 1_024:
         for _ in range(_PICKS):
             port = _pick.randrange(first, low)
-            if _bindable(host, port):
+            if port_is_free(host, port):
                 return port
     with socket.socket() as sock:
         sock.bind((host, 0))
@@ -68,11 +68,13 @@ def _ephemeral_low() -> int:
     try:
         return int(_EPHEMERAL_RANGE.read_text().split()[0])
     except (OSError, ValueError, IndexError):
-        return 32_768  # Linux's default; elsewhere only the kernel's pick is tried below it
+        return 32_768  # Linux's default (macOS's range starts at 49,152, so below this is outside it too)
 
 
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket() as sock:
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a listener could bind ``port`` on ``host`` now (a port left in TIME_WAIT counts as free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

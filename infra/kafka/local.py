@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from fulmen.infra.processes import port_is_free
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
 from fulmen.schemas.errors import BrokerUnavailableError, ConfigurationError
 from fulmen.schemas.topics import min_insync_replicas
 
-__all__ = ["BrokerStatus", "ClusterRole", "LocalKafka", "Voter", "port_is_free", "process_alive"]
+__all__ = ["BrokerStatus", "ClusterRole", "LocalKafka", "Voter", "process_alive"]
 
 log = logging.getLogger(__name__)
 
@@ -78,16 +79,6 @@ class ClusterRole:
     @property
     def min_insync_replicas(self) -> int:
         return min_insync_replicas(self.replication_factor) or 1
-
-
-def port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
 
 
 class LocalKafka:

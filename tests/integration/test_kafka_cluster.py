@@ -22,7 +22,7 @@ from bench.chaos_load import SpanLoad
 from fulmen.consumers import EVENT_SINKS, SpanSink
 from fulmen.infra.kafka.admin import cluster_info, describe_topics, ensure_topics
 from fulmen.infra.kafka.cluster import LocalCluster
-from fulmen.infra.kafka.local import port_is_free
+from fulmen.infra.processes import port_is_free
 from fulmen.infra.settings import BrokerSettings, FulmenSettings
 from fulmen.infra.store import Store
 from fulmen.schemas import TOPICS, RolloutRequest

@@ -68,6 +68,7 @@ SCENARIOS = ("sql_agent", "rag_agent", "calc_agent")
 ARMS = ("real", "replay", "control", "sft", "zero_shot")
 MODEL = "SmolLM2-135M-Instruct (CPU, float32)"
 RESULTS = ROOT / "bench" / "results" / "scenarios.json"
+PLOT = ROOT / "docs" / "scenarios_heldout.png"
 
 
 def run_example(name: str, args: argparse.Namespace, *extra: str) -> dict[str, Any]:
@@ -564,11 +565,18 @@ def main() -> int:
     parser.add_argument("--engine", default="llamacpp", help="the LLM gateway's backend (transformers, llamacpp)")
     parser.add_argument("--home", type=Path, default=Path.home() / ".cache" / "fulmen" / "bench-scenarios")
     parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "scenarios_heldout.png")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        help="the figure (default: the docs' one for the protocol's results file, else beside --results)",
+    )
     args = parser.parse_args()
     unknown = sorted(set(args.arms) - set(ARMS))
     if unknown:
         parser.error(f"--arms: unknown {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+    if args.plot is None:  # another results file (an exploration) never redraws the docs' figure of the protocol
+        args.plot = PLOT if args.results.resolve() == RESULTS else args.results.with_suffix(".png")
     results = load_results(args.results)
     args.report_only |= args.reclassify
     matmul = matmul_rate() if not args.report_only else None
